@@ -1,0 +1,17 @@
+//! sticky-cni: two CNI plugins for nodes that must keep working while cut off from the
+//! control plane.
+//!
+//! - `sticky-ipam` ([`ipam`]) is a drop-in replacement for the reference `host-local` IPAM
+//!   plugin that gives a pod recreated under the same namespace and name its previous address
+//!   back, with no API server.
+//! - `sticky-vxlan` ([`vxlan`]) networks pods across nodes over VXLAN with a VTEP whose MAC is a
+//!   pure function of the node's underlay address, and peers known from local config.
+//!
+//! [`cni`] is the protocol both share; [`codes`] is the one place errors become CNI codes.
+
+pub mod cni;
+pub mod codes;
+pub mod crash;
+pub mod ipam;
+pub mod netlink;
+pub mod vxlan;
