@@ -29,4 +29,32 @@ impl From<NetConfError> for CniError {
 
 // ---- sticky-ipam ----
 
+/// No address left in a range set (and no released lease may be reclaimed).
+pub const RANGE_EXHAUSTED: u32 = 100;
+/// A requested address is held, reserved, or outside the ranges.
+pub const REQUESTED_UNAVAILABLE: u32 = 101;
+/// CHECK: an address of prevResult is not recorded for the attachment.
+pub const NOT_RECORDED: u32 = 102;
+
+impl From<crate::ipam::Error> for CniError {
+    fn from(err: crate::ipam::Error) -> CniError {
+        use crate::ipam::Error;
+        use crate::ipam::allocator::AllocError;
+        let code = match &err {
+            Error::Args(_) => code::INVALID_ENV,
+            Error::Config(_) | Error::GcWithoutAttachments => code::INVALID_CONFIG,
+            Error::Alloc(AllocError::Exhausted { .. }) => RANGE_EXHAUSTED,
+            Error::Alloc(
+                AllocError::RequestedUnavailable { .. } | AllocError::RequestedOutside(_),
+            ) => REQUESTED_UNAVAILABLE,
+            Error::Alloc(AllocError::NotRecorded { .. } | AllocError::NoAttachment { .. }) => {
+                NOT_RECORDED
+            }
+            Error::Alloc(AllocError::Store(_)) | Error::Store(_) | Error::Resolv(_) => code::IO,
+            Error::NotReady(_) => code::NOT_AVAILABLE,
+        };
+        CniError::new(code, err.to_string())
+    }
+}
+
 // ---- sticky-vxlan ----

@@ -1,1 +1,40 @@
-//! sticky-ipam.
+//! sticky-ipam: host-local's configuration and data dir, with sticky leases per pod.
+//!
+//! - [`config`] reads the `ipam` section; [`range`] validates ranges and orders addresses.
+//! - [`identity`] names pods safely in file names; [`record`] is one file's format.
+//! - [`allocator`] is the policy, over the [`store::Store`] trait; [`disk`] is the only code
+//!   that touches the data dir.
+//! - [`plugin`] wires the CNI commands to them.
+
+pub mod allocator;
+pub mod config;
+pub mod disk;
+pub mod identity;
+pub mod plugin;
+pub mod range;
+pub mod record;
+pub mod resolv;
+pub mod store;
+
+use crate::cni::ArgsError;
+
+/// Every way a sticky-ipam command can fail; [`crate::codes`] gives each its CNI code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Alloc(#[from] allocator::AllocError),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Resolv(#[from] resolv::ResolvError),
+    #[error(
+        "GC needs cni.dev/valid-attachments (or cni.dev/attachments); refusing to release everything"
+    )]
+    GcWithoutAttachments,
+    #[error("{0}")]
+    NotReady(String),
+}

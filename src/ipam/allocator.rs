@@ -1,0 +1,634 @@
+//! Allocation policy: which address a call gets, which lease it keeps, what DEL releases.
+//!
+//! Pure policy over [`Store`]: no paths, no clock, no environment. Per range set, ADD takes the
+//! first that applies:
+//! 1. the attachment (container id, ifname) already recorded (ADD is idempotent);
+//! 2. a requested address: free, or the pod's own lease;
+//! 3. the pod's lease: a released one is simply taken; an attached one only when it cannot
+//!    belong to a live sandbox (same pod UID, attached in an earlier boot, or no UID on either
+//!    side);
+//! 4. the next never-held address, round-robin from `last_reserved_ip.<N>` as host-local;
+//! 5. if the policy allows, the lease released longest ago (lowest release number);
+//! 6. else "range exhausted".
+//!
+//! The whole ADD is planned before anything is written, so a failure in one range set changes
+//! nothing. Several records for one address only exist after a crash between two steps of one
+//! operation; [`group`] resolves them to what the operation meant.
+
+use std::net::IpAddr;
+
+use super::config::{IpamConfig, WhenExhausted};
+use super::identity::Pod;
+use super::range::{Range, RangeSet};
+use super::record::{Body, LEASE_FORMAT, Lease, Record, State};
+use super::store::{Store, StoreError};
+use crate::crash;
+
+/// Who is asking, and when.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    /// The pod named in CNI_ARGS, if any.
+    pub pod: Option<&'a Pod>,
+    /// Whether released attachments with a pod identity are kept as leases.
+    pub sticky: bool,
+    /// The current kernel boot id ("" if unknown).
+    pub boot: &'a str,
+    /// Wall clock, Unix seconds.
+    pub now: u64,
+}
+
+/// One address handed out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub ip: IpAddr,
+    pub range: Range,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    #[error("no IP addresses available in range set {set}")]
+    Exhausted { set: String },
+    #[error("requested IP address {ip} is not available: {why}")]
+    RequestedUnavailable { ip: IpAddr, why: &'static str },
+    #[error("requested IP address {0} is not in any configured range")]
+    RequestedOutside(IpAddr),
+    #[error("{ip} is not recorded for container {container_id} interface {ifname}")]
+    NotRecorded {
+        ip: IpAddr,
+        container_id: String,
+        ifname: String,
+    },
+    #[error("no address is recorded for container {container_id} interface {ifname}")]
+    NoAttachment {
+        container_id: String,
+        ifname: String,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Matches requested addresses to range sets, before anything on disk is touched.
+pub fn assign_requested(config: &IpamConfig) -> Result<Vec<Option<IpAddr>>, AllocError> {
+    let mut per_set = vec![None; config.range_sets.len()];
+    for &ip in &config.requested {
+        let (index, range) = config
+            .range_sets
+            .iter()
+            .enumerate()
+            .find_map(|(i, set)| set.range_for(ip).map(|r| (i, r)))
+            .ok_or(AllocError::RequestedOutside(ip))?;
+        if range.is_reserved(ip) {
+            return Err(AllocError::RequestedUnavailable {
+                ip,
+                why: "it is the gateway, network or broadcast address",
+            });
+        }
+        if per_set[index].is_some() {
+            return Err(AllocError::RequestedUnavailable {
+                ip,
+                why: "another address was requested from the same range set",
+            });
+        }
+        per_set[index] = Some(ip);
+    }
+    Ok(per_set)
+}
+
+/// Reads every record of `ip` and removes what a crash left behind: a released lease, marker
+/// or old host-local file shadowed by an attached lease; a host-local file whose lease
+/// conversion finished; a released lease under a live host-local attachment.
+pub fn group<S: Store>(store: &mut S, ip: IpAddr) -> Result<Vec<Record>, StoreError> {
+    let mut records = Vec::new();
+    for name in store.index().names(ip) {
+        if let Some(r) = store.read(&name)? {
+            records.push(r);
+        }
+    }
+    if records.len() > 1 {
+        let stale = stale_names(&records);
+        for name in &stale {
+            store.remove(name)?;
+        }
+        records.retain(|r| !stale.contains(&r.name));
+    }
+    Ok(records)
+}
+
+fn stale_names(records: &[Record]) -> Vec<String> {
+    let leases: Vec<&Lease> = records.iter().filter_map(Record::lease_ref).collect();
+    let host_ids: Vec<&str> = records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Body::HostLocal { container_id, .. } => Some(container_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let attached = leases.iter().find(|l| l.state == State::Attached);
+    records
+        .iter()
+        .filter(|r| match (&r.body, attached) {
+            (Body::Lease(l), Some(_)) => l.state == State::Released,
+            (Body::Marker, Some(_)) => true,
+            (Body::HostLocal { container_id, .. }, Some(owner)) => {
+                *container_id == owner.container_id
+            }
+            (Body::HostLocal { container_id, .. }, None) => {
+                leases.iter().any(|l| l.container_id == *container_id)
+            }
+            (Body::Lease(l), None) => {
+                !host_ids.is_empty() && !host_ids.contains(&l.container_id.as_str())
+            }
+            (Body::Marker, None) => false,
+        })
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+/// A pod's hold on one address.
+#[derive(Debug, Clone)]
+struct Hold {
+    ip: IpAddr,
+    /// Every file of the address (all replaced when the pod takes it).
+    names: Vec<String>,
+    state: HoldState,
+}
+
+#[derive(Debug, Clone)]
+enum HoldState {
+    Attached {
+        container_id: String,
+        ifname: Option<String>,
+        uid: String,
+        boot: Option<String>,
+    },
+    Released {
+        seq: u64,
+    },
+}
+
+impl Hold {
+    fn is_attachment(&self, req: &Request) -> bool {
+        matches!(&self.state, HoldState::Attached { container_id, ifname, .. }
+            if container_id == req.container_id && ifname.as_deref().is_none_or(|i| i == req.ifname))
+    }
+
+    /// Whether `req` may take this hold: never from a sandbox that may still be alive.
+    fn can_take(&self, req: &Request) -> bool {
+        let uid = req.pod.map(|p| p.uid.as_str()).unwrap_or_default();
+        match &self.state {
+            HoldState::Released { .. } => true,
+            HoldState::Attached {
+                uid: held_uid,
+                boot,
+                ..
+            } => {
+                (!uid.is_empty() && held_uid == uid)
+                    || boot
+                        .as_deref()
+                        .is_some_and(|b| !b.is_empty() && b != req.boot)
+                    || (uid.is_empty() && held_uid.is_empty())
+            }
+        }
+    }
+
+    /// Preference among a pod's takeable holds: an attached one (the sandbox being replaced),
+    /// then the most recently released.
+    fn rank(&self) -> (bool, u64) {
+        match self.state {
+            HoldState::Attached { .. } => (true, 0),
+            HoldState::Released { seq } => (false, seq),
+        }
+    }
+}
+
+/// Every hold of `pod` on interface `ifname`, found by file name.
+fn holds<S: Store>(store: &mut S, pod: &Pod, ifname: &str) -> Result<Vec<Hold>, StoreError> {
+    let suffix = pod.suffix();
+    let mut out = Vec::new();
+    for ip in store.index().ips_with_suffix(&suffix) {
+        let records = group(store, ip)?;
+        let names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
+        let own_name = format!("{ip}{suffix}");
+        let host_local = records.iter().find_map(|r| match &r.body {
+            Body::HostLocal {
+                container_id,
+                ifname,
+            } => Some((container_id.clone(), ifname.clone())),
+            _ => None,
+        });
+        for r in records.iter().filter(|r| r.name == own_name) {
+            let state = match &r.body {
+                Body::Lease(l)
+                    if l.namespace == pod.namespace && l.pod == pod.name && l.ifname == ifname =>
+                {
+                    match l.state {
+                        State::Attached => HoldState::Attached {
+                            container_id: l.container_id.clone(),
+                            ifname: Some(l.ifname.clone()),
+                            uid: l.pod_uid.clone(),
+                            boot: Some(l.boot.clone()),
+                        },
+                        State::Released => HoldState::Released { seq: l.release_seq },
+                    }
+                }
+                // OpenYurt's layout: the marker names the pod, `<ip>` holds the attachment.
+                Body::Marker => match &host_local {
+                    Some((container_id, ifname)) => HoldState::Attached {
+                        container_id: container_id.clone(),
+                        ifname: ifname.clone(),
+                        uid: String::new(),
+                        boot: None,
+                    },
+                    None => HoldState::Released { seq: 0 },
+                },
+                _ => continue,
+            };
+            out.push(Hold {
+                ip,
+                names: names.clone(),
+                state,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The attachment without pod identity for (container id, ifname): host-local's full scan.
+fn find_host_local<S: Store>(
+    store: &mut S,
+    req: &Request,
+    set: &RangeSet,
+) -> Result<Option<IpAddr>, StoreError> {
+    for ip in store.index().ips_without_identity() {
+        if set.contains(ip)
+            && store
+                .read(&ip.to_string())?
+                .is_some_and(|r| r.is_attachment(req.container_id, req.ifname))
+        {
+            return Ok(Some(ip));
+        }
+    }
+    Ok(None)
+}
+
+#[derive(Debug)]
+enum Plan {
+    Existing(IpAddr),
+    Take { ip: IpAddr, replaces: Vec<String> },
+    New(IpAddr),
+    Reclaim { ip: IpAddr, victims: Vec<String> },
+}
+
+impl Plan {
+    fn ip(&self) -> IpAddr {
+        match self {
+            Plan::Existing(ip)
+            | Plan::New(ip)
+            | Plan::Take { ip, .. }
+            | Plan::Reclaim { ip, .. } => *ip,
+        }
+    }
+}
+
+/// ADD: one address per range set.
+pub fn add<S: Store>(
+    store: &mut S,
+    config: &IpamConfig,
+    req: &Request,
+    requested: &[Option<IpAddr>],
+) -> Result<Vec<Allocation>, AllocError> {
+    let holds = match req.pod {
+        Some(pod) => holds(store, pod, req.ifname)?,
+        None => Vec::new(),
+    };
+    // A takeable lease outside every range (the config changed) is dropped.
+    for hold in &holds {
+        if !config.range_sets.iter().any(|s| s.contains(hold.ip))
+            && hold.can_take(req)
+            && !hold.is_attachment(req)
+        {
+            for name in &hold.names {
+                store.remove(name)?;
+            }
+        }
+    }
+
+    let mut plans: Vec<Plan> = Vec::new();
+    for (index, set) in config.range_sets.iter().enumerate() {
+        let chosen: Vec<IpAddr> = plans.iter().map(Plan::ip).collect();
+        let mine: Vec<&Hold> = holds.iter().filter(|h| set.contains(h.ip)).collect();
+        let existing = match mine.iter().find(|h| h.is_attachment(req)) {
+            Some(h) => Some(h.ip),
+            None if req.pod.is_none() => find_host_local(store, req, set)?,
+            None => None,
+        };
+        let take = |h: &Hold| Plan::Take {
+            ip: h.ip,
+            replaces: h.names.clone(),
+        };
+        let plan = if let Some(ip) = existing {
+            Plan::Existing(ip)
+        } else if let Some(ip) = requested.get(index).copied().flatten() {
+            match mine.iter().find(|h| h.ip == ip && h.can_take(req)) {
+                Some(h) => take(h),
+                None if !store.index().is_taken(ip) => Plan::New(ip),
+                None => {
+                    return Err(AllocError::RequestedUnavailable {
+                        ip,
+                        why: "another attachment or lease holds it",
+                    });
+                }
+            }
+        } else if let Some(h) = mine
+            .iter()
+            .filter(|h| h.can_take(req))
+            .max_by_key(|h| h.rank())
+        {
+            take(h)
+        } else if let Some(ip) = next_free(store, set, store.last_reserved(index), &chosen) {
+            Plan::New(ip)
+        } else if config.when_exhausted == WhenExhausted::Reclaim {
+            match oldest_released(store, set)? {
+                Some((ip, victims)) => Plan::Reclaim { ip, victims },
+                None => {
+                    return Err(AllocError::Exhausted {
+                        set: set.to_string(),
+                    });
+                }
+            }
+        } else {
+            return Err(AllocError::Exhausted {
+                set: set.to_string(),
+            });
+        };
+        plans.push(plan);
+    }
+    crash::point("add planned");
+
+    let mut out = Vec::new();
+    for (index, plan) in plans.into_iter().enumerate() {
+        let ip = plan.ip();
+        match plan {
+            Plan::Existing(_) => {}
+            Plan::Take { replaces, .. } => {
+                let record = new_record(ip, req);
+                store.write(&record)?;
+                for name in replaces.iter().filter(|n| **n != record.name) {
+                    store.remove(name)?;
+                }
+            }
+            Plan::New(_) => {
+                store.write(&new_record(ip, req))?;
+                store.set_last_reserved(index, ip)?;
+            }
+            Plan::Reclaim { victims, .. } => {
+                // Remove first: a crash in between leaves the address free, never shared.
+                for name in &victims {
+                    store.remove(name)?;
+                }
+                store.write(&new_record(ip, req))?;
+                store.set_last_reserved(index, ip)?;
+            }
+        }
+        let range = config.range_sets[index].range_for(ip).cloned();
+        // Every planned address came from this set's ranges.
+        if let Some(range) = range {
+            out.push(Allocation { ip, range });
+        }
+    }
+    Ok(out)
+}
+
+fn next_free<S: Store>(
+    store: &S,
+    set: &RangeSet,
+    last: Option<IpAddr>,
+    chosen: &[IpAddr],
+) -> Option<IpAddr> {
+    set.round_robin(last)
+        .map(|(ip, _)| ip)
+        .find(|ip| !store.index().is_taken(*ip) && !chosen.contains(ip))
+}
+
+/// The released lease of `set` released longest ago, and its files.
+fn oldest_released<S: Store>(
+    store: &mut S,
+    set: &RangeSet,
+) -> Result<Option<(IpAddr, Vec<String>)>, StoreError> {
+    let mut best: Option<((u64, u64, IpAddr), Vec<String>)> = None;
+    for ip in store.index().ips_with_identity() {
+        if !set.contains(ip) {
+            continue;
+        }
+        let records = group(store, ip)?;
+        let mut key: Option<(u64, u64)> = None;
+        let mut held = false;
+        for r in &records {
+            match &r.body {
+                Body::Lease(l) if l.state == State::Released => {
+                    key = key
+                        .min(Some((l.release_seq, l.released_at)))
+                        .or(Some((l.release_seq, l.released_at)));
+                }
+                Body::Marker => key = Some((0, 0)),
+                _ => held = true,
+            }
+        }
+        if let (false, Some((seq, at))) = (held, key) {
+            let candidate = (seq, at, ip);
+            if best.as_ref().is_none_or(|(k, _)| candidate < *k) {
+                best = Some((candidate, records.iter().map(|r| r.name.clone()).collect()));
+            }
+        }
+    }
+    Ok(best.map(|((_, _, ip), names)| (ip, names)))
+}
+
+fn new_record(ip: IpAddr, req: &Request) -> Record {
+    match req.pod.filter(|_| req.sticky) {
+        Some(pod) => Record::lease(
+            ip,
+            pod,
+            Lease {
+                format: LEASE_FORMAT.into(),
+                container_id: req.container_id.into(),
+                ifname: req.ifname.into(),
+                namespace: pod.namespace.clone(),
+                pod: pod.name.clone(),
+                pod_uid: pod.uid.clone(),
+                boot: req.boot.into(),
+                state: State::Attached,
+                release_seq: 0,
+                released_at: 0,
+            },
+        ),
+        None => Record::host_local(ip, req.container_id, req.ifname),
+    }
+}
+
+/// Turns an attached lease into a released one, next in the release order.
+fn release_lease<S: Store>(
+    store: &mut S,
+    record: &Record,
+    lease: &Lease,
+    now: u64,
+) -> Result<(), StoreError> {
+    let seq = store.next_release_seq()?;
+    let released = Lease {
+        state: State::Released,
+        release_seq: seq,
+        released_at: now,
+        ..lease.clone()
+    };
+    store.write(&Record {
+        body: Body::Lease(released),
+        ..record.clone()
+    })
+}
+
+/// DEL: releases the attachment (container id, ifname). Returns how many records it released.
+pub fn del<S: Store>(
+    store: &mut S,
+    req: &Request,
+    prev_ips: &[IpAddr],
+) -> Result<usize, AllocError> {
+    let mut ips = prev_ips.to_vec();
+    if let Some(pod) = req.pod {
+        ips.extend(store.index().ips_with_suffix(&pod.suffix()));
+    }
+    ips.sort();
+    ips.dedup();
+    let mut released = 0;
+    for ip in ips {
+        released += release_in_group(store, req, ip)?;
+    }
+    if released == 0 {
+        for ip in store.index().ips_without_identity() {
+            if store
+                .read(&ip.to_string())?
+                .is_some_and(|r| r.is_attachment(req.container_id, req.ifname))
+            {
+                released += release_in_group(store, req, ip)?;
+            }
+        }
+    }
+    Ok(released)
+}
+
+fn release_in_group<S: Store>(
+    store: &mut S,
+    req: &Request,
+    ip: IpAddr,
+) -> Result<usize, StoreError> {
+    let records = group(store, ip)?;
+    let mut released = 0;
+    for record in records
+        .iter()
+        .filter(|r| r.is_attachment(req.container_id, req.ifname))
+    {
+        match (&record.body, req.pod.filter(|_| req.sticky)) {
+            (Body::Lease(lease), _) if req.sticky => release_lease(store, record, lease, req.now)?,
+            (Body::HostLocal { .. }, Some(pod)) => {
+                // An adopted host-local attachment becomes the pod's released lease, so a
+                // migrated pod keeps its address on its first restart. Lease first: a crash
+                // in between leaves both, which `group` resolves to the lease.
+                let seq = store.next_release_seq()?;
+                let lease = Lease {
+                    format: LEASE_FORMAT.into(),
+                    container_id: req.container_id.into(),
+                    ifname: req.ifname.into(),
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    pod_uid: pod.uid.clone(),
+                    boot: req.boot.into(),
+                    state: State::Released,
+                    release_seq: seq,
+                    released_at: req.now,
+                };
+                store.write(&Record::lease(ip, pod, lease))?;
+                store.remove(&record.name)?;
+            }
+            _ => store.remove(&record.name)?,
+        }
+        released += 1;
+    }
+    Ok(released)
+}
+
+/// CHECK: every address of `prev_ips` in this network's ranges is recorded for the
+/// attachment; without a previous result, at least one address is.
+pub fn check<S: Store>(
+    store: &mut S,
+    config: &IpamConfig,
+    req: &Request,
+    prev_ips: &[IpAddr],
+) -> Result<(), AllocError> {
+    let ours: Vec<IpAddr> = prev_ips
+        .iter()
+        .copied()
+        .filter(|ip| config.range_sets.iter().any(|s| s.contains(*ip)))
+        .collect();
+    let recorded = |store: &mut S, ip: IpAddr| -> Result<bool, StoreError> {
+        Ok(group(store, ip)?
+            .iter()
+            .any(|r| r.is_attachment(req.container_id, req.ifname)))
+    };
+    if !ours.is_empty() {
+        for ip in ours {
+            if !recorded(store, ip)? {
+                return Err(AllocError::NotRecorded {
+                    ip,
+                    container_id: req.container_id.into(),
+                    ifname: req.ifname.into(),
+                });
+            }
+        }
+        return Ok(());
+    }
+    let mut candidates = req
+        .pod
+        .map(|p| store.index().ips_with_suffix(&p.suffix()))
+        .unwrap_or_default();
+    candidates.extend(store.index().ips_without_identity());
+    for ip in candidates {
+        if recorded(store, ip)? {
+            return Ok(());
+        }
+    }
+    Err(AllocError::NoAttachment {
+        container_id: req.container_id.into(),
+        ifname: req.ifname.into(),
+    })
+}
+
+/// After a reboot, leases still attached from an earlier boot cannot belong to a live
+/// sandbox: they become released leases. Runs once per boot (the data dir remembers the last
+/// boot it swept). Returns how many it released.
+pub fn sweep_earlier_boots<S: Store>(
+    store: &mut S,
+    boot: &str,
+    now: u64,
+) -> Result<usize, StoreError> {
+    if boot.is_empty() || store.last_boot().as_deref() == Some(boot) {
+        return Ok(0);
+    }
+    let mut released = 0;
+    for ip in store.index().ips_with_identity() {
+        for record in group(store, ip)? {
+            if let Body::Lease(lease) = &record.body
+                && lease.state == State::Attached
+                && lease.boot != boot
+            {
+                release_lease(store, &record, lease, now)?;
+                released += 1;
+            }
+        }
+    }
+    store.set_last_boot(boot)?;
+    Ok(released)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,264 @@
+//! The data dir: the only code that touches `<dataDir>/<network>/`.
+//!
+//! [`DiskStore::open`] takes an exclusive `flock` on `lock` for the whole command (the lock is
+//! a field: holding a store is holding the lock), removes temp files left by a killed process,
+//! and indexes record names. Every record write is crash-safe: temp file, fsync, rename; the
+//! directory is fsynced once by [`DiskStore::sync`] before the command reports success, so
+//! the caller never acknowledges what a power cut could undo. `last_reserved_ip.<N>` is a hint
+//! and, as in host-local, not fsynced.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::record::Record;
+use super::store::{Index, Store, StoreError};
+use crate::crash;
+
+/// Bookkeeping file names, beside the records.
+pub const LOCK_FILE: &str = "lock";
+pub const RELEASE_SEQ_FILE: &str = "release_seq";
+pub const BOOT_FILE: &str = "boot_id";
+pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+pub const TEMP_PREFIX: &str = ".tmp.";
+
+/// One network's data dir, locked.
+#[derive(Debug)]
+pub struct DiskStore {
+    dir: PathBuf,
+    /// Held for the store's life; closing it releases the flock.
+    _lock: File,
+    index: Index,
+    /// Whether a rename or unlink still needs the directory fsynced.
+    dirty: bool,
+    temp_serial: u32,
+}
+
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+impl DiskStore {
+    /// Creates the directory if needed, locks it, and reads its names.
+    pub fn open(dir: &Path) -> Result<DiskStore, StoreError> {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(io("creating", dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o644)
+            .open(&lock_path)
+            .map_err(io("opening", &lock_path))?;
+        lock.lock().map_err(io("locking", &lock_path))?;
+        Self::scan(dir, lock)
+    }
+
+    /// Opens an existing data dir for reading (the operator's tool); `None` if it is absent.
+    pub fn open_existing(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
+        match fs::metadata(dir) {
+            Ok(_) => Self::open(dir).map(Some),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("reading", dir)(e)),
+        }
+    }
+
+    fn scan(dir: &Path, lock: File) -> Result<DiskStore, StoreError> {
+        let mut store = DiskStore {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            index: Index::default(),
+            dirty: false,
+            temp_serial: 0,
+        };
+        for entry in fs::read_dir(dir).map_err(io("listing", dir))? {
+            let entry = entry.map_err(io("listing", dir))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if name.starts_with(TEMP_PREFIX) {
+                // Under the lock no other writer exists: this is a killed process's leftover.
+                store.unlink(&name)?;
+            } else {
+                store.index.insert(&name);
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Makes every rename and unlink so far durable.
+    pub fn sync(&mut self) -> Result<(), StoreError> {
+        if self.dirty {
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io("syncing", &self.dir))?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+
+    fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.dir.join(name);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("reading", &path)(e)),
+        }
+    }
+
+    /// temp file, write, fsync (when `durable`), rename over `name`.
+    fn replace(&mut self, name: &str, bytes: &[u8], durable: bool) -> Result<(), StoreError> {
+        self.temp_serial += 1;
+        let temp = self.dir.join(format!(
+            "{TEMP_PREFIX}{}.{}",
+            std::process::id(),
+            self.temp_serial
+        ));
+        let result = (|| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&temp)?;
+            file.write_all(bytes)?;
+            crash::point("temp file written");
+            if durable {
+                file.sync_all()?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            let _ = fs::remove_file(&temp);
+            return Err(io("writing", &temp)(e));
+        }
+        let target = self.dir.join(name);
+        if let Err(e) = fs::rename(&temp, &target) {
+            let _ = fs::remove_file(&temp);
+            return Err(io("renaming into", &target)(e));
+        }
+        self.dirty = true;
+        crash::point("renamed");
+        Ok(())
+    }
+
+    fn unlink(&mut self, name: &str) -> Result<(), StoreError> {
+        let path = self.dir.join(name);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                self.dirty = true;
+                crash::point("unlinked");
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("removing", &path)(e)),
+        }
+    }
+
+    fn read_text(&self, name: &str) -> Option<String> {
+        self.read_small(name)
+            .ok()
+            .flatten()
+            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+    }
+}
+
+impl Store for DiskStore {
+    fn index(&self) -> &Index {
+        &self.index
+    }
+
+    fn read(&mut self, name: &str) -> Result<Option<Record>, StoreError> {
+        Ok(self
+            .read_small(name)?
+            .and_then(|body| Record::parse(name, &body)))
+    }
+
+    fn write(&mut self, record: &Record) -> Result<(), StoreError> {
+        self.replace(&record.name, &record.to_bytes(), true)?;
+        self.index.insert(&record.name);
+        Ok(())
+    }
+
+    fn remove(&mut self, name: &str) -> Result<(), StoreError> {
+        self.unlink(name)?;
+        self.index.remove(name);
+        Ok(())
+    }
+
+    fn last_reserved(&self, set: usize) -> Option<IpAddr> {
+        self.read_text(&format!("{LAST_RESERVED_PREFIX}{set}"))
+            .and_then(|t| t.parse().ok())
+    }
+
+    fn set_last_reserved(&mut self, set: usize, ip: IpAddr) -> Result<(), StoreError> {
+        // A hint, as in host-local: a lost update only moves where the next search starts.
+        self.replace(
+            &format!("{LAST_RESERVED_PREFIX}{set}"),
+            ip.to_string().as_bytes(),
+            false,
+        )
+    }
+
+    fn next_release_seq(&mut self) -> Result<u64, StoreError> {
+        let next = self
+            .read_text(RELEASE_SEQ_FILE)
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap_or(0)
+            + 1;
+        self.replace(RELEASE_SEQ_FILE, next.to_string().as_bytes(), true)?;
+        Ok(next)
+    }
+
+    fn last_boot(&self) -> Option<String> {
+        self.read_text(BOOT_FILE)
+    }
+
+    fn set_last_boot(&mut self, boot: &str) -> Result<(), StoreError> {
+        self.replace(BOOT_FILE, boot.as_bytes(), true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_atomic_and_leftovers_cleaned() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("net");
+        {
+            let mut s = DiskStore::open(&dir).unwrap();
+            let r = Record::host_local("10.0.0.2".parse().unwrap(), "abc", "eth0");
+            s.write(&r).unwrap();
+            s.set_last_reserved(0, r.ip).unwrap();
+            assert_eq!(s.next_release_seq().unwrap(), 1);
+            assert_eq!(s.next_release_seq().unwrap(), 2);
+            s.sync().unwrap();
+        }
+        assert_eq!(fs::read(dir.join("10.0.0.2")).unwrap(), b"abc\r\neth0");
+        assert_eq!(
+            fs::read(dir.join("last_reserved_ip.0")).unwrap(),
+            b"10.0.0.2"
+        );
+        fs::write(dir.join(".tmp.999.1"), b"half").unwrap();
+        let s = DiskStore::open(&dir).unwrap();
+        assert!(!dir.join(".tmp.999.1").exists());
+        assert!(s.index().is_taken("10.0.0.2".parse().unwrap()));
+        assert_eq!(s.last_reserved(0), Some("10.0.0.2".parse().unwrap()));
+    }
+}

@@ -1,0 +1,214 @@
+//! What the allocator needs from persistence, and nothing more.
+//!
+//! The allocator (pure policy) reaches the data dir only through [`Store`]; [`crate::ipam::disk`]
+//! is the real one and [`mem::MemStore`] a fake for unit tests. Every store keeps an [`Index`] of
+//! record file names, read once per call: which addresses are taken and which files belong to a
+//! pod is known without opening a file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use super::record::{Record, parse_name};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Record file names by address.
+#[derive(Debug, Clone, Default)]
+pub struct Index {
+    by_ip: BTreeMap<IpAddr, BTreeSet<String>>,
+}
+
+impl Index {
+    /// Adds a name if it is a record name; returns whether it was.
+    pub fn insert(&mut self, name: &str) -> bool {
+        match parse_name(name) {
+            Some((ip, _)) => {
+                self.by_ip.entry(ip).or_default().insert(name.to_string());
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        if let Some((ip, _)) = parse_name(name)
+            && let Some(names) = self.by_ip.get_mut(&ip)
+        {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_ip.remove(&ip);
+            }
+        }
+    }
+
+    /// Whether any record, of any kind, holds `ip`.
+    pub fn is_taken(&self, ip: IpAddr) -> bool {
+        self.by_ip.contains_key(&ip)
+    }
+
+    pub fn names(&self, ip: IpAddr) -> Vec<String> {
+        self.by_ip
+            .get(&ip)
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every address that has a record.
+    pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.by_ip.keys().copied()
+    }
+
+    /// Addresses with a file named `<ip><suffix>`.
+    pub fn ips_with_suffix(&self, suffix: &str) -> Vec<IpAddr> {
+        self.by_ip
+            .iter()
+            // Indexed names hold exactly two '_', as does a suffix: a name ending in the
+            // suffix is `<ip><suffix>`.
+            .filter(|(_, names)| names.iter().any(|n| n.ends_with(suffix)))
+            .map(|(ip, _)| *ip)
+            .collect()
+    }
+
+    /// Addresses with a plain `<ip>` file (host-local's format).
+    pub fn ips_without_identity(&self) -> Vec<IpAddr> {
+        self.by_ip
+            .iter()
+            .filter(|(ip, names)| names.contains(&ip.to_string()))
+            .map(|(ip, _)| *ip)
+            .collect()
+    }
+
+    /// Addresses with at least one `<ip>_<ns>_<pod>` file.
+    pub fn ips_with_identity(&self) -> Vec<IpAddr> {
+        self.by_ip
+            .iter()
+            .filter(|(ip, names)| names.len() > usize::from(names.contains(&ip.to_string())))
+            .map(|(ip, _)| *ip)
+            .collect()
+    }
+}
+
+/// The allocator's view of one network's data dir, held under its lock.
+pub trait Store {
+    fn index(&self) -> &Index;
+    /// Reads one record; `None` if the file is gone.
+    fn read(&mut self, name: &str) -> Result<Option<Record>, StoreError>;
+    /// Creates or replaces `record.name` atomically.
+    fn write(&mut self, record: &Record) -> Result<(), StoreError>;
+    /// Removes a record file; a missing file is not an error.
+    fn remove(&mut self, name: &str) -> Result<(), StoreError>;
+    /// The round-robin hint of range set `set`.
+    fn last_reserved(&self, set: usize) -> Option<IpAddr>;
+    fn set_last_reserved(&mut self, set: usize, ip: IpAddr) -> Result<(), StoreError>;
+    /// The next number in the data dir's release order.
+    fn next_release_seq(&mut self) -> Result<u64, StoreError>;
+    /// The boot id recorded by the last call that swept earlier boots.
+    fn last_boot(&self) -> Option<String>;
+    fn set_last_boot(&mut self, boot: &str) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+pub mod mem {
+    //! An in-memory store for allocator tests.
+
+    use super::*;
+
+    #[derive(Debug, Default)]
+    pub struct MemStore {
+        pub index: Index,
+        pub files: BTreeMap<String, Vec<u8>>,
+        pub last: BTreeMap<usize, IpAddr>,
+        pub seq: u64,
+        pub boot: Option<String>,
+    }
+
+    impl MemStore {
+        pub fn put_raw(&mut self, name: &str, body: &[u8]) {
+            self.index.insert(name);
+            self.files.insert(name.to_string(), body.to_vec());
+        }
+
+        pub fn records(&self) -> Vec<Record> {
+            self.files
+                .iter()
+                .filter_map(|(n, b)| Record::parse(n, b))
+                .collect()
+        }
+    }
+
+    impl Store for MemStore {
+        fn index(&self) -> &Index {
+            &self.index
+        }
+        fn read(&mut self, name: &str) -> Result<Option<Record>, StoreError> {
+            Ok(self.files.get(name).and_then(|b| Record::parse(name, b)))
+        }
+        fn write(&mut self, record: &Record) -> Result<(), StoreError> {
+            self.put_raw(&record.name, &record.to_bytes());
+            Ok(())
+        }
+        fn remove(&mut self, name: &str) -> Result<(), StoreError> {
+            self.files.remove(name);
+            self.index.remove(name);
+            Ok(())
+        }
+        fn last_reserved(&self, set: usize) -> Option<IpAddr> {
+            self.last.get(&set).copied()
+        }
+        fn set_last_reserved(&mut self, set: usize, ip: IpAddr) -> Result<(), StoreError> {
+            self.last.insert(set, ip);
+            Ok(())
+        }
+        fn next_release_seq(&mut self) -> Result<u64, StoreError> {
+            self.seq += 1;
+            Ok(self.seq)
+        }
+        fn last_boot(&self) -> Option<String> {
+            self.boot.clone()
+        }
+        fn set_last_boot(&mut self, boot: &str) -> Result<(), StoreError> {
+            self.boot = Some(boot.to_string());
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_answers_from_names_alone() {
+        let mut ix = Index::default();
+        for name in [
+            "10.0.0.2",
+            "10.0.0.3_ns_a",
+            "10.0.0.4_ns_a",
+            "10.0.0.4",
+            "lock",
+            ".tmp.1.0",
+        ] {
+            ix.insert(name);
+        }
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(ix.is_taken(ip("10.0.0.2")) && !ix.is_taken(ip("10.0.0.5")));
+        assert_eq!(
+            ix.ips_with_suffix("_ns_a"),
+            [ip("10.0.0.3"), ip("10.0.0.4")]
+        );
+        assert_eq!(ix.ips_with_suffix("_s_a"), Vec::<IpAddr>::new());
+        assert_eq!(ix.ips_without_identity(), [ip("10.0.0.2"), ip("10.0.0.4")]);
+        assert_eq!(ix.ips_with_identity(), [ip("10.0.0.3"), ip("10.0.0.4")]);
+        ix.remove("10.0.0.2");
+        assert!(!ix.is_taken(ip("10.0.0.2")));
+    }
+}
