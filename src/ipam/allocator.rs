@@ -39,6 +39,14 @@ pub struct Request<'a> {
     pub now: u64,
 }
 
+impl Request<'_> {
+    /// The pod whose leases this call works with: none when stickiness is off, so ADD then
+    /// behaves exactly as host-local.
+    fn sticky_pod(&self) -> Option<&Pod> {
+        self.pod.filter(|_| self.sticky)
+    }
+}
+
 /// One address handed out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
@@ -299,7 +307,7 @@ pub fn add<S: Store>(
     req: &Request,
     requested: &[Option<IpAddr>],
 ) -> Result<Vec<Allocation>, AllocError> {
-    let holds = match req.pod {
+    let holds = match req.sticky_pod() {
         Some(pod) => holds(store, pod, req.ifname)?,
         None => Vec::new(),
     };
@@ -321,7 +329,7 @@ pub fn add<S: Store>(
         let mine: Vec<&Hold> = holds.iter().filter(|h| set.contains(h.ip)).collect();
         let existing = match mine.iter().find(|h| h.is_attachment(req)) {
             Some(h) => Some(h.ip),
-            None if req.pod.is_none() => find_host_local(store, req, set)?,
+            None if req.sticky_pod().is_none() => find_host_local(store, req, set)?,
             None => None,
         };
         let take = |h: &Hold| Plan::Take {
@@ -447,7 +455,7 @@ fn oldest_released<S: Store>(
 }
 
 fn new_record(ip: IpAddr, req: &Request) -> Record {
-    match req.pod.filter(|_| req.sticky) {
+    match req.sticky_pod() {
         Some(pod) => Record::lease(
             ip,
             pod,
@@ -528,7 +536,7 @@ fn release_in_group<S: Store>(
         .iter()
         .filter(|r| r.is_attachment(req.container_id, req.ifname))
     {
-        match (&record.body, req.pod.filter(|_| req.sticky)) {
+        match (&record.body, req.sticky_pod()) {
             (Body::Lease(lease), _) if req.sticky => release_lease(store, record, lease, req.now)?,
             (Body::HostLocal { .. }, Some(pod)) => {
                 // An adopted host-local attachment becomes the pod's released lease, so a
