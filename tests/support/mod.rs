@@ -654,7 +654,7 @@ impl State {
 pub struct Rules {
     /// `.tmp.*` files are allowed (right after a killed call; cleaned on the next one).
     pub allow_tmp: bool,
-    /// Empty `<ip>_<ns>_<pod>` markers are allowed beside an `<ip>` record (OpenYurt).
+    /// Empty `<ip>_<ns>_<pod>` markers (OpenYurt) are allowed, except beside a sticky record.
     pub allow_markers: bool,
 }
 
@@ -797,10 +797,12 @@ pub fn check_dir(net_dir: &Path, rules: Rules) -> State {
     }
     if rules.allow_markers {
         for (name, (ip, r)) in &state.records {
+            // A marker beside host-local's `<ip>` record, or alone (OpenYurt keeps it after
+            // DEL as the pod's reservation), but never beside a sticky record of the address.
             if *r == Record::Marker {
                 assert!(
-                    state.records.contains_key(&ip.to_string()),
-                    "marker {name} without its <ip> record"
+                    !matches!(state.by_ip(*ip), Some((_, Record::Sticky(_)))),
+                    "marker {name} beside a sticky record of the same address"
                 );
             }
         }
