@@ -42,7 +42,9 @@ impl From<crate::ipam::Error> for CniError {
         use crate::ipam::allocator::AllocError;
         let code = match &err {
             Error::Args(_) => code::INVALID_ENV,
-            Error::Config(_) | Error::GcWithoutAttachments => code::INVALID_CONFIG,
+            Error::Config(_) | Error::GcWithoutAttachments | Error::BadAttachments(_) => {
+                code::INVALID_CONFIG
+            }
             Error::Alloc(AllocError::Exhausted { .. }) => RANGE_EXHAUSTED,
             Error::Alloc(
                 AllocError::RequestedUnavailable { .. } | AllocError::RequestedOutside(_),

@@ -409,6 +409,15 @@ pub fn add<S: Store>(
     Ok(out)
 }
 
+/// Whether range set `index` could serve one more new pod: a never-held address or a released
+/// lease.
+pub fn has_room<S: Store>(store: &mut S, set: &RangeSet, index: usize) -> Result<bool, StoreError> {
+    Ok(
+        next_free(store, set, store.last_reserved(index), &[]).is_some()
+            || oldest_released(store, set)?.is_some(),
+    )
+}
+
 fn next_free<S: Store>(
     store: &S,
     set: &RangeSet,
@@ -477,7 +486,7 @@ fn new_record(ip: IpAddr, req: &Request) -> Record {
 }
 
 /// Turns an attached lease into a released one, next in the release order.
-fn release_lease<S: Store>(
+pub(crate) fn release_lease<S: Store>(
     store: &mut S,
     record: &Record,
     lease: &Lease,
@@ -609,33 +618,6 @@ pub fn check<S: Store>(
         container_id: req.container_id.into(),
         ifname: req.ifname.into(),
     })
-}
-
-/// After a reboot, leases still attached from an earlier boot cannot belong to a live
-/// sandbox: they become released leases. Runs once per boot (the data dir remembers the last
-/// boot it swept). Returns how many it released.
-pub fn sweep_earlier_boots<S: Store>(
-    store: &mut S,
-    boot: &str,
-    now: u64,
-) -> Result<usize, StoreError> {
-    if boot.is_empty() || store.last_boot().as_deref() == Some(boot) {
-        return Ok(0);
-    }
-    let mut released = 0;
-    for ip in store.index().ips_with_identity() {
-        for record in group(store, ip)? {
-            if let Body::Lease(lease) = &record.body
-                && lease.state == State::Attached
-                && lease.boot != boot
-            {
-                release_lease(store, &record, lease, now)?;
-                released += 1;
-            }
-        }
-    }
-    store.set_last_boot(boot)?;
-    Ok(released)
 }
 
 #[cfg(test)]

@@ -14,13 +14,12 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::record::Record;
-use super::store::{Index, Store, StoreError};
+use super::store::{Index, Note, Store, StoreError};
 use crate::crash;
 
 /// Bookkeeping file names, beside the records.
 pub const LOCK_FILE: &str = "lock";
 pub const RELEASE_SEQ_FILE: &str = "release_seq";
-pub const BOOT_FILE: &str = "boot_id";
 pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 pub const TEMP_PREFIX: &str = ".tmp.";
 
@@ -110,6 +109,12 @@ impl DiskStore {
             self.dirty = false;
         }
         Ok(())
+    }
+
+    /// Proves the directory takes a new file (STATUS): create, fsync and remove a temp file.
+    pub fn probe_writable(&mut self) -> Result<(), StoreError> {
+        self.replace(".tmp.probe", b"", true)
+            .and_then(|()| self.unlink(".tmp.probe"))
     }
 
     fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -224,12 +229,12 @@ impl Store for DiskStore {
         Ok(next)
     }
 
-    fn last_boot(&self) -> Option<String> {
-        self.read_text(BOOT_FILE)
+    fn note(&self, note: Note) -> Option<String> {
+        self.read_text(note.file_name())
     }
 
-    fn set_last_boot(&mut self, boot: &str) -> Result<(), StoreError> {
-        self.replace(BOOT_FILE, boot.as_bytes(), true)
+    fn set_note(&mut self, note: Note, value: &str) -> Result<(), StoreError> {
+        self.replace(note.file_name(), value.as_bytes(), note.durable())
     }
 }
 

@@ -10,6 +10,7 @@ pub mod allocator;
 pub mod config;
 pub mod disk;
 pub mod identity;
+pub mod lifecycle;
 pub mod plugin;
 pub mod range;
 pub mod record;
@@ -35,6 +36,8 @@ pub enum Error {
         "GC needs cni.dev/valid-attachments (or cni.dev/attachments); refusing to release everything"
     )]
     GcWithoutAttachments,
+    #[error("GC attachment list is malformed: {0}")]
+    BadAttachments(String),
     #[error("{0}")]
     NotReady(String),
 }

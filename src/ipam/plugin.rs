@@ -3,10 +3,13 @@
 use std::net::IpAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use serde_json::Value;
+
 use super::allocator::{self, Request};
 use super::config::IpamConfig;
 use super::disk::DiskStore;
 use super::identity::{KNOWN_ARGS, Pod};
+use super::lifecycle::{self, Attachment, LeaseClock};
 use super::{Error, resolv};
 use crate::cni::{Call, CniResult, Dns, IpConfig, Plugin};
 
@@ -20,7 +23,23 @@ struct Prepared {
     config: IpamConfig,
     pod: Option<Pod>,
     boot: String,
-    now: u64,
+    wall: u64,
+}
+
+/// The current boot id, or "" when the kernel does not say (then no lease is ever judged to
+/// be from an earlier boot).
+pub fn current_boot() -> String {
+    std::fs::read_to_string(BOOT_ID_PATH)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Wall clock in Unix seconds.
+pub fn wall_clock() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl Prepared {
@@ -28,30 +47,45 @@ impl Prepared {
         call.env.args.check_known(&KNOWN_ARGS)?;
         let config = IpamConfig::from_netconf(&call.conf, &call.env.args)?;
         let pod = Pod::from_args(&call.env.args);
-        let boot = std::fs::read_to_string(BOOT_ID_PATH)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
         Ok(Prepared {
             config,
             pod,
-            boot,
-            now,
+            boot: current_boot(),
+            wall: wall_clock(),
         })
     }
 
-    fn request<'a>(&'a self, call: &'a Call) -> Request<'a> {
+    fn request<'a>(&'a self, call: &'a Call, clock: &LeaseClock) -> Request<'a> {
         Request {
             container_id: &call.env.container_id,
             ifname: &call.env.ifname,
             pod: self.pod.as_ref(),
             sticky: self.config.sticky,
             boot: &self.boot,
-            now: self.now,
+            now: clock.now,
         }
+    }
+
+    fn hold(&self) -> Option<u64> {
+        self.config.lease_hold.map(|d| d.as_secs())
+    }
+
+    /// Lock the data dir and read the lease clock.
+    fn open(&self) -> Result<(DiskStore, LeaseClock), Error> {
+        let store = DiskStore::open(&self.config.network_dir())?;
+        let clock = LeaseClock::advance(&store, self.wall);
+        Ok((store, clock))
+    }
+
+    /// What runs at every ADD and GC: earlier boots swept, expired leases freed.
+    fn recover(&self, store: &mut DiskStore, clock: &mut LeaseClock) -> Result<(), Error> {
+        if self.config.sticky {
+            lifecycle::sweep_earlier_boots(store, &self.boot, clock.now)?;
+        }
+        if let Some(hold) = self.hold() {
+            lifecycle::expire(store, hold, clock)?;
+        }
+        Ok(())
     }
 }
 
@@ -74,11 +108,15 @@ impl Plugin for IpamPlugin {
             Some(path) => resolv::read(path)?,
             None => Dns::default(),
         };
-        let mut store = DiskStore::open(&config.network_dir())?;
-        if config.sticky {
-            allocator::sweep_earlier_boots(&mut store, &prepared.boot, prepared.now)?;
-        }
-        let allocations = allocator::add(&mut store, config, &prepared.request(call), &requested)?;
+        let (mut store, mut clock) = prepared.open()?;
+        prepared.recover(&mut store, &mut clock)?;
+        let allocations = allocator::add(
+            &mut store,
+            config,
+            &prepared.request(call, &clock),
+            &requested,
+        )?;
+        clock.save(&mut store)?;
         store.sync()?;
         let ips = allocations
             .iter()
@@ -99,30 +137,77 @@ impl Plugin for IpamPlugin {
 
     fn del(&self, call: &Call) -> Result<(), Error> {
         let prepared = Prepared::new(call)?;
-        let mut store = DiskStore::open(&prepared.config.network_dir())?;
-        allocator::del(&mut store, &prepared.request(call), &prev_ips(call))?;
+        let (mut store, mut clock) = prepared.open()?;
+        let released =
+            allocator::del(&mut store, &prepared.request(call, &clock), &prev_ips(call))?;
+        if let (Some(hold), true) = (prepared.hold(), released > 0) {
+            clock.released_one(hold);
+        }
+        clock.save(&mut store)?;
         store.sync()?;
         Ok(())
     }
 
     fn check(&self, call: &Call) -> Result<(), Error> {
         let prepared = Prepared::new(call)?;
-        let mut store = DiskStore::open(&prepared.config.network_dir())?;
+        let (mut store, clock) = prepared.open()?;
         allocator::check(
             &mut store,
             &prepared.config,
-            &prepared.request(call),
+            &prepared.request(call, &clock),
             &prev_ips(call),
         )?;
         store.sync()?;
         Ok(())
     }
 
-    fn gc(&self, _call: &Call) -> Result<(), Error> {
-        Ok(())
+    fn gc(&self, call: &Call) -> Result<(), Error> {
+        let prepared = Prepared::new(call)?;
+        if call.conf.raw.get("disableGC").and_then(Value::as_bool) == Some(true) {
+            return Ok(());
+        }
+        let list = ["cni.dev/valid-attachments", "cni.dev/attachments"]
+            .iter()
+            .find_map(|key| call.conf.raw.get(*key))
+            .ok_or(Error::GcWithoutAttachments)?;
+        let valid: Vec<Attachment> = serde_json::from_value(list.clone())
+            .map_err(|e| Error::BadAttachments(e.to_string()))?;
+        let (mut store, mut clock) = prepared.open()?;
+        prepared.recover(&mut store, &mut clock)?;
+        let (changes, mut errors) = lifecycle::plan_gc(&mut store, &valid, prepared.config.sticky);
+        errors.extend(lifecycle::apply(&mut store, &changes, clock.now));
+        if let Some(hold) = prepared.hold() {
+            for _ in changes
+                .iter()
+                .filter(|c| c.action == lifecycle::Action::Release)
+            {
+                clock.released_one(hold);
+            }
+        }
+        clock.save(&mut store)?;
+        store.sync()?;
+        match errors.into_iter().next() {
+            Some(first) => Err(first.into()),
+            None => Ok(()),
+        }
     }
 
-    fn status(&self, _call: &Call) -> Result<(), Error> {
+    fn status(&self, call: &Call) -> Result<(), Error> {
+        let not_ready = |e: &dyn std::fmt::Display| Error::NotReady(e.to_string());
+        let config = IpamConfig::from_netconf(&call.conf, &call.env.args)
+            .map_err(|e| not_ready(&format!("config invalid: {e}")))?;
+        let mut store = DiskStore::open(&config.network_dir())
+            .and_then(|mut s| s.probe_writable().map(|()| s))
+            .map_err(|e| not_ready(&format!("data dir unusable: {e}")))?;
+        if config.status_fails_when_full {
+            for (index, set) in config.range_sets.iter().enumerate() {
+                if !allocator::has_room(&mut store, set, index)? {
+                    return Err(Error::NotReady(format!(
+                        "range set {set} is full (statusFailsWhenFull)"
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 }

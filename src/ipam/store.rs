@@ -111,9 +111,37 @@ pub trait Store {
     fn set_last_reserved(&mut self, set: usize, ip: IpAddr) -> Result<(), StoreError>;
     /// The next number in the data dir's release order.
     fn next_release_seq(&mut self) -> Result<u64, StoreError>;
-    /// The boot id recorded by the last call that swept earlier boots.
-    fn last_boot(&self) -> Option<String>;
-    fn set_last_boot(&mut self, boot: &str) -> Result<(), StoreError>;
+    /// A bookkeeping value of the data dir.
+    fn note(&self, note: Note) -> Option<String>;
+    /// Sets a bookkeeping value; `durable` ones are fsynced like records.
+    fn set_note(&mut self, note: Note, value: &str) -> Result<(), StoreError>;
+}
+
+/// Bookkeeping kept beside the records, each in a file of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Note {
+    /// The boot id the last sweep of earlier boots ran in (`boot_id`).
+    Boot,
+    /// The lease clock: `<clock> <wall> <next expiry>` (`lease_clock`), see `lifecycle`.
+    LeaseClock,
+    /// Sticky hit and miss counters for metrics: `<hits> <misses>` (`sticky_counters`).
+    Counters,
+}
+
+impl Note {
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Note::Boot => "boot_id",
+            Note::LeaseClock => "lease_clock",
+            Note::Counters => "sticky_counters",
+        }
+    }
+
+    /// Whether a lost update matters: the boot id does (a repeated sweep is harmless, a
+    /// skipped one is not); the clock and counters are hints.
+    pub fn durable(self) -> bool {
+        self == Note::Boot
+    }
 }
 
 #[cfg(test)]
@@ -128,7 +156,7 @@ pub mod mem {
         pub files: BTreeMap<String, Vec<u8>>,
         pub last: BTreeMap<usize, IpAddr>,
         pub seq: u64,
-        pub boot: Option<String>,
+        pub notes: BTreeMap<Note, String>,
     }
 
     impl MemStore {
@@ -172,11 +200,11 @@ pub mod mem {
             self.seq += 1;
             Ok(self.seq)
         }
-        fn last_boot(&self) -> Option<String> {
-            self.boot.clone()
+        fn note(&self, note: Note) -> Option<String> {
+            self.notes.get(&note).cloned()
         }
-        fn set_last_boot(&mut self, boot: &str) -> Result<(), StoreError> {
-            self.boot = Some(boot.to_string());
+        fn set_note(&mut self, note: Note, value: &str) -> Result<(), StoreError> {
+            self.notes.insert(note, value.to_string());
             Ok(())
         }
     }

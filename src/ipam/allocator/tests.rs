@@ -112,20 +112,6 @@ fn attached_lease_is_taken_over_only_when_its_sandbox_cannot_be_alive() {
 }
 
 #[test]
-fn sweep_releases_earlier_boots_once() {
-    let (mut s, c) = (MemStore::default(), small());
-    add1(&mut s, &c, &req("c1", Some(&pod("a", "u")), "boot1")).unwrap();
-    s.boot = Some("boot1".into());
-    assert_eq!(sweep_earlier_boots(&mut s, "boot2", 5).unwrap(), 1);
-    assert_eq!(sweep_earlier_boots(&mut s, "boot2", 5).unwrap(), 0);
-    assert!(
-        s.records()
-            .iter()
-            .all(|r| r.lease_ref().is_some_and(|l| l.state == State::Released))
-    );
-}
-
-#[test]
 fn full_range_reclaims_the_longest_released_or_refuses() {
     let c = small();
     let mut s = MemStore::default();
