@@ -265,7 +265,7 @@ fn compare_with_host_local(make_conf: impl Fn(&Path) -> Conf, calls: &[(&str, &s
         let (s_st, s_hl) = (snapshot(d_st.path()), snapshot(d_hl.path()));
         let ours: Snapshot = s_st
             .into_iter()
-            .filter(|(k, _)| !k.ends_with("/release_seq") && !k.ends_with("/boot_id"))
+            .filter(|(k, _)| !BOOKKEEPING.iter().any(|b| k.ends_with(&format!("/{b}"))))
             .collect();
         assert_same(&s_hl, &ours, &format!("{what}: sticky vs host-local"));
         check_dir(&d_st.path().join(c_st.name()), COMPLETED);

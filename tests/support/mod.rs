@@ -577,6 +577,9 @@ pub struct StickyRecord {
     pub released_at: u64,
 }
 
+/// sticky-ipam's own bookkeeping files beside the records (not in host-local's layout).
+pub const BOOKKEEPING: &[&str] = &["release_seq", "boot_id", "lease_clock"];
+
 /// One record file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
@@ -717,6 +720,9 @@ pub fn check_dir(net_dir: &Path, rules: Rules) -> State {
         }
         if name == "boot_id" {
             state.boot_id = Some(text.trim().to_string());
+            continue;
+        }
+        if BOOKKEEPING.contains(&name.as_str()) {
             continue;
         }
         let (ip_text, rest) = match name.split_once('_') {

@@ -1,0 +1,125 @@
+//! Every example in `conf-examples/` is accepted by sticky-ipam: its IPAM section, handed over
+//! as libcni hands a conflist entry to a plugin, gives a working ADD/DEL and a sticky lease.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use support::*;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("conf-examples")
+}
+
+fn load(name: &str) -> Value {
+    let path = examples().join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"))
+}
+
+/// The plugin entries of a conf or conflist, each as libcni passes it: `name` and
+/// `cniVersion` injected from the list.
+fn entries(doc: &Value) -> Vec<Value> {
+    match doc["plugins"].as_array() {
+        Some(plugins) => plugins
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                p["name"] = doc["name"].clone();
+                p["cniVersion"] = doc["cniVersion"].clone();
+                p
+            })
+            .collect(),
+        None => vec![doc.clone()],
+    }
+}
+
+/// Runs ADD, DEL and ADD of a recreated pod with the example's IPAM section (dataDir moved to a
+/// temp dir), returns the addresses.
+fn exercise(name: &str, mut entry: Value, families: usize) -> Vec<std::net::IpAddr> {
+    assert_eq!(entry["ipam"]["type"], "sticky-ipam", "{name}");
+    let tmp = temp_dir();
+    entry["ipam"]["dataDir"] = json!(tmp.path().to_str().unwrap());
+    let conf = Conf { value: entry };
+    let p = Plugin::sticky();
+    let pod = Pod::new("default", "example", "uid-1");
+    let r = p.run(&Call::add("c1", &conf).pod(&pod)).ok();
+    let ips = result_ips(&r);
+    assert_eq!(ips.len(), families, "{name}: {r}");
+    p.run(&Call::del("c1", &conf).pod(&pod)).ok_empty();
+    let r2 = p
+        .run(&Call::add("c2", &conf).pod(&Pod::new("default", "example", "uid-2")))
+        .ok();
+    assert_eq!(result_ips(&r2), ips, "{name}: the lease was not kept");
+    check_dir(&tmp.path().join(conf.name()), COMPLETED);
+    ips
+}
+
+#[test]
+fn bridge_conflist_example_works() {
+    let doc = load("10-sticky-ipam-bridge.conflist");
+    assert_eq!(doc["cniVersion"], "1.0.0");
+    let e = entries(&doc);
+    assert_eq!(e[0]["type"], "bridge");
+    let ips = exercise("10-sticky-ipam-bridge.conflist", e[0].clone(), 1);
+    assert_eq!(ips[0], ip("10.88.0.2"));
+}
+
+#[test]
+fn dualstack_conf_example_works() {
+    let doc = load("20-sticky-ipam-dualstack.conf");
+    assert!(doc.get("plugins").is_none(), "a single-plugin .conf");
+    let ips = exercise("20-sticky-ipam-dualstack.conf", doc, 2);
+    assert!(ips[0].is_ipv4() && ips[1].is_ipv6(), "{ips:?}");
+}
+
+#[test]
+fn host_local_dropin_differs_by_one_word_and_gives_the_same_addresses() {
+    let before = load("30-host-local-dropin.conflist.host-local");
+    let after = load("30-host-local-dropin.conflist");
+    let mut expected = before.clone();
+    expected["plugins"][0]["ipam"]["type"] = json!("sticky-ipam");
+    assert_eq!(after, expected, "the drop-in must change only ipam.type");
+    exercise(
+        "30-host-local-dropin.conflist",
+        entries(&after)[0].clone(),
+        1,
+    );
+
+    // Without pod identity, the first addresses are host-local's own.
+    let Some(hl) = host_local_bin() else { return };
+    let (d1, d2) = (temp_dir(), temp_dir());
+    let mut a = entries(&before)[0].clone();
+    a["ipam"]["dataDir"] = json!(d1.path().to_str().unwrap());
+    let mut b = entries(&after)[0].clone();
+    b["ipam"]["dataDir"] = json!(d2.path().to_str().unwrap());
+    for cid in ["c1", "c2", "c3"] {
+        let ra = Plugin::at(&hl)
+            .run(&Call::add(cid, &Conf { value: a.clone() }).env("CNI_PATH", "/usr/lib/cni"))
+            .ok();
+        let rb = Plugin::sticky()
+            .run(&Call::add(cid, &Conf { value: b.clone() }))
+            .ok();
+        assert_eq!(ra, rb, "{cid}");
+    }
+}
+
+#[test]
+fn every_example_is_covered() {
+    let mut names: Vec<String> = std::fs::read_dir(examples())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".conf") || n.ends_with(".conflist") || n.ends_with(".json"))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "10-sticky-ipam-bridge.conflist",
+            "20-sticky-ipam-dualstack.conf",
+            "30-host-local-dropin.conflist"
+        ],
+        "a new example needs a test here"
+    );
+}
