@@ -281,16 +281,29 @@ fn find_host_local<S: Store>(
     Ok(None)
 }
 
-#[derive(Debug)]
-enum Plan {
+/// What ADD will do in one range set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// The attachment is already recorded.
     Existing(IpAddr),
+    /// The pod's own lease (released, or attached to a sandbox that cannot be alive).
     Take { ip: IpAddr, replaces: Vec<String> },
+    /// A never-held (or requested free) address.
     New(IpAddr),
+    /// Another pod's lease, released longest ago.
     Reclaim { ip: IpAddr, victims: Vec<String> },
 }
 
+/// A whole ADD, planned: nothing written yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddPlan {
+    pub sets: Vec<Plan>,
+    /// Files of the pod's leases outside every configured range (the config changed).
+    pub drops: Vec<String>,
+}
+
 impl Plan {
-    fn ip(&self) -> IpAddr {
+    pub fn ip(&self) -> IpAddr {
         match self {
             Plan::Existing(ip)
             | Plan::New(ip)
@@ -300,28 +313,26 @@ impl Plan {
     }
 }
 
-/// ADD: one address per range set.
-pub fn add<S: Store>(
+/// Plans an ADD: one address per range set. Reads, and removes only crash leftovers.
+pub fn plan<S: Store>(
     store: &mut S,
     config: &IpamConfig,
     req: &Request,
     requested: &[Option<IpAddr>],
-) -> Result<Vec<Allocation>, AllocError> {
+) -> Result<AddPlan, AllocError> {
     let holds = match req.sticky_pod() {
         Some(pod) => holds(store, pod, req.ifname)?,
         None => Vec::new(),
     };
-    // A takeable lease outside every range (the config changed) is dropped.
-    for hold in &holds {
-        if !config.range_sets.iter().any(|s| s.contains(hold.ip))
-            && hold.can_take(req)
-            && !hold.is_attachment(req)
-        {
-            for name in &hold.names {
-                store.remove(name)?;
-            }
-        }
-    }
+    let drops = holds
+        .iter()
+        .filter(|h| {
+            !config.range_sets.iter().any(|s| s.contains(h.ip))
+                && h.can_take(req)
+                && !h.is_attachment(req)
+        })
+        .flat_map(|h| h.names.iter().cloned())
+        .collect();
 
     let mut plans: Vec<Plan> = Vec::new();
     for (index, set) in config.range_sets.iter().enumerate() {
@@ -373,8 +384,21 @@ pub fn add<S: Store>(
         };
         plans.push(plan);
     }
-    crash::point("add planned");
+    Ok(AddPlan { sets: plans, drops })
+}
 
+/// ADD: plans, then writes.
+pub fn add<S: Store>(
+    store: &mut S,
+    config: &IpamConfig,
+    req: &Request,
+    requested: &[Option<IpAddr>],
+) -> Result<Vec<Allocation>, AllocError> {
+    let AddPlan { sets: plans, drops } = plan(store, config, req, requested)?;
+    crash::point("add planned");
+    for name in &drops {
+        store.remove(name)?;
+    }
     let mut out = Vec::new();
     for (index, plan) in plans.into_iter().enumerate() {
         let ip = plan.ip();
