@@ -257,6 +257,7 @@ fn every_crash_point_of_add_and_del_leaves_a_recoverable_data_dir() {
     let crash = crash_bin();
     let normal = Plugin::sticky();
     let mut report = Vec::new();
+    let mut failures = Vec::new();
     for s in scenarios() {
         let mut n = 1;
         loop {
@@ -277,21 +278,25 @@ fn every_crash_point_of_add_and_del_leaves_a_recoverable_data_dir() {
                 String::from_utf8_lossy(&out.stdout)
             );
             let what = format!("{} crashed at step {n}", s.name);
-            // The state right after the crash parses, nothing is recorded twice.
-            check_dir_named(&net, AFTER_KILL, &what);
-            // The same call again succeeds and converges.
-            let first = normal.run(&call);
-            let r = first.ok();
-            check_dir_named(&net, COMPLETED, &format!("{what}, after recovery"));
-            let before = snapshot(tmp.path());
-            let again = normal.run(&call).ok();
-            assert_eq!(again, r, "{what}: repeated call differs");
-            assert_same(
-                &before,
-                &snapshot(tmp.path()),
-                &format!("{what}: repeated call"),
-            );
-            (s.verify)(tmp.path(), &conf, &r);
+            let step = std::panic::catch_unwind(|| {
+                // The state right after the crash parses, nothing is recorded twice.
+                check_dir_named(&net, AFTER_KILL, &what);
+                // The same call again succeeds and converges.
+                let r = normal.run(&call).ok();
+                check_dir_named(&net, COMPLETED, &format!("{what}, after recovery"));
+                let before = snapshot(tmp.path());
+                let again = normal.run(&call).ok();
+                assert_eq!(again, r, "{what}: repeated call differs");
+                assert_same(
+                    &before,
+                    &snapshot(tmp.path()),
+                    &format!("{what}: repeated call"),
+                );
+                (s.verify)(tmp.path(), &conf, &r);
+            });
+            if let Err(e) = step {
+                failures.push(panic_text(e));
+            }
             n += 1;
         }
         assert!(
@@ -303,17 +308,26 @@ fn every_crash_point_of_add_and_del_leaves_a_recoverable_data_dir() {
         report.push(format!("{}: {} crash points", s.name, n - 1));
     }
     eprintln!("{}", report.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} crash points left a bad state:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn panic_text(e: Box<dyn std::any::Any + Send>) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }
 
 fn check_dir_named(net: &Path, rules: Rules, what: &str) -> State {
     match std::panic::catch_unwind(|| check_dir(net, rules)) {
         Ok(s) => s,
         Err(e) => {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = panic_text(e);
             panic!(
                 "{what}: {msg}\nfiles: {:?}",
                 snapshot(net).keys().collect::<Vec<_>>()
