@@ -52,6 +52,8 @@ impl Request<'_> {
 pub struct Allocation {
     pub ip: IpAddr,
     pub range: Range,
+    /// The attachment already existed or the pod took its own lease back (a sticky hit).
+    pub kept: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -402,6 +404,7 @@ pub fn add<S: Store>(
     let mut out = Vec::new();
     for (index, plan) in plans.into_iter().enumerate() {
         let ip = plan.ip();
+        let kept = matches!(plan, Plan::Existing(_) | Plan::Take { .. });
         match plan {
             Plan::Existing(_) => {}
             Plan::Take { replaces, .. } => {
@@ -427,7 +430,7 @@ pub fn add<S: Store>(
         let range = config.range_sets[index].range_for(ip).cloned();
         // Every planned address came from this set's ranges.
         if let Some(range) = range {
-            out.push(Allocation { ip, range });
+            out.push(Allocation { ip, range, kept });
         }
     }
     Ok(out)

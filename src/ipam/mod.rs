@@ -11,6 +11,7 @@ pub mod config;
 pub mod disk;
 pub mod identity;
 pub mod lifecycle;
+pub mod metrics;
 pub mod plugin;
 pub mod range;
 pub mod record;

@@ -10,6 +10,7 @@ use super::config::IpamConfig;
 use super::disk::DiskStore;
 use super::identity::{KNOWN_ARGS, Pod};
 use super::lifecycle::{self, Attachment, LeaseClock};
+use super::metrics;
 use super::{Error, resolv};
 use crate::cni::{Call, CniResult, Dns, IpConfig, Plugin};
 
@@ -118,6 +119,7 @@ impl Plugin for IpamPlugin {
         )?;
         clock.save(&mut store)?;
         store.sync()?;
+        metrics::after_add(config, &mut store, prepared.pod.is_some(), &allocations);
         let ips = allocations
             .iter()
             .map(|a| IpConfig {
@@ -145,6 +147,7 @@ impl Plugin for IpamPlugin {
         }
         clock.save(&mut store)?;
         store.sync()?;
+        metrics::after_call(&prepared.config, &mut store, 0, 0);
         Ok(())
     }
 
@@ -158,6 +161,7 @@ impl Plugin for IpamPlugin {
             &prev_ips(call),
         )?;
         store.sync()?;
+        metrics::after_call(&prepared.config, &mut store, 0, 0);
         Ok(())
     }
 
@@ -186,6 +190,7 @@ impl Plugin for IpamPlugin {
         }
         clock.save(&mut store)?;
         store.sync()?;
+        metrics::after_call(&prepared.config, &mut store, 0, 0);
         match errors.into_iter().next() {
             Some(first) => Err(first.into()),
             None => Ok(()),
@@ -208,6 +213,7 @@ impl Plugin for IpamPlugin {
                 }
             }
         }
+        metrics::after_call(&config, &mut store, 0, 0);
         Ok(())
     }
 }
