@@ -4,8 +4,10 @@
 //! a field: holding a store is holding the lock), removes temp files left by a killed process,
 //! and indexes record names. Every record write is crash-safe: temp file, fsync, rename; the
 //! directory is fsynced once by [`DiskStore::sync`] before the command reports success, so
-//! the caller never acknowledges what a power cut could undo. `last_reserved_ip.<N>` is a hint
-//! and, as in host-local, not fsynced.
+//! the caller never acknowledges what a power cut could undo. Hints (`last_reserved_ip.<N>`,
+//! as in host-local, and the release counter, lease clock and metrics counters) are written in
+//! place without fsync: a torn or lost hint is detected or harmless, and rewriting them by
+//! rename would make ext4 flush on every call.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -113,7 +115,7 @@ impl DiskStore {
 
     /// Proves the directory takes a new file (STATUS): create, fsync and remove a temp file.
     pub fn probe_writable(&mut self) -> Result<(), StoreError> {
-        self.replace(".tmp.probe", b"", true)
+        self.replace(".tmp.probe", b"")
             .and_then(|()| self.unlink(".tmp.probe"))
     }
 
@@ -126,8 +128,8 @@ impl DiskStore {
         }
     }
 
-    /// temp file, write, fsync (when `durable`), rename over `name`.
-    fn replace(&mut self, name: &str, bytes: &[u8], durable: bool) -> Result<(), StoreError> {
+    /// temp file, write, fsync, rename over `name`.
+    fn replace(&mut self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
         self.temp_serial += 1;
         let temp = self.dir.join(format!(
             "{TEMP_PREFIX}{}.{}",
@@ -142,9 +144,7 @@ impl DiskStore {
                 .open(&temp)?;
             file.write_all(bytes)?;
             crash::point("temp file written");
-            if durable {
-                file.sync_all()?;
-            }
+            file.sync_all()?;
             Ok(())
         })();
         if let Err(e) = result {
@@ -174,6 +174,36 @@ impl DiskStore {
         }
     }
 
+    /// Rewrites a hint in place: no temp file, no fsync, never truncated to zero first.
+    fn write_hint(&mut self, name: &str, text: &str) -> Result<(), StoreError> {
+        use std::os::unix::fs::FileExt;
+        let path = self.dir.join(name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(&path);
+        file.and_then(|f| {
+            f.write_all_at(text.as_bytes(), 0)?;
+            f.set_len(text.len() as u64)
+        })
+        .map_err(io("writing", &path))
+    }
+
+    /// The highest release number recorded in any lease: the counter's fallback.
+    fn max_release_seq(&mut self) -> Result<u64, StoreError> {
+        let mut max = 0;
+        for ip in self.index.ips_with_identity() {
+            for name in self.index.names(ip) {
+                if let Some(lease) = self.read(&name)?.as_ref().and_then(Record::lease_ref) {
+                    max = max.max(lease.release_seq);
+                }
+            }
+        }
+        Ok(max)
+    }
+
     fn read_text(&self, name: &str) -> Option<String> {
         self.read_small(name)
             .ok()
@@ -194,7 +224,7 @@ impl Store for DiskStore {
     }
 
     fn write(&mut self, record: &Record) -> Result<(), StoreError> {
-        self.replace(&record.name, &record.to_bytes(), true)?;
+        self.replace(&record.name, &record.to_bytes())?;
         self.index.insert(&record.name);
         Ok(())
     }
@@ -212,20 +242,20 @@ impl Store for DiskStore {
 
     fn set_last_reserved(&mut self, set: usize, ip: IpAddr) -> Result<(), StoreError> {
         // A hint, as in host-local: a lost update only moves where the next search starts.
-        self.replace(
-            &format!("{LAST_RESERVED_PREFIX}{set}"),
-            ip.to_string().as_bytes(),
-            false,
-        )
+        self.write_hint(&format!("{LAST_RESERVED_PREFIX}{set}"), &ip.to_string())
     }
 
     fn next_release_seq(&mut self) -> Result<u64, StoreError> {
-        let next = self
+        // Missing or torn: recount from the leases themselves (each fsynced with its number).
+        let last = match self
             .read_text(RELEASE_SEQ_FILE)
             .and_then(|t| t.parse::<u64>().ok())
-            .unwrap_or(0)
-            + 1;
-        self.replace(RELEASE_SEQ_FILE, next.to_string().as_bytes(), true)?;
+        {
+            Some(n) => n,
+            None => self.max_release_seq()?,
+        };
+        let next = last + 1;
+        self.write_hint(RELEASE_SEQ_FILE, &next.to_string())?;
         Ok(next)
     }
 
@@ -234,7 +264,11 @@ impl Store for DiskStore {
     }
 
     fn set_note(&mut self, note: Note, value: &str) -> Result<(), StoreError> {
-        self.replace(note.file_name(), value.as_bytes(), note.durable())
+        if note.durable() {
+            self.replace(note.file_name(), value.as_bytes())
+        } else {
+            self.write_hint(note.file_name(), value)
+        }
     }
 }
 

@@ -138,13 +138,14 @@ pub fn sweep_earlier_boots<S: Store>(
     boot: &str,
     now: u64,
 ) -> Result<usize, StoreError> {
+    if boot.is_empty() || store.note(Note::Boot).as_deref() == Some(boot) {
+        return Ok(0);
+    }
     let changes = plan_boot_sweep(store, boot)?;
     if let Some(err) = apply(store, &changes, now).into_iter().next() {
         return Err(err);
     }
-    if !boot.is_empty() {
-        store.set_note(Note::Boot, boot)?;
-    }
+    store.set_note(Note::Boot, boot)?;
     Ok(changes.len())
 }
 

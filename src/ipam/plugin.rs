@@ -78,6 +78,16 @@ impl Prepared {
         Ok((store, clock))
     }
 
+    /// Saves the lease clock (only kept while `leaseHold` is set, so a hold counts from when
+    /// it was enabled) and makes the command's changes durable.
+    fn finish(&self, store: &mut DiskStore, clock: &LeaseClock) -> Result<(), Error> {
+        if self.hold().is_some() {
+            clock.save(store)?;
+        }
+        store.sync()?;
+        Ok(())
+    }
+
     /// What runs at every ADD and GC: earlier boots swept, expired leases freed.
     fn recover(&self, store: &mut DiskStore, clock: &mut LeaseClock) -> Result<(), Error> {
         if self.config.sticky {
@@ -117,8 +127,7 @@ impl Plugin for IpamPlugin {
             &prepared.request(call, &clock),
             &requested,
         )?;
-        clock.save(&mut store)?;
-        store.sync()?;
+        prepared.finish(&mut store, &clock)?;
         metrics::after_add(config, &mut store, prepared.pod.is_some(), &allocations);
         let ips = allocations
             .iter()
@@ -145,8 +154,7 @@ impl Plugin for IpamPlugin {
         if let (Some(hold), true) = (prepared.hold(), released > 0) {
             clock.released_one(hold);
         }
-        clock.save(&mut store)?;
-        store.sync()?;
+        prepared.finish(&mut store, &clock)?;
         metrics::after_call(&prepared.config, &mut store, 0, 0);
         Ok(())
     }
@@ -188,8 +196,7 @@ impl Plugin for IpamPlugin {
                 clock.released_one(hold);
             }
         }
-        clock.save(&mut store)?;
-        store.sync()?;
+        prepared.finish(&mut store, &clock)?;
         metrics::after_call(&prepared.config, &mut store, 0, 0);
         match errors.into_iter().next() {
             Some(first) => Err(first.into()),

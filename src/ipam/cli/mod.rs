@@ -1,0 +1,419 @@
+//! The operator's tool: `sticky-ipam` run without `CNI_COMMAND`.
+//!
+//! An operator on an edge node needs to see what the plugin holds and fix it without a
+//! control plane. Every verb opens the network's data dir through [`DiskStore`], so it holds
+//! the same `flock` as the plugin for its whole run: it never sees half of an ADD and never
+//! corrupts state when run alongside ADD/DEL. Verbs that only look (`list`, `show`,
+//! `gc --dry-run`) work on a [`dryrun::DryRun`] overlay, so not even crash leftovers are
+//! cleaned behind the operator's back.
+//!
+//! One verb per file: [`list`], [`show`], [`release`], [`gc`], [`downgrade`]. [`entry`] turns
+//! record files into rows; [`args`] is the parser. Exit codes: see [`EXIT_CODES`].
+
+pub mod args;
+pub mod downgrade;
+pub mod dryrun;
+pub mod entry;
+pub mod gc;
+pub mod list;
+pub mod release;
+pub mod show;
+
+use std::fs;
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde_json::Value;
+
+use super::allocator::AllocError;
+use super::config::{ConfigError, DEFAULT_DATA_DIR, IpamConfig};
+use super::disk::DiskStore;
+use super::identity::Pod;
+use super::store::StoreError;
+use crate::cni::{Args, NetConf};
+
+/// Success.
+pub const EXIT_OK: u8 = 0;
+/// Runtime error: the data dir or a file could not be read or written.
+pub const EXIT_RUNTIME: u8 = 1;
+/// Usage error: unknown verb or option, missing argument, unusable `--config`.
+pub const EXIT_USAGE: u8 = 2;
+/// Refused: `release` of an attached lease without `--force`, `downgrade` with leases or
+/// markers left and no `--drop-leases`. Nothing was changed.
+pub const EXIT_REFUSED: u8 = 3;
+/// Not found: the pod has no records, or the network has no data dir.
+pub const EXIT_NOT_FOUND: u8 = 4;
+
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  runtime error (data dir or file unreadable/unwritable)
+  2  usage error (unknown verb or option, missing argument, bad --config)
+  3  refused, nothing changed (release of an attached lease without --force;
+     downgrade with released leases or markers left and no --drop-leases)
+  4  not found (the pod has no records; the network has no data dir)";
+
+const HELP: &str = "\
+sticky-ipam — host-local compatible IPAM with sticky per-pod leases.
+
+Run by a container runtime with CNI_COMMAND set, it is a CNI plugin. Run without
+CNI_COMMAND, it is the operator's tool:
+
+Usage: sticky-ipam [global options] <command> [options]
+
+Commands:
+  list        every record of a network (or of all networks)
+  show        one pod's records and what its next ADD would get
+  release     drop a pod's leases
+  gc          what expiry and the boot sweep would free (--dry-run)
+  downgrade   rewrite a network's data dir into host-local's layout
+
+Global options:
+  --data-dir <dir>   the data dir (default /var/lib/cni/networks)
+  --network <name>   the network (a directory under the data dir); optional when the
+                     data dir holds only one network, and for list
+  --config <file>    a .conf or .conflist: network name, data dir, ranges and leaseHold
+                     from the plugin whose type or ipam.type is sticky-ipam
+  -h, --help         this help (or `sticky-ipam <command> --help`)
+  -V, --version      the version
+
+Every command takes the data dir's lock, as the plugin does: it is safe to run while
+pods start and stop.
+";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("unknown command {0:?} (expected list, show, release, gc or downgrade)")]
+    UnknownVerb(String),
+    #[error("no command given (expected list, show, release, gc or downgrade)")]
+    NoVerb,
+    #[error("unknown option {option:?} for `{verb}`")]
+    UnknownOption { verb: &'static str, option: String },
+    #[error("option {0} needs a value")]
+    MissingValue(&'static str),
+    #[error("option {0} is given twice")]
+    Repeated(&'static str),
+    #[error("{0:?}: this option takes no value")]
+    FlagWithValue(String),
+    #[error("unexpected argument {arg:?} for `{verb}`")]
+    ExtraArgument { verb: &'static str, arg: String },
+    #[error("`{verb}` needs {what}")]
+    MissingArgument {
+        verb: &'static str,
+        what: &'static str,
+    },
+    #[error("{0:?} is not a pod: expected <namespace>/<pod>, /<name> or <name>")]
+    BadPod(String),
+    #[error("{0:?} is not a valid network name")]
+    BadNetwork(String),
+    #[error("--network {given:?} does not match the name {in_config:?} in --config")]
+    NetworkMismatch { given: String, in_config: String },
+    #[error("{data_dir} holds {count} networks ({names}): choose one with --network or --config")]
+    WhichNetwork {
+        data_dir: PathBuf,
+        count: usize,
+        names: String,
+    },
+    #[error("`gc` only previews (--dry-run): a real GC needs the runtime's list of live attachments, which only CNI GC carries")]
+    GcNeedsDryRun,
+    #[error("reading --config {path}: {source}")]
+    ReadConfig {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--config {path}: {why}")]
+    BadConfig { path: PathBuf, why: String },
+    #[error("--config {path}: {source}")]
+    Config { path: PathBuf, source: ConfigError },
+    #[error("listing {path}: {source}")]
+    ListDataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("network {network:?} has no data dir under {data_dir}")]
+    NoNetwork { network: String, data_dir: PathBuf },
+    #[error("{pod} has no records in network {network:?}")]
+    NoRecords { pod: String, network: String },
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    #[error("writing output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Store(_)
+            | CliError::Alloc(_)
+            | CliError::Output(_)
+            | CliError::ListDataDir { .. } => EXIT_RUNTIME,
+            CliError::Refused(_) => EXIT_REFUSED,
+            CliError::NoNetwork { .. } | CliError::NoRecords { .. } => EXIT_NOT_FOUND,
+            _ => EXIT_USAGE,
+        }
+    }
+}
+
+/// The tool's entry point: `args` without the program name.
+pub fn main(args: Vec<String>) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match run(&args, &mut out).and_then(|()| out.flush().map_err(CliError::from)) {
+        Ok(()) => ExitCode::from(EXIT_OK),
+        // `list | head`: the reader went away; nothing is wrong with the data dir.
+        Err(CliError::Output(e)) if e.kind() == ErrorKind::BrokenPipe => ExitCode::from(EXIT_OK),
+        Err(err) => {
+            eprintln!("sticky-ipam: {err}");
+            if err.exit_code() == EXIT_USAGE {
+                eprintln!("Try `sticky-ipam --help`.");
+            }
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
+
+/// Runs one command line, printing to `out`.
+pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
+    let before_dashes = args.iter().take_while(|a| *a != "--");
+    let help = before_dashes.clone().any(|a| a == "--help" || a == "-h");
+    let version = before_dashes.clone().any(|a| a == "--version" || a == "-V");
+    let verb = args::find_verb(args);
+    if help {
+        let text = match verb {
+            None => HELP,
+            Some(v) => verb_help(v).ok_or_else(|| CliError::UnknownVerb(v.to_string()))?,
+        };
+        writeln!(out, "{text}\n{EXIT_CODES}")?;
+        return Ok(());
+    }
+    if version {
+        writeln!(out, "sticky-ipam {}", env!("CARGO_PKG_VERSION"))?;
+        return Ok(());
+    }
+    match verb {
+        Some("list") => list::run(args, out),
+        Some("show") => show::run(args, out),
+        Some("release") => release::run(args, out),
+        Some("gc") => gc::run(args, out),
+        Some("downgrade") => downgrade::run(args, out),
+        Some(other) => Err(CliError::UnknownVerb(other.to_string())),
+        None => Err(CliError::NoVerb),
+    }
+}
+
+fn verb_help(verb: &str) -> Option<&'static str> {
+    Some(match verb {
+        "list" => list::HELP,
+        "show" => show::HELP,
+        "release" => release::HELP,
+        "gc" => gc::HELP,
+        "downgrade" => downgrade::HELP,
+        _ => return None,
+    })
+}
+
+/// Where a command works: the data dir, the network, and the config when one was given.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub data_dir: PathBuf,
+    pub network: Option<String>,
+    pub config: Option<IpamConfig>,
+}
+
+impl Target {
+    /// From the global options of a parsed command line.
+    pub fn from_args(parsed: &args::Parsed) -> Result<Target, CliError> {
+        let config = parsed.value("--config").map(Path::new).map(load_config).transpose()?;
+        let network = match (parsed.value("--network"), &config) {
+            (Some(given), Some(c)) if given != c.network => {
+                return Err(CliError::NetworkMismatch {
+                    given: given.to_string(),
+                    in_config: c.network.clone(),
+                });
+            }
+            (Some(given), _) => Some(given.to_string()),
+            (None, Some(c)) => Some(c.network.clone()),
+            (None, None) => None,
+        };
+        if let Some(n) = &network
+            && crate::cni::env::validate_container_id(n).is_err()
+        {
+            return Err(CliError::BadNetwork(n.clone()));
+        }
+        let data_dir = match (parsed.value("--data-dir"), &config) {
+            (Some(d), _) => PathBuf::from(d),
+            (None, Some(c)) => c.data_dir.clone(),
+            (None, None) => PathBuf::from(DEFAULT_DATA_DIR),
+        };
+        Ok(Target {
+            data_dir,
+            network,
+            config,
+        })
+    }
+
+    /// The chosen network, or every network under the data dir, sorted.
+    pub fn networks(&self) -> Result<Vec<String>, CliError> {
+        if let Some(n) = &self.network {
+            return Ok(vec![n.clone()]);
+        }
+        let list_err = |source| CliError::ListDataDir {
+            path: self.data_dir.clone(),
+            source,
+        };
+        let entries = match fs::read_dir(&self.data_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(list_err(e)),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(list_err)?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if entry.file_type().map_err(list_err)?.is_dir()
+                && crate::cni::env::validate_container_id(&name).is_ok()
+            {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// The one network a command works on: the chosen one, or the only one there is.
+    pub fn network(&self) -> Result<String, CliError> {
+        let mut names = self.networks()?;
+        match names.len() {
+            1 => Ok(names.remove(0)),
+            0 => Err(CliError::NoNetwork {
+                network: "(any)".into(),
+                data_dir: self.data_dir.clone(),
+            }),
+            count => Err(CliError::WhichNetwork {
+                data_dir: self.data_dir.clone(),
+                count,
+                names: names.join(", "),
+            }),
+        }
+    }
+
+    /// Locks the network's data dir; a missing one is "not found".
+    pub fn open(&self, network: &str) -> Result<DiskStore, CliError> {
+        DiskStore::open_existing(&self.data_dir.join(network))?.ok_or_else(|| {
+            CliError::NoNetwork {
+                network: network.to_string(),
+                data_dir: self.data_dir.clone(),
+            }
+        })
+    }
+}
+
+/// Reads a `.conf` or `.conflist` and the ipam section of its sticky-ipam plugin.
+pub fn load_config(path: &Path) -> Result<IpamConfig, CliError> {
+    let bad = |why: String| CliError::BadConfig {
+        path: path.to_path_buf(),
+        why,
+    };
+    let bytes = fs::read(path).map_err(|source| CliError::ReadConfig {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let doc: Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let entries: Vec<Value> = match doc.get("plugins") {
+        Some(Value::Array(plugins)) => plugins.clone(),
+        Some(_) => return Err(bad("\"plugins\" must be an array".into())),
+        None => vec![doc.clone()],
+    };
+    let is_sticky = |v: Option<&Value>| v.and_then(Value::as_str) == Some("sticky-ipam");
+    let mut entry = entries
+        .into_iter()
+        .find(|p| is_sticky(p.get("type")) || is_sticky(p.pointer("/ipam/type")))
+        .ok_or_else(|| bad("no plugin has type or ipam.type \"sticky-ipam\"".into()))?;
+    // libcni injects the list's name and version into each plugin's config.
+    for key in ["name", "cniVersion"] {
+        if let (Some(v), Value::Object(map)) = (doc.get(key), &mut entry) {
+            map.insert(key.to_string(), v.clone());
+        }
+    }
+    let bytes = serde_json::to_vec(&entry).map_err(|e| bad(e.to_string()))?;
+    let conf = NetConf::parse(&bytes).map_err(|e| bad(e.to_string()))?;
+    IpamConfig::from_netconf(&conf, &Args::default()).map_err(|source| CliError::Config {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// `<namespace>/<pod>`, `/<name>` or `<name>` (podman: no namespace).
+pub fn parse_pod(text: &str) -> Result<Pod, CliError> {
+    let (namespace, name) = text.split_once('/').unwrap_or(("", text));
+    if name.is_empty() || name.contains('/') {
+        return Err(CliError::BadPod(text.to_string()));
+    }
+    Ok(Pod {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        uid: String::new(),
+    })
+}
+
+/// How a pod is printed: `ns/name`, or `name` without a namespace.
+pub fn pod_text(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        name.to_string()
+    } else {
+        format!("{namespace}/{name}")
+    }
+}
+
+/// Writes a JSON value, pretty, and a newline.
+pub fn write_json(out: &mut dyn Write, value: &Value) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
+    writeln!(out, "{text}")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods() {
+        let p = parse_pod("ns/web").unwrap();
+        assert_eq!((p.namespace.as_str(), p.name.as_str()), ("ns", "web"));
+        let p = parse_pod("/happy_turing").unwrap();
+        assert_eq!((p.namespace.as_str(), p.name.as_str()), ("", "happy_turing"));
+        assert_eq!(parse_pod("happy_turing").unwrap().name, "happy_turing");
+        for bad in ["", "ns/", "a/b/c"] {
+            assert!(
+                parse_pod(bad).unwrap_err().to_string().contains(&format!("{bad:?}")),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn help_version_and_usage_errors() {
+        let run_text = |list: &[&str]| {
+            let args: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+            let mut out = Vec::new();
+            let r = run(&args, &mut out);
+            (r.map_err(|e| e.exit_code()), String::from_utf8(out).unwrap())
+        };
+        let (r, text) = run_text(&["--help"]);
+        assert!(r.is_ok() && text.contains("Exit codes:") && text.contains("downgrade"));
+        let (r, text) = run_text(&["release", "--help"]);
+        assert!(r.is_ok() && text.contains("--force"), "{text}");
+        let (r, text) = run_text(&["--version"]);
+        assert!(r.is_ok() && text.starts_with("sticky-ipam "));
+        assert_eq!(run_text(&["frobnicate"]).0, Err(EXIT_USAGE));
+        assert_eq!(run_text(&[]).0, Err(EXIT_USAGE));
+        assert_eq!(run_text(&["gc"]).0, Err(EXIT_USAGE));
+    }
+}
