@@ -177,7 +177,10 @@ fn manifest_is_a_configmap_and_a_daemonset_in_kube_system_without_rbac() {
             kind == "ConfigMap" || kind == "DaemonSet",
             "unexpected {kind}: the install needs no ServiceAccount or RBAC"
         );
-        assert_eq!(d["metadata"]["namespace"], "kube-system", "{kind} namespace");
+        assert_eq!(
+            d["metadata"]["namespace"], "kube-system",
+            "{kind} namespace"
+        );
     }
     let pod = pod_spec(&docs);
     assert_eq!(pod["hostNetwork"], true);
@@ -185,10 +188,14 @@ fn manifest_is_a_configmap_and_a_daemonset_in_kube_system_without_rbac() {
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert!(pod.get("serviceAccountName").is_none());
     let tolerates_all = pod["tolerations"].as_array().is_some_and(|t| {
-        t.iter()
-            .any(|t| t["operator"] == "Exists" && t.get("key").is_none() && t.get("effect").is_none())
+        t.iter().any(|t| {
+            t["operator"] == "Exists" && t.get("key").is_none() && t.get("effect").is_none()
+        })
     });
-    assert!(tolerates_all, "needs a toleration {{operator: Exists}} for every taint");
+    assert!(
+        tolerates_all,
+        "needs a toleration {{operator: Exists}} for every taint"
+    );
     assert!(
         pod["containers"]
             .as_array()
@@ -216,7 +223,11 @@ fn every_image_is_pinned_to_an_exact_version() {
         .next()
         .and_then(|n| n.rsplit_once(':'))
         .map(|(_, t)| t);
-    assert_eq!(tag, Some(env!("CARGO_PKG_VERSION")), "install-cni image {own}");
+    assert_eq!(
+        tag,
+        Some(env!("CARGO_PKG_VERSION")),
+        "install-cni image {own}"
+    );
 
     let dockerfile = fs::read_to_string(repo_file(DOCKERFILE)).expect("Dockerfile");
     let bases: Vec<&str> = dockerfile
@@ -311,8 +322,11 @@ fn install_script_replaces_files_by_temp_file_and_rename() {
         // An old binary on the node, with a second name: an in-place rewrite would change
         // what that second name reads, a rename leaves it alone.
         fs::write(host_bin.join(plugin), "old\n").expect("write");
-        fs::hard_link(host_bin.join(plugin), root.path().join(format!("{plugin}.old")))
-            .expect("link");
+        fs::hard_link(
+            host_bin.join(plugin),
+            root.path().join(format!("{plugin}.old")),
+        )
+        .expect("link");
     }
     fs::copy(repo_file(CONFLIST), conf.join(CONFLIST_NAME)).expect("copy conflist");
 
@@ -334,7 +348,10 @@ fn install_script_replaces_files_by_temp_file_and_rename() {
 
     for plugin in ["sticky-ipam", "sticky-vxlan"] {
         let installed = host_bin.join(plugin);
-        assert_eq!(fs::read_to_string(&installed).unwrap(), format!("new {plugin}\n"));
+        assert_eq!(
+            fs::read_to_string(&installed).unwrap(),
+            format!("new {plugin}\n")
+        );
         let mode = fs::metadata(&installed).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o755, "{plugin} mode");
         let old = root.path().join(format!("{plugin}.old"));
@@ -366,9 +383,19 @@ fn install_script_replaces_files_by_temp_file_and_rename() {
     }
 
     // And the script says so: every copy goes to a temp name, then `mv` renames it.
-    assert!(script.contains("mv -f \"$tmp\""), "install ends with a rename");
-    for line in script.lines().map(str::trim).filter(|l| l.starts_with("cp ")) {
-        assert!(line.ends_with("\"$tmp\""), "copy straight to a final name: {line}");
+    assert!(
+        script.contains("mv -f \"$tmp\""),
+        "install ends with a rename"
+    );
+    for line in script
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("cp "))
+    {
+        assert!(
+            line.ends_with("\"$tmp\""),
+            "copy straight to a final name: {line}"
+        );
     }
 }
 
@@ -394,8 +421,15 @@ fn install_script_fails_without_leaving_temp_files_when_a_plugin_is_missing() {
         .env("CONFLIST_NAME", CONFLIST_NAME)
         .output()
         .expect("run sh");
-    assert!(!out.status.success(), "a missing plugin must fail the init container");
-    assert_eq!(fs::read_dir(&host_bin).unwrap().count(), 0, "nothing left in bin");
+    assert!(
+        !out.status.success(),
+        "a missing plugin must fail the init container"
+    );
+    assert_eq!(
+        fs::read_dir(&host_bin).unwrap().count(),
+        0,
+        "nothing left in bin"
+    );
     assert_eq!(
         fs::read_dir(&host_net).unwrap().count(),
         0,
