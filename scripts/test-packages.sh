@@ -173,9 +173,13 @@ for b in sticky-ipam sticky-vxlan; do
         bash -c "[ -f /opt/cni/bin/$b ] && [ \"\$(stat -c %a /opt/cni/bin/$b)\" = 755 ]"
 done
 version_reply=$(echo '{"cniVersion":"1.0.0"}' | CNI_COMMAND=VERSION /opt/cni/bin/sticky-ipam 2>/dev/null)
+# VERSION reply per the CNI spec: {"cniVersion": ..., "supportedVersions": [...]}.
+version_reply_ok() {
+    python3 -c 'import json, sys; assert "1.0.0" in json.loads(sys.argv[1])["supportedVersions"]' \
+        "$version_reply" 2>/dev/null
+}
 check "sticky-ipam answers VERSION with supportedVersions incl. 1.0.0 (got: ${version_reply:-nothing})" \
-    python3 -c 'import json,sys; v=json.loads(sys.argv[1]); assert "1.0.0" in v["supportedVersions"]' \
-    "$version_reply"
+    version_reply_ok
 check "unit installed at $unit" test -f "$unit"
 check "unit not enabled by the install" \
     bash -c "! ls /etc/systemd/system/*/sticky-vxlan-reconcile.service >/dev/null 2>&1"
