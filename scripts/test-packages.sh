@@ -181,6 +181,11 @@ version_reply_ok() {
 check "sticky-ipam answers VERSION with supportedVersions incl. 1.0.0 (got: ${version_reply:-nothing})" \
     version_reply_ok
 check "unit installed at $unit" test -f "$unit"
+if command -v systemd-analyze >/dev/null; then
+    check "systemd-analyze verify accepts the installed unit" quiet systemd-analyze verify "$unit"
+else
+    echo "note: no systemd-analyze here, unit syntax not verified"
+fi
 check "unit not enabled by the install" \
     bash -c "! ls /etc/systemd/system/*/sticky-vxlan-reconcile.service >/dev/null 2>&1"
 check "/etc/cni/net.d unchanged by the install" \
