@@ -90,6 +90,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
+mkdir -p "$CARGO_TARGET_DIR"
+
 # --- tools --------------------------------------------------------------------------------------
 for tool in cargo-deb cargo-generate-rpm; do
     if ! command -v "$tool" >/dev/null && [ ! -x "$HOME/.cargo/bin/$tool" ]; then
