@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Builds the sticky-cni .deb and .rpm and checks them on this machine.
+#
+#   sudo bash scripts/test-packages.sh        (CI runs it as root: bash scripts/test-packages.sh)
+#
+# .deb: built with cargo-deb, installed with `dpkg -i`, /opt/cni/bin/sticky-ipam must answer
+#       CNI VERSION, then `dpkg --purge` must leave an existing lease data dir untouched.
+# .rpm: built with cargo-generate-rpm, checked without installing (`rpm -qlp`, `rpm -qp
+#       --scripts`): this is not an RPM system.
+#
+# Safe on a CI machine: it refuses to run if sticky-cni is already installed or its binaries are
+# already in /opt/cni/bin, purges the package and removes the test data dir (and any of
+# /var/lib/cni, /opt/cni it created) on every exit. Build tools it installs when missing
+# (cargo-deb, cargo-generate-rpm with `cargo install --locked`; rpm with apt-get) are kept.
+#
+# Prints one line per check and, last, "N passed, M failed"; exits non-zero on any failure.
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+repo=$PWD
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
+out_dir="$CARGO_TARGET_DIR/packages"
+pkg=sticky-cni
+test_net="sticky-pkg-test-$$"
+data_root=/var/lib/cni
+data_dir="$data_root/networks/$test_net"
+record="$data_dir/10.244.1.5_default_web"
+unit=/usr/lib/systemd/system/sticky-vxlan-reconcile.service
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); echo "ok   - $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL - $1"; }
+# check DESCRIPTION COMMAND...: one counted check.
+check() {
+    local what=$1
+    shift
+    if "$@"; then pass "$what"; else fail "$what"; fi
+}
+finish() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+}
+die() {
+    fail "$1"
+    finish
+}
+now() { date +%s; }
+# quiet COMMAND...: run it, show its output only if it fails.
+quiet() {
+    local log
+    log=$(mktemp)
+    if "$@" >"$log" 2>&1; then rm -f "$log"; else cat "$log"; rm -f "$log"; return 1; fi
+}
+
+[ "$(id -u)" -eq 0 ] || { echo "run as root: it installs and purges a .deb" >&2; exit 1; }
+command -v dpkg >/dev/null || { echo "needs dpkg (a Debian-based CI machine)" >&2; exit 1; }
+
+# --- never clobber a real installation -------------------------------------------------------
+# dpkg-query prints e.g. "install ok installed", "deinstall ok config-files", "unknown ok not-installed".
+pkg_state() { dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | awk '{print $3}'; }
+if [ -n "$(pkg_state)" ] && [ "$(pkg_state)" != not-installed ]; then
+    echo "$pkg is installed on this machine: refusing to test packages over it" >&2
+    exit 1
+fi
+for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan; do
+    if [ -e "$f" ]; then
+        echo "$f exists (not from the $pkg package): refusing to overwrite it" >&2
+        exit 1
+    fi
+done
+
+# Remember what existed, to remove exactly what this run created.
+created_dirs=()
+for d in /var/lib/cni/networks /var/lib/cni /opt/cni/bin /opt/cni; do
+    [ -e "$d" ] || created_dirs+=("$d")
+done
+net_d_before=$(ls -la /etc/cni/net.d 2>&1)
+
+cleanup() {
+    if [ -n "$(pkg_state)" ] && [ "$(pkg_state)" != not-installed ]; then
+        dpkg --purge "$pkg" >/dev/null 2>&1 || echo "cleanup: dpkg --purge $pkg failed" >&2
+    fi
+    rm -rf "$data_dir"
+    # Listed deepest first; rmdir only removes them if nothing else was put there meanwhile.
+    for d in "${created_dirs[@]}"; do
+        rmdir "$d" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+mkdir -p "$CARGO_TARGET_DIR"
+
+# --- tools --------------------------------------------------------------------------------------
+for tool in cargo-deb cargo-generate-rpm; do
+    if ! command -v "$tool" >/dev/null && [ ! -x "$HOME/.cargo/bin/$tool" ]; then
+        t0=$(now)
+        echo "installing $tool (cargo install --locked) ..."
+        cargo install --locked "$tool" >"$CARGO_TARGET_DIR/install-$tool.log" 2>&1 ||
+            { tail -20 "$CARGO_TARGET_DIR/install-$tool.log"; die "cargo install $tool"; }
+        echo "installed $tool in $(($(now) - t0)) s"
+    fi
+done
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v rpm >/dev/null; then
+    echo "installing rpm (apt-get) ..."
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q rpm >/dev/null ||
+        { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rpm >/dev/null; } ||
+        die "apt-get install rpm"
+fi
+
+# --- build --------------------------------------------------------------------------------------
+# Release profile, default features only: the test-only `crash-points` must never ship.
+default_features=$(cargo metadata --no-deps --format-version 1 --locked |
+    python3 -c 'import json,sys; m=json.load(sys.stdin); print(" ".join(m["packages"][0]["features"].get("default", [])))')
+check "crash-points is not a default feature (default: '${default_features}')" \
+    test "${default_features/crash-points/}" = "$default_features"
+
+t0=$(now)
+cargo build --release --locked --bins || die "cargo build --release"
+echo "release build: $(($(now) - t0)) s"
+for b in sticky-ipam sticky-vxlan; do
+    # crash.rs reads STICKY_CRASH_AT only when the feature is on.
+    check "$b built without crash points" \
+        bash -c "! grep -q STICKY_CRASH_AT '$CARGO_TARGET_DIR/release/$b'"
+done
+
+rm -rf "$out_dir" && mkdir -p "$out_dir"
+t0=$(now)
+cargo deb --no-build --output "$out_dir/" >"$out_dir/cargo-deb.log" 2>&1 ||
+    { cat "$out_dir/cargo-deb.log"; die "cargo deb"; }
+cargo generate-rpm --output "$out_dir/" >"$out_dir/cargo-generate-rpm.log" 2>&1 ||
+    { cat "$out_dir/cargo-generate-rpm.log"; die "cargo generate-rpm"; }
+echo "packaging (cargo deb + cargo generate-rpm): $(($(now) - t0)) s"
+deb=$(ls "$out_dir"/*.deb 2>/dev/null | head -1)
+rpm_file=$(ls "$out_dir"/*.rpm 2>/dev/null | head -1)
+check ".deb built ($deb)" test -f "$deb"
+check ".rpm built ($rpm_file)" test -f "$rpm_file"
+[ -f "$deb" ] && [ -f "$rpm_file" ] || finish
+
+# Scripts must neither remove lease data nor enable/start the unit (comments stripped first).
+scripts_are_safe() { # FILE...
+    local code
+    code=$(sed -e 's/#.*//' "$@")
+    ! grep -q '/var/lib/cni' <<<"$code" &&
+        ! grep -Eq 'systemctl[^;|&]*[[:space:]](enable|start|restart|reload-or-restart)[[:space:]]' <<<"$code" &&
+        ! grep -Eq 'deb-systemd-(helper|invoke)[^;|&]*[[:space:]](enable|start)' <<<"$code"
+}
+
+# --- .deb: contents -------------------------------------------------------------------------
+deb_list=$(dpkg-deb -c "$deb")
+for f in ./opt/cni/bin/sticky-ipam ./opt/cni/bin/sticky-vxlan; do
+    check "deb ships $f mode 755" grep -Eq "^-rwxr-xr-x .* ${f}\$" <<<"$deb_list"
+done
+for f in README.md install.md sticky-cni.default conf-examples/10-sticky-vxlan.conflist; do
+    check "deb ships /usr/share/doc/$pkg/$f" grep -q " ./usr/share/doc/$pkg/$f\$" <<<"$deb_list"
+done
+check "deb ships the unit in $unit" grep -q " .${unit}\$" <<<"$deb_list"
+check "deb writes nothing under /etc" bash -c "! grep -q ' ./etc/' <<<\"\$1\"" _ "$deb_list"
+check "deb ships nothing under /var/lib/cni" bash -c "! grep -q ' ./var/lib/cni' <<<\"\$1\"" _ "$deb_list"
+ctrl=$(mktemp -d)
+dpkg-deb -e "$deb" "$ctrl/DEBIAN"
+check "deb maintainer scripts present (postinst prerm postrm)" \
+    test -x "$ctrl/DEBIAN/postinst" -a -x "$ctrl/DEBIAN/prerm" -a -x "$ctrl/DEBIAN/postrm"
+check "deb maintainer scripts never touch /var/lib/cni nor enable/start the unit" \
+    scripts_are_safe "$ctrl"/DEBIAN/postinst "$ctrl"/DEBIAN/prerm "$ctrl"/DEBIAN/postrm
+check "deb has no conffiles (nothing in /etc)" test ! -s "$ctrl/DEBIAN/conffiles"
+rm -rf "$ctrl"
+
+# --- .deb: install, answer VERSION, purge keeps the data dir ------------------------------------
+check "dpkg -i installs the .deb" quiet dpkg -i "$deb"
+for b in sticky-ipam sticky-vxlan; do
+    check "/opt/cni/bin/$b installed, mode 755" \
+        bash -c "[ -f /opt/cni/bin/$b ] && [ \"\$(stat -c %a /opt/cni/bin/$b)\" = 755 ]"
+done
+version_reply=$(echo '{"cniVersion":"1.0.0"}' | CNI_COMMAND=VERSION /opt/cni/bin/sticky-ipam 2>/dev/null)
+# VERSION reply per the CNI spec: {"cniVersion": ..., "supportedVersions": [...]}.
+version_reply_ok() {
+    python3 -c 'import json, sys; assert "1.0.0" in json.loads(sys.argv[1])["supportedVersions"]' \
+        "$version_reply" 2>/dev/null
+}
+check "sticky-ipam answers VERSION with supportedVersions incl. 1.0.0 (got: ${version_reply:-nothing})" \
+    version_reply_ok
+check "unit installed at $unit" test -f "$unit"
+if command -v systemd-analyze >/dev/null; then
+    check "systemd-analyze verify accepts the installed unit" quiet systemd-analyze verify "$unit"
+else
+    echo "note: no systemd-analyze here, unit syntax not verified"
+fi
+check "unit not enabled by the install" \
+    bash -c "! ls /etc/systemd/system/*/sticky-vxlan-reconcile.service >/dev/null 2>&1"
+check "/etc/cni/net.d unchanged by the install" \
+    test "$(ls -la /etc/cni/net.d 2>&1)" = "$net_d_before"
+
+# Leases as sticky-ipam would leave them.
+mkdir -p "$data_dir"
+printf 'sticky-cni package test record\n' >"$record"
+: >"$data_dir/lock"
+record_sum=$(sha256sum "$record")
+check "dpkg -i over the installed version (reinstall/upgrade path)" quiet dpkg -i "$deb"
+check "dpkg --purge $pkg" quiet dpkg --purge "$pkg"
+check "package gone after purge (state: $(pkg_state))" \
+    bash -c '[ -z "$1" ] || [ "$1" = not-installed ]' _ "$(pkg_state)"
+check "binaries gone after purge" test ! -e /opt/cni/bin/sticky-ipam -a ! -e /opt/cni/bin/sticky-vxlan
+check "data dir $data_dir survives purge" test -d "$data_dir" -a -f "$data_dir/lock"
+check "lease record survives purge unchanged" \
+    bash -c "[ \"\$(sha256sum '$record' 2>/dev/null)\" = '$record_sum' ]"
+
+# --- .rpm: file list and scriptlets ---------------------------------------------------------
+rpm_list=$(rpm -qlp "$rpm_file" 2>/dev/null)
+for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan "$unit" \
+    "/usr/share/doc/$pkg/README.md" "/usr/share/doc/$pkg/install.md" \
+    "/usr/share/doc/$pkg/conf-examples/10-sticky-vxlan.conflist"; do
+    check "rpm lists $f" grep -qx "$f" <<<"$rpm_list"
+done
+rpm_modes=$(rpm -qp --queryformat '[%{FILEMODES:perms} %{FILENAMES}\n]' "$rpm_file" 2>/dev/null)
+for b in sticky-ipam sticky-vxlan; do
+    check "rpm installs /opt/cni/bin/$b mode 755" grep -qx -- "-rwxr-xr-x /opt/cni/bin/$b" <<<"$rpm_modes"
+done
+check "rpm writes nothing under /etc nor /var/lib/cni" \
+    bash -c "! grep -Eq '^/(etc|var/lib/cni)(/|\$)' <<<\"\$1\"" _ "$rpm_list"
+rpm_scripts=$(rpm -qp --scripts "$rpm_file" 2>/dev/null)
+check "rpm has postinstall, preuninstall and postuninstall scriptlets" \
+    bash -c 'grep -q "^postinstall scriptlet" <<<"$1" && grep -q "^preuninstall scriptlet" <<<"$1" && grep -q "^postuninstall scriptlet" <<<"$1"' _ "$rpm_scripts"
+scripts_file=$(mktemp)
+printf '%s\n' "$rpm_scripts" >"$scripts_file"
+check "rpm scriptlets never touch /var/lib/cni nor enable/start the unit" scripts_are_safe "$scripts_file"
+rm -f "$scripts_file"
+
+finish

@@ -1,0 +1,438 @@
+//! Checks of `packaging/kubernetes/`: the DaemonSet manifest and its image.
+//!
+//! YAML is read by Python's `yaml` module (Debian's `python3-yaml`), converted to JSON and
+//! checked with `serde_json`. That keeps a YAML crate out of the dependency tree for one test
+//! (serde_yaml is unmaintained, and no YAML crate is needed by the product itself), and PyYAML
+//! is a distribution package CI installs with apt. A missing `yaml` module fails the test with
+//! the command that fixes it: a manifest check that silently skips would prove nothing.
+//!
+//! The install script of the init container is not only inspected but run, with `sh`, against
+//! temporary directories standing in for the node's `/opt/cni/bin` and `/etc/cni/net.d`.
+
+use serde_json::Value;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MANIFEST: &str = "packaging/kubernetes/sticky-cni-daemonset.yaml";
+const DOCKERFILE: &str = "packaging/kubernetes/Dockerfile";
+const CONFLIST: &str = "conf-examples/10-sticky-vxlan.conflist";
+const CONFLIST_NAME: &str = "10-sticky-vxlan.conflist";
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Every YAML document of `rel`, as JSON values.
+fn yaml_documents(rel: &str) -> Vec<Value> {
+    const TO_JSON: &str =
+        "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))";
+    // Debian's interpreter first: that is where python3-yaml installs the module.
+    let pythons = ["/usr/bin/python3", "python3"];
+    let mut tried = Vec::new();
+    for python in pythons {
+        let out = match Command::new(python)
+            .args(["-c", TO_JSON])
+            .arg(repo_file(rel))
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) => {
+                tried.push(format!("{python}: {e}"));
+                continue;
+            }
+        };
+        if out.status.success() {
+            return serde_json::from_slice(&out.stdout).expect("python printed invalid JSON");
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("No module named 'yaml'") {
+            tried.push(format!("{python}: no yaml module"));
+            continue;
+        }
+        panic!("{rel} does not parse as YAML ({python}):\n{stderr}");
+    }
+    panic!(
+        "no python3 with the yaml module ({}); install it with: apt-get install -y python3-yaml",
+        tried.join("; ")
+    );
+}
+
+fn manifest() -> Vec<Value> {
+    yaml_documents(MANIFEST)
+}
+
+fn doc<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "expected exactly one {kind} in {MANIFEST}");
+    found[0]
+}
+
+fn pod_spec(docs: &[Value]) -> &Value {
+    &doc(docs, "DaemonSet")["spec"]["template"]["spec"]
+}
+
+/// Init containers and containers of the DaemonSet's pod.
+fn containers(pod: &Value) -> Vec<&Value> {
+    ["initContainers", "containers"]
+        .iter()
+        .filter_map(|k| pod[*k].as_array())
+        .flatten()
+        .collect()
+}
+
+fn install_container(pod: &Value) -> &Value {
+    pod["initContainers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "install-cni"))
+        .expect("an init container named install-cni")
+}
+
+fn env_value<'a>(container: &'a Value, name: &str) -> &'a str {
+    container["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|e| e["name"] == name))
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_else(|| panic!("install-cni has no env {name}"))
+}
+
+/// The hostPath volume mounted at `mount_path` in `container`: (host path, type).
+fn host_path_at<'a>(pod: &'a Value, container: &Value, mount_path: &str) -> (&'a str, &'a str) {
+    let volume_name = container["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["mountPath"] == mount_path))
+        .and_then(|m| m["name"].as_str())
+        .unwrap_or_else(|| panic!("nothing mounted at {mount_path}"));
+    let volume = pod["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == volume_name))
+        .unwrap_or_else(|| panic!("no volume {volume_name}"));
+    let path = volume["hostPath"]["path"]
+        .as_str()
+        .unwrap_or_else(|| panic!("volume {volume_name} is not a hostPath"));
+    (path, volume["hostPath"]["type"].as_str().unwrap_or(""))
+}
+
+/// `name:tag[@sha256:<64 hex>]` with an exact version as the tag, or an error saying why not.
+fn check_pinned(image: &str) -> Result<(), String> {
+    let (name_tag, digest) = match image.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (image, None),
+    };
+    if let Some(d) = digest {
+        let hex = d.strip_prefix("sha256:").unwrap_or("");
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("{image}: digest must be sha256:<64 hex digits>"));
+        }
+    }
+    // A tag follows the last ':' after the last '/' (a registry may carry a port).
+    let last_part = name_tag.rsplit('/').next().unwrap_or(name_tag);
+    let Some((_, tag)) = last_part.split_once(':') else {
+        return Err(format!("{image}: no tag (means :latest)"));
+    };
+    let version = tag.strip_prefix('v').unwrap_or(tag);
+    let core = version.split(['-', '+']).next().unwrap_or("");
+    let numbers: Vec<&str> = core.split('.').collect();
+    let exact = (2..=3).contains(&numbers.len())
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !exact {
+        return Err(format!(
+            "{image}: tag {tag:?} is not an exact version (want e.g. 1.2.3)"
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn image_pin_rule_rejects_floating_tags() {
+    for ok in [
+        "registry.k8s.io/pause:3.9",
+        "registry.example.org/sticky-cni:0.1.0",
+        "localhost:5000/sticky-cni:0.1.0@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "rust:1.95.0-bookworm",
+    ] {
+        assert_eq!(check_pinned(ok), Ok(()), "{ok}");
+    }
+    for bad in [
+        "sticky-cni",
+        "sticky-cni:latest",
+        "localhost:5000/sticky-cni",
+        "rust:1-bookworm",
+        "rust:bookworm",
+        "sticky-cni:0.1.0@sha256:abc",
+    ] {
+        assert!(check_pinned(bad).is_err(), "{bad} should be refused");
+    }
+}
+
+#[test]
+fn manifest_is_a_configmap_and_a_daemonset_in_kube_system_without_rbac() {
+    let docs = manifest();
+    for d in &docs {
+        let kind = d["kind"].as_str().unwrap_or("");
+        assert!(
+            kind == "ConfigMap" || kind == "DaemonSet",
+            "unexpected {kind}: the install needs no ServiceAccount or RBAC"
+        );
+        assert_eq!(
+            d["metadata"]["namespace"], "kube-system",
+            "{kind} namespace"
+        );
+    }
+    let pod = pod_spec(&docs);
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert!(pod.get("serviceAccountName").is_none());
+    let tolerates_all = pod["tolerations"].as_array().is_some_and(|t| {
+        t.iter().any(|t| {
+            t["operator"] == "Exists" && t.get("key").is_none() && t.get("effect").is_none()
+        })
+    });
+    assert!(
+        tolerates_all,
+        "needs a toleration {{operator: Exists}} for every taint"
+    );
+    assert!(
+        pod["containers"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["name"] == "pause")),
+        "a pause container keeps the pod running"
+    );
+}
+
+#[test]
+fn every_image_is_pinned_to_an_exact_version() {
+    let docs = manifest();
+    let pod = pod_spec(&docs);
+    let all = containers(pod);
+    assert!(all.len() >= 2, "install-cni and pause at least");
+    for c in &all {
+        let image = c["image"].as_str().expect("every container names an image");
+        if let Err(e) = check_pinned(image) {
+            panic!("container {}: {e}", c["name"]);
+        }
+    }
+    // The plugin image carries the crate's version, so a release bumps both together.
+    let own = install_container(pod)["image"].as_str().unwrap_or("");
+    let tag = own
+        .split('@')
+        .next()
+        .and_then(|n| n.rsplit_once(':'))
+        .map(|(_, t)| t);
+    assert_eq!(
+        tag,
+        Some(env!("CARGO_PKG_VERSION")),
+        "install-cni image {own}"
+    );
+
+    let dockerfile = fs::read_to_string(repo_file(DOCKERFILE)).expect("Dockerfile");
+    let bases: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("FROM "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    assert!(bases.len() >= 2, "a multi-stage build: {bases:?}");
+    for base in bases {
+        if let Err(e) = check_pinned(base) {
+            panic!("{DOCKERFILE}: {e}");
+        }
+    }
+}
+
+#[test]
+fn configmap_carries_the_conf_example_verbatim() {
+    let docs = manifest();
+    let example = fs::read_to_string(repo_file(CONFLIST)).expect("the conf example");
+    let embedded = doc(&docs, "ConfigMap")["data"][CONFLIST_NAME]
+        .as_str()
+        .unwrap_or_else(|| panic!("ConfigMap has no key {CONFLIST_NAME}"));
+    assert_eq!(embedded, example, "ConfigMap and {CONFLIST} differ");
+
+    let conf: Value = serde_json::from_str(embedded).expect("the conflist is JSON");
+    let types: Vec<&str> = conf["plugins"]
+        .as_array()
+        .map(|p| p.iter().filter_map(|p| p["type"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(types, ["sticky-vxlan", "portmap"]);
+    assert_eq!(conf["plugins"][0]["ipam"]["type"], "sticky-ipam");
+
+    // The DaemonSet installs that ConfigMap key, under that name.
+    let pod = pod_spec(&docs);
+    let install = install_container(pod);
+    assert_eq!(env_value(install, "CONFLIST_NAME"), CONFLIST_NAME);
+    let conf_dir = env_value(install, "CONFLIST_DIR");
+    let volume_name = install["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["mountPath"] == conf_dir))
+        .and_then(|m| m["name"].as_str())
+        .expect("the ConfigMap is mounted at CONFLIST_DIR");
+    let volume = pod["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == volume_name))
+        .expect("the conflist volume");
+    assert_eq!(
+        volume["configMap"]["name"],
+        doc(&docs, "ConfigMap")["metadata"]["name"]
+    );
+}
+
+#[test]
+fn host_paths_are_the_cni_dirs_and_the_persistent_data_dir() {
+    let docs = manifest();
+    let pod = pod_spec(&docs);
+    let install = install_container(pod);
+    for (env, host) in [
+        ("HOST_CNI_BIN_DIR", "/opt/cni/bin"),
+        ("HOST_CNI_NET_DIR", "/etc/cni/net.d"),
+        ("HOST_CNI_DATA_DIR", "/var/lib/cni/networks"),
+    ] {
+        let (path, kind) = host_path_at(pod, install, env_value(install, env));
+        assert_eq!(path, host, "{env}");
+        assert_eq!(kind, "DirectoryOrCreate", "{host}");
+    }
+}
+
+/// Runs the init container's script with the node's directories replaced by temp dirs.
+#[test]
+fn install_script_replaces_files_by_temp_file_and_rename() {
+    let docs = manifest();
+    let install = install_container(pod_spec(&docs));
+    assert_eq!(install["command"], serde_json::json!(["/bin/sh", "-c"]));
+    let script = install["args"][0].as_str().expect("the script is args[0]");
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = |name: &str| {
+        let d = root.path().join(name);
+        fs::create_dir_all(&d).expect("mkdir");
+        d
+    };
+    let (image_bin, host_bin, host_net, data, conf) = (
+        dir("image-bin"),
+        dir("host-bin"),
+        dir("host-net"),
+        dir("data"),
+        dir("config"),
+    );
+    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+        fs::write(image_bin.join(plugin), format!("new {plugin}\n")).expect("write");
+        // An old binary on the node, with a second name: an in-place rewrite would change
+        // what that second name reads, a rename leaves it alone.
+        fs::write(host_bin.join(plugin), "old\n").expect("write");
+        fs::hard_link(
+            host_bin.join(plugin),
+            root.path().join(format!("{plugin}.old")),
+        )
+        .expect("link");
+    }
+    fs::copy(repo_file(CONFLIST), conf.join(CONFLIST_NAME)).expect("copy conflist");
+
+    let out = Command::new("sh")
+        .args(["-c", script])
+        .env("IMAGE_BIN_DIR", &image_bin)
+        .env("HOST_CNI_BIN_DIR", &host_bin)
+        .env("HOST_CNI_NET_DIR", &host_net)
+        .env("HOST_CNI_DATA_DIR", &data)
+        .env("CONFLIST_DIR", &conf)
+        .env("CONFLIST_NAME", CONFLIST_NAME)
+        .output()
+        .expect("run sh");
+    assert!(
+        out.status.success(),
+        "install script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+        let installed = host_bin.join(plugin);
+        assert_eq!(
+            fs::read_to_string(&installed).unwrap(),
+            format!("new {plugin}\n")
+        );
+        let mode = fs::metadata(&installed).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o755, "{plugin} mode");
+        let old = root.path().join(format!("{plugin}.old"));
+        assert_eq!(
+            fs::read_to_string(old).unwrap(),
+            "old\n",
+            "{plugin} was rewritten in place instead of renamed over"
+        );
+    }
+    let conflist = host_net.join(CONFLIST_NAME);
+    assert_eq!(
+        fs::read_to_string(&conflist).unwrap(),
+        fs::read_to_string(repo_file(CONFLIST)).unwrap()
+    );
+    assert_eq!(
+        fs::metadata(&conflist).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    for d in [&host_bin, &host_net] {
+        let names: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with('.')),
+            "temp files left in {}: {names:?}",
+            d.display()
+        );
+    }
+
+    // And the script says so: every copy goes to a temp name, then `mv` renames it.
+    assert!(
+        script.contains("mv -f \"$tmp\""),
+        "install ends with a rename"
+    );
+    for line in script
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("cp "))
+    {
+        assert!(
+            line.ends_with("\"$tmp\""),
+            "copy straight to a final name: {line}"
+        );
+    }
+}
+
+#[test]
+fn install_script_fails_without_leaving_temp_files_when_a_plugin_is_missing() {
+    let docs = manifest();
+    let script = install_container(pod_spec(&docs))["args"][0]
+        .as_str()
+        .expect("script")
+        .to_owned();
+    let root = tempfile::tempdir().expect("tempdir");
+    let host_bin = root.path().join("host-bin");
+    let host_net = root.path().join("host-net");
+    fs::create_dir_all(&host_bin).unwrap();
+    fs::create_dir_all(&host_net).unwrap();
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .env("IMAGE_BIN_DIR", root.path().join("empty-image"))
+        .env("HOST_CNI_BIN_DIR", &host_bin)
+        .env("HOST_CNI_NET_DIR", &host_net)
+        .env("HOST_CNI_DATA_DIR", root.path())
+        .env("CONFLIST_DIR", root.path())
+        .env("CONFLIST_NAME", CONFLIST_NAME)
+        .output()
+        .expect("run sh");
+    assert!(
+        !out.status.success(),
+        "a missing plugin must fail the init container"
+    );
+    assert_eq!(
+        fs::read_dir(&host_bin).unwrap().count(),
+        0,
+        "nothing left in bin"
+    );
+    assert_eq!(
+        fs::read_dir(&host_net).unwrap().count(),
+        0,
+        "no conflist without its plugins"
+    );
+}
