@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests, process-level tests of both plugins, netns tests (as root),
-# packaging checks. Run as root for the network tests; without root they say what they skip.
-set -euo pipefail
+# The whole test suite: unit tests, process-level tests of both plugins, network-namespace
+# tests, cnitool end to end, packaging checks. Run it as root: the network and packaging tests
+# need root; without root they say what they skip (and fail when CI is set).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --all-targets --locked
+status=0
+step() {
+  echo "==> $*"
+  "$@" || status=1
+}
+
+step cargo build --all-targets --locked
 # The crash-safety tests drive a build with crash points, which release builds never have.
-cargo build --locked --features crash-points --target-dir target/crash --bin sticky-ipam
+step cargo build --locked --features crash-points --target-dir target/crash --bin sticky-ipam
+
+if [[ $(id -u) -eq 0 ]]; then
+  step scripts/test-packages.sh
+else
+  echo "==> skipping scripts/test-packages.sh: it installs and purges a .deb, which needs root"
+  [[ -n ${CI:-} ]] && status=1
+fi
 
 if command -v cargo-nextest >/dev/null 2>&1; then
-  cargo nextest run --locked --no-fail-fast
+  step cargo nextest run --locked --no-fail-fast
 else
-  cargo test --locked --no-fail-fast
+  step cargo test --locked --no-fail-fast
 fi
+exit $status
