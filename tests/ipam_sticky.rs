@@ -56,13 +56,24 @@ fn del_then_add_with_a_new_container_id_gets_the_same_ip() {
     let web0 = Pod::new("default", "web-0", "uid-a1");
     let ip_a = e.add(&conf, "c-a1", &web0);
     let ip_b = e.add(&conf, "c-b1", &Pod::new("default", "web-1", "uid-b1"));
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let before_del = unix();
     e.del(&conf, "c-a1", &web0);
+    let after_del = unix();
 
     let st = e.state();
     let rec = st.sticky(ip_a);
     assert!(!rec.attached, "DEL must keep the lease as released");
     assert_eq!(rec.container_id, "c-a1");
-    assert!(rec.released_at > 0);
+    assert!(
+        (before_del..=after_del).contains(&rec.released_at),
+        "releasedAt must be the release time in Unix seconds ({before_del}..={after_del}): {rec:?}"
+    );
     assert_eq!(
         st.by_ip(ip_a).unwrap().0,
         &sticky_name(ip_a, "default", "web-0")
@@ -676,4 +687,41 @@ fn add_is_idempotent_and_del_too() {
     assert_same(&before, &snapshot(e.data()), "repeated DEL");
     e.p.run(&Call::del("cn", &conf)).ok_empty();
     assert!(e.state().by_ip(result_ip(&n1)).is_none());
+}
+
+#[test]
+fn the_boot_is_recorded_once_per_boot_not_on_every_call() {
+    use std::os::unix::fs::MetadataExt;
+    let e = Env::new();
+    let conf = e.conf("10.28.0.0/24");
+    e.add(&conf, "c0", &Pod::new("ns", "p0", "u0"));
+    let boot_file = e.net().join("boot_id");
+    assert_eq!(
+        std::fs::read_to_string(&boot_file).unwrap().trim(),
+        current_boot_id()
+    );
+    let inode = std::fs::metadata(&boot_file).unwrap().ino();
+    // Later calls in the same boot neither rewrite it (each rewrite is a temp file, an fsync
+    // and a rename) nor redo the earlier-boot sweep.
+    e.add(&conf, "c1", &Pod::new("ns", "p1", "u1"));
+    e.del(&conf, "c1", &Pod::new("ns", "p1", "u1"));
+    e.p.run(&Call::add("c2", &conf)).ok();
+    assert_eq!(
+        std::fs::metadata(&boot_file).unwrap().ino(),
+        inode,
+        "boot_id was rewritten by a call in the same boot"
+    );
+}
+
+#[test]
+fn ip_ranges_capability_is_host_local_byte_for_byte() {
+    compare_with_host_local(
+        |d| {
+            Conf::v4("caps", d, "10.9.0.0/24").top(
+                "runtimeConfig",
+                json!({"ipRanges": [[{"subnet": "10.9.7.0/29", "gateway": "10.9.7.6"}]]}),
+            )
+        },
+        SEQUENCE,
+    );
 }

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Benchmark: sticky-ipam vs Debian's host-local, sequential ADD and DEL.
+
+Runs both plugins side by side in one run, exactly as a runtime calls them (CNI_* env, the
+network config on stdin), at several occupancies of a /16 (0, 1,000 and 10,000 existing records
+by default, seeded by writing record files directly in each plugin's own layout), and prints
+per-call medians in milliseconds, the ratio sticky/host-local, and the do-nothing spawn time
+(/bin/true) as the floor. Then checks the targets of issue 2:
+
+  - at 1,000 records, sticky-ipam's ADD and DEL medians are <= 0.25x host-local's
+  - at 1,000 records, they are <= 1.5x sticky-ipam's own medians at 0 records
+  - at 0 records, they are <= 0.5x host-local's
+
+Data dirs live under target/bench (on disk, not tmpfs) so fsync costs are real.
+
+    python3 scripts/bench-ipam.py                 # builds the release binary first
+    python3 scripts/bench-ipam.py --calls 100 --sizes 0,1000
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NET = "bench"
+SUBNET_BASE = (10, 128)  # 10.128.0.0/16
+
+
+def ip_at(i):
+    """The i-th usable address of 10.128.0.0/16 after the gateway (10.128.0.2 is index 0)."""
+    n = i + 2
+    return "%d.%d.%d.%d" % (SUBNET_BASE[0], SUBNET_BASE[1], n // 256, n % 256)
+
+
+def mount_fstype(path):
+    best, fstype = "", "?"
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt = parts[1].replace("\\040", " ")
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fstype = mnt, parts[2]
+    return fstype
+
+
+def boot_id():
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def conf(data_dir, ipam_type):
+    return json.dumps({
+        "cniVersion": "1.0.0",
+        "name": NET,
+        "type": "bridge",
+        "ipam": {
+            "type": ipam_type,
+            "dataDir": data_dir,
+            "ranges": [[{"subnet": "%d.%d.0.0/16" % SUBNET_BASE}]],
+        },
+    }).encode()
+
+
+def seed(net_dir, layout, count):
+    """Writes `count` attached records in the plugin's own layout, plus the round-robin hint."""
+    os.makedirs(net_dir, exist_ok=True)
+    boot = boot_id()
+    for i in range(count):
+        ip = ip_at(i)
+        cid = "seed%06d" % i
+        if layout == "host-local":
+            with open(os.path.join(net_dir, ip), "w", newline="") as f:
+                f.write("%s\r\neth0" % cid)
+        else:
+            pod = "seed-%06d" % i
+            body = json.dumps({
+                "format": "sticky-ipam/v1", "containerId": cid, "ifname": "eth0",
+                "namespace": "bench", "pod": pod, "podUid": "uid-" + pod, "boot": boot,
+                "state": "attached", "releaseSeq": 0, "releasedAt": 0,
+            }, separators=(",", ":"))
+            with open(os.path.join(net_dir, "%s_bench_%s" % (ip, pod)), "w") as f:
+                f.write(body + "\n")
+    if count:
+        with open(os.path.join(net_dir, "last_reserved_ip.0"), "w") as f:
+            f.write(ip_at(count - 1))
+    if layout == "sticky":
+        with open(os.path.join(net_dir, "boot_id"), "w") as f:
+            f.write(boot)
+
+
+def call(binary, command, cid, stdin, args):
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": "/var/run/netns/" + cid,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": os.path.dirname(binary),
+        "CNI_ARGS": args,
+    }
+    t0 = time.perf_counter()
+    p = subprocess.run([binary], input=stdin, env=env, capture_output=True)
+    dt = (time.perf_counter() - t0) * 1000.0
+    if p.returncode != 0:
+        sys.exit("%s %s %s failed: %s %s" % (binary, command, cid, p.stdout.decode(),
+                                              p.stderr.decode()))
+    return dt
+
+
+def run_plugin(name, binary, layout, work, size, calls):
+    data = os.path.join(work, "%s-%d" % (name, size))
+    shutil.rmtree(data, ignore_errors=True)
+    seed(os.path.join(data, NET), layout, size)
+    stdin = conf(data, name)
+    adds, dels = [], []
+    args = lambda j, cid: ("K8S_POD_UID=uid-b%d;IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;"
+                           "K8S_POD_NAME=bench-%d;K8S_POD_INFRA_CONTAINER_ID=%s" % (j, j, cid))
+    for j in range(calls):
+        cid = "bench%06d" % j
+        adds.append(call(binary, "ADD", cid, stdin, args(j, cid)))
+    for j in range(calls):
+        cid = "bench%06d" % j
+        dels.append(call(binary, "DEL", cid, stdin, args(j, cid)))
+    shutil.rmtree(data, ignore_errors=True)
+    return statistics.median(adds), statistics.median(dels)
+
+
+def floor(calls):
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        subprocess.run(["/bin/true"])
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=200, help="ADDs (then DELs) per size")
+    ap.add_argument("--sizes", default="0,1000,10000", help="existing records, comma-separated")
+    ap.add_argument("--sticky", default=os.path.join(ROOT, "target/release/sticky-ipam"))
+    ap.add_argument("--host-local", default="/usr/lib/cni/host-local")
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "target/bench"))
+    ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    opts = ap.parse_args()
+    sizes = [int(s) for s in opts.sizes.split(",")]
+
+    if not opts.no_build:
+        subprocess.run(["cargo", "build", "--release", "--bin", "sticky-ipam"], cwd=ROOT,
+                       check=True)
+    for b in (opts.sticky, opts.host_local):
+        if not os.access(b, os.X_OK):
+            sys.exit("missing %s" % b)
+    os.makedirs(opts.workdir, exist_ok=True)
+    work = os.path.abspath(opts.workdir)
+    fstype = mount_fstype(work)
+    print("data dirs in %s (%s); %d ADDs then %d DELs per size; %d CPUs" %
+          (work, fstype, opts.calls, opts.calls, os.cpu_count()))
+    if fstype in ("tmpfs", "ramfs"):
+        print("WARNING: %s is %s: fsync costs nothing here" % (work, fstype))
+
+    spawn = floor(opts.calls)
+    print("floor: spawning /bin/true: %.2f ms" % spawn)
+    print()
+    print("%8s  %-4s  %10s  %10s  %7s" % ("records", "op", "sticky ms", "h-local ms", "ratio"))
+    res = {}
+    for size in sizes:
+        s_add, s_del = run_plugin("sticky-ipam", opts.sticky, "sticky", work, size, opts.calls)
+        h_add, h_del = run_plugin("host-local", opts.host_local, "host-local", work, size,
+                                  opts.calls)
+        res[size] = {"ADD": (s_add, h_add), "DEL": (s_del, h_del)}
+        for op in ("ADD", "DEL"):
+            s, h = res[size][op]
+            print("%8d  %-4s  %10.2f  %10.2f  %7.2f" % (size, op, s, h, s / h))
+    print()
+
+    missed = 0
+
+    def target(label, value, limit):
+        nonlocal missed
+        ok = value <= limit
+        missed += 0 if ok else 1
+        print("%-4s %s: %.2f ms <= %.2f ms" % ("PASS" if ok else "MISS", label, value, limit))
+
+    for op in ("ADD", "DEL"):
+        if 0 in res:
+            s, h = res[0][op]
+            target("%s at 0 records <= 0.5x host-local" % op, s, 0.5 * h)
+        if 1000 in res:
+            s, h = res[1000][op]
+            target("%s at 1,000 records <= 0.25x host-local" % op, s, 0.25 * h)
+            if 0 in res:
+                target("%s at 1,000 records <= 1.5x its own at 0" % op, s, 1.5 * res[0][op][0])
+    if opts.strict and missed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
