@@ -340,7 +340,10 @@ fn with_unreadable_record(e: &Env, conf: &Conf) -> (IpAddr, IpAddr) {
 fn assert_gc_kept_going(e: &Env, conf: &Conf, ip_a: IpAddr, ip_b: IpAddr) {
     let out = e.p.run(&gc_call(&with_valid(conf, &[])));
     let code = out.err_code();
-    let msg = out.json.as_ref().unwrap()["msg"].as_str().unwrap().to_string();
+    let msg = out.json.as_ref().unwrap()["msg"]
+        .as_str()
+        .unwrap()
+        .to_string();
     std::fs::remove_dir(e.net().join("10.40.5.200_ns_broken")).unwrap();
     let st = e.state();
     assert!(
@@ -348,7 +351,10 @@ fn assert_gc_kept_going(e: &Env, conf: &Conf, ip_a: IpAddr, ip_b: IpAddr) {
         "GC stopped at the unreadable record: {msg}"
     );
     assert_eq!(code, 5, "an unreadable record is an I/O error: {msg}");
-    assert!(msg.contains("10.40.5.200_ns_broken"), "error names the record: {msg}");
+    assert!(
+        msg.contains("10.40.5.200_ns_broken"),
+        "error names the record: {msg}"
+    );
 }
 
 #[test]
