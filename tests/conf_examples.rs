@@ -67,6 +67,17 @@ fn bridge_conflist_example_works() {
 }
 
 #[test]
+fn vxlan_conflist_example_ipam_section_works() {
+    // The network the DaemonSet installs: its IPAM section, as sticky-vxlan delegates it.
+    let doc = load("10-sticky-vxlan.conflist");
+    assert_eq!(doc["cniVersion"], "1.0.0");
+    let e = entries(&doc);
+    assert_eq!(e[0]["type"], "sticky-vxlan");
+    let ips = exercise("10-sticky-vxlan.conflist", e[0].clone(), 1);
+    assert_eq!(ips[0], ip("10.244.1.2"));
+}
+
+#[test]
 fn dualstack_conf_example_works() {
     let doc = load("20-sticky-ipam-dualstack.conf");
     assert!(doc.get("plugins").is_none(), "a single-plugin .conf");
@@ -117,6 +128,7 @@ fn every_example_is_covered() {
         names,
         [
             "10-sticky-ipam-bridge.conflist",
+            "10-sticky-vxlan.conflist",
             "20-sticky-ipam-dualstack.conf",
             "30-host-local-dropin.conflist"
         ],
