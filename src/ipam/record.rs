@@ -75,7 +75,9 @@ pub fn parse_name(name: &str) -> Option<(IpAddr, Option<&str>)> {
         None => (name, None),
     };
     let ip: IpAddr = ip_text.parse().ok()?;
-    if ip.to_string() != ip_text {
+    // Only the canonical spelling is a record name (IPv4's parser already refuses leading
+    // zeros; IPv6 has many spellings).
+    if ip.is_ipv6() && ip.to_string() != ip_text {
         return None;
     }
     if suffix.is_some_and(|s| s.matches('_').count() != 2) {

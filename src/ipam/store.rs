@@ -5,7 +5,9 @@
 //! record file names, read once per call: which addresses are taken and which files belong to a
 //! pod is known without opening a file.
 
-use std::collections::{BTreeMap, BTreeSet};
+#[cfg(test)]
+use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -21,30 +23,46 @@ pub enum StoreError {
     },
 }
 
+/// The record files of one address.
+#[derive(Debug, Clone, Default)]
+struct Files {
+    /// Whether `<ip>` (host-local's format) exists.
+    plain: bool,
+    /// `<ip>_<ns>_<pod>` names.
+    named: Vec<String>,
+}
+
 /// Record file names by address.
 #[derive(Debug, Clone, Default)]
 pub struct Index {
-    by_ip: BTreeMap<IpAddr, BTreeSet<String>>,
+    by_ip: HashMap<IpAddr, Files>,
 }
 
 impl Index {
     /// Adds a name if it is a record name; returns whether it was.
     pub fn insert(&mut self, name: &str) -> bool {
-        match parse_name(name) {
-            Some((ip, _)) => {
-                self.by_ip.entry(ip).or_default().insert(name.to_string());
-                true
-            }
-            None => false,
+        let Some((ip, suffix)) = parse_name(name) else {
+            return false;
+        };
+        let files = self.by_ip.entry(ip).or_default();
+        match suffix {
+            None => files.plain = true,
+            Some(_) if !files.named.iter().any(|n| n == name) => files.named.push(name.to_string()),
+            Some(_) => {}
         }
+        true
     }
 
     pub fn remove(&mut self, name: &str) {
-        if let Some((ip, _)) = parse_name(name)
-            && let Some(names) = self.by_ip.get_mut(&ip)
-        {
-            names.remove(name);
-            if names.is_empty() {
+        let Some((ip, suffix)) = parse_name(name) else {
+            return;
+        };
+        if let Some(files) = self.by_ip.get_mut(&ip) {
+            match suffix {
+                None => files.plain = false,
+                Some(_) => files.named.retain(|n| n != name),
+            }
+            if !files.plain && files.named.is_empty() {
                 self.by_ip.remove(&ip);
             }
         }
@@ -56,44 +74,47 @@ impl Index {
     }
 
     pub fn names(&self, ip: IpAddr) -> Vec<String> {
-        self.by_ip
-            .get(&ip)
-            .map(|n| n.iter().cloned().collect())
-            .unwrap_or_default()
+        let Some(files) = self.by_ip.get(&ip) else {
+            return Vec::new();
+        };
+        let plain = files.plain.then(|| ip.to_string());
+        plain
+            .into_iter()
+            .chain(files.named.iter().cloned())
+            .collect()
     }
 
-    /// Every address that has a record.
-    pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.by_ip.keys().copied()
+    fn sorted_ips(&self, keep: impl Fn(&Files) -> bool) -> Vec<IpAddr> {
+        let mut ips: Vec<IpAddr> = self
+            .by_ip
+            .iter()
+            .filter(|(_, f)| keep(f))
+            .map(|(ip, _)| *ip)
+            .collect();
+        ips.sort_unstable();
+        ips
+    }
+
+    /// Every address that has a record, in order.
+    pub fn ips(&self) -> std::vec::IntoIter<IpAddr> {
+        self.sorted_ips(|_| true).into_iter()
     }
 
     /// Addresses with a file named `<ip><suffix>`.
     pub fn ips_with_suffix(&self, suffix: &str) -> Vec<IpAddr> {
-        self.by_ip
-            .iter()
-            // Indexed names hold exactly two '_', as does a suffix: a name ending in the
-            // suffix is `<ip><suffix>`.
-            .filter(|(_, names)| names.iter().any(|n| n.ends_with(suffix)))
-            .map(|(ip, _)| *ip)
-            .collect()
+        // Indexed names hold exactly two '_', as does a suffix: a name ending in the
+        // suffix is `<ip><suffix>`.
+        self.sorted_ips(|f| f.named.iter().any(|n| n.ends_with(suffix)))
     }
 
     /// Addresses with a plain `<ip>` file (host-local's format).
     pub fn ips_without_identity(&self) -> Vec<IpAddr> {
-        self.by_ip
-            .iter()
-            .filter(|(ip, names)| names.contains(&ip.to_string()))
-            .map(|(ip, _)| *ip)
-            .collect()
+        self.sorted_ips(|f| f.plain)
     }
 
     /// Addresses with at least one `<ip>_<ns>_<pod>` file.
     pub fn ips_with_identity(&self) -> Vec<IpAddr> {
-        self.by_ip
-            .iter()
-            .filter(|(ip, names)| names.len() > usize::from(names.contains(&ip.to_string())))
-            .map(|(ip, _)| *ip)
-            .collect()
+        self.sorted_ips(|f| !f.named.is_empty())
     }
 }
 
