@@ -1,5 +1,10 @@
-//! The sticky-ipam CNI plugin. See the crate README.
+//! The sticky-ipam CNI plugin, and its operator's tool when run without `CNI_COMMAND`.
+//! See the crate README and docs/operations.md.
 
 fn main() -> std::process::ExitCode {
-    sticky_cni::cni::skel::run(&sticky_cni::ipam::plugin::IpamPlugin)
+    if std::env::var_os("CNI_COMMAND").is_some() {
+        sticky_cni::cni::skel::run(&sticky_cni::ipam::plugin::IpamPlugin)
+    } else {
+        sticky_cni::ipam::cli::main(std::env::args().skip(1).collect())
+    }
 }

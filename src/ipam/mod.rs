@@ -7,6 +7,7 @@
 //! - [`plugin`] wires the CNI commands to them.
 
 pub mod allocator;
+pub mod cli;
 pub mod config;
 pub mod disk;
 pub mod identity;

@@ -90,10 +90,7 @@ pub fn parse(args: &[String], spec: &Spec) -> Result<Parsed, CliError> {
         {
             let value = match inline {
                 Some(v) => v,
-                None => iter
-                    .next()
-                    .cloned()
-                    .ok_or(CliError::MissingValue(name))?,
+                None => iter.next().cloned().ok_or(CliError::MissingValue(name))?,
             };
             if value.is_empty() {
                 return Err(CliError::MissingValue(name));
@@ -163,7 +160,10 @@ mod tests {
         assert_eq!(p.value("--data-dir"), Some("/d"));
         assert_eq!(p.value("--ifname"), Some("net1"));
         assert!(p.flag("--json") && !p.flag("--force"));
-        assert_eq!(find_verb(&args(&["--network", "list", "show"])), Some("show"));
+        assert_eq!(
+            find_verb(&args(&["--network", "list", "show"])),
+            Some("show")
+        );
         assert_eq!(find_verb(&args(&["--help"])), None);
     }
 

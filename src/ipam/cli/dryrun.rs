@@ -104,8 +104,12 @@ mod tests {
         {
             let mut dry = DryRun::new(&mut inner);
             dry.remove("10.0.0.2").unwrap();
-            dry.write(&Record::host_local("10.0.0.3".parse().unwrap(), "b", "eth0"))
-                .unwrap();
+            dry.write(&Record::host_local(
+                "10.0.0.3".parse().unwrap(),
+                "b",
+                "eth0",
+            ))
+            .unwrap();
             dry.set_note(Note::Boot, "x").unwrap();
             assert_eq!(dry.read("10.0.0.2").unwrap(), None);
             assert!(dry.read("10.0.0.3").unwrap().is_some());

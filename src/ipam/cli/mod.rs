@@ -115,7 +115,9 @@ pub enum CliError {
         count: usize,
         names: String,
     },
-    #[error("`gc` only previews (--dry-run): a real GC needs the runtime's list of live attachments, which only CNI GC carries")]
+    #[error(
+        "`gc` only previews (--dry-run): a real GC needs the runtime's list of live attachments, which only CNI GC carries"
+    )]
     GcNeedsDryRun,
     #[error("reading --config {path}: {source}")]
     ReadConfig {
@@ -227,7 +229,11 @@ pub struct Target {
 impl Target {
     /// From the global options of a parsed command line.
     pub fn from_args(parsed: &args::Parsed) -> Result<Target, CliError> {
-        let config = parsed.value("--config").map(Path::new).map(load_config).transpose()?;
+        let config = parsed
+            .value("--config")
+            .map(Path::new)
+            .map(load_config)
+            .transpose()?;
         let network = match (parsed.value("--network"), &config) {
             (Some(given), Some(c)) if given != c.network => {
                 return Err(CliError::NetworkMismatch {
@@ -305,11 +311,9 @@ impl Target {
 
     /// Locks the network's data dir; a missing one is "not found".
     pub fn open(&self, network: &str) -> Result<DiskStore, CliError> {
-        DiskStore::open_existing(&self.data_dir.join(network))?.ok_or_else(|| {
-            CliError::NoNetwork {
-                network: network.to_string(),
-                data_dir: self.data_dir.clone(),
-            }
+        DiskStore::open_existing(&self.data_dir.join(network))?.ok_or_else(|| CliError::NoNetwork {
+            network: network.to_string(),
+            data_dir: self.data_dir.clone(),
         })
     }
 }
@@ -388,11 +392,17 @@ mod tests {
         let p = parse_pod("ns/web").unwrap();
         assert_eq!((p.namespace.as_str(), p.name.as_str()), ("ns", "web"));
         let p = parse_pod("/happy_turing").unwrap();
-        assert_eq!((p.namespace.as_str(), p.name.as_str()), ("", "happy_turing"));
+        assert_eq!(
+            (p.namespace.as_str(), p.name.as_str()),
+            ("", "happy_turing")
+        );
         assert_eq!(parse_pod("happy_turing").unwrap().name, "happy_turing");
         for bad in ["", "ns/", "a/b/c"] {
             assert!(
-                parse_pod(bad).unwrap_err().to_string().contains(&format!("{bad:?}")),
+                parse_pod(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains(&format!("{bad:?}")),
                 "{bad}"
             );
         }
@@ -404,7 +414,10 @@ mod tests {
             let args: Vec<String> = list.iter().map(|s| s.to_string()).collect();
             let mut out = Vec::new();
             let r = run(&args, &mut out);
-            (r.map_err(|e| e.exit_code()), String::from_utf8(out).unwrap())
+            (
+                r.map_err(|e| e.exit_code()),
+                String::from_utf8(out).unwrap(),
+            )
         };
         let (r, text) = run_text(&["--help"]);
         assert!(r.is_ok() && text.contains("Exit codes:") && text.contains("downgrade"));
