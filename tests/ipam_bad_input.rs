@@ -445,3 +445,157 @@ fn hostile_pod_names_work_and_stay_inside_the_data_dir() {
     let st = check();
     assert_eq!(st.records.len(), names.len());
 }
+
+#[test]
+fn damaged_records_and_leftover_temp_files_are_tolerated() {
+    let tmp = temp_dir();
+    let data = tmp.path().join("data");
+    let conf = Conf::new(
+        NET,
+        &data,
+        json!([[{"subnet": "10.32.0.0/24", "rangeStart": "10.32.0.10", "rangeEnd": "10.32.0.15"}]]),
+    );
+    let net = data.join(NET);
+    std::fs::create_dir_all(&net).unwrap();
+    // An empty host-local record, a truncated lease, a lease of an unknown future format, and
+    // a temp file left by a killed call.
+    std::fs::write(net.join("10.32.0.10"), "").unwrap();
+    std::fs::write(
+        net.join("10.32.0.11_ns_trunc"),
+        "{\"format\":\"sticky-ipam/v1\",\"cont",
+    )
+    .unwrap();
+    std::fs::write(
+        net.join("10.32.0.12_ns_future"),
+        "{\"format\":\"sticky-ipam/v9\"}\n",
+    )
+    .unwrap();
+    std::fs::write(net.join(".tmp.99999.1"), "half a record").unwrap();
+    let p = Plugin::sticky();
+    let mut got = Vec::new();
+    for i in 0..3 {
+        let pod = Pod::new("ns", &format!("p{i}"), &format!("u{i}"));
+        let r = p.run(&Call::add(&format!("c{i}"), &conf).pod(&pod)).ok();
+        got.push(result_ip(&r));
+    }
+    // Addresses whose record cannot be read are held, not handed out, while others are free.
+    assert_eq!(
+        got,
+        ["10.32.0.13", "10.32.0.14", "10.32.0.15"]
+            .map(|s| ip(s))
+            .to_vec()
+    );
+    assert!(
+        !net.join(".tmp.99999.1").exists(),
+        "leftover temp file not cleaned"
+    );
+    for i in 0..3 {
+        let pod = Pod::new("ns", &format!("p{i}"), &format!("u{i}"));
+        p.run(&Call::del(&format!("c{i}"), &conf).pod(&pod))
+            .ok_empty();
+    }
+    p.run(&Call::del("nobody", &conf)).ok_empty();
+    // The damaged files are not rewritten behind the operator's back.
+    assert_eq!(std::fs::read(net.join("10.32.0.10")).unwrap(), b"");
+    assert_eq!(
+        std::fs::read(net.join("10.32.0.12_ns_future")).unwrap(),
+        b"{\"format\":\"sticky-ipam/v9\"}\n"
+    );
+}
+
+/// A data dir on a tmpfs of `size`, unmounted on drop.
+struct SmallFs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn new(size: &str) -> SmallFs {
+        let dir = temp_dir();
+        sh(&[
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size}"),
+            "sticky-test",
+            dir.path().to_str().unwrap(),
+        ]);
+        SmallFs { dir }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_full_disk_is_an_io_error_that_leaves_the_data_dir_consistent() {
+    if !require_root("mounting a small tmpfs") {
+        return;
+    }
+    let fs = SmallFs::new("64k");
+    let data = fs.dir.path().join("data");
+    let conf = Conf::v4(NET, &data, "10.33.0.0/24");
+    let p = Plugin::sticky();
+    let a = Pod::new("ns", "a", "ua");
+    let ip_a = result_ip(&p.run(&Call::add("ca", &conf).pod(&a)).ok());
+    // Fill the file system.
+    let filler = fs.dir.path().join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 1 << 20]);
+    let before = snapshot(&data);
+    let out = p.run(&Call::add("cb", &conf).pod(&Pod::new("ns", "b", "ub")));
+    out.expect_code(5);
+    let after = snapshot(&data);
+    let st = check_dir(&data.join(NET), AFTER_KILL);
+    assert_eq!(
+        st.ips(),
+        [ip_a].into_iter().collect(),
+        "a partial allocation was left"
+    );
+    assert!(
+        st.tmp_files.is_empty(),
+        "temp files left on a full disk: {after:?}"
+    );
+    assert_same(&before, &after, "failed ADD on a full disk");
+    // Space again: the same call works.
+    std::fs::remove_file(&filler).unwrap();
+    p.run(&Call::add("cb", &conf).pod(&Pod::new("ns", "b", "ub")))
+        .ok();
+    check_dir(&data.join(NET), COMPLETED);
+}
+
+#[test]
+fn a_read_only_data_dir_is_an_io_error() {
+    if !require_root("a read-only bind mount") {
+        return;
+    }
+    let tmp = temp_dir();
+    let data = tmp.path().join("data");
+    let conf = Conf::v4(NET, &data, "10.34.0.0/24");
+    let p = Plugin::sticky();
+    let a = Pod::new("ns", "a", "ua");
+    p.run(&Call::add("ca", &conf).pod(&a)).ok();
+    let d = data.to_str().unwrap();
+    sh(&["mount", "--bind", d, d]);
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(d.to_string());
+    sh(&["mount", "-o", "remount,bind,ro", d]);
+    let before = snapshot(tmp.path());
+    p.run(&Call::add("cb", &conf).pod(&Pod::new("ns", "b", "ub")))
+        .expect_code(5);
+    p.run(&Call::del("ca", &conf).pod(&a)).expect_code(5);
+    assert_same_strict(
+        &before,
+        &snapshot(tmp.path()),
+        "calls on a read-only data dir",
+    );
+}
