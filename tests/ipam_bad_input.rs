@@ -481,9 +481,7 @@ fn damaged_records_and_leftover_temp_files_are_tolerated() {
     // Addresses whose record cannot be read are held, not handed out, while others are free.
     assert_eq!(
         got,
-        ["10.32.0.13", "10.32.0.14", "10.32.0.15"]
-            .map(|s| ip(s))
-            .to_vec()
+        ["10.32.0.13", "10.32.0.14", "10.32.0.15"].map(ip).to_vec()
     );
     assert!(
         !net.join(".tmp.99999.1").exists(),
