@@ -98,7 +98,8 @@ pub fn bookkeeping() -> [&'static str; 4] {
 /// Sorts every record of the data dir: to convert, to drop, or (host-local) to keep.
 pub fn plan<S: Store>(store: &mut S) -> Result<(Vec<Convert>, Vec<Dropped>, usize), CliError> {
     let (mut converts, mut drops, mut kept) = (Vec::new(), Vec::new(), 0);
-    let ips: Vec<IpAddr> = store.index().ips().collect();
+    let mut ips: Vec<IpAddr> = store.index().ips().collect();
+    ips.sort();
     for ip in ips {
         let records = group(store, ip)?;
         let host_local = records

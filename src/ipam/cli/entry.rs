@@ -90,7 +90,7 @@ impl Entry {
     }
 }
 
-/// The rows of every record of `ips`, in address order. `clock_now` is the lease clock, when
+/// The rows of every record of `ips`, sorted by address. `clock_now` is the lease clock, when
 /// the data dir keeps one (only while `leaseHold` is set).
 pub fn entries<S: Store>(
     store: &mut S,
@@ -98,8 +98,10 @@ pub fn entries<S: Store>(
     ips: &[IpAddr],
     clock_now: Option<u64>,
 ) -> Result<Vec<Entry>, StoreError> {
+    let mut ips = ips.to_vec();
+    ips.sort();
     let mut out = Vec::new();
-    for &ip in ips {
+    for ip in ips {
         let records = group(store, ip)?;
         let mut markers: Vec<(String, Option<(String, String)>)> = records
             .iter()

@@ -77,7 +77,6 @@ pub fn network_entries(target: &Target, network: &str) -> Result<Vec<Entry>, Cli
     let mut store = target.open(network)?;
     let now = entry::lease_clock(&store);
     let mut view = DryRun::new(&mut store);
-    let mut ips: Vec<IpAddr> = view.index().ips().collect();
-    ips.sort();
+    let ips: Vec<IpAddr> = view.index().ips().collect();
     Ok(entry::entries(&mut view, network, &ips, now)?)
 }
