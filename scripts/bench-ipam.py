@@ -11,7 +11,9 @@ per-call medians in milliseconds, the ratio sticky/host-local, and the do-nothin
   - at 1,000 records, they are <= 1.5x sticky-ipam's own medians at 0 records
   - at 0 records, they are <= 0.5x host-local's
 
-Data dirs live under target/bench (on disk, not tmpfs) so fsync costs are real.
+Data dirs live under target/bench (on disk, not tmpfs) so fsync costs are real. The two
+plugins' calls are interleaved one by one, so load from other processes weighs on both alike;
+still, run it on an otherwise idle machine.
 
     python3 scripts/bench-ipam.py                 # builds the release binary first
     python3 scripts/bench-ipam.py --calls 100 --sizes 0,1000
@@ -112,22 +114,28 @@ def call(binary, command, cid, stdin, args):
     return dt
 
 
-def run_plugin(name, binary, layout, work, size, calls):
-    data = os.path.join(work, "%s-%d" % (name, size))
-    shutil.rmtree(data, ignore_errors=True)
-    seed(os.path.join(data, NET), layout, size)
-    stdin = conf(data, name)
-    adds, dels = [], []
+def run_pair(plugins, work, size, calls):
+    """ADDs then DELs for every plugin, the plugins' calls interleaved one by one so that
+    background load on the machine weighs on both alike. Returns {name: (add ms, del ms)}."""
+    state = {}
+    for name, binary, layout in plugins:
+        data = os.path.join(work, "%s-%d" % (name, size))
+        shutil.rmtree(data, ignore_errors=True)
+        seed(os.path.join(data, NET), layout, size)
+        state[name] = (binary, data, conf(data, name), [], [])
     args = lambda j, cid: ("K8S_POD_UID=uid-b%d;IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;"
                            "K8S_POD_NAME=bench-%d;K8S_POD_INFRA_CONTAINER_ID=%s" % (j, j, cid))
-    for j in range(calls):
-        cid = "bench%06d" % j
-        adds.append(call(binary, "ADD", cid, stdin, args(j, cid)))
-    for j in range(calls):
-        cid = "bench%06d" % j
-        dels.append(call(binary, "DEL", cid, stdin, args(j, cid)))
-    shutil.rmtree(data, ignore_errors=True)
-    return statistics.median(adds), statistics.median(dels)
+    for command, slot in (("ADD", 3), ("DEL", 4)):
+        for j in range(calls):
+            cid = "bench%06d" % j
+            for name, _, _ in plugins:
+                binary, _, stdin = state[name][:3]
+                state[name][slot].append(call(binary, command, cid, stdin, args(j, cid)))
+    out = {}
+    for name, (_, data, _, adds, dels) in state.items():
+        shutil.rmtree(data, ignore_errors=True)
+        out[name] = (statistics.median(adds), statistics.median(dels))
+    return out
 
 
 def floor(calls):
@@ -171,9 +179,9 @@ def main():
     print("%8s  %-4s  %10s  %10s  %7s" % ("records", "op", "sticky ms", "h-local ms", "ratio"))
     res = {}
     for size in sizes:
-        s_add, s_del = run_plugin("sticky-ipam", opts.sticky, "sticky", work, size, opts.calls)
-        h_add, h_del = run_plugin("host-local", opts.host_local, "host-local", work, size,
-                                  opts.calls)
+        m = run_pair([("sticky-ipam", opts.sticky, "sticky"),
+                      ("host-local", opts.host_local, "host-local")], work, size, opts.calls)
+        (s_add, s_del), (h_add, h_del) = m["sticky-ipam"], m["host-local"]
         res[size] = {"ADD": (s_add, h_add), "DEL": (s_del, h_del)}
         for op in ("ADD", "DEL"):
             s, h = res[size][op]
