@@ -56,23 +56,18 @@ fn del_then_add_with_a_new_container_id_gets_the_same_ip() {
     let web0 = Pod::new("default", "web-0", "uid-a1");
     let ip_a = e.add(&conf, "c-a1", &web0);
     let ip_b = e.add(&conf, "c-b1", &Pod::new("default", "web-1", "uid-b1"));
-    let unix = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-    };
-    let before_del = unix();
     e.del(&conf, "c-a1", &web0);
-    let after_del = unix();
+    // releasedAt is on the data dir's lease clock (`lease_clock`: "<clock> <wall> <next>").
+    let clock_text = std::fs::read_to_string(e.net().join("lease_clock")).unwrap();
+    let clock: u64 = clock_text.split_whitespace().next().unwrap().parse().unwrap();
 
     let st = e.state();
     let rec = st.sticky(ip_a);
     assert!(!rec.attached, "DEL must keep the lease as released");
     assert_eq!(rec.container_id, "c-a1");
-    assert!(
-        (before_del..=after_del).contains(&rec.released_at),
-        "releasedAt must be the release time in Unix seconds ({before_del}..={after_del}): {rec:?}"
+    assert_eq!(
+        rec.released_at, clock,
+        "releasedAt must be the lease clock at release: {rec:?}"
     );
     assert_eq!(
         st.by_ip(ip_a).unwrap().0,

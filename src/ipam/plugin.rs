@@ -78,12 +78,10 @@ impl Prepared {
         Ok((store, clock))
     }
 
-    /// Saves the lease clock (only kept while `leaseHold` is set, so a hold counts from when
-    /// it was enabled) and makes the command's changes durable.
+    /// Saves the lease clock (a hint, written in place) and makes the command's changes
+    /// durable.
     fn finish(&self, store: &mut DiskStore, clock: &LeaseClock) -> Result<(), Error> {
-        if self.hold().is_some() {
-            clock.save(store)?;
-        }
+        clock.save(store)?;
         store.sync()?;
         Ok(())
     }
