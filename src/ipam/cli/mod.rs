@@ -135,6 +135,8 @@ pub enum CliError {
     },
     #[error("network {network:?} has no data dir under {data_dir}")]
     NoNetwork { network: String, data_dir: PathBuf },
+    #[error("no network under {0}")]
+    NoNetworks(PathBuf),
     #[error("{pod} has no records in network {network:?}")]
     NoRecords { pod: String, network: String },
     #[error("refused: {0}")]
@@ -155,7 +157,9 @@ impl CliError {
             | CliError::Output(_)
             | CliError::ListDataDir { .. } => EXIT_RUNTIME,
             CliError::Refused(_) => EXIT_REFUSED,
-            CliError::NoNetwork { .. } | CliError::NoRecords { .. } => EXIT_NOT_FOUND,
+            CliError::NoNetwork { .. } | CliError::NoNetworks(_) | CliError::NoRecords { .. } => {
+                EXIT_NOT_FOUND
+            }
             _ => EXIT_USAGE,
         }
     }
@@ -297,10 +301,7 @@ impl Target {
         let mut names = self.networks()?;
         match names.len() {
             1 => Ok(names.remove(0)),
-            0 => Err(CliError::NoNetwork {
-                network: "(any)".into(),
-                data_dir: self.data_dir.clone(),
-            }),
+            0 => Err(CliError::NoNetworks(self.data_dir.clone())),
             count => Err(CliError::WhichNetwork {
                 data_dir: self.data_dir.clone(),
                 count,
