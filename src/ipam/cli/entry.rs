@@ -10,7 +10,7 @@
 //! `pod`, `containerId`, `ifname`, `podUid`, `boot` (the boot id the lease was attached in),
 //! `releaseSeq` (position in the release order; lowest is reclaimed first), `releasedAgo`
 //! (seconds on the lease clock since the release; null
-//! without `leaseHold`, when no lease clock is kept), `files` (the record's file names).
+//! when the data dir has no lease clock yet, e.g. one adopted from host-local), `files` (the record's file names).
 
 use std::net::IpAddr;
 
@@ -91,7 +91,7 @@ impl Entry {
 }
 
 /// The rows of every record of `ips`, sorted by address. `clock_now` is the lease clock, when
-/// the data dir keeps one (only while `leaseHold` is set).
+/// the data dir has one (every CNI call of sticky-ipam keeps it).
 pub fn entries<S: Store>(
     store: &mut S,
     network: &str,

@@ -21,7 +21,7 @@ the data dir. One row per record:
   STATE      attached             held by a live sandbox (a sticky lease)
              released #N (T ago)  kept for its pod; N is the release order (lowest is
                                   reclaimed first), T is measured on the lease clock
-                                  (kept only while leaseHold is set)
+                                  (measures time between calls, clamped: see README)
              host-local           host-local's <ip> file (adopted, or a pod without name)
              host-local (openyurt)  <ip> file with OpenYurt's <ip>_<ns>_<pod> marker
              marker               an OpenYurt marker alone: a reservation for the pod

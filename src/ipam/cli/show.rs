@@ -252,11 +252,15 @@ fn explain(
             let live = rows
                 .iter()
                 .find(|r| r.state == ATTACHED && in_set(r.ip))
-                .map(|r| {
-                    format!(
-                        " (its lease {} is attached to a sandbox that may be alive: another UID, this boot)",
+                .map(|r| match r.pod_uid.as_deref().filter(|u| !u.is_empty()) {
+                    Some(uid) => format!(
+                        " (its lease {} is attached in this boot to UID {uid}: that sandbox may be alive)",
                         r.ip
-                    )
+                    ),
+                    None => format!(
+                        " (its lease {} is attached in this boot without a UID: that sandbox may be alive)",
+                        r.ip
+                    ),
                 })
                 .unwrap_or_default();
             ("new", format!("gets a new address {ip}{live}"))
