@@ -379,6 +379,20 @@ fn gc_keeps_going_after_an_error_on_one_record_before_any_release() {
     assert_gc_kept_going(&e, &conf, ip_a, ip_b);
 }
 
+/// Same root as above, seen from DEL: DEL is best-effort and must release its own lease even
+/// when another pod's record cannot be read.
+#[test]
+fn del_releases_its_lease_despite_an_unreadable_record_of_another_pod() {
+    let e = Env::new();
+    let conf = e.conf(json!({ "subnet": "10.40.6.0/24" }));
+    let ip_a = e.add(&conf, "c-a", &pod("a"));
+    std::fs::create_dir(e.net().join("10.40.6.200_ns_broken")).unwrap();
+    let out = e.p.run(&Call::del("c-a", &conf).pod(&pod("a")));
+    std::fs::remove_dir(e.net().join("10.40.6.200_ns_broken")).unwrap();
+    out.ok_empty();
+    assert!(!e.state().sticky(ip_a).attached);
+}
+
 // ---------------------------------------------------------------------------------------------
 // STATUS
 
