@@ -21,8 +21,9 @@ Model (python3 stdlib only; the plugin binary is run exactly as a runtime runs i
     stop           DEL; the lease stays as a released lease for the pod
     vanish         the container disappears without any DEL (a missed DEL); a later GC or the
                    pod's next ADD must recover the address
-  and GC with cni.dev/valid-attachments = every running container plus every ADD in flight
-  (a runtime never lists less than what it is creating).
+  and GC with cni.dev/valid-attachments = every running container. As libcni does, GC never
+  runs concurrently with ADD/DEL of the network (the workers hold a shared lock around ADD
+  and DEL, GC an exclusive one), so its list cannot miss an ADD that completes before it.
 - Every ADD must return the pod's first address. Every call must succeed.
 - Periodically, while workers run, the checker takes the plugin's flock on
   <dataDir>/<net>/lock (fcntl.flock, the same flock(2) the plugin takes) and reads every file:
@@ -584,6 +585,9 @@ def main():
     ap.add_argument("--gc-share", type=float, default=0.03, help="share of steps that are a GC")
     ap.add_argument("--keep", action="store_true", help="keep the data dir")
     opts = ap.parse_args()
+    opts.binary = os.path.abspath(opts.binary)
+    if opts.data_dir is not None:
+        opts.data_dir = os.path.abspath(opts.data_dir)
     if opts.seed is None:
         opts.seed = int.from_bytes(os.urandom(4), "big")
     if not os.access(opts.binary, os.X_OK):
