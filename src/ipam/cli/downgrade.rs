@@ -21,6 +21,7 @@ use serde_json::json;
 
 use crate::ipam::allocator::group;
 use crate::ipam::disk::RELEASE_SEQ_FILE;
+use crate::ipam::plugin::current_boot;
 use crate::ipam::record::{Body, Record, State, suffix_identity};
 use crate::ipam::store::{Note, Store};
 
@@ -37,6 +38,8 @@ Rewrites the network's data dir into host-local's layout, so the network can go 
                       id through host-local releases it)
   host-local <ip>  -> kept as is
   released lease   -> refused: host-local cannot keep an address for a pod
+  attached lease of an earlier boot -> refused: no sandbox of that boot is alive
+                      (the plugin's next ADD would release it)
   OpenYurt marker  -> refused
 With released leases or markers present nothing is changed and they are listed (exit 3),
 unless --drop-leases: then they are removed and their addresses become free.
@@ -95,8 +98,13 @@ pub fn bookkeeping() -> [&'static str; 4] {
     ]
 }
 
-/// Sorts every record of the data dir: to convert, to drop, or (host-local) to keep.
-pub fn plan<S: Store>(store: &mut S) -> Result<(Vec<Convert>, Vec<Dropped>, usize), CliError> {
+/// Sorts every record of the data dir: to convert, to drop, or (host-local) to keep. `boot`
+/// is the current boot id ("" if unknown): a lease attached in an earlier boot is released
+/// in all but name (the plugin's next ADD would sweep it), so it is not converted.
+pub fn plan<S: Store>(
+    store: &mut S,
+    boot: &str,
+) -> Result<(Vec<Convert>, Vec<Dropped>, usize), CliError> {
     let (mut converts, mut drops, mut kept) = (Vec::new(), Vec::new(), 0);
     let mut ips: Vec<IpAddr> = store.index().ips().collect();
     ips.sort();
@@ -126,6 +134,8 @@ pub fn plan<S: Store>(store: &mut S) -> Result<(Vec<Convert>, Vec<Dropped>, usiz
                     let identity = Some((l.namespace.clone(), l.pod.clone()));
                     if l.state == State::Released {
                         drops.push(dropped("released lease", identity));
+                    } else if !boot.is_empty() && !l.boot.is_empty() && l.boot != boot {
+                        drops.push(dropped("attached in an earlier boot", identity));
                     } else if host_local {
                         // `group` removed a same-container `<ip>`: this one is another's.
                         drops.push(dropped(
@@ -156,7 +166,7 @@ pub fn run(argv: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     let json = parsed.flag("--json");
 
     let mut store = target.open(&network)?;
-    let (converts, drops, kept) = plan(&mut store)?;
+    let (converts, drops, kept) = plan(&mut store, &current_boot())?;
     if !drops.is_empty() && !parsed.flag("--drop-leases") {
         store.sync()?;
         drop(store);
@@ -269,7 +279,13 @@ mod tests {
         // Interrupted: `<ip>` written, lease not yet removed.
         s.put_raw("10.0.0.6_ns_c", lease("c", "attached").as_bytes());
         s.put_raw("10.0.0.6", b"c\r\neth0");
-        let (converts, drops, kept) = plan(&mut s).unwrap();
+        s.put_raw(
+            "10.0.0.7_ns_d",
+            lease("d", "attached")
+                .replace(r#""state""#, r#""boot":"old","state""#)
+                .as_bytes(),
+        );
+        let (converts, drops, kept) = plan(&mut s, "now").unwrap();
         let ips = |v: Vec<IpAddr>| v.iter().map(IpAddr::to_string).collect::<Vec<_>>();
         assert_eq!(
             ips(converts.iter().map(|c| c.ip).collect()),
@@ -277,8 +293,9 @@ mod tests {
         );
         assert_eq!(
             ips(drops.iter().map(|d| d.ip).collect()),
-            ["10.0.0.3", "10.0.0.5"]
+            ["10.0.0.3", "10.0.0.5", "10.0.0.7"]
         );
+        assert_eq!(drops[2].reason, "attached in an earlier boot");
         assert_eq!(kept, 1);
     }
 }
