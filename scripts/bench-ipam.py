@@ -91,8 +91,11 @@ def seed(net_dir, layout, count):
         with open(os.path.join(net_dir, "last_reserved_ip.0"), "w") as f:
             f.write(ip_at(count - 1))
     if layout == "sticky":
+        # The bookkeeping a live data dir has: this boot seen, the release counter.
         with open(os.path.join(net_dir, "boot_id"), "w") as f:
             f.write(boot)
+        with open(os.path.join(net_dir, "release_seq"), "w") as f:
+            f.write("0")
 
 
 def call(binary, command, cid, stdin, args):

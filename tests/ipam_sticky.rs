@@ -59,7 +59,12 @@ fn del_then_add_with_a_new_container_id_gets_the_same_ip() {
     e.del(&conf, "c-a1", &web0);
     // releasedAt is on the data dir's lease clock (`lease_clock`: "<clock> <wall> <next>").
     let clock_text = std::fs::read_to_string(e.net().join("lease_clock")).unwrap();
-    let clock: u64 = clock_text.split_whitespace().next().unwrap().parse().unwrap();
+    let clock: u64 = clock_text
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
 
     let st = e.state();
     let rec = st.sticky(ip_a);
@@ -718,5 +723,95 @@ fn ip_ranges_capability_is_host_local_byte_for_byte() {
             )
         },
         SEQUENCE,
+    );
+}
+
+/// Record files (names starting with a digit or containing ':') opened by one call, seen with
+/// strace. `None` when strace is not installed.
+fn records_opened(p: &Plugin, call: &Call, net: &Path) -> Option<Vec<String>> {
+    if std::process::Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP: strace is not installed");
+        return None;
+    }
+    let log = net.parent().unwrap().join("strace.log");
+    let traced = Plugin {
+        bin: p.bin.clone(),
+        wrapper: vec![
+            "strace".into(),
+            "-f".into(),
+            "-qq".into(),
+            "-e".into(),
+            "trace=open,openat,openat2".into(),
+            "-o".into(),
+            log.to_str().unwrap().into(),
+        ],
+    };
+    traced.run(call).ok();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let prefix = format!("{}/", net.display());
+    let opened = text
+        .lines()
+        .filter_map(|l| l.split('"').nth(1))
+        .filter_map(|path| path.strip_prefix(&prefix))
+        .filter(|name| name.starts_with(|c: char| c.is_ascii_digit()))
+        .map(str::to_string)
+        .collect();
+    Some(opened)
+}
+
+#[test]
+fn del_finds_its_record_without_reading_every_file() {
+    let e = Env::new();
+    let conf = e.conf("10.29.0.0/16");
+    // 300 leases of other pods and 100 host-local records.
+    for i in 0..300u32 {
+        let a = ip(&format!("10.29.{}.{}", 1 + i / 200, 2 + i % 200));
+        let mut rec = released("other", &format!("pod-{i}"), u64::from(i) + 1);
+        rec.attached = i % 2 == 0;
+        if rec.attached {
+            rec.release_seq = 0;
+            rec.released_at = 0;
+        }
+        seed_sticky(&e.net(), a, &rec);
+    }
+    for i in 0..100u32 {
+        let a = format!("10.29.5.{}", 2 + i);
+        std::fs::write(e.net().join(a), format!("plain{i}\r\neth0")).unwrap();
+    }
+    // The bookkeeping as the plugin keeps it: this boot, and the release counter.
+    std::fs::write(e.net().join("boot_id"), current_boot_id()).unwrap();
+    std::fs::write(e.net().join("release_seq"), "300").unwrap();
+    let pod = Pod::new("ns", "mine", "uid-mine");
+    let r = e.p.run(&Call::add("cm", &conf).pod(&pod)).ok();
+    let mine = result_ip(&r);
+    let own = sticky_name(mine, "ns", "mine");
+
+    // As kubelet sends it (pod args, no prevResult): the pod's own names are enough.
+    let Some(opened) = records_opened(&e.p, &Call::del("cm", &conf).pod(&pod), &e.net()) else {
+        return;
+    };
+    assert!(!e.state().sticky(mine).attached, "DEL did not release");
+    assert!(
+        opened.iter().all(|n| n.ends_with("_ns_mine")),
+        "DEL with pod args opened {} records of other pods (e.g. {:?})",
+        opened.iter().filter(|n| !n.ends_with("_ns_mine")).count(),
+        opened.iter().find(|n| !n.ends_with("_ns_mine"))
+    );
+    assert!(opened.contains(&own), "{opened:?}");
+
+    // As libcni sends it with the cached result: the addresses in prevResult are enough.
+    e.p.run(&Call::add("cm2", &conf).pod(&pod)).ok();
+    let prev = conf.clone().prev_result(&r);
+    let opened = records_opened(&e.p, &Call::del("cm2", &prev).pod(&pod), &e.net()).unwrap();
+    assert!(!e.state().sticky(mine).attached, "DEL did not release");
+    assert!(
+        opened.len() <= 3,
+        "DEL with prevResult opened {} records: {:?}...",
+        opened.len(),
+        &opened[..opened.len().min(5)]
     );
 }
