@@ -593,7 +593,7 @@ pub struct StickyRecord {
 }
 
 /// sticky-ipam's own bookkeeping files beside the records (not in host-local's layout).
-pub const BOOKKEEPING: &[&str] = &["release_seq", "boot_id", "lease_clock"];
+pub const BOOKKEEPING: &[&str] = &["release_seq", "boot_id", "lease_clock", "sticky_counters"];
 
 /// One record file.
 #[derive(Debug, Clone, PartialEq, Eq)]
