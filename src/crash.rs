@@ -9,7 +9,9 @@ pub fn point(step: &str) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static REACHED: AtomicUsize = AtomicUsize::new(0);
     let n = REACHED.fetch_add(1, Ordering::SeqCst) + 1;
-    let target = std::env::var("STICKY_CRASH_AT").ok().and_then(|v| v.parse::<usize>().ok());
+    let target = std::env::var("STICKY_CRASH_AT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
     if target == Some(n) {
         eprintln!("crash point {n} ({step}): aborting");
         std::process::abort();

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
-use super::{CniError, CniResult, Command, Env, EnvError, NetConf, Version, version_reply};
+use super::{
+    CniError, CniResult, Command, Env, EnvError, NetConf, NetConfError, Version, version_reply,
+};
 use crate::cni::error::code;
 
 /// One invocation, validated.
@@ -38,7 +40,14 @@ pub fn dispatch<P: Plugin>(
     if env.command == Command::Version {
         return Ok(Some(version_reply()));
     }
-    let conf = NetConf::parse(stdin).map_err(CniError::from)?;
+    let conf = NetConf::parse(stdin).map_err(|err| match (env.command, &err) {
+        // A plugin whose config cannot be read cannot work: for STATUS that is "not
+        // available" (50), unless the version alone is the problem.
+        (Command::Status, e) if !matches!(e, NetConfError::UnsupportedVersion(_)) => {
+            CniError::new(code::NOT_AVAILABLE, format!("config invalid: {err}"))
+        }
+        _ => CniError::from(err),
+    })?;
     let version = conf.version;
     let allowed = match env.command {
         Command::Check => version.has_check(),

@@ -194,10 +194,13 @@ impl Hold {
                 boot,
                 ..
             } => {
+                // A lease from an earlier boot cannot be alive; with no boot id known on
+                // either side, nothing is judged to be from an earlier boot.
+                let earlier_boot = boot
+                    .as_deref()
+                    .is_some_and(|b| !b.is_empty() && !req.boot.is_empty() && b != req.boot);
                 (!uid.is_empty() && held_uid == uid)
-                    || boot
-                        .as_deref()
-                        .is_some_and(|b| !b.is_empty() && b != req.boot)
+                    || earlier_boot
                     || (uid.is_empty() && held_uid.is_empty())
             }
         }
@@ -576,29 +579,62 @@ fn release_in_group<S: Store>(
             (Body::Lease(lease), _) if req.sticky => release_lease(store, record, lease, req.now)?,
             (Body::HostLocal { .. }, Some(pod)) => {
                 // An adopted host-local attachment becomes the pod's released lease, so a
-                // migrated pod keeps its address on its first restart. Lease first: a crash
-                // in between leaves both, which `group` resolves to the lease.
-                let seq = store.next_release_seq()?;
-                let lease = Lease {
-                    format: LEASE_FORMAT.into(),
-                    container_id: req.container_id.into(),
-                    ifname: req.ifname.into(),
-                    namespace: pod.namespace.clone(),
-                    pod: pod.name.clone(),
-                    pod_uid: pod.uid.clone(),
-                    boot: req.boot.into(),
-                    state: State::Released,
-                    release_seq: seq,
-                    released_at: req.now,
-                };
-                store.write(&Record::lease(ip, pod, lease))?;
-                store.remove(&record.name)?;
+                // migrated pod keeps its address on its first restart. The file is renamed
+                // first: a crash in between leaves one `<ip>_<ns>_<pod>` file whose body is
+                // not a lease, which reads as a released lease of that pod (a marker), never
+                // as two records.
+                let name = format!("{ip}{}", pod.suffix());
+                store.rename(&record.name, &name)?;
+                write_released_lease(store, ip, pod, req)?;
+                // An OpenYurt marker naming another pod is superseded by what the DEL said.
+                for other in records
+                    .iter()
+                    .filter(|r| r.body == Body::Marker && r.name != name)
+                {
+                    store.remove(&other.name)?;
+                }
             }
             _ => store.remove(&record.name)?,
         }
         released += 1;
     }
+    // The pod's lone marker (OpenYurt's, or a conversion above interrupted after its rename)
+    // is already its released lease; a DEL naming the pod gives it a proper lease body.
+    if let Some(pod) = req.sticky_pod()
+        && released == 0
+        && !records
+            .iter()
+            .any(|r| matches!(r.body, Body::HostLocal { .. }))
+        && records
+            .iter()
+            .any(|r| r.body == Body::Marker && r.name == format!("{ip}{}", pod.suffix()))
+    {
+        write_released_lease(store, ip, pod, req)?;
+    }
     Ok(released)
+}
+
+/// Writes `pod`'s lease at `ip` as released by this request, next in the release order.
+fn write_released_lease<S: Store>(
+    store: &mut S,
+    ip: IpAddr,
+    pod: &Pod,
+    req: &Request,
+) -> Result<(), StoreError> {
+    let seq = store.next_release_seq()?;
+    let lease = Lease {
+        format: LEASE_FORMAT.into(),
+        container_id: req.container_id.into(),
+        ifname: req.ifname.into(),
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        boot: req.boot.into(),
+        state: State::Released,
+        release_seq: seq,
+        released_at: req.now,
+    };
+    store.write(&Record::lease(ip, pod, lease))
 }
 
 /// CHECK: every address of `prev_ips` in this network's ranges is recorded for the

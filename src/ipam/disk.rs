@@ -192,16 +192,19 @@ impl DiskStore {
     }
 
     /// The highest release number recorded in any lease: the counter's fallback.
-    fn max_release_seq(&mut self) -> Result<u64, StoreError> {
+    /// An unreadable record is skipped: it cannot tell its number, and must not stop a DEL.
+    fn max_release_seq(&mut self) -> u64 {
         let mut max = 0;
         for ip in self.index.ips_with_identity() {
             for name in self.index.names(ip) {
-                if let Some(lease) = self.read(&name)?.as_ref().and_then(Record::lease_ref) {
+                if let Ok(Some(record)) = self.read(&name)
+                    && let Some(lease) = record.lease_ref()
+                {
                     max = max.max(lease.release_seq);
                 }
             }
         }
-        Ok(max)
+        max
     }
 
     fn read_text(&self, name: &str) -> Option<String> {
@@ -235,6 +238,16 @@ impl Store for DiskStore {
         Ok(())
     }
 
+    fn rename(&mut self, from: &str, to: &str) -> Result<(), StoreError> {
+        let target = self.dir.join(to);
+        fs::rename(self.dir.join(from), &target).map_err(io("renaming into", &target))?;
+        self.dirty = true;
+        self.index.remove(from);
+        self.index.insert(to);
+        crash::point("renamed");
+        Ok(())
+    }
+
     fn last_reserved(&self, set: usize) -> Option<IpAddr> {
         self.read_text(&format!("{LAST_RESERVED_PREFIX}{set}"))
             .and_then(|t| t.parse().ok())
@@ -252,7 +265,7 @@ impl Store for DiskStore {
             .and_then(|t| t.parse::<u64>().ok())
         {
             Some(n) => n,
-            None => self.max_release_seq()?,
+            None => self.max_release_seq(),
         };
         let next = last + 1;
         self.write_hint(RELEASE_SEQ_FILE, &next.to_string())?;

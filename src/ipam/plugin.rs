@@ -88,10 +88,14 @@ impl Prepared {
 
     /// What runs at every ADD and GC: earlier boots swept, expired leases freed.
     fn recover(&self, store: &mut DiskStore, clock: &mut LeaseClock) -> Result<(), Error> {
-        if self.config.sticky {
-            lifecycle::sweep_earlier_boots(store, &self.boot, clock.now)?;
-        }
+        let swept = match self.config.sticky {
+            true => lifecycle::sweep_earlier_boots(store, &self.boot, clock.now)?,
+            false => 0,
+        };
         if let Some(hold) = self.hold() {
+            for _ in 0..swept {
+                clock.released_one(hold);
+            }
             lifecycle::expire(store, hold, clock)?;
         }
         Ok(())

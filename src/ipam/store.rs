@@ -127,6 +127,8 @@ pub trait Store {
     fn write(&mut self, record: &Record) -> Result<(), StoreError>;
     /// Removes a record file; a missing file is not an error.
     fn remove(&mut self, name: &str) -> Result<(), StoreError>;
+    /// Renames a record file atomically, replacing `to` if it exists.
+    fn rename(&mut self, from: &str, to: &str) -> Result<(), StoreError>;
     /// The round-robin hint of range set `set`.
     fn last_reserved(&self, set: usize) -> Option<IpAddr>;
     fn set_last_reserved(&mut self, set: usize, ip: IpAddr) -> Result<(), StoreError>;
@@ -208,6 +210,13 @@ pub mod mem {
         fn remove(&mut self, name: &str) -> Result<(), StoreError> {
             self.files.remove(name);
             self.index.remove(name);
+            Ok(())
+        }
+        fn rename(&mut self, from: &str, to: &str) -> Result<(), StoreError> {
+            if let Some(body) = self.files.remove(from) {
+                self.index.remove(from);
+                self.put_raw(to, &body);
+            }
             Ok(())
         }
         fn last_reserved(&self, set: usize) -> Option<IpAddr> {

@@ -782,6 +782,11 @@ pub fn check_dir(net_dir: &Path, rules: Rules) -> State {
                         "{name}: empty sticky record (only OpenYurt markers are empty)"
                     );
                     Record::Marker
+                } else if is_host_local_body(&text) {
+                    // An adopted host-local record renamed to its pod's name, its lease body
+                    // not yet written: the plugin reads it as a marker (the pod's released
+                    // lease). A torn lease body never looks like this.
+                    Record::Marker
                 } else {
                     let rec = parse_sticky(&name, &text);
                     for (enc, full) in [(ns_enc, &rec.namespace), (pod_enc, &rec.pod)] {
@@ -844,6 +849,18 @@ pub fn check_dir(net_dir: &Path, rules: Rules) -> State {
         }
     }
     state
+}
+
+/// host-local's `<containerID>\r\n<ifname>`.
+fn is_host_local_body(text: &str) -> bool {
+    text.split_once("\r\n").is_some_and(|(id, ifname)| {
+        !id.is_empty()
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+            && !ifname.is_empty()
+            && !ifname.contains(['\r', '\n'])
+    })
 }
 
 /// Parses and checks one sticky record body.

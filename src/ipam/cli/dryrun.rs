@@ -62,6 +62,18 @@ impl<S: Store> Store for DryRun<'_, S> {
         Ok(())
     }
 
+    fn rename(&mut self, from: &str, to: &str) -> Result<(), StoreError> {
+        // The body is read again under its new name, as the disk would.
+        if let Some(record) = self
+            .read(from)?
+            .and_then(|r| Record::parse(to, &r.to_bytes()))
+        {
+            self.remove(from)?;
+            self.write(&record)?;
+        }
+        Ok(())
+    }
+
     fn last_reserved(&self, set: usize) -> Option<IpAddr> {
         self.last
             .get(&set)
