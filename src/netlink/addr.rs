@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use nix::errno::Errno;
 
@@ -34,6 +34,12 @@ pub fn message(index: u32, net: IpNet) -> AddressMessage {
     msg.header.index = index;
     msg.attributes.push(AddressAttribute::Local(net.addr()));
     msg.attributes.push(AddressAttribute::Address(net.addr()));
+    if net.addr().is_ipv6() {
+        // Our addresses are unique by construction (IPAM, or the subnet's gateway):
+        // duplicate address detection would only keep them tentative for a second or two.
+        msg.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    }
     msg
 }
 
@@ -71,6 +77,16 @@ pub fn delete(sock: &mut Socket, index: u32, net: IpNet) -> Result<(), Error> {
 
 /// Every address on interface `index` (both families).
 pub fn list(sock: &mut Socket, index: u32) -> Result<Vec<IpNet>, Error> {
+    Ok(list_all(sock)?
+        .into_iter()
+        .filter(|(i, _)| *i == index)
+        .map(|(_, net)| net)
+        .collect())
+}
+
+/// Every address of the namespace, with the index of the interface holding it.
+pub fn list_all(sock: &mut Socket) -> Result<Vec<(u32, IpNet)>, Error> {
+    let index = 0;
     let found = sock
         .dump(
             "list addresses",
@@ -84,7 +100,7 @@ pub fn list(sock: &mut Socket, index: u32) -> Result<Vec<IpNet>, Error> {
     Ok(found
         .iter()
         .filter_map(|m| match m {
-            RouteNetlinkMessage::NewAddress(a) if a.header.index == index => {
+            RouteNetlinkMessage::NewAddress(a) => {
                 let ip = a.attributes.iter().find_map(|attr| match attr {
                     AddressAttribute::Local(ip) => Some(*ip),
                     _ => None,
@@ -95,7 +111,7 @@ pub fn list(sock: &mut Socket, index: u32) -> Result<Vec<IpNet>, Error> {
                         _ => None,
                     })
                 })?;
-                IpNet::new(ip, a.header.prefix_len).ok()
+                Some((a.header.index, IpNet::new(ip, a.header.prefix_len).ok()?))
             }
             _ => None,
         })
@@ -116,9 +132,10 @@ mod tests {
         assert_eq!(back.header.family, AddressFamily::Inet);
         assert_eq!(back.header.prefix_len, 24);
         assert_eq!(back.header.index, 4);
-        assert!(back.attributes.contains(&AddressAttribute::Local(
-            "10.244.1.1".parse().unwrap()
-        )));
+        assert!(
+            back.attributes
+                .contains(&AddressAttribute::Local("10.244.1.1".parse().unwrap()))
+        );
         let v6 = message(4, "fd00::1/64".parse().unwrap());
         assert_eq!(v6.header.family, AddressFamily::Inet6);
     }

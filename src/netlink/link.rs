@@ -23,6 +23,12 @@ pub enum Error {
     },
     #[error("link {0:?} does not exist")]
     NotFound(String),
+    #[error("turning on hairpin mode on {name:?}: {source}")]
+    Hairpin {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -30,6 +36,7 @@ impl Error {
         match self {
             Error::Netlink { source, .. } => source.errno(),
             Error::NotFound(_) => Some(Errno::ENODEV as i32),
+            Error::Hairpin { source, .. } => source.raw_os_error(),
         }
     }
 }
@@ -138,7 +145,8 @@ fn indexed(index: u32) -> LinkMessage {
 /// another one (udev's `MACAddressPolicy` leaves a MAC given at creation alone).
 pub fn vxlan_message(spec: &VxlanSpec) -> LinkMessage {
     let mut msg = named(&spec.name);
-    msg.attributes.push(LinkAttribute::Address(spec.mac.to_vec()));
+    msg.attributes
+        .push(LinkAttribute::Address(spec.mac.to_vec()));
     msg.attributes.push(LinkAttribute::Mtu(spec.mtu));
     let mut data = vec![
         InfoVxlan::Id(spec.vni),
@@ -156,13 +164,20 @@ pub fn vxlan_message(spec: &VxlanSpec) -> LinkMessage {
     msg
 }
 
-pub fn bridge_message(name: &str, mtu: Option<u32>) -> LinkMessage {
+pub fn bridge_message(name: &str, mtu: Option<u32>, mac: Option<[u8; 6]>) -> LinkMessage {
     let mut msg = named(name);
+    if let Some(mac) = mac {
+        // A bridge otherwise takes the lowest MAC of its ports, which changes as pods come
+        // and go and leaves stale neighbour entries in every pod.
+        msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
+    }
     if let Some(mtu) = mtu {
         msg.attributes.push(LinkAttribute::Mtu(mtu));
     }
     msg.attributes
-        .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Bridge)]));
+        .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+            InfoKind::Bridge,
+        )]));
     msg
 }
 
@@ -183,7 +198,9 @@ pub fn veth_message(
         .attributes
         .push(LinkAttribute::NetNsFd(peer_netns.as_raw_fd()));
     if let Some(mac) = peer_mac {
-        peer_msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        peer_msg
+            .attributes
+            .push(LinkAttribute::Address(mac.to_vec()));
     }
     msg.attributes.push(LinkAttribute::LinkInfo(vec![
         LinkInfo::Kind(InfoKind::Veth),
@@ -206,8 +223,23 @@ pub fn add_vxlan(sock: &mut Socket, spec: &VxlanSpec) -> Result<(), Error> {
     create(sock, &spec.name, vxlan_message(spec))
 }
 
-pub fn add_bridge(sock: &mut Socket, name: &str, mtu: Option<u32>) -> Result<(), Error> {
-    create(sock, name, bridge_message(name, mtu))
+pub fn add_bridge(
+    sock: &mut Socket,
+    name: &str,
+    mtu: Option<u32>,
+    mac: Option<[u8; 6]>,
+) -> Result<(), Error> {
+    create(sock, name, bridge_message(name, mtu, mac))
+}
+
+/// Turns hairpin mode on for a bridge port (through sysfs, which shows the network namespace
+/// it was mounted in: run from the namespace's own mount, as `ip netns exec` provides).
+pub fn set_hairpin(name: &str) -> Result<(), Error> {
+    let path = format!("/sys/class/net/{name}/brport/hairpin_mode");
+    std::fs::write(&path, "1").map_err(|e| Error::Hairpin {
+        name: name.to_string(),
+        source: e,
+    })
 }
 
 pub fn add_veth(
@@ -218,7 +250,11 @@ pub fn add_veth(
     peer_mac: Option<[u8; 6]>,
     mtu: u32,
 ) -> Result<(), Error> {
-    create(sock, host, veth_message(host, peer, peer_netns, peer_mac, mtu))
+    create(
+        sock,
+        host,
+        veth_message(host, peer, peer_netns, peer_mac, mtu),
+    )
 }
 
 /// The link called `name`, or `None` if there is none.
@@ -245,7 +281,10 @@ pub fn require(sock: &mut Socket, name: &str) -> Result<Link, Error> {
 
 pub fn list(sock: &mut Socket) -> Result<Vec<Link>, Error> {
     let found = sock
-        .dump("list links", RouteNetlinkMessage::GetLink(LinkMessage::default()))
+        .dump(
+            "list links",
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+        )
         .map_err(ctx("*"))?;
     Ok(found.iter().filter_map(as_link).collect())
 }
@@ -384,7 +423,13 @@ mod tests {
     fn macs_parse_and_print() {
         assert_eq!(parse_mac("0A:01:c0:00:02:01"), Some([10, 1, 192, 0, 2, 1]));
         assert_eq!(format_mac(&[10, 1, 192, 0, 2, 1]), "0a:01:c0:00:02:01");
-        for bad in ["", "0a:01", "0a:01:c0:00:02:01:02", "0a:1:c0:00:02:01", "zz:01:c0:00:02:01"] {
+        for bad in [
+            "",
+            "0a:01",
+            "0a:01:c0:00:02:01:02",
+            "0a:1:c0:00:02:01",
+            "zz:01:c0:00:02:01",
+        ] {
             assert_eq!(parse_mac(bad), None, "{bad}");
         }
     }

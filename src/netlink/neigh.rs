@@ -73,7 +73,9 @@ pub fn fdb_message(f: &Fdb) -> NeighbourMessage {
     msg.attributes
         .push(NeighbourAttribute::LinkLayerAddress(f.mac.to_vec()));
     msg.attributes
-        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(f.dst)));
+        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
+            f.dst,
+        )));
     msg
 }
 
@@ -178,9 +180,7 @@ pub fn list(sock: &mut Socket, index: u32) -> Result<Vec<Neighbour>, Error> {
             }
             let ip = msg.attributes.iter().find_map(|a| match a {
                 NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(IpAddr::V4(*a)),
-                NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
-                    Some(IpAddr::V6(*a))
-                }
+                NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
                 _ => None,
             });
             if let (Some(ip), Some(mac)) = (ip, mac_of(&msg)) {

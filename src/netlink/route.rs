@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
-    RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+    RouteType,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use nix::errno::Errno;
@@ -157,6 +157,35 @@ pub fn delete(sock: &mut Socket, route: &Route) -> Result<(), Error> {
             source,
         }),
     }
+}
+
+/// `ip route get <ip>`: the outgoing interface and preferred source address towards `ip`.
+pub fn lookup(sock: &mut Socket, ip: IpAddr) -> Result<(Option<u32>, Option<IpAddr>), Error> {
+    let mut msg = RouteMessage::default();
+    msg.header.address_family = family(ip);
+    msg.header.destination_prefix_length = if ip.is_ipv4() { 32 } else { 128 };
+    msg.attributes
+        .push(RouteAttribute::Destination(address(ip)));
+    let found = sock
+        .request("look up route", RouteNetlinkMessage::GetRoute(msg), 0)
+        .map_err(|source| Error {
+            route: format!("to {ip}"),
+            source,
+        })?;
+    let mut oif = None;
+    let mut src = None;
+    for m in &found {
+        if let RouteNetlinkMessage::NewRoute(r) = m {
+            for attr in &r.attributes {
+                match attr {
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    RouteAttribute::PrefSource(a) => src = from_address(a),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok((oif, src))
 }
 
 /// Every unicast route of the main table, both families.

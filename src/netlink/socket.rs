@@ -237,7 +237,8 @@ mod tests {
         header.sequence_number = 1;
         let mut err = ErrorMessage::default();
         err.code = NonZeroI32::new(-17);
-        let mut msg = NetlinkMessage::<RouteNetlinkMessage>::new(header, NetlinkPayload::Error(err));
+        let mut msg =
+            NetlinkMessage::<RouteNetlinkMessage>::new(header, NetlinkPayload::Error(err));
         msg.finalize();
         let mut bytes = vec![0; msg.buffer_len()];
         msg.serialize(&mut bytes);
