@@ -245,10 +245,10 @@ fn interface_json(iface: &Interface, version: Version) -> Value {
     if let Some(mac) = &iface.mac {
         obj.insert("mac".into(), json!(mac));
     }
-    if version.has_gc_status() {
-        if let Some(mtu) = iface.mtu {
-            obj.insert("mtu".into(), json!(mtu));
-        }
+    if version.has_gc_status()
+        && let Some(mtu) = iface.mtu
+    {
+        obj.insert("mtu".into(), json!(mtu));
     }
     if let Some(sandbox) = &iface.sandbox {
         obj.insert("sandbox".into(), json!(sandbox));

@@ -168,10 +168,10 @@ impl Config {
             return Err(bad("bridge", format!("{bridge:?} is also the VTEP's name")));
         }
         let mtu: Option<u32> = get(obj, "mtu", "an integer")?;
-        if let Some(m) = mtu {
-            if !(576..=65_485).contains(&m) {
-                return Err(bad("mtu", format!("{m} is not from 576 to 65485")));
-            }
+        if let Some(m) = mtu
+            && !(576..=65_485).contains(&m)
+        {
+            return Err(bad("mtu", format!("{m} is not from 576 to 65485")));
         }
         let flag = |key: &'static str| -> Result<bool, Error> {
             Ok(get(obj, key, "true or false")?.unwrap_or(false))
@@ -187,13 +187,13 @@ impl Config {
                 "is required with ipMasq: traffic to other pods (the cluster CIDR) is never masqueraded",
             ));
         }
-        if let Some(c) = cluster_cidr {
-            if c.trunc() != c {
-                return Err(bad(
-                    "clusterCIDR",
-                    format!("{c} has host bits set (did you mean {}?)", c.trunc()),
-                ));
-            }
+        if let Some(c) = cluster_cidr
+            && c.trunc() != c
+        {
+            return Err(bad(
+                "clusterCIDR",
+                format!("{c} has host bits set (did you mean {}?)", c.trunc()),
+            ));
         }
         let entries: Vec<PeerEntry> = get(
             obj,
@@ -203,13 +203,13 @@ impl Config {
         .unwrap_or_default();
         let peers = super::peers::check_entries(&entries, "peers").map_err(|e| bad("peers", e))?;
         let peers_file: Option<PathBuf> = get(obj, "peersFile", "a file path")?;
-        if let Some(p) = &peers_file {
-            if !p.is_absolute() {
-                return Err(bad(
-                    "peersFile",
-                    format!("{} is not an absolute path", p.display()),
-                ));
-            }
+        if let Some(p) = &peers_file
+            && !p.is_absolute()
+        {
+            return Err(bad(
+                "peersFile",
+                format!("{} is not an absolute path", p.display()),
+            ));
         }
         let state_dir: PathBuf = get(obj, "stateDir", "a directory path")?
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));

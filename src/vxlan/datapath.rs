@@ -287,10 +287,10 @@ pub fn ensure_bridge(sock: &mut Socket, cfg: &Config, node: &Node) -> Result<Lin
             expected: "bridge",
         });
     }
-    if let Some(mac) = mac {
-        if bridge.mac != Some(mac) {
-            link::set_mac(sock, &bridge, mac)?;
-        }
+    if let Some(mac) = mac
+        && bridge.mac != Some(mac)
+    {
+        link::set_mac(sock, &bridge, mac)?;
     }
     let have = addr::list(sock, bridge.index)?;
     for subnet in &node.local.subnets {

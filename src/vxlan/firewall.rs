@@ -33,14 +33,13 @@ pub fn script(cfg: &Config, node: &Node) -> Option<String> {
     }
     let table = table_name(&cfg.name);
     let mut s = format!("table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{\n");
-    if cfg.ip_masq {
-        if let (Some(subnet), Some(cluster)) = (node.subnet_v4(), cfg.cluster_cidr) {
-            if cluster.addr().is_ipv4() {
-                s.push_str(&format!(
+    if cfg.ip_masq
+        && let (Some(subnet), Some(cluster)) = (node.subnet_v4(), cfg.cluster_cidr)
+        && cluster.addr().is_ipv4()
+    {
+        s.push_str(&format!(
                     "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    ip saddr {subnet} ip daddr != {cluster} masquerade\n  }}\n"
                 ));
-            }
-        }
     }
     if cfg.peer_only_port {
         let peers: Vec<String> = node.remote.iter().map(|p| p.ip.to_string()).collect();

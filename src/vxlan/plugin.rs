@@ -117,12 +117,11 @@ fn attach(
     let have = addr::list(sock, bridge.index)?;
     for ip in &ipam.ips {
         let subnet = ip.address.trunc();
-        if let Some(gw) = ip.gateway.filter(|gw| Some(*gw) != gateway_of(&subnet)) {
-            if let Ok(net) = ipnet::IpNet::new(gw, subnet.prefix_len()) {
-                if !have.contains(&net) {
-                    addr::add(sock, bridge.index, net)?;
-                }
-            }
+        if let Some(gw) = ip.gateway.filter(|gw| Some(*gw) != gateway_of(&subnet))
+            && let Ok(net) = ipnet::IpNet::new(gw, subnet.prefix_len())
+            && !have.contains(&net)
+        {
+            addr::add(sock, bridge.index, net)?;
         }
     }
     let host_link = pod::create_veth(

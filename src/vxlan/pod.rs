@@ -136,14 +136,14 @@ pub fn check_container(
                 netns_path.display()
             )));
         };
-        if let (Some(want), Some(have)) = (mac.and_then(link::parse_mac), link.mac) {
-            if want != have {
-                return Err(Error::Check(format!(
-                    "{ifname} has MAC {}, expected {}",
-                    link::format_mac(&have),
-                    link::format_mac(&want)
-                )));
-            }
+        if let (Some(want), Some(have)) = (mac.and_then(link::parse_mac), link.mac)
+            && want != have
+        {
+            return Err(Error::Check(format!(
+                "{ifname} has MAC {}, expected {}",
+                link::format_mac(&have),
+                link::format_mac(&want)
+            )));
         }
         let have = addr::list(&mut sock, link.index)?;
         for ip in &prev.ips {
