@@ -204,6 +204,10 @@ pub fn list_fdb(sock: &mut Socket, index: u32) -> Result<Vec<Fdb>, Error> {
         .filter_map(|msg| {
             let dst = msg.attributes.iter().find_map(|a| match a {
                 NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(*a),
+                // The bridge family's NDA_DST comes back undecoded.
+                NeighbourAttribute::Destination(NeighbourAddress::Other(raw)) => {
+                    <[u8; 4]>::try_from(raw.as_slice()).ok().map(Ipv4Addr::from)
+                }
                 _ => None,
             })?;
             Some(Fdb {
