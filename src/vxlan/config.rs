@@ -258,6 +258,12 @@ impl Config {
         })
     }
 
+    /// A copy of the last peers file that was valid, used (for the local entry and the
+    /// peers to keep) while the real one cannot be read.
+    pub fn last_good_peers_path(&self) -> PathBuf {
+        self.state_dir.join(format!("{}.peers.json", self.name))
+    }
+
     /// The lock serializing peer reconciliation for this network.
     pub fn lock_path(&self) -> PathBuf {
         self.state_dir.join(format!("{}.lock", self.name))

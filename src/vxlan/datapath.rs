@@ -65,11 +65,16 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
     let from_file = match &cfg.peers_file {
         None => Vec::new(),
         Some(path) => match peers::load_file(path) {
-            Ok(list) => list,
+            Ok(list) => {
+                peers::save_last_good(&cfg.last_good_peers_path(), path);
+                list
+            }
             Err(e) => {
-                eprintln!("sticky-vxlan: {e}; keeping the programmed peers as they are");
+                eprintln!(
+                    "sticky-vxlan: {e}; using the last peers file that was valid and removing no peer"
+                );
                 peers_file_error = Some(e.to_string());
-                Vec::new()
+                peers::load_last_good(&cfg.last_good_peers_path())
             }
         },
     };

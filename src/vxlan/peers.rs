@@ -185,6 +185,37 @@ pub fn parse_file(text: &[u8]) -> Result<Vec<Peer>, String> {
     check_entries(&entries, "peers file")
 }
 
+/// Keeps a copy of a peers file that just parsed (temp file + rename, so the copy is always
+/// whole). Best effort: failing to keep it only weakens the fallback, so it is logged.
+pub fn save_last_good(copy: &Path, source: &Path) {
+    let Ok(text) = std::fs::read(source) else {
+        return;
+    };
+    if std::fs::read(copy).is_ok_and(|old| old == text) {
+        return;
+    }
+    let tmp = copy.with_extension("json.tmp");
+    let saved = copy
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&tmp, &text))
+        .and_then(|()| std::fs::rename(&tmp, copy));
+    if let Err(e) = saved {
+        eprintln!(
+            "sticky-vxlan: keeping a copy of the peers file in {}: {e}",
+            copy.display()
+        );
+    }
+}
+
+/// The last valid peers list, or none.
+pub fn load_last_good(copy: &Path) -> Vec<Peer> {
+    std::fs::read(copy)
+        .ok()
+        .and_then(|text| parse_file(&text).ok())
+        .unwrap_or_default()
+}
+
 /// Splits peers into this node (the entry whose ip is one of `local_addrs`) and the others.
 pub fn split_local(peers: &[Peer], local_addrs: &[IpAddr]) -> (Option<Peer>, Vec<Peer>) {
     let mut local = None;
