@@ -57,8 +57,8 @@ const OUR_KEYS: &[&str] = &[
 pub enum Error {
     #[error("config key {key:?}: {reason}")]
     Key { key: &'static str, reason: String },
-    #[error("config key {0:?} is not known to sticky-vxlan (known keys: {known})", known = OUR_KEYS.join(", "))]
-    Unknown(String),
+    #[error("config key {key:?} is not known to sticky-vxlan: did you mean {meant:?}?")]
+    Misspelt { key: String, meant: &'static str },
     #[error("config key {0:?} is required")]
     Missing(&'static str),
     #[error("network config must be a JSON object")]
@@ -124,11 +124,19 @@ impl Config {
     /// Reads the plugin's keys from a parsed network config (`name` comes from it too).
     pub fn from_json(name: &str, raw: &Value) -> Result<Config, Error> {
         let obj = raw.as_object().ok_or(Error::NotAnObject)?;
-        if let Some(unknown) = obj
-            .keys()
-            .find(|k| !STANDARD_KEYS.contains(&k.as_str()) && !OUR_KEYS.contains(&k.as_str()))
-        {
-            return Err(Error::Unknown(unknown.clone()));
+        // Runtimes add keys of their own (`cni.dev/valid-attachments`, capabilities...), so
+        // other keys are left alone; a known key spelled in another case is a typo, refused.
+        for key in obj.keys() {
+            let ours = OUR_KEYS.contains(&key.as_str()) || STANDARD_KEYS.contains(&key.as_str());
+            if let Some(meant) = OUR_KEYS
+                .iter()
+                .find(|k| !ours && k.eq_ignore_ascii_case(key))
+            {
+                return Err(Error::Misspelt {
+                    key: key.clone(),
+                    meant,
+                });
+            }
         }
         let vni: u32 =
             get(obj, "vni", "an integer from 1 to 16777215")?.ok_or(Error::Missing("vni"))?;
@@ -334,7 +342,14 @@ mod tests {
                 other => panic!("{key}={value}: {other:?}"),
             }
         }
-        assert!(matches!(with("vtepname", json!("x")), Err(Error::Unknown(k)) if k == "vtepname"));
+        assert!(matches!(
+            with("vtepname", json!("x")),
+            Err(Error::Misspelt {
+                meant: "vtepName",
+                ..
+            })
+        ));
+        assert!(with("cni.dev/valid-attachments", json!([])).is_ok());
         let mut v = base();
         v.as_object_mut().unwrap().remove("vni");
         assert_eq!(Config::from_json("edge", &v), Err(Error::Missing("vni")));

@@ -119,8 +119,9 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
     })
 }
 
-/// The underlay address and device: `localIp` and/or `device` if given, else the device
-/// (and its source address) that routes to the first remote peer.
+/// The underlay address and device: `localIp` and/or `device` if given, else the address of
+/// the peer entry naming this node, else the device (and its source address) that routes to
+/// the first remote peer.
 fn underlay(
     sock: &mut Socket,
     cfg: &Config,
@@ -155,6 +156,19 @@ fn underlay(
         let dev = link::get_index(sock, index)?
             .ok_or_else(|| Error::Underlay(format!("the device holding {ip} disappeared")))?;
         return Ok((ip, dev));
+    }
+    // The entry naming this node gives its underlay address directly.
+    if let Some(own) = all.iter().find(|p| local_addrs.contains(&IpAddr::V4(p.ip))) {
+        let index = addrs
+            .iter()
+            .find(|(_, n)| n.addr() == IpAddr::V4(own.ip))
+            .map(|(i, _)| *i);
+        if let Some(dev) = match index {
+            Some(i) => link::get_index(sock, i)?,
+            None => None,
+        } {
+            return Ok((own.ip, dev));
+        }
     }
     let target = all
         .iter()
