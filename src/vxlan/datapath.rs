@@ -313,12 +313,12 @@ pub fn ensure_bridge(sock: &mut Socket, cfg: &Config, node: &Node) -> Result<Lin
     }
     let have = addr::list(sock, bridge.index)?;
     for subnet in &node.local.subnets {
-        if let Some(gw) = gateway_of(subnet) {
-            let net =
-                IpNet::new(gw, subnet.prefix_len()).map_err(|e| Error::Peers(e.to_string()))?;
-            if !have.contains(&net) {
-                addr::add(sock, bridge.index, net)?;
-            }
+        // Same family and prefix as a valid subnet, so `IpNet::new` cannot fail.
+        if let Some(gw) = gateway_of(subnet)
+            && let Ok(net) = IpNet::new(gw, subnet.prefix_len())
+            && !have.contains(&net)
+        {
+            addr::add(sock, bridge.index, net)?;
         }
     }
     if !bridge.up {

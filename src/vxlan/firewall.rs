@@ -4,7 +4,7 @@
 //!   `ip saddr <node subnet> ip daddr != <clusterCIDR> masquerade` (postrouting, srcnat);
 //!   traffic to other pods never is.
 //! - `peerOnlyPort`: the VXLAN UDP port accepts packets from configured peers only:
-//!   `udp dport <port> ip saddr != { <peer ips> } drop` (input, just before filter).
+//!   `udp dport <port> ip saddr != { <peer ips> } counter drop` (input, just before filter).
 //!
 //! The table is rewritten whole in one `nft -f -` transaction, so it always matches the
 //! current config and peers. With neither option set nothing is touched.
@@ -44,10 +44,10 @@ pub fn script(cfg: &Config, node: &Node) -> Option<String> {
     if cfg.peer_only_port {
         let peers: Vec<String> = node.remote.iter().map(|p| p.ip.to_string()).collect();
         let rule = if peers.is_empty() {
-            format!("udp dport {} drop", cfg.port)
+            format!("udp dport {} counter drop", cfg.port)
         } else {
             format!(
-                "udp dport {} ip saddr != {{ {} }} drop",
+                "udp dport {} ip saddr != {{ {} }} counter drop",
                 cfg.port,
                 peers.join(", ")
             )
@@ -127,7 +127,7 @@ mod tests {
             "{s}"
         );
         assert!(
-            s.contains("udp dport 8472 ip saddr != { 192.0.2.2 } drop"),
+            s.contains("udp dport 8472 ip saddr != { 192.0.2.2 } counter drop"),
             "{s}"
         );
     }

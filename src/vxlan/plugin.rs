@@ -45,15 +45,15 @@ impl Plugin for StickyVxlan {
 
     fn del(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
-        let mut sock = Socket::open()?;
         // Removing the host end removes the pair, wherever the other end is; a missing link
-        // (DEL twice, netns already gone) is success.
-        link::delete(
-            &mut sock,
-            &host_veth_name(&call.env.container_id, &call.env.ifname),
-        )?;
-        delegate::run(call, &cfg.ipam_type, "DEL")?;
-        Ok(())
+        // (DEL twice, netns already gone) is success. IPAM DEL runs even if that failed, so
+        // the address is not leaked; the first error is reported.
+        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+        let removed = Socket::open()
+            .map_err(Error::from)
+            .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
+        let released = delegate::run(call, &cfg.ipam_type, "DEL").map(drop);
+        removed.and(released)
     }
 
     fn check(&self, call: &Call) -> Result<(), Error> {
