@@ -33,6 +33,23 @@ pub fn run(call: &Call, plugin_type: &str, command: &str) -> Result<Option<Value
 }
 
 pub fn run_at(plugin: &Path, stdin: &[u8], command: &str) -> Result<Option<Value>, Error> {
+    spawn_at(plugin, stdin, command)?.wait()
+}
+
+/// An IPAM call under way: started first so it runs while this plugin does its own netlink
+/// work (both take milliseconds), then waited for.
+pub struct Pending {
+    plugin: PathBuf,
+    child: std::process::Child,
+}
+
+/// Starts the IPAM plugin for `command` without waiting for it.
+pub fn spawn(call: &Call, plugin_type: &str, command: &str) -> Result<Pending, Error> {
+    let plugin = find(plugin_type, &call.env.path)?;
+    spawn_at(&plugin, &call.stdin, command)
+}
+
+fn spawn_at(plugin: &Path, stdin: &[u8], command: &str) -> Result<Pending, Error> {
     let exec = |source| Error::IpamExec {
         plugin: plugin.to_path_buf(),
         source,
@@ -44,62 +61,84 @@ pub fn run_at(plugin: &Path, stdin: &[u8], command: &str) -> Result<Option<Value
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(exec)?;
-    if let Some(mut input) = child.stdin.take() {
-        input.write_all(stdin).map_err(exec)?;
+    // Dropping stdin after the write closes it, so the plugin sees EOF.
+    if let Some(mut input) = child.stdin.take()
+        && let Err(e) = input.write_all(stdin)
+    {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(exec(e));
     }
-    let out = child.wait_with_output().map_err(exec)?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let parsed: Option<Value> = if text.trim().is_empty() {
-        None
-    } else {
-        serde_json::from_str(text.trim()).ok()
-    };
-    if !out.status.success() {
-        let field = |k: &str| {
-            parsed
-                .as_ref()
-                .and_then(|v| v.get(k))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
-        let code = parsed
-            .as_ref()
-            .and_then(|v| v.get("code"))
-            .and_then(Value::as_u64)
-            .and_then(|c| u32::try_from(c).ok())
-            .unwrap_or(999);
-        let msg = match field("msg") {
-            m if m.is_empty() => {
-                format!("exited with {} and printed {:?}", out.status, text.trim())
-            }
-            m => m,
-        };
-        return Err(Error::Ipam {
-            plugin: plugin.to_path_buf(),
-            code,
-            msg,
-            details: field("details"),
-        });
-    }
-    if parsed.is_none() && !text.trim().is_empty() {
-        return Err(Error::IpamOutput {
-            plugin: plugin.to_path_buf(),
-            reason: format!("not JSON: {:?}", text.trim()),
-        });
-    }
-    Ok(parsed)
+    Ok(Pending {
+        plugin: plugin.to_path_buf(),
+        child,
+    })
 }
 
-/// IPAM ADD: the allocated addresses, routes and DNS.
-pub fn add(call: &Call, plugin_type: &str) -> Result<CniResult, Error> {
-    let plugin = find(plugin_type, &call.env.path)?;
-    let value = run_at(&plugin, &call.stdin, "ADD")?.ok_or_else(|| Error::IpamOutput {
-        plugin: plugin.clone(),
-        reason: "ADD printed nothing".into(),
-    })?;
-    CniResult::from_json(&value).map_err(|e| Error::IpamOutput {
-        plugin,
-        reason: e.to_string(),
-    })
+impl Pending {
+    /// Waits for the plugin; its CNI error (non-zero exit) keeps its code and message.
+    pub fn wait(self) -> Result<Option<Value>, Error> {
+        let plugin = self.plugin;
+        let out = self
+            .child
+            .wait_with_output()
+            .map_err(|source| Error::IpamExec {
+                plugin: plugin.clone(),
+                source,
+            })?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let parsed: Option<Value> = if text.trim().is_empty() {
+            None
+        } else {
+            serde_json::from_str(text.trim()).ok()
+        };
+        if !out.status.success() {
+            let field = |k: &str| {
+                parsed
+                    .as_ref()
+                    .and_then(|v| v.get(k))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let code = parsed
+                .as_ref()
+                .and_then(|v| v.get("code"))
+                .and_then(Value::as_u64)
+                .and_then(|c| u32::try_from(c).ok())
+                .unwrap_or(999);
+            let msg = match field("msg") {
+                m if m.is_empty() => {
+                    format!("exited with {} and printed {:?}", out.status, text.trim())
+                }
+                m => m,
+            };
+            return Err(Error::Ipam {
+                plugin,
+                code,
+                msg,
+                details: field("details"),
+            });
+        }
+        if parsed.is_none() && !text.trim().is_empty() {
+            return Err(Error::IpamOutput {
+                plugin,
+                reason: format!("not JSON: {:?}", text.trim()),
+            });
+        }
+        Ok(parsed)
+    }
+
+    /// Waits for an ADD and reads its result.
+    pub fn result(self) -> Result<CniResult, Error> {
+        let plugin = self.plugin.clone();
+        let value = self.wait()?.ok_or_else(|| Error::IpamOutput {
+            plugin: plugin.clone(),
+            reason: "ADD printed nothing".into(),
+        })?;
+        CniResult::from_json(&value).map_err(|e| Error::IpamOutput {
+            plugin,
+            reason: e.to_string(),
+        })
+    }
 }

@@ -21,26 +21,30 @@ impl Plugin for StickyVxlan {
 
     fn add(&self, call: &Call) -> Result<CniResult, Error> {
         let cfg = config(call)?;
-        let mut sock = Socket::open()?;
-        let (node, _vtep, bridge) = datapath::ensure_node(&mut sock, &cfg)?;
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        // A leftover from an earlier, interrupted ADD of the same attachment.
-        link::delete(&mut sock, &host)?;
-        crate::crash::point("vxlan add: before IPAM");
-        let ipam = delegate::add(call, &cfg.ipam_type)?;
-        match attach(&mut sock, call, &cfg, node.mtu, &bridge, &host, &ipam) {
-            Ok(result) => Ok(result),
-            Err(err) => {
-                // Undo in reverse order and keep going: the original error is what matters.
-                if let Err(e) = link::delete(&mut sock, &host) {
-                    eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
-                }
-                if let Err(e) = delegate::run(call, &cfg.ipam_type, "DEL") {
-                    eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
-                }
-                Err(err)
+        // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
+        let pending = delegate::spawn(call, &cfg.ipam_type, "ADD")?;
+        let node = Socket::open().map_err(Error::from).and_then(|mut sock| {
+            let (node, _vtep, bridge) = datapath::ensure_node(&mut sock, &cfg)?;
+            // A leftover from an earlier, interrupted ADD of the same attachment.
+            link::delete(&mut sock, &host)?;
+            Ok((sock, node, bridge))
+        });
+        crate::crash::point("vxlan add: node ready");
+        let ipam = pending.result();
+        let ((mut sock, node, bridge), ipam) = match (node, ipam) {
+            (Ok(n), Ok(ipam)) => (n, ipam),
+            (Err(e), Ok(_)) => {
+                rollback(call, &cfg, None, &host);
+                return Err(e);
             }
-        }
+            // IPAM allocated nothing; the node's problem is the one to fix first.
+            (Err(e), Err(_)) => return Err(e),
+            (Ok(_), Err(e)) => return Err(e),
+        };
+        attach(&mut sock, call, &cfg, node.mtu, &bridge, &host, &ipam).inspect_err(|_| {
+            rollback(call, &cfg, Some(&mut sock), &host);
+        })
     }
 
     fn del(&self, call: &Call) -> Result<(), Error> {
@@ -49,10 +53,11 @@ impl Plugin for StickyVxlan {
         // (DEL twice, netns already gone) is success. IPAM DEL runs even if that failed, so
         // the address is not leaked; the first error is reported.
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+        let pending = delegate::spawn(call, &cfg.ipam_type, "DEL")?;
         let removed = Socket::open()
             .map_err(Error::from)
             .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
-        let released = delegate::run(call, &cfg.ipam_type, "DEL").map(drop);
+        let released = pending.wait().map(drop);
         removed.and(released)
     }
 
@@ -99,6 +104,23 @@ impl Plugin for StickyVxlan {
         let cfg = config(call)?;
         delegate::run(call, &cfg.ipam_type, "STATUS")?;
         Ok(())
+    }
+}
+
+/// Undoes an ADD after IPAM allocated: the veth, then IPAM DEL. Keeps going after errors
+/// (logged): the error that caused the rollback is the one reported.
+fn rollback(call: &Call, cfg: &Config, sock: Option<&mut Socket>, host: &str) {
+    let removed = match sock {
+        Some(sock) => link::delete(sock, host).map_err(Error::from),
+        None => Socket::open()
+            .map_err(Error::from)
+            .and_then(|mut s| link::delete(&mut s, host).map_err(Error::from)),
+    };
+    if let Err(e) = removed {
+        eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
+    }
+    if let Err(e) = delegate::run(call, &cfg.ipam_type, "DEL") {
+        eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
     }
 }
 
