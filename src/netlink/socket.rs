@@ -63,6 +63,7 @@ pub struct Socket {
 }
 
 /// What the reply loop saw for one request.
+#[derive(Debug)]
 enum Outcome {
     Complete(Vec<RouteNetlinkMessage>),
     Interrupted,
@@ -120,41 +121,75 @@ impl Socket {
         self.sock
             .send(&bytes, 0)
             .map_err(|source| Error::Send { what, source })?;
-        let mut found = Vec::new();
-        let mut interrupted = false;
+        let mut replies = Replies::new(what, seq, dump);
         loop {
             let (datagram, _) = self
                 .sock
                 .recv_from_full()
                 .map_err(|source| Error::Recv { what, source })?;
             for reply in decode_all(&datagram).map_err(|reason| Error::Decode { what, reason })? {
-                if reply.header.sequence_number != seq {
-                    continue;
-                }
-                interrupted |= reply.header.flags & NLM_F_DUMP_INTR != 0;
-                match reply.payload {
-                    NetlinkPayload::InnerMessage(inner) => found.push(inner),
-                    NetlinkPayload::Error(err) => match err.code {
-                        None if !dump => return Ok(Outcome::Complete(found)),
-                        None => {}
-                        Some(code) => {
-                            return Err(Error::Kernel {
-                                what,
-                                errno: code.get().abs(),
-                            });
-                        }
-                    },
-                    NetlinkPayload::Done(_) => {
-                        return Ok(if interrupted {
-                            Outcome::Interrupted
-                        } else {
-                            Outcome::Complete(found)
-                        });
-                    }
-                    _ => {}
+                if let Some(outcome) = replies.feed(reply)? {
+                    return Ok(outcome);
                 }
             }
         }
+    }
+}
+
+/// Collects the replies to one request; pure, so the protocol rules are unit-tested.
+struct Replies {
+    what: &'static str,
+    seq: u32,
+    dump: bool,
+    found: Vec<RouteNetlinkMessage>,
+    interrupted: bool,
+}
+
+impl Replies {
+    fn new(what: &'static str, seq: u32, dump: bool) -> Replies {
+        Replies {
+            what,
+            seq,
+            dump,
+            found: Vec::new(),
+            interrupted: false,
+        }
+    }
+
+    /// Takes one reply; `Some` once the request is over.
+    fn feed(
+        &mut self,
+        reply: NetlinkMessage<RouteNetlinkMessage>,
+    ) -> Result<Option<Outcome>, Error> {
+        if reply.header.sequence_number != self.seq {
+            // A late answer to an earlier request.
+            return Ok(None);
+        }
+        self.interrupted |= reply.header.flags & NLM_F_DUMP_INTR != 0;
+        match reply.payload {
+            NetlinkPayload::InnerMessage(inner) => self.found.push(inner),
+            NetlinkPayload::Error(err) => match err.code {
+                None if !self.dump => {
+                    return Ok(Some(Outcome::Complete(std::mem::take(&mut self.found))));
+                }
+                None => {}
+                Some(code) => {
+                    return Err(Error::Kernel {
+                        what: self.what,
+                        errno: code.get().abs(),
+                    });
+                }
+            },
+            NetlinkPayload::Done(_) => {
+                return Ok(Some(if self.interrupted {
+                    Outcome::Interrupted
+                } else {
+                    Outcome::Complete(std::mem::take(&mut self.found))
+                }));
+            }
+            _ => {}
+        }
+        Ok(None)
     }
 }
 
@@ -229,6 +264,73 @@ mod tests {
         let parsed = decode_all(&bytes).unwrap();
         assert_eq!(parsed.len(), 2);
         assert!(matches!(parsed[1].payload, NetlinkPayload::Done(_)));
+    }
+
+    fn reply(
+        seq: u32,
+        flags: u16,
+        payload: NetlinkPayload<RouteNetlinkMessage>,
+    ) -> NetlinkMessage<RouteNetlinkMessage> {
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = seq;
+        header.flags = flags;
+        NetlinkMessage::new(header, payload)
+    }
+
+    fn link() -> NetlinkPayload<RouteNetlinkMessage> {
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(LinkMessage::default()))
+    }
+
+    fn ack(code: i32) -> NetlinkPayload<RouteNetlinkMessage> {
+        let mut err = ErrorMessage::default();
+        err.code = NonZeroI32::new(code);
+        NetlinkPayload::Error(err)
+    }
+
+    #[test]
+    fn request_ends_at_ack_and_skips_other_sequence_numbers() {
+        let mut r = Replies::new("t", 5, false);
+        assert!(
+            r.feed(reply(4, 0, link())).unwrap().is_none(),
+            "late reply skipped"
+        );
+        assert!(r.feed(reply(5, 0, link())).unwrap().is_none());
+        let Some(Outcome::Complete(found)) = r.feed(reply(5, 0, ack(0))).unwrap() else {
+            panic!("ack must end the request")
+        };
+        assert_eq!(found.len(), 1, "only the reply with our sequence number");
+    }
+
+    #[test]
+    fn nack_keeps_the_errno() {
+        let mut r = Replies::new("t", 1, false);
+        let err = r.feed(reply(1, 0, ack(-17))).unwrap_err();
+        assert_eq!(err.errno(), Some(17));
+        assert!(err.to_string().contains("errno 17"), "{err}");
+    }
+
+    #[test]
+    fn dump_is_multipart_until_done_and_reports_interruption() {
+        let multi = netlink_packet_core::NLM_F_MULTIPART;
+        let mut r = Replies::new("t", 2, true);
+        assert!(r.feed(reply(2, multi, link())).unwrap().is_none());
+        assert!(r.feed(reply(2, multi, link())).unwrap().is_none());
+        let done = NetlinkPayload::Done(DoneMessage::default());
+        let Some(Outcome::Complete(found)) = r.feed(reply(2, multi, done.clone())).unwrap() else {
+            panic!("done must end the dump")
+        };
+        assert_eq!(found.len(), 2);
+
+        let mut r = Replies::new("t", 3, true);
+        assert!(
+            r.feed(reply(3, multi | NLM_F_DUMP_INTR, link()))
+                .unwrap()
+                .is_none()
+        );
+        assert!(matches!(
+            r.feed(reply(3, multi, done)).unwrap(),
+            Some(Outcome::Interrupted)
+        ));
     }
 
     #[test]
