@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 
 use super::Error;
 use super::config::Config;
-use super::datapath::Node;
+use super::node::Node;
 
 /// The table name: `sticky_vxlan_` + the network name with anything but letters, digits and
 /// `_` turned into `_`.

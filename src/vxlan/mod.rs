@@ -6,7 +6,8 @@
 //! underlay address ([`mac`]), so it survives any restart and every node can compute its
 //! peers' MACs offline; and peers come from local config ([`peers`]), not an API server.
 //!
-//! [`config`] reads the network config, [`datapath`] programs the node (VTEP, bridge, peers),
+//! [`config`] reads the network config, [`node`] works out the underlay and peers,
+//! [`datapath`] programs the node (VTEP, bridge, peers),
 //! [`pod`] does one pod's veth, [`delegate`] runs the IPAM plugin, [`plugin`] ties them to the
 //! CNI commands, [`firewall`] holds the optional nftables rules and [`cli`] the operator's
 //! entry points.
@@ -17,6 +18,7 @@ pub mod datapath;
 pub mod delegate;
 pub mod firewall;
 pub mod mac;
+pub mod node;
 pub mod peers;
 pub mod plugin;
 pub mod pod;

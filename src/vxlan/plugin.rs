@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use super::config::Config;
-use super::datapath::{self, gateway_of};
+use super::datapath;
+use super::node::gateway_of;
 use super::pod::{self, host_veth_name};
 use super::{Error, delegate};
 use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin};

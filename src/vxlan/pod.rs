@@ -8,8 +8,8 @@ use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
 use super::Error;
-use super::datapath::gateway_of;
 use super::mac::pod_mac;
+use super::node::gateway_of;
 use crate::cni::{CniResult, IpConfig, Route};
 use crate::netlink::link::{self, Link};
 use crate::netlink::route::{self as nlroute};
