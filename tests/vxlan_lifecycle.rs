@@ -189,3 +189,27 @@ fn gc_status_and_add_reach_ipam_with_the_same_stdin_and_env() {
         assert_eq!(&stdin, c, "IPAM gets the same stdin");
     }
 }
+
+#[test]
+fn result_follows_the_config_version() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let conf = topo.conf(
+        1,
+        json!({"peers": [Topo::peer(1, false)], "cniVersion": "0.3.1"}),
+    );
+    let a = topo.new_pod(1, "a");
+    let r = topo.add(&a, &conf);
+    assert_eq!(r["cniVersion"], "0.3.1");
+    assert_eq!(r["ips"][0]["version"], "4", "{r}");
+    assert_eq!(r["ips"][0]["interface"], 2, "{r}");
+    assert_eq!(r["interfaces"][0]["name"], "stickybr0");
+    assert_eq!(r["interfaces"][2]["name"], "eth0");
+    assert_eq!(r["interfaces"][2]["sandbox"], a.path());
+    assert_eq!(r["routes"][0]["dst"], "0.0.0.0/0", "isDefaultGateway");
+    // The bridge's MAC is derived from its gateway address, so it never changes either.
+    assert_eq!(r["interfaces"][0]["mac"], "0e:01:0a:f4:01:01");
+}
