@@ -84,14 +84,16 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 
 /// Reads a `.conf` (one plugin) or `.conflist` (the `sticky-vxlan` entry of its `plugins`).
 pub fn load(path: &Path) -> Result<Config, Error> {
-    let text = std::fs::read(path)
-        .map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())))?;
-    let doc: Value = serde_json::from_slice(&text)
-        .map_err(|e| Error::Usage(format!("{} is not JSON: {e}", path.display())))?;
+    let bad = |reason: String| Error::ConfigFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read(path).map_err(|e| bad(format!("cannot be read: {e}")))?;
+    let doc: Value = serde_json::from_slice(&text).map_err(|e| bad(format!("is not JSON: {e}")))?;
     let name = doc
         .get("name")
         .and_then(Value::as_str)
-        .ok_or_else(|| Error::Usage(format!("{} has no network \"name\"", path.display())))?;
+        .ok_or_else(|| bad("has no network \"name\"".into()))?;
     let conf = match doc.get("plugins").and_then(Value::as_array) {
         None => doc.clone(),
         Some(list) => {
@@ -99,12 +101,7 @@ pub fn load(path: &Path) -> Result<Config, Error> {
                 .iter()
                 .find(|p| p.get("type").and_then(Value::as_str) == Some("sticky-vxlan"))
                 .cloned()
-                .ok_or_else(|| {
-                    Error::Usage(format!(
-                        "{} has no plugin of type sticky-vxlan",
-                        path.display()
-                    ))
-                })?;
+                .ok_or_else(|| bad("has no plugin of type sticky-vxlan in \"plugins\"".into()))?;
             if let Some(obj) = found.as_object_mut() {
                 obj.insert("name".into(), Value::String(name.to_string()));
             }
@@ -185,4 +182,64 @@ fn show() -> Result<String, Error> {
         out.push_str("no VXLAN device in this network namespace\n");
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn mac_help_version_and_usage_errors() {
+        assert_eq!(
+            run(&args(&["mac", "--local", "192.0.2.1", "--vni", "1"])).unwrap(),
+            "0a:01:c0:00:02:01\n"
+        );
+        assert!(
+            run(&args(&["--help"]))
+                .unwrap()
+                .contains("reconcile --config")
+        );
+        assert!(
+            run(&args(&["--version"]))
+                .unwrap()
+                .starts_with("sticky-vxlan ")
+        );
+        for bad in [
+            &["mac", "--local", "2001:db8::1", "--vni", "1"][..],
+            &["mac", "--local", "192.0.2.1", "--vni", "0"],
+            &["mac", "--vni", "1"],
+            &["reconcile"],
+            &["frobnicate"],
+        ] {
+            assert!(matches!(run(&args(bad)), Err(Error::Usage(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn load_reads_conf_and_conflist() {
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("10-edge.conflist");
+        std::fs::write(
+            &list,
+            r#"{"cniVersion":"1.0.0","name":"edge","plugins":[
+                {"type":"sticky-vxlan","vni":7,"ipam":{"type":"sticky-ipam"}},
+                {"type":"portmap"}]}"#,
+        )
+        .unwrap();
+        let c = load(&list).unwrap();
+        assert_eq!((c.name.as_str(), c.vni), ("edge", 7));
+        let conf = dir.path().join("10-edge.conf");
+        std::fs::write(
+            &conf,
+            r#"{"cniVersion":"1.0.0","name":"one","type":"sticky-vxlan","vni":2,"ipam":{"type":"x"}}"#,
+        )
+        .unwrap();
+        assert_eq!(load(&conf).unwrap().vni, 2);
+        std::fs::write(&conf, r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
+        assert!(matches!(load(&conf), Err(Error::ConfigFile { .. })));
+    }
 }

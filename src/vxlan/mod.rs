@@ -108,6 +108,9 @@ pub enum Error {
     Firewall(String),
     #[error("CHECK: {0}")]
     Check(String),
+    #[error("config file {path}: {reason}")]
+    ConfigFile { path: PathBuf, reason: String },
+    /// A command-line mistake; the text includes the help.
     #[error("{0}")]
     Usage(String),
 }
