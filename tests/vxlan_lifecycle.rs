@@ -213,3 +213,45 @@ fn result_follows_the_config_version() {
     // The bridge's MAC is derived from its gateway address, so it never changes either.
     assert_eq!(r["interfaces"][0]["mac"], "0e:01:0a:f4:01:01");
 }
+
+#[test]
+fn gc_removes_only_this_networks_veths_missing_from_the_valid_list() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    // Debian's host-local speaks up to 1.0.0: ADD with that; GC needs 1.1.0.
+    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(1, "b");
+    let ra = topo.add(&a, &conf);
+    let rb = topo.add(&b, &conf);
+    // A veth of another network on the same bridge: GC of this network must leave it alone.
+    let mut other = conf.clone();
+    other["name"] = json!(format!("{}-other", topo.net));
+    other["ipam"]["dataDir"] = json!(topo.dir.path().join("ipam-other"));
+    other["ipam"]["ranges"] = json!([[{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.200"}]]);
+    let c = topo.new_pod(1, "c");
+    let rc = topo.add(&c, &other);
+    assert_eq!(veths(&topo, 1), 3);
+
+    // Debian's host-local predates GC, so IPAM's answer is an error; the veth cleanup before
+    // it still happens.
+    let mut gc = conf.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": a.id, "ifname": "eth0"}]);
+    let _ = topo.cni(1, "GC", &a, "", &gc, "");
+    let names = ok(&["ip", "-n", &topo.node_ns(1), "-o", "link"]);
+    let host = |r: &Value| r["interfaces"][1]["name"].as_str().unwrap().to_string();
+    assert!(names.contains(&host(&ra)), "valid attachment kept: {names}");
+    assert!(
+        !names.contains(&host(&rb)),
+        "stale attachment removed: {names}"
+    );
+    assert!(
+        names.contains(&host(&rc)),
+        "other network untouched: {names}"
+    );
+    assert!(topo.reaches(&a, &ip_of(&rc, false)));
+}

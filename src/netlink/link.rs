@@ -67,6 +67,7 @@ pub struct Link {
     pub mtu: Option<u32>,
     pub up: bool,
     pub master: Option<u32>,
+    pub alias: Option<String>,
     pub kind: Option<String>,
     pub vxlan: Option<VxlanInfo>,
 }
@@ -81,6 +82,7 @@ impl Link {
         for attr in &msg.attributes {
             match attr {
                 LinkAttribute::IfName(n) => link.name = n.clone(),
+                LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
                 LinkAttribute::Address(a) => link.mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
                 LinkAttribute::Mtu(m) => link.mtu = Some(*m),
                 LinkAttribute::Controller(m) => link.master = Some(*m),
@@ -183,21 +185,24 @@ pub fn bridge_message(name: &str, mtu: Option<u32>, mac: Option<[u8; 6]>) -> Lin
 
 /// A veth pair whose peer is created directly inside the namespace `peer_netns`, with its
 /// name and MAC, so it never appears in the host namespace.
-pub fn veth_message(
-    host: &str,
-    peer: &str,
-    peer_netns: BorrowedFd<'_>,
-    peer_mac: Option<[u8; 6]>,
-    mtu: u32,
-) -> LinkMessage {
-    let mut msg = named(host);
-    msg.attributes.push(LinkAttribute::Mtu(mtu));
-    let mut peer_msg = named(peer);
-    peer_msg.attributes.push(LinkAttribute::Mtu(mtu));
+#[derive(Debug)]
+pub struct VethSpec<'a> {
+    pub host: &'a str,
+    pub peer: &'a str,
+    pub peer_netns: BorrowedFd<'a>,
+    pub peer_mac: Option<[u8; 6]>,
+    pub mtu: u32,
+}
+
+pub fn veth_message(spec: &VethSpec<'_>) -> LinkMessage {
+    let mut msg = named(spec.host);
+    msg.attributes.push(LinkAttribute::Mtu(spec.mtu));
+    let mut peer_msg = named(spec.peer);
+    peer_msg.attributes.push(LinkAttribute::Mtu(spec.mtu));
     peer_msg
         .attributes
-        .push(LinkAttribute::NetNsFd(peer_netns.as_raw_fd()));
-    if let Some(mac) = peer_mac {
+        .push(LinkAttribute::NetNsFd(spec.peer_netns.as_raw_fd()));
+    if let Some(mac) = spec.peer_mac {
         peer_msg
             .attributes
             .push(LinkAttribute::Address(mac.to_vec()));
@@ -242,19 +247,8 @@ pub fn set_hairpin(name: &str) -> Result<(), Error> {
     })
 }
 
-pub fn add_veth(
-    sock: &mut Socket,
-    host: &str,
-    peer: &str,
-    peer_netns: BorrowedFd<'_>,
-    peer_mac: Option<[u8; 6]>,
-    mtu: u32,
-) -> Result<(), Error> {
-    create(
-        sock,
-        host,
-        veth_message(host, peer, peer_netns, peer_mac, mtu),
-    )
+pub fn add_veth(sock: &mut Socket, spec: &VethSpec<'_>) -> Result<(), Error> {
+    create(sock, spec.host, veth_message(spec))
 }
 
 /// The link called `name`, or `None` if there is none.
@@ -318,6 +312,14 @@ pub fn set_master(sock: &mut Socket, link: &Link, master: u32) -> Result<(), Err
 pub fn set_mtu(sock: &mut Socket, link: &Link, mtu: u32) -> Result<(), Error> {
     let mut msg = indexed(link.index);
     msg.attributes.push(LinkAttribute::Mtu(mtu));
+    set(sock, link, msg)
+}
+
+/// Sets the alias `ip link` shows (the kernel ignores it in a creating message).
+pub fn set_alias(sock: &mut Socket, link: &Link, alias: &str) -> Result<(), Error> {
+    let mut msg = indexed(link.index);
+    msg.attributes
+        .push(LinkAttribute::IfAlias(alias.to_string()));
     set(sock, link, msg)
 }
 
@@ -397,7 +399,13 @@ mod tests {
     fn veth_peer_is_nested_with_netns_and_mac() {
         let file = std::fs::File::open("/dev/null").unwrap();
         let fd = std::os::fd::AsFd::as_fd(&file);
-        let msg = veth_message("vh1", "eth0", fd, Some([2, 0, 0, 0, 0, 1]), 1450);
+        let msg = veth_message(&VethSpec {
+            host: "vh1",
+            peer: "eth0",
+            peer_netns: fd,
+            peer_mac: Some([2, 0, 0, 0, 0, 1]),
+            mtu: 1450,
+        });
         let back = round_trip(&msg);
         let Some(LinkAttribute::LinkInfo(infos)) = back
             .attributes

@@ -95,10 +95,18 @@ impl Plugin for StickyVxlan {
         Ok(())
     }
 
+    /// Removes this network's veths whose attachment is not in the runtime's valid list
+    /// (found by their alias, so another network on the same bridge is never touched), then
+    /// forwards GC to IPAM. Keeps going after an error; the first one is reported. Without a
+    /// valid-attachments list nothing is removed here (IPAM decides for itself).
     fn gc(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
-        delegate::run(call, &cfg.ipam_type, "GC")?;
-        Ok(())
+        let removed = match valid_attachments(&call.conf.raw) {
+            Some(valid) => remove_stale_veths(&cfg, &valid),
+            None => Ok(()),
+        };
+        let released = delegate::run(call, &cfg.ipam_type, "GC").map(drop);
+        removed.and(released)
     }
 
     fn status(&self, call: &Call) -> Result<(), Error> {
@@ -106,6 +114,44 @@ impl Plugin for StickyVxlan {
         delegate::run(call, &cfg.ipam_type, "STATUS")?;
         Ok(())
     }
+}
+
+/// `cni.dev/valid-attachments` (spec 1.1; `cni.dev/attachments` in early drafts) as
+/// (container id, ifname) pairs.
+fn valid_attachments(raw: &serde_json::Value) -> Option<Vec<(String, String)>> {
+    let list = raw
+        .get("cni.dev/valid-attachments")
+        .or_else(|| raw.get("cni.dev/attachments"))?
+        .as_array()?;
+    Some(
+        list.iter()
+            .filter_map(|a| {
+                Some((
+                    a.get("containerID")?.as_str()?.to_string(),
+                    a.get("ifname")?.as_str()?.to_string(),
+                ))
+            })
+            .collect(),
+    )
+}
+
+fn remove_stale_veths(cfg: &Config, valid: &[(String, String)]) -> Result<(), Error> {
+    let mut sock = Socket::open()?;
+    let mut first = Ok(());
+    for l in link::list(&mut sock)? {
+        let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) else {
+            continue;
+        };
+        let listed = valid.iter().any(|(c, i)| c == cid && i == ifname);
+        if network == cfg.name
+            && !listed
+            && let Err(e) = link::delete(&mut sock, &l.name)
+        {
+            eprintln!("sticky-vxlan: GC: removing {}: {e}", l.name);
+            first = first.and(Err(e.into()));
+        }
+    }
+    first
 }
 
 /// Undoes an ADD after IPAM allocated: the veth, then IPAM DEL. Keeps going after errors
@@ -147,10 +193,12 @@ fn attach(
             addr::add(sock, bridge.index, net)?;
         }
     }
+    let alias = pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname);
     let host_link = pod::create_veth(
         sock,
         netns,
         host,
+        &alias,
         &call.env.ifname,
         &ipam.ips,
         mtu,
@@ -193,4 +241,22 @@ fn attach(
         routes,
         dns: ipam.dns.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn valid_attachments_from_either_key_and_none_without() {
+        let v = json!({"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]});
+        assert_eq!(
+            valid_attachments(&v),
+            Some(vec![("a".to_string(), "eth0".to_string())])
+        );
+        let old = json!({"cni.dev/attachments": []});
+        assert_eq!(valid_attachments(&old), Some(vec![]));
+        assert_eq!(valid_attachments(&json!({"name": "x"})), None);
+    }
 }

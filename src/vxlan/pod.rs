@@ -61,12 +61,29 @@ fn route_gateway(route: &Route, ips: &[IpConfig]) -> Option<IpAddr> {
     })
 }
 
+/// The kernel's limit on an interface alias (IFALIASZ, with its NUL).
+const MAX_ALIAS: usize = 256;
+
+/// The host end's alias: `sticky-vxlan <network> <container id> <ifname>`. GC finds this
+/// network's attachments by it (never another network's, even on a shared bridge).
+pub fn host_alias(network: &str, container_id: &str, ifname: &str) -> String {
+    format!("sticky-vxlan {network} {container_id} {ifname}")
+}
+
+/// Reads an alias written by [`host_alias`]: (network, container id, ifname).
+pub fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = alias.strip_prefix("sticky-vxlan ")?.split(' ');
+    let found = (parts.next()?, parts.next()?, parts.next()?);
+    parts.next().is_none().then_some(found)
+}
+
 /// Creates the veth pair and puts the host end on the bridge. Returns the host end.
 #[allow(clippy::too_many_arguments)]
 pub fn create_veth(
     sock: &mut Socket,
     netns_path: &Path,
     host: &str,
+    alias: &str,
     ifname: &str,
     ips: &[IpConfig],
     mtu: u32,
@@ -78,8 +95,20 @@ pub fn create_veth(
         IpAddr::V4(a) => Some(pod_mac(a)),
         IpAddr::V6(_) => None,
     });
-    link::add_veth(sock, host, ifname, std::os::fd::AsFd::as_fd(&ns), mac, mtu)?;
+    link::add_veth(
+        sock,
+        &link::VethSpec {
+            host,
+            peer: ifname,
+            peer_netns: std::os::fd::AsFd::as_fd(&ns),
+            peer_mac: mac,
+            mtu,
+        },
+    )?;
     let host_link = link::require(sock, host)?;
+    if alias.len() < MAX_ALIAS {
+        link::set_alias(sock, &host_link, alias)?;
+    }
     link::set_master(sock, &host_link, bridge.index)?;
     link::set_up(sock, &host_link)?;
     if hairpin {
@@ -174,6 +203,14 @@ pub fn check_container(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alias_round_trips() {
+        let a = host_alias("edge", "abc-1", "eth0");
+        assert_eq!(parse_alias(&a), Some(("edge", "abc-1", "eth0")));
+        assert_eq!(parse_alias("something else"), None);
+        assert_eq!(parse_alias("sticky-vxlan a b c d"), None);
+    }
 
     #[test]
     fn host_name_is_short_stable_and_distinct() {
