@@ -11,7 +11,7 @@ pub fn point(step: &str) {
     let n = REACHED.fetch_add(1, Ordering::SeqCst) + 1;
     if let Some(target) = std::env::var("STICKY_CRASH_AT")
         .ok()
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| v.parse::<usize>().ok())
     {
         if n == target {
             eprintln!("crash point {n} ({step}): aborting");

@@ -232,10 +232,26 @@ impl Topo {
         conf: &Value,
         args: &str,
     ) -> Output {
+        self.cni_env(n, command, pod, netns, conf, args, &[])
+    }
+
+    /// Like [`Topo::cni`] with extra environment variables.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cni_env(
+        &self,
+        n: u8,
+        command: &str,
+        pod: &Pod,
+        netns: &str,
+        conf: &Value,
+        args: &str,
+        extra: &[(&str, &str)],
+    ) -> Output {
         let ns = self.node_ns(n);
         let mut child = Command::new("ip")
             .args(["netns", "exec", &ns, BIN])
             .env_clear()
+            .envs(extra.iter().copied())
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", &pod.id)
