@@ -12,11 +12,10 @@ pub fn point(step: &str) {
     if let Some(target) = std::env::var("STICKY_CRASH_AT")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
+        && n == target
     {
-        if n == target {
-            eprintln!("crash point {n} ({step}): aborting");
-            std::process::abort();
-        }
+        eprintln!("crash point {n} ({step}): aborting");
+        std::process::abort();
     }
 }
 
