@@ -114,6 +114,8 @@ def main():
         }
         binaries = {"sticky-vxlan": sticky, "bridge": os.path.join(CNI_DIR, "bridge")}
         times = {k: [] for k in confs}
+        adds = {k: [] for k in confs}
+        dels = {k: [] for k in confs}
         # One warm-up round each (creates the shared bridge/VTEP), then interleaved runs.
         for i in range(args.runs + 1):
             for kind in confs:
@@ -124,18 +126,25 @@ def main():
                 netns = f"/run/netns/{pod}"
                 start = time.perf_counter()
                 cni(node, binaries[kind], "ADD", cid, netns, confs[kind], bindir)
+                added = time.perf_counter()
                 cni(node, binaries[kind], "DEL", cid, netns, confs[kind], bindir)
                 elapsed = time.perf_counter() - start
                 sh("ip", "netns", "del", pod)
                 namespaces.remove(pod)
                 if i > 0:
                     times[kind].append(elapsed)
-        sticky_ms = statistics.median(times["sticky-vxlan"]) * 1000
-        bridge_ms = statistics.median(times["bridge"]) * 1000
+                    adds[kind].append(added - start)
+                    dels[kind].append(elapsed - (added - start))
+        def ms(values):
+            return statistics.median(values) * 1000
+
         print(f"runs: {args.runs} ADD+DEL each, interleaved, same netns node")
-        print(f"sticky-vxlan + host-local: median {sticky_ms:.1f} ms")
-        print(f"bridge + host-local:       median {bridge_ms:.1f} ms")
-        print(f"ratio sticky/bridge:       {sticky_ms / bridge_ms:.2f}")
+        for kind, label in (("sticky-vxlan", "sticky-vxlan + host-local"), ("bridge", "bridge + host-local")):
+            print(
+                f"{label:26} median ADD+DEL {ms(times[kind]):6.1f} ms"
+                f"  (ADD {ms(adds[kind]):5.1f} ms, DEL {ms(dels[kind]):5.1f} ms)"
+            )
+        print(f"ratio sticky/bridge:       {ms(times['sticky-vxlan']) / ms(times['bridge']):.2f}")
     finally:
         for ns in reversed(namespaces):
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
