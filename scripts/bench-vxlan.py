@@ -6,6 +6,7 @@ address on 192.0.2.0/24), each call executed inside it with `ip netns exec`, as 
 that node would. Prints the median ADD+DEL time of each, and the ratio. Needs root.
 
     sudo scripts/bench-vxlan.py [--runs 50] [--bin target/release/sticky-vxlan]
+                                [--ipam target/release/sticky-ipam]
 
 Every namespace and temp file it makes is removed at the end, also on failure.
 """
@@ -54,6 +55,11 @@ def main():
         os.environ.get("CARGO_TARGET_DIR", os.path.join(here, "..", "target")), "release", "sticky-vxlan"
     )
     parser.add_argument("--bin", default=default_bin)
+    parser.add_argument(
+        "--ipam",
+        default=os.path.join(CNI_DIR, "host-local"),
+        help="IPAM plugin for sticky-vxlan (e.g. target/release/sticky-ipam); bridge always uses host-local",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-vxlan: needs root (it creates network namespaces)")
@@ -71,6 +77,9 @@ def main():
         os.symlink(sticky, os.path.join(bindir, "sticky-vxlan"))
         for plugin in ("bridge", "host-local"):
             os.symlink(os.path.join(CNI_DIR, plugin), os.path.join(bindir, plugin))
+        ipam_type = os.path.basename(args.ipam)
+        if ipam_type != "host-local":
+            os.symlink(os.path.abspath(args.ipam), os.path.join(bindir, ipam_type))
 
         sh("ip", "netns", "add", node)
         namespaces.append(node)
@@ -94,7 +103,7 @@ def main():
                     {"ip": "192.0.2.3", "subnets": ["10.244.3.0/24"]},
                 ],
                 "ipam": {
-                    "type": "host-local",
+                    "type": ipam_type,
                     "dataDir": os.path.join(tmp, "ipam"),
                     "ranges": [[{"subnet": "10.244.1.0/24"}]],
                 },
@@ -139,7 +148,8 @@ def main():
             return statistics.median(values) * 1000
 
         print(f"runs: {args.runs} ADD+DEL each, interleaved, same netns node")
-        for kind, label in (("sticky-vxlan", "sticky-vxlan + host-local"), ("bridge", "bridge + host-local")):
+        labels = (("sticky-vxlan", f"sticky-vxlan + {ipam_type}"), ("bridge", "bridge + host-local"))
+        for kind, label in labels:
             print(
                 f"{label:26} median ADD+DEL {ms(times[kind]):6.1f} ms"
                 f"  (ADD {ms(adds[kind]):5.1f} ms, DEL {ms(dels[kind]):5.1f} ms)"
