@@ -284,6 +284,12 @@ pub fn reconcile_peers(
             neigh::delete(sock, &n)?;
         }
     }
+    // An own /32 left from an earlier local subnet.
+    for a in have_addrs {
+        if a.addr().is_ipv4() && a.prefix_len() == 32 && !want.own.contains(&a) {
+            addr::delete(sock, vtep.index, a)?;
+        }
+    }
     for r in route::list(sock)? {
         if r.protocol == ROUTE_PROTOCOL && r.oif == Some(vtep.index) && !want.routes.contains(&r) {
             route::delete(sock, &r)?;
