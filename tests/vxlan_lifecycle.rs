@@ -73,6 +73,15 @@ fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
     );
     assert_eq!(veths(&topo, 1), 0);
     assert!(allocations(&topo, 1).is_empty(), "IPAM released everything");
+
+    // A config broken since ADD: DEL reports it, but the pod's veth is gone anyway.
+    let d = topo.new_pod(1, "d");
+    topo.add(&d, &conf);
+    let mut broken = conf.clone();
+    broken["vni"] = json!(0);
+    let err = error_of(&topo.del(&d, &d.path(), &broken));
+    assert_eq!(err["code"], 7, "{err}");
+    assert_eq!(veths(&topo, 1), 0);
     // The shared VTEP and bridge are never torn down by DEL.
     let links = ok(&["ip", "-n", &topo.node_ns(1), "-o", "link"]);
     assert!(

@@ -49,17 +49,25 @@ impl Plugin for StickyVxlan {
     }
 
     fn del(&self, call: &Call) -> Result<(), Error> {
-        let cfg = config(call)?;
         // Removing the host end removes the pair, wherever the other end is; a missing link
-        // (DEL twice, netns already gone) is success. IPAM DEL runs even if that failed, so
-        // the address is not leaked; the first error is reported.
+        // (DEL twice, netns already gone) is success. The veth goes even if the config or the
+        // IPAM plugin is broken, and IPAM DEL runs even if removing the veth failed, so
+        // nothing leaks; a config or IPAM error is reported before a netlink one.
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        let pending = delegate::spawn(call, &cfg.ipam_type, "DEL")?;
+        let cfg = config(call);
+        let pending = cfg
+            .as_ref()
+            .map_err(|_| ())
+            .map(|cfg| delegate::spawn(call, &cfg.ipam_type, "DEL"));
         let removed = Socket::open()
             .map_err(Error::from)
             .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
-        let released = pending.wait().map(drop);
-        removed.and(released)
+        let released = match pending {
+            Ok(Ok(p)) => p.wait().map(drop),
+            Ok(Err(e)) => Err(e),
+            Err(()) => cfg.map(drop),
+        };
+        released.and(removed)
     }
 
     fn check(&self, call: &Call) -> Result<(), Error> {
