@@ -203,7 +203,7 @@ pub fn desired(vtep: u32, vni: u32, local: &Peer, remote: &[Peer]) -> Desired {
     d
 }
 
-/// Holds the per-network lock that serializes peer reconciliation (parallel ADDs all
+/// Holds the per-network lock that serializes node reconciliation (parallel ADDs all
 /// reconcile, one at a time).
 pub struct PeerLock {
     _file: File,
@@ -227,14 +227,13 @@ pub fn lock(cfg: &Config) -> Result<PeerLock, Error> {
 }
 
 /// Programs every peer and removes what belongs to peers no longer configured. Unless the
-/// peers file could not be read: then nothing is removed.
+/// peers file could not be read: then nothing is removed. The caller holds [`lock`].
 pub fn reconcile_peers(
     sock: &mut Socket,
     cfg: &Config,
     node: &Node,
     vtep: &Link,
 ) -> Result<(), Error> {
-    let _guard = lock(cfg)?;
     let want = desired(vtep.index, cfg.vni, &node.local, &node.remote);
     let have_addrs = addr::list(sock, vtep.index)?;
     for net in &want.own {
@@ -299,7 +298,12 @@ pub fn reconcile_peers(
 }
 
 /// VTEP, bridge and peers: what `sticky-vxlan reconcile` and every ADD do first.
+///
+/// All of it runs under the network's lock: parallel ADDs then never race to create the
+/// VTEP (one would see the other's half-made device as "another device holding the VNI")
+/// and reconcile peers one at a time.
 pub fn ensure_node(sock: &mut Socket, cfg: &Config) -> Result<(Node, Link, Link), Error> {
+    let _guard = lock(cfg)?;
     let node = resolve(sock, cfg)?;
     let vtep = ensure_vtep(sock, cfg, &node)?;
     let bridge = ensure_bridge(sock, cfg, &node)?;
