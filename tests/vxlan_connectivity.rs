@@ -106,6 +106,14 @@ fn three_nodes_two_pods_each_all_to_all_and_vtep_recreated_keeps_its_mac() {
         "{text}"
     );
     assert!(text.contains("subnets 10.244.3.0/24"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "pod {} eth0 network {} host sv",
+            pods[2].id, topo.net
+        )),
+        "{text}"
+    );
+    assert!(text.contains(" on stickybr0"), "{text}");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::config::Config;
 use super::mac::vtep_mac;
-use super::{Error, ROUTE_PROTOCOL, datapath};
+use super::{Error, ROUTE_PROTOCOL, datapath, pod};
 use crate::netlink::link::format_mac;
 use crate::netlink::{Socket, addr, link, neigh, route};
 
@@ -24,7 +24,8 @@ STATUS, VERSION). Run by hand:
       create/repair the VTEP and bridge and program the peers, without a pod
       (for a boot-time unit, before kubelet starts)
   sticky-vxlan show
-      print every VXLAN device of this namespace, its MAC and the programmed peers
+      print every VXLAN device of this namespace, its MAC, the programmed peers,
+      and the pods attached by sticky-vxlan
   sticky-vxlan --help | --version
 ";
 
@@ -180,6 +181,16 @@ fn show() -> Result<String, Error> {
     }
     if out.is_empty() {
         out.push_str("no VXLAN device in this network namespace\n");
+    }
+    for l in &links {
+        if let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) {
+            let _ = writeln!(
+                out,
+                "pod {cid} {ifname} network {network} host {} on {}",
+                l.name,
+                name_of(l.master)
+            );
+        }
     }
     Ok(out)
 }
