@@ -60,3 +60,48 @@ impl From<crate::ipam::Error> for CniError {
 }
 
 // ---- sticky-vxlan ----
+
+/// sticky-vxlan plugin codes:
+/// 120 underlay/node cannot be worked out (no local entry, no underlay, MTU too large),
+/// 121 a device is in the way (VNI+port taken, wrong kind), 122 netlink/sysctl refused,
+/// 123 the pod's network namespace cannot be used, 124 peers invalid or peers file unsafe,
+/// 125 the IPAM plugin cannot be run or printed garbage (an IPAM error keeps its own code),
+/// 126 nftables rules refused, 127 CHECK found a difference, 128 the peer lock failed.
+pub mod vxlan_code {
+    pub const NODE: u32 = 120;
+    pub const IN_THE_WAY: u32 = 121;
+    pub const NETLINK: u32 = 122;
+    pub const NETNS: u32 = 123;
+    pub const PEERS: u32 = 124;
+    pub const IPAM_EXEC: u32 = 125;
+    pub const FIREWALL: u32 = 126;
+    pub const CHECK: u32 = 127;
+    pub const LOCK: u32 = 128;
+}
+
+impl From<crate::vxlan::Error> for CniError {
+    fn from(err: crate::vxlan::Error) -> CniError {
+        use crate::vxlan::Error as E;
+        use vxlan_code::*;
+        let code = match &err {
+            E::Ipam {
+                code, msg, details, ..
+            } => {
+                return CniError::new(*code, format!("IPAM: {msg}")).with_details(details.clone());
+            }
+            E::Config(_) | E::ConfigFile { .. } | E::Usage(_) => code::INVALID_CONFIG,
+            E::Peers(_) | E::PeersFile(_) => PEERS,
+            E::Underlay(_) | E::NoLocalEntry { .. } | E::MtuTooLarge { .. } => NODE,
+            E::VniTaken { .. } | E::WrongKind { .. } => IN_THE_WAY,
+            E::Socket(_) | E::Link(_) | E::Addr(_) | E::Route(_) | E::Neigh(_) | E::Sysctl(_) => {
+                NETLINK
+            }
+            E::Netns(_) => NETNS,
+            E::Lock { .. } => LOCK,
+            E::IpamNotFound { .. } | E::IpamExec { .. } | E::IpamOutput { .. } => IPAM_EXEC,
+            E::Firewall(_) => FIREWALL,
+            E::Check(_) => CHECK,
+        };
+        CniError::new(code, err.to_string())
+    }
+}

@@ -1,3 +1,22 @@
-// PLACEHOLDER for the packaging branch only: the real binary comes from another
-// branch. On merge, take the other side of this file.
-fn main() {}
+//! `sticky-vxlan`: a CNI plugin when `CNI_COMMAND` is set, else the operator's tool.
+
+use std::process::ExitCode;
+
+use sticky_cni::vxlan::{cli, plugin::StickyVxlan};
+
+fn main() -> ExitCode {
+    if std::env::var_os("CNI_COMMAND").is_some() {
+        return sticky_cni::cni::skel::run(&StickyVxlan);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match cli::run(&args) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("sticky-vxlan: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

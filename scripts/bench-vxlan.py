@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Pod ADD+DEL latency: sticky-vxlan + host-local vs Debian's bridge + host-local.
+
+Both run side by side, interleaved, on the same netns "node" (a namespace with an underlay
+address on 192.0.2.0/24), each call executed inside it with `ip netns exec`, as a runtime on
+that node would. Prints the median ADD+DEL time of each, and the ratio. Needs root.
+
+    sudo scripts/bench-vxlan.py [--runs 50] [--bin target/release/sticky-vxlan]
+                                [--ipam target/release/sticky-ipam]
+
+Every namespace and temp file it makes is removed at the end, also on failure.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CNI_DIR = "/usr/lib/cni"
+
+
+def sh(*args):
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def cni(node, binary, command, cid, netns, conf, cni_path):
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": cni_path,
+    }
+    out = subprocess.run(
+        ["ip", "netns", "exec", node, binary],
+        input=json.dumps(conf).encode(),
+        env=env,
+        capture_output=True,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{command} with {binary} failed: {out.stdout!r} {out.stderr!r}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=50)
+    here = os.path.dirname(os.path.abspath(__file__))
+    default_bin = os.path.join(
+        os.environ.get("CARGO_TARGET_DIR", os.path.join(here, "..", "target")), "release", "sticky-vxlan"
+    )
+    parser.add_argument("--bin", default=default_bin)
+    parser.add_argument(
+        "--ipam",
+        default=os.path.join(CNI_DIR, "host-local"),
+        help="IPAM plugin for sticky-vxlan (e.g. target/release/sticky-ipam); bridge always uses host-local",
+    )
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench-vxlan: needs root (it creates network namespaces)")
+    sticky = os.path.abspath(args.bin)
+    if not os.path.exists(sticky):
+        sys.exit(f"bench-vxlan: {sticky} not found: cargo build --release first, or pass --bin")
+
+    tag = f"bench{os.getpid()}"
+    node = f"{tag}-node"
+    namespaces = []
+    tmp = tempfile.mkdtemp(prefix="bench-vxlan-")
+    try:
+        bindir = os.path.join(tmp, "bin")
+        os.mkdir(bindir)
+        os.symlink(sticky, os.path.join(bindir, "sticky-vxlan"))
+        for plugin in ("bridge", "host-local"):
+            os.symlink(os.path.join(CNI_DIR, plugin), os.path.join(bindir, plugin))
+        ipam_type = os.path.basename(args.ipam)
+        if ipam_type != "host-local":
+            os.symlink(os.path.abspath(args.ipam), os.path.join(bindir, ipam_type))
+
+        sh("ip", "netns", "add", node)
+        namespaces.append(node)
+        sh("ip", "-n", node, "link", "set", "lo", "up")
+        sh("ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+        sh("ip", "-n", node, "addr", "add", "192.0.2.1/24", "dev", "eth0")
+        sh("ip", "-n", node, "link", "set", "eth0", "up")
+        sh("ip", "-n", node, "link", "set", "eth0p", "up")
+
+        confs = {
+            "sticky-vxlan": {
+                "cniVersion": "1.0.0",
+                "name": "bench-sticky",
+                "type": "sticky-vxlan",
+                "vni": 1,
+                "isDefaultGateway": True,
+                "stateDir": os.path.join(tmp, "state"),
+                "peers": [
+                    {"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]},
+                    {"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]},
+                    {"ip": "192.0.2.3", "subnets": ["10.244.3.0/24"]},
+                ],
+                "ipam": {
+                    "type": ipam_type,
+                    "dataDir": os.path.join(tmp, "ipam"),
+                    "ranges": [[{"subnet": "10.244.1.0/24"}]],
+                },
+            },
+            "bridge": {
+                "cniVersion": "1.0.0",
+                "name": "bench-bridge",
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": os.path.join(tmp, "ipam"),
+                    "ranges": [[{"subnet": "10.245.1.0/24"}]],
+                },
+            },
+        }
+        binaries = {"sticky-vxlan": sticky, "bridge": os.path.join(CNI_DIR, "bridge")}
+        times = {k: [] for k in confs}
+        adds = {k: [] for k in confs}
+        dels = {k: [] for k in confs}
+        # One warm-up round each (creates the shared bridge/VTEP), then interleaved runs.
+        for i in range(args.runs + 1):
+            for kind in confs:
+                pod = f"{tag}-{kind[:2]}{i}"
+                sh("ip", "netns", "add", pod)
+                namespaces.append(pod)
+                cid = f"{tag}{kind[:2]}{i}"
+                netns = f"/run/netns/{pod}"
+                start = time.perf_counter()
+                cni(node, binaries[kind], "ADD", cid, netns, confs[kind], bindir)
+                added = time.perf_counter()
+                cni(node, binaries[kind], "DEL", cid, netns, confs[kind], bindir)
+                elapsed = time.perf_counter() - start
+                sh("ip", "netns", "del", pod)
+                namespaces.remove(pod)
+                if i > 0:
+                    times[kind].append(elapsed)
+                    adds[kind].append(added - start)
+                    dels[kind].append(elapsed - (added - start))
+        def ms(values):
+            return statistics.median(values) * 1000
+
+        print(f"runs: {args.runs} ADD+DEL each, interleaved, same netns node")
+        labels = (("sticky-vxlan", f"sticky-vxlan + {ipam_type}"), ("bridge", "bridge + host-local"))
+        for kind, label in labels:
+            print(
+                f"{label:26} median ADD+DEL {ms(times[kind]):6.1f} ms"
+                f"  (ADD {ms(adds[kind]):5.1f} ms, DEL {ms(dels[kind]):5.1f} ms)"
+            )
+        print(f"ratio sticky/bridge:       {ms(times['sticky-vxlan']) / ms(times['bridge']):.2f}")
+    finally:
+        for ns in reversed(namespaces):
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

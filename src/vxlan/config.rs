@@ -1,0 +1,393 @@
+//! The `sticky-vxlan` network config: every key checked, with an error that names the key,
+//! quotes the bad value and says what was expected.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::peers::{Peer, PeerEntry};
+
+/// The kernel's (and flannel's) default VXLAN port.
+pub const DEFAULT_PORT: u16 = 8472;
+/// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
+pub const IPV4_OVERHEAD: u32 = 50;
+pub const DEFAULT_BRIDGE: &str = "stickybr0";
+pub const DEFAULT_STATE_DIR: &str = "/run/sticky-vxlan";
+/// The largest VNI (24 bits).
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+
+/// Keys every CNI config may carry (spec and libcni), accepted and left alone.
+const STANDARD_KEYS: &[&str] = &[
+    "cniVersion",
+    "cniVersions",
+    "name",
+    "type",
+    "ipam",
+    "dns",
+    "prevResult",
+    "runtimeConfig",
+    "args",
+    "capabilities",
+    "disableCheck",
+    "disableGC",
+];
+
+const OUR_KEYS: &[&str] = &[
+    "vni",
+    "port",
+    "device",
+    "localIp",
+    "vtepName",
+    "bridge",
+    "mtu",
+    "isDefaultGateway",
+    "hairpinMode",
+    "ipMasq",
+    "clusterCIDR",
+    "peerOnlyPort",
+    "peers",
+    "peersFile",
+    "stateDir",
+];
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("config key {key:?}: {reason}")]
+    Key { key: &'static str, reason: String },
+    #[error("config key {key:?} is not known to sticky-vxlan: did you mean {meant:?}?")]
+    Misspelt { key: String, meant: &'static str },
+    #[error("config key {0:?} is required")]
+    Missing(&'static str),
+    #[error("network config must be a JSON object")]
+    NotAnObject,
+}
+
+fn bad(key: &'static str, reason: impl Into<String>) -> Error {
+    Error::Key {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// A checked `sticky-vxlan` config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub name: String,
+    pub vni: u32,
+    pub port: u16,
+    pub device: Option<String>,
+    pub local_ip: Option<Ipv4Addr>,
+    pub vtep_name: String,
+    pub bridge: String,
+    pub mtu: Option<u32>,
+    pub is_default_gateway: bool,
+    pub hairpin_mode: bool,
+    pub ip_masq: bool,
+    pub cluster_cidr: Option<IpNet>,
+    pub peer_only_port: bool,
+    pub peers: Vec<Peer>,
+    pub peers_file: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    /// `ipam.type`: the IPAM plugin executed from `CNI_PATH`.
+    pub ipam_type: String,
+}
+
+fn get<T: DeserializeOwned>(
+    obj: &Map<String, Value>,
+    key: &'static str,
+    expected: &str,
+) -> Result<Option<T>, Error> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone())
+            .map(Some)
+            .map_err(|_| bad(key, format!("{v} is not {expected}"))),
+    }
+}
+
+/// A name the kernel accepts for an interface.
+fn check_ifname(key: &'static str, name: &str) -> Result<(), Error> {
+    crate::cni::env::validate_ifname(name).map_err(|_| {
+        bad(
+            key,
+            format!(
+                "{name:?} is not a valid interface name (1 to 15 bytes, no '/', ':' or spaces)"
+            ),
+        )
+    })
+}
+
+impl Config {
+    /// Reads the plugin's keys from a parsed network config (`name` comes from it too).
+    pub fn from_json(name: &str, raw: &Value) -> Result<Config, Error> {
+        let obj = raw.as_object().ok_or(Error::NotAnObject)?;
+        // Runtimes add keys of their own (`cni.dev/valid-attachments`, capabilities...), so
+        // other keys are left alone; a known key spelled in another case is a typo, refused.
+        for key in obj.keys() {
+            let ours = OUR_KEYS.contains(&key.as_str()) || STANDARD_KEYS.contains(&key.as_str());
+            if let Some(meant) = OUR_KEYS
+                .iter()
+                .find(|k| !ours && k.eq_ignore_ascii_case(key))
+            {
+                return Err(Error::Misspelt {
+                    key: key.clone(),
+                    meant,
+                });
+            }
+        }
+        let vni: u32 =
+            get(obj, "vni", "an integer from 1 to 16777215")?.ok_or(Error::Missing("vni"))?;
+        if !(1..=MAX_VNI).contains(&vni) {
+            return Err(bad("vni", format!("{vni} is not from 1 to {MAX_VNI}")));
+        }
+        let port: u16 = get(obj, "port", "a UDP port number")?.unwrap_or(DEFAULT_PORT);
+        if port == 0 {
+            return Err(bad("port", "0 is not a usable UDP port"));
+        }
+        let device: Option<String> = get(obj, "device", "an interface name")?;
+        if let Some(d) = &device {
+            check_ifname("device", d)?;
+        }
+        let local_ip = match get::<IpAddr>(obj, "localIp", "an IPv4 address")? {
+            None => None,
+            Some(IpAddr::V4(a)) if a.is_unspecified() || a.is_multicast() || a.is_broadcast() => {
+                return Err(bad("localIp", format!("{a} is not a unicast address")));
+            }
+            Some(IpAddr::V4(a)) => Some(a),
+            Some(IpAddr::V6(a)) => {
+                return Err(bad(
+                    "localIp",
+                    format!(
+                        "{a} is IPv6: an IPv6 underlay (70 bytes of overhead) is not supported yet; use the node's IPv4 address"
+                    ),
+                ));
+            }
+        };
+        let vtep_name: String =
+            get(obj, "vtepName", "an interface name")?.unwrap_or_else(|| format!("sticky.{vni}"));
+        check_ifname("vtepName", &vtep_name)?;
+        let bridge: String =
+            get(obj, "bridge", "an interface name")?.unwrap_or_else(|| DEFAULT_BRIDGE.into());
+        check_ifname("bridge", &bridge)?;
+        if bridge == vtep_name {
+            return Err(bad("bridge", format!("{bridge:?} is also the VTEP's name")));
+        }
+        let mtu: Option<u32> = get(obj, "mtu", "an integer")?;
+        if let Some(m) = mtu
+            && !(576..=65_485).contains(&m)
+        {
+            return Err(bad("mtu", format!("{m} is not from 576 to 65485")));
+        }
+        let flag = |key: &'static str| -> Result<bool, Error> {
+            Ok(get(obj, key, "true or false")?.unwrap_or(false))
+        };
+        let is_default_gateway = flag("isDefaultGateway")?;
+        let hairpin_mode = flag("hairpinMode")?;
+        let ip_masq = flag("ipMasq")?;
+        let peer_only_port = flag("peerOnlyPort")?;
+        let cluster_cidr: Option<IpNet> = get(obj, "clusterCIDR", "a CIDR such as 10.244.0.0/16")?;
+        if ip_masq && cluster_cidr.is_none() {
+            return Err(bad(
+                "clusterCIDR",
+                "is required with ipMasq: traffic to other pods (the cluster CIDR) is never masqueraded",
+            ));
+        }
+        if let Some(c) = cluster_cidr
+            && c.trunc() != c
+        {
+            return Err(bad(
+                "clusterCIDR",
+                format!("{c} has host bits set (did you mean {}?)", c.trunc()),
+            ));
+        }
+        let entries: Vec<PeerEntry> = get(
+            obj,
+            "peers",
+            "a list of {\"ip\", \"subnets\", \"mac\"?} objects",
+        )?
+        .unwrap_or_default();
+        let peers = super::peers::check_entries(&entries, "peers").map_err(|e| bad("peers", e))?;
+        let peers_file: Option<PathBuf> = get(obj, "peersFile", "a file path")?;
+        if let Some(p) = &peers_file
+            && !p.is_absolute()
+        {
+            return Err(bad(
+                "peersFile",
+                format!("{} is not an absolute path", p.display()),
+            ));
+        }
+        let state_dir: PathBuf = get(obj, "stateDir", "a directory path")?
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        if !state_dir.is_absolute() {
+            return Err(bad(
+                "stateDir",
+                format!("{} is not an absolute path", state_dir.display()),
+            ));
+        }
+        let ipam = obj
+            .get("ipam")
+            .and_then(Value::as_object)
+            .ok_or(Error::Missing("ipam"))?;
+        let ipam_type = match ipam.get("type") {
+            Some(Value::String(t))
+                if !t.is_empty() && !t.contains('/') && t != "." && t != ".." =>
+            {
+                t.clone()
+            }
+            Some(v) => return Err(bad("ipam", format!("type {v} is not a plugin file name"))),
+            None => {
+                return Err(bad(
+                    "ipam",
+                    "has no \"type\" (the IPAM plugin to run, e.g. \"sticky-ipam\")",
+                ));
+            }
+        };
+        Ok(Config {
+            name: name.to_string(),
+            vni,
+            port,
+            device,
+            local_ip,
+            vtep_name,
+            bridge,
+            mtu,
+            is_default_gateway,
+            hairpin_mode,
+            ip_masq,
+            cluster_cidr,
+            peer_only_port,
+            peers,
+            peers_file,
+            state_dir,
+            ipam_type,
+        })
+    }
+
+    /// A copy of the last peers file that was valid, used (for the local entry and the
+    /// peers to keep) while the real one cannot be read.
+    pub fn last_good_peers_path(&self) -> PathBuf {
+        self.state_dir.join(format!("{}.peers.json", self.name))
+    }
+
+    /// The lock serializing peer reconciliation for this network.
+    pub fn lock_path(&self) -> PathBuf {
+        self.state_dir.join(format!("{}.lock", self.name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "cniVersion": "1.0.0", "name": "edge", "type": "sticky-vxlan", "vni": 1,
+            "ipam": {"type": "host-local", "subnet": "10.244.1.0/24"}
+        })
+    }
+
+    fn with(key: &str, value: Value) -> Result<Config, Error> {
+        let mut v = base();
+        v[key] = value;
+        Config::from_json("edge", &v)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_json("edge", &base()).unwrap();
+        assert_eq!(c.port, 8472);
+        assert_eq!(c.vtep_name, "sticky.1");
+        assert_eq!(c.bridge, "stickybr0");
+        assert_eq!(c.mtu, None);
+        assert!(!c.ip_masq && !c.is_default_gateway && !c.hairpin_mode && !c.peer_only_port);
+        assert_eq!(c.ipam_type, "host-local");
+        assert_eq!(c.lock_path(), PathBuf::from("/run/sticky-vxlan/edge.lock"));
+    }
+
+    #[test]
+    fn every_key_is_checked() {
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("vni", json!(0), "vni"),
+            ("vni", json!(16_777_216), "vni"),
+            ("vni", json!("1"), "vni"),
+            ("port", json!(0), "port"),
+            ("port", json!(70000), "port"),
+            ("device", json!("a/b"), "device"),
+            ("localIp", json!("2001:db8::1"), "localIp"),
+            ("localIp", json!("0.0.0.0"), "localIp"),
+            ("localIp", json!("nope"), "localIp"),
+            ("vtepName", json!("much-too-long-name"), "vtepName"),
+            ("bridge", json!(""), "bridge"),
+            ("bridge", json!("sticky.1"), "bridge"),
+            ("mtu", json!(100), "mtu"),
+            ("isDefaultGateway", json!("yes"), "isDefaultGateway"),
+            ("hairpinMode", json!(1), "hairpinMode"),
+            ("ipMasq", json!(true), "clusterCIDR"),
+            ("clusterCIDR", json!("10.244.1.0/8"), "clusterCIDR"),
+            ("peerOnlyPort", json!("true"), "peerOnlyPort"),
+            ("peers", json!([{"ip": "192.0.2.1"}]), "peers"),
+            ("peersFile", json!("relative/peers.json"), "peersFile"),
+            ("stateDir", json!("run"), "stateDir"),
+            ("ipam", json!({"type": "../x"}), "ipam"),
+        ];
+        for (key, value, blamed) in cases {
+            match with(key, value.clone()) {
+                Err(Error::Key { key: k, reason }) => {
+                    assert_eq!(k, blamed, "{key}={value}: {reason}");
+                }
+                other => panic!("{key}={value}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            with("vtepname", json!("x")),
+            Err(Error::Misspelt {
+                meant: "vtepName",
+                ..
+            })
+        ));
+        assert!(with("cni.dev/valid-attachments", json!([])).is_ok());
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("vni");
+        assert_eq!(Config::from_json("edge", &v), Err(Error::Missing("vni")));
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("ipam");
+        assert_eq!(Config::from_json("edge", &v), Err(Error::Missing("ipam")));
+    }
+
+    #[test]
+    fn ipv6_underlay_is_refused_clearly() {
+        let err = with("localIp", json!("2001:db8::1"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IPv6 underlay"), "{err}");
+    }
+
+    #[test]
+    fn full_config_reads() {
+        let mut v = base();
+        for (k, val) in [
+            ("port", json!(4789)),
+            ("localIp", json!("192.0.2.1")),
+            ("device", json!("eth0")),
+            ("mtu", json!(1350)),
+            ("ipMasq", json!(true)),
+            ("clusterCIDR", json!("10.244.0.0/16")),
+            (
+                "peers",
+                json!([{"ip": "192.0.2.2", "subnets": ["10.244.2.0/24", "fd00:2::/64"], "mac": "aa:bb:cc:dd:ee:02"}]),
+            ),
+            ("peersFile", json!("/etc/sticky/peers.json")),
+        ] {
+            v[k] = val;
+        }
+        let c = Config::from_json("edge", &v).unwrap();
+        assert_eq!(c.port, 4789);
+        assert_eq!(c.local_ip, Some(Ipv4Addr::new(192, 0, 2, 1)));
+        assert_eq!(c.peers.len(), 1);
+        assert_eq!(c.peers[0].mac, Some([0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0x02]));
+    }
+}

@@ -1,0 +1,303 @@
+//! Peers without a control plane: from the network config and/or a peers file, merged by union.
+//!
+//! One cluster-wide list can be installed identically on every node: the entry whose `ip` is
+//! one of this node's addresses is the node itself and names its local subnet(s); every other
+//! entry is a remote VTEP.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::netlink::link::parse_mac;
+
+/// One entry as written in JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerEntry {
+    pub ip: IpAddr,
+    pub subnets: Vec<IpNet>,
+    #[serde(default)]
+    pub mac: Option<String>,
+}
+
+/// A checked peer: underlay IPv4, pod subnets (one IPv4, optionally one IPv6) and an explicit
+/// VTEP MAC for nodes that do not use the kept-MAC scheme (e.g. flannel nodes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub ip: Ipv4Addr,
+    pub subnets: Vec<IpNet>,
+    pub mac: Option<[u8; 6]>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("peers file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "peers file {path} is owned by uid {uid} with mode {mode:o}: it must be owned by root and not writable by group or others (anyone who can write it can redirect pod traffic)"
+    )]
+    Unsafe { path: PathBuf, uid: u32, mode: u32 },
+    #[error("peers file {path} is not a valid peer list: {reason}")]
+    Parse { path: PathBuf, reason: String },
+}
+
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// Checks entries one by one; `source` names where they came from in errors.
+pub fn check_entries(entries: &[PeerEntry], source: &str) -> Result<Vec<Peer>, String> {
+    let mut peers = Vec::new();
+    for e in entries {
+        let ip = match e.ip {
+            IpAddr::V4(a) if !a.is_unspecified() && !a.is_multicast() && !a.is_broadcast() => a,
+            IpAddr::V4(a) => return Err(format!("{source}: peer ip {a} is not a unicast address")),
+            IpAddr::V6(a) => {
+                return Err(format!(
+                    "{source}: peer ip {a} is IPv6: an IPv6 underlay is not supported yet (IPv6 pod subnets over an IPv4 underlay are)"
+                ));
+            }
+        };
+        let v4 = e.subnets.iter().filter(|s| s.addr().is_ipv4()).count();
+        let v6 = e.subnets.len() - v4;
+        if v4 != 1 || v6 > 1 {
+            return Err(format!(
+                "{source}: peer {ip} has subnets {:?}: expected one IPv4 subnet and at most one IPv6 subnet",
+                e.subnets
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+            ));
+        }
+        for s in &e.subnets {
+            if s.trunc() != *s {
+                return Err(format!(
+                    "{source}: peer {ip} subnet {s} has host bits set (did you mean {}?)",
+                    s.trunc()
+                ));
+            }
+            if s.prefix_len() >= s.max_prefix_len() - 1 {
+                return Err(format!(
+                    "{source}: peer {ip} subnet {s} is too small for pods"
+                ));
+            }
+        }
+        let mac = match &e.mac {
+            None => None,
+            Some(text) => match parse_mac(text) {
+                Some(m) if m[0] & 1 == 0 && m != [0; 6] => Some(m),
+                _ => {
+                    return Err(format!(
+                        "{source}: peer {ip} mac {text:?} is not a unicast MAC like 0a:01:c0:00:02:01"
+                    ));
+                }
+            },
+        };
+        peers.push(Peer {
+            ip,
+            subnets: e.subnets.clone(),
+            mac,
+        });
+    }
+    merge(&[], &peers)
+}
+
+/// Union of two peer lists. The same peer may appear in both; the same `ip` with different
+/// subnets or MAC, or two peers whose subnets overlap, is an error.
+pub fn merge(a: &[Peer], b: &[Peer]) -> Result<Vec<Peer>, String> {
+    let mut by_ip: BTreeMap<Ipv4Addr, Peer> = BTreeMap::new();
+    for p in a.iter().chain(b) {
+        match by_ip.get(&p.ip) {
+            Some(existing) if existing == p => {}
+            Some(existing) => {
+                return Err(format!(
+                    "peer {} is listed twice with different settings ({:?} and {:?})",
+                    p.ip, existing, p
+                ));
+            }
+            None => {
+                by_ip.insert(p.ip, p.clone());
+            }
+        }
+    }
+    let all: Vec<Peer> = by_ip.into_values().collect();
+    for (i, p) in all.iter().enumerate() {
+        for q in &all[i + 1..] {
+            for s in &p.subnets {
+                if let Some(t) = q.subnets.iter().find(|t| overlaps(s, t)) {
+                    return Err(format!(
+                        "peer {} subnet {s} overlaps peer {} subnet {t}",
+                        p.ip, q.ip
+                    ));
+                }
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// Reads a peers file: a JSON list of entries, or `{"peers": [...]}`. The file must be owned
+/// by root and not writable by group or others.
+pub fn load_file(path: &Path) -> Result<Vec<Peer>, FileError> {
+    let read = |source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(read)?;
+    if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        return Err(FileError::Unsafe {
+            path: path.to_path_buf(),
+            uid: meta.uid(),
+            mode: meta.mode() & 0o7777,
+        });
+    }
+    let text = std::fs::read(path).map_err(read)?;
+    parse_file(&text).map_err(|reason| FileError::Parse {
+        path: path.to_path_buf(),
+        reason,
+    })
+}
+
+pub fn parse_file(text: &[u8]) -> Result<Vec<Peer>, String> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Doc {
+        List(Vec<PeerEntry>),
+        Wrapped { peers: Vec<PeerEntry> },
+    }
+    let doc: Doc = serde_json::from_slice(text).map_err(|e| {
+        format!(
+            "{e} (expected a list of {{\"ip\", \"subnets\", \"mac\"?}} or {{\"peers\": [...]}})"
+        )
+    })?;
+    let entries = match doc {
+        Doc::List(l) => l,
+        Doc::Wrapped { peers } => peers,
+    };
+    check_entries(&entries, "peers file")
+}
+
+/// Keeps a copy of a peers file that just parsed (temp file + rename, so the copy is always
+/// whole). Best effort: failing to keep it only weakens the fallback, so it is logged.
+pub fn save_last_good(copy: &Path, source: &Path) {
+    let Ok(text) = std::fs::read(source) else {
+        return;
+    };
+    if std::fs::read(copy).is_ok_and(|old| old == text) {
+        return;
+    }
+    let tmp = copy.with_extension("json.tmp");
+    let saved = copy
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&tmp, &text))
+        .and_then(|()| std::fs::rename(&tmp, copy));
+    if let Err(e) = saved {
+        eprintln!(
+            "sticky-vxlan: keeping a copy of the peers file in {}: {e}",
+            copy.display()
+        );
+    }
+}
+
+/// The last valid peers list, or none.
+pub fn load_last_good(copy: &Path) -> Vec<Peer> {
+    std::fs::read(copy)
+        .ok()
+        .and_then(|text| parse_file(&text).ok())
+        .unwrap_or_default()
+}
+
+/// Splits peers into this node (the entry whose ip is one of `local_addrs`) and the others.
+pub fn split_local(peers: &[Peer], local_addrs: &[IpAddr]) -> (Option<Peer>, Vec<Peer>) {
+    let mut local = None;
+    let mut remote = Vec::new();
+    for p in peers {
+        if local.is_none() && local_addrs.contains(&IpAddr::V4(p.ip)) {
+            local = Some(p.clone());
+        } else {
+            remote.push(p.clone());
+        }
+    }
+    (local, remote)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(ip: &str, subnets: &[&str]) -> Peer {
+        Peer {
+            ip: ip.parse().unwrap(),
+            subnets: subnets.iter().map(|s| s.parse().unwrap()).collect(),
+            mac: None,
+        }
+    }
+
+    #[test]
+    fn union_dedupes_and_refuses_overlap_and_conflicts() {
+        let a = vec![peer("192.0.2.1", &["10.244.1.0/24"])];
+        let b = vec![
+            peer("192.0.2.1", &["10.244.1.0/24"]),
+            peer("192.0.2.2", &["10.244.2.0/24", "fd00:2::/64"]),
+        ];
+        assert_eq!(merge(&a, &b).unwrap().len(), 2);
+        let overlap = vec![peer("192.0.2.3", &["10.244.0.0/16"])];
+        assert!(merge(&a, &overlap).unwrap_err().contains("overlaps"));
+        let conflict = vec![peer("192.0.2.1", &["10.244.9.0/24"])];
+        assert!(merge(&a, &conflict).unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn file_forms_and_errors() {
+        let list = br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"]}]"#;
+        let wrapped = br#"{"peers":[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"],"mac":"0a:01:c0:00:02:01"}]}"#;
+        assert_eq!(parse_file(list).unwrap().len(), 1);
+        assert_eq!(
+            parse_file(wrapped).unwrap()[0].mac,
+            Some([10, 1, 192, 0, 2, 1])
+        );
+        for bad in [
+            &br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"]"#[..],
+            br#"[{"ip":"192.0.2.1","subnets":[]}]"#,
+            br#"[{"ip":"192.0.2.1","subnets":["10.244.1.1/24"]}]"#,
+            br#"[{"ip":"2001:db8::1","subnets":["10.244.1.0/24"]}]"#,
+            br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"],"mac":"01:00:00:00:00:01"}]"#,
+            br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"],"extra":1}]"#,
+            br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24","10.244.2.0/24"]}]"#,
+        ] {
+            assert!(parse_file(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn the_local_entry_names_this_node() {
+        let all = vec![
+            peer("192.0.2.1", &["10.244.1.0/24"]),
+            peer("192.0.2.2", &["10.244.2.0/24"]),
+        ];
+        let (local, remote) = split_local(&all, &["192.0.2.2".parse().unwrap()]);
+        assert_eq!(local.unwrap().ip, Ipv4Addr::new(192, 0, 2, 2));
+        assert_eq!(remote.len(), 1);
+    }
+
+    #[test]
+    fn unsafe_files_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), br#"[]"#).unwrap();
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(matches!(load_file(f.path()), Err(FileError::Unsafe { .. })));
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let owned_by_root = std::fs::metadata(f.path()).unwrap().uid() == 0;
+        assert_eq!(load_file(f.path()).is_ok(), owned_by_root);
+    }
+}

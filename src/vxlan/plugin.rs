@@ -1,0 +1,270 @@
+//! The CNI commands of `sticky-vxlan`.
+
+use std::path::Path;
+
+use super::config::Config;
+use super::datapath;
+use super::node::gateway_of;
+use super::pod::{self, host_veth_name};
+use super::{Error, delegate};
+use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin};
+use crate::netlink::link::{self, format_mac};
+use crate::netlink::{Socket, addr};
+
+pub struct StickyVxlan;
+
+fn config(call: &Call) -> Result<Config, Error> {
+    Config::from_json(&call.conf.name, &call.conf.raw).map_err(Error::from)
+}
+
+impl Plugin for StickyVxlan {
+    type Error = Error;
+
+    fn add(&self, call: &Call) -> Result<CniResult, Error> {
+        let cfg = config(call)?;
+        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+        // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
+        let pending = delegate::spawn(call, &cfg.ipam_type, "ADD")?;
+        let node = Socket::open().map_err(Error::from).and_then(|mut sock| {
+            let (node, _vtep, bridge) = datapath::ensure_node(&mut sock, &cfg)?;
+            // A leftover from an earlier, interrupted ADD of the same attachment.
+            link::delete(&mut sock, &host)?;
+            Ok((sock, node, bridge))
+        });
+        crate::crash::point("vxlan add: node ready");
+        let ipam = pending.result();
+        let ((mut sock, node, bridge), ipam) = match (node, ipam) {
+            (Ok(n), Ok(ipam)) => (n, ipam),
+            (Err(e), Ok(_)) => {
+                rollback(call, &cfg, None, &host);
+                return Err(e);
+            }
+            // IPAM allocated nothing; the node's problem is the one to fix first.
+            (Err(e), Err(_)) => return Err(e),
+            (Ok(_), Err(e)) => return Err(e),
+        };
+        attach(&mut sock, call, &cfg, node.mtu, &bridge, &host, &ipam).inspect_err(|_| {
+            rollback(call, &cfg, Some(&mut sock), &host);
+        })
+    }
+
+    fn del(&self, call: &Call) -> Result<(), Error> {
+        // Removing the host end removes the pair, wherever the other end is; a missing link
+        // (DEL twice, netns already gone) is success. The veth goes even if the config or the
+        // IPAM plugin is broken, and IPAM DEL runs even if removing the veth failed, so
+        // nothing leaks; a config or IPAM error is reported before a netlink one.
+        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+        let cfg = config(call);
+        let pending = cfg
+            .as_ref()
+            .map_err(|_| ())
+            .map(|cfg| delegate::spawn(call, &cfg.ipam_type, "DEL"));
+        let removed = Socket::open()
+            .map_err(Error::from)
+            .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
+        let released = match pending {
+            Ok(Ok(p)) => p.wait().map(drop),
+            Ok(Err(e)) => Err(e),
+            Err(()) => cfg.map(drop),
+        };
+        released.and(removed)
+    }
+
+    fn check(&self, call: &Call) -> Result<(), Error> {
+        let cfg = config(call)?;
+        let prev = call
+            .conf
+            .prev_result
+            .as_ref()
+            .ok_or_else(|| Error::Check("prevResult is missing".into()))?;
+        let container = prev
+            .interfaces
+            .iter()
+            .find(|i| i.name == call.env.ifname && i.sandbox.is_some());
+        pod::check_container(
+            Path::new(&call.env.netns),
+            &call.env.ifname,
+            container.and_then(|i| i.mac.as_deref()),
+            prev,
+        )?;
+        let mut sock = Socket::open()?;
+        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+        let Some(host_link) = link::get(&mut sock, &host)? else {
+            return Err(Error::Check(format!("host interface {host} is missing")));
+        };
+        let bridge = link::require(&mut sock, &cfg.bridge)?;
+        if host_link.master != Some(bridge.index) {
+            return Err(Error::Check(format!(
+                "{host} is not on bridge {}",
+                cfg.bridge
+            )));
+        }
+        delegate::run(call, &cfg.ipam_type, "CHECK")?;
+        Ok(())
+    }
+
+    /// Removes this network's veths whose attachment is not in the runtime's valid list
+    /// (found by their alias, so another network on the same bridge is never touched), then
+    /// forwards GC to IPAM. Keeps going after an error; the first one is reported. Without a
+    /// valid-attachments list nothing is removed here (IPAM decides for itself).
+    fn gc(&self, call: &Call) -> Result<(), Error> {
+        let cfg = config(call)?;
+        let removed = match valid_attachments(&call.conf.raw) {
+            Some(valid) => remove_stale_veths(&cfg, &valid),
+            None => Ok(()),
+        };
+        let released = delegate::run(call, &cfg.ipam_type, "GC").map(drop);
+        removed.and(released)
+    }
+
+    fn status(&self, call: &Call) -> Result<(), Error> {
+        let cfg = config(call)?;
+        delegate::run(call, &cfg.ipam_type, "STATUS")?;
+        Ok(())
+    }
+}
+
+/// `cni.dev/valid-attachments` (spec 1.1; `cni.dev/attachments` in early drafts) as
+/// (container id, ifname) pairs.
+fn valid_attachments(raw: &serde_json::Value) -> Option<Vec<(String, String)>> {
+    let list = raw
+        .get("cni.dev/valid-attachments")
+        .or_else(|| raw.get("cni.dev/attachments"))?
+        .as_array()?;
+    Some(
+        list.iter()
+            .filter_map(|a| {
+                Some((
+                    a.get("containerID")?.as_str()?.to_string(),
+                    a.get("ifname")?.as_str()?.to_string(),
+                ))
+            })
+            .collect(),
+    )
+}
+
+fn remove_stale_veths(cfg: &Config, valid: &[(String, String)]) -> Result<(), Error> {
+    let mut sock = Socket::open()?;
+    let mut first = Ok(());
+    for l in link::list(&mut sock)? {
+        let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) else {
+            continue;
+        };
+        let listed = valid.iter().any(|(c, i)| c == cid && i == ifname);
+        if network == cfg.name
+            && !listed
+            && let Err(e) = link::delete(&mut sock, &l.name)
+        {
+            eprintln!("sticky-vxlan: GC: removing {}: {e}", l.name);
+            first = first.and(Err(e.into()));
+        }
+    }
+    first
+}
+
+/// Undoes an ADD after IPAM allocated: the veth, then IPAM DEL. Keeps going after errors
+/// (logged): the error that caused the rollback is the one reported.
+fn rollback(call: &Call, cfg: &Config, sock: Option<&mut Socket>, host: &str) {
+    let removed = match sock {
+        Some(sock) => link::delete(sock, host).map_err(Error::from),
+        None => Socket::open()
+            .map_err(Error::from)
+            .and_then(|mut s| link::delete(&mut s, host).map_err(Error::from)),
+    };
+    if let Err(e) = removed {
+        eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
+    }
+    if let Err(e) = delegate::run(call, &cfg.ipam_type, "DEL") {
+        eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
+    }
+}
+
+/// Everything after IPAM ADD; on error the caller rolls back.
+fn attach(
+    sock: &mut Socket,
+    call: &Call,
+    cfg: &Config,
+    mtu: u32,
+    bridge: &link::Link,
+    host: &str,
+    ipam: &CniResult,
+) -> Result<CniResult, Error> {
+    let netns = Path::new(&call.env.netns);
+    // An IPAM gateway other than the subnet's first address still has to answer on the bridge.
+    let have = addr::list(sock, bridge.index)?;
+    for ip in &ipam.ips {
+        let subnet = ip.address.trunc();
+        if let Some(gw) = ip.gateway.filter(|gw| Some(*gw) != gateway_of(&subnet))
+            && let Ok(net) = ipnet::IpNet::new(gw, subnet.prefix_len())
+            && !have.contains(&net)
+        {
+            addr::add(sock, bridge.index, net)?;
+        }
+    }
+    let alias = pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname);
+    let host_link = pod::create_veth(
+        sock,
+        netns,
+        host,
+        &alias,
+        &call.env.ifname,
+        &ipam.ips,
+        mtu,
+        bridge,
+        cfg.hairpin_mode,
+    )?;
+    crate::crash::point("vxlan add: veth created");
+    let routes = pod::pod_routes(&ipam.ips, &ipam.routes, cfg.is_default_gateway);
+    let container = pod::configure_container(netns, &call.env.ifname, &ipam.ips, &routes)?;
+    let mac = |l: &link::Link| l.mac.as_ref().map(format_mac);
+    Ok(CniResult {
+        interfaces: vec![
+            Interface {
+                name: bridge.name.clone(),
+                mac: mac(bridge),
+                sandbox: None,
+                mtu: None,
+            },
+            Interface {
+                name: host_link.name.clone(),
+                mac: mac(&host_link),
+                sandbox: None,
+                mtu: Some(mtu),
+            },
+            Interface {
+                name: call.env.ifname.clone(),
+                mac: mac(&container),
+                sandbox: Some(call.env.netns.clone()),
+                mtu: Some(mtu),
+            },
+        ],
+        ips: ipam
+            .ips
+            .iter()
+            .map(|ip| IpConfig {
+                interface: Some(2),
+                ..ip.clone()
+            })
+            .collect(),
+        routes,
+        dns: ipam.dns.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn valid_attachments_from_either_key_and_none_without() {
+        let v = json!({"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]});
+        assert_eq!(
+            valid_attachments(&v),
+            Some(vec![("a".to_string(), "eth0".to_string())])
+        );
+        let old = json!({"cni.dev/attachments": []});
+        assert_eq!(valid_attachments(&old), Some(vec![]));
+        assert_eq!(valid_attachments(&json!({"name": "x"})), None);
+    }
+}

@@ -1,0 +1,246 @@
+//! One pod's attachment: a veth pair whose host end is on the bridge and whose container end,
+//! created directly in the pod's namespace, carries a MAC derived from the pod's IPv4.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+use super::Error;
+use super::mac::pod_mac;
+use super::node::gateway_of;
+use crate::cni::{CniResult, IpConfig, Route};
+use crate::netlink::link::{self, Link};
+use crate::netlink::route::{self as nlroute};
+use crate::netlink::{Socket, addr, netns, sysctl};
+
+/// `ip route add`'s protocol (`proto boot`) for the pod's own routes.
+const RTPROT_BOOT: u8 = 3;
+
+/// The host end's name: `sv` + 12 hex digits of SHA-256(container id, ifname). DEL finds it
+/// without entering the pod's namespace (which may be gone).
+pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(container_id.as_bytes());
+    h.update([0]);
+    h.update(ifname.as_bytes());
+    let digest = h.finalize();
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("sv{hex}")
+}
+
+/// The routes a pod gets: the IPAM plugin's, plus default routes when `isDefaultGateway`.
+pub fn pod_routes(ips: &[IpConfig], ipam_routes: &[Route], default_gateway: bool) -> Vec<Route> {
+    let mut routes = ipam_routes.to_vec();
+    if default_gateway {
+        for v4 in [true, false] {
+            let dst: IpNet = if v4 {
+                IpNet::V4(Default::default())
+            } else {
+                IpNet::V6(Default::default())
+            };
+            if routes.iter().any(|r| r.dst == dst) {
+                continue;
+            }
+            if let Some(ip) = ips.iter().find(|ip| ip.address.addr().is_ipv4() == v4) {
+                let gw = ip.gateway.or_else(|| gateway_of(&ip.address.trunc()));
+                routes.push(Route::new(dst, gw));
+            }
+        }
+    }
+    routes
+}
+
+/// The gateway a route without `gw` uses: the first address's gateway of its family.
+fn route_gateway(route: &Route, ips: &[IpConfig]) -> Option<IpAddr> {
+    route.gw.or_else(|| {
+        ips.iter()
+            .find(|ip| ip.address.addr().is_ipv4() == route.dst.addr().is_ipv4())
+            .and_then(|ip| ip.gateway.or_else(|| gateway_of(&ip.address.trunc())))
+    })
+}
+
+/// The kernel's limit on an interface alias (IFALIASZ, with its NUL).
+const MAX_ALIAS: usize = 256;
+
+/// The host end's alias: `sticky-vxlan <network> <container id> <ifname>`. GC finds this
+/// network's attachments by it (never another network's, even on a shared bridge).
+pub fn host_alias(network: &str, container_id: &str, ifname: &str) -> String {
+    format!("sticky-vxlan {network} {container_id} {ifname}")
+}
+
+/// Reads an alias written by [`host_alias`]: (network, container id, ifname).
+pub fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = alias.strip_prefix("sticky-vxlan ")?.split(' ');
+    let found = (parts.next()?, parts.next()?, parts.next()?);
+    parts.next().is_none().then_some(found)
+}
+
+/// Creates the veth pair and puts the host end on the bridge. Returns the host end.
+#[allow(clippy::too_many_arguments)]
+pub fn create_veth(
+    sock: &mut Socket,
+    netns_path: &Path,
+    host: &str,
+    alias: &str,
+    ifname: &str,
+    ips: &[IpConfig],
+    mtu: u32,
+    bridge: &Link,
+    hairpin: bool,
+) -> Result<Link, Error> {
+    let ns = netns::open(netns_path)?;
+    let mac = ips.iter().find_map(|ip| match ip.address.addr() {
+        IpAddr::V4(a) => Some(pod_mac(a)),
+        IpAddr::V6(_) => None,
+    });
+    link::add_veth(
+        sock,
+        &link::VethSpec {
+            host,
+            peer: ifname,
+            peer_netns: std::os::fd::AsFd::as_fd(&ns),
+            peer_mac: mac,
+            mtu,
+        },
+    )?;
+    let host_link = link::require(sock, host)?;
+    if alias.len() < MAX_ALIAS {
+        link::set_alias(sock, &host_link, alias)?;
+    }
+    link::set_master(sock, &host_link, bridge.index)?;
+    link::set_up(sock, &host_link)?;
+    if hairpin {
+        link::set_hairpin(host)?;
+    }
+    link::require(sock, host).map_err(Error::from)
+}
+
+/// Inside the pod's namespace: `arp_notify`, addresses, link up, routes. Returns the
+/// container interface.
+pub fn configure_container(
+    netns_path: &Path,
+    ifname: &str,
+    ips: &[IpConfig],
+    routes: &[Route],
+) -> Result<Link, Error> {
+    netns::run_in(netns_path, || -> Result<Link, Error> {
+        let mut sock = Socket::open()?;
+        let link = link::require(&mut sock, ifname)?;
+        // Announce the (kept) MAC when the link comes up, so neighbours update at once.
+        sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1")?;
+        for ip in ips {
+            addr::add(&mut sock, link.index, ip.address)?;
+        }
+        link::set_up(&mut sock, &link)?;
+        for r in routes {
+            nlroute::replace(
+                &mut sock,
+                &nlroute::Route {
+                    dst: r.dst.trunc(),
+                    gateway: route_gateway(r, ips),
+                    oif: Some(link.index),
+                    onlink: false,
+                    protocol: RTPROT_BOOT,
+                },
+            )?;
+        }
+        link::require(&mut sock, ifname).map_err(Error::from)
+    })?
+}
+
+/// CHECK inside the pod's namespace: the interface, its MAC, addresses and routes.
+pub fn check_container(
+    netns_path: &Path,
+    ifname: &str,
+    mac: Option<&str>,
+    prev: &CniResult,
+) -> Result<(), Error> {
+    netns::run_in(netns_path, || -> Result<(), Error> {
+        let mut sock = Socket::open()?;
+        let Some(link) = link::get(&mut sock, ifname)? else {
+            return Err(Error::Check(format!(
+                "interface {ifname} is missing in {}",
+                netns_path.display()
+            )));
+        };
+        if let (Some(want), Some(have)) = (mac.and_then(link::parse_mac), link.mac)
+            && want != have
+        {
+            return Err(Error::Check(format!(
+                "{ifname} has MAC {}, expected {}",
+                link::format_mac(&have),
+                link::format_mac(&want)
+            )));
+        }
+        let have = addr::list(&mut sock, link.index)?;
+        for ip in &prev.ips {
+            if !have.contains(&ip.address) {
+                return Err(Error::Check(format!(
+                    "{ifname} lacks address {}",
+                    ip.address
+                )));
+            }
+        }
+        let routes = nlroute::list(&mut sock)?;
+        for r in &prev.routes {
+            let dst = r.dst.trunc();
+            if !routes
+                .iter()
+                .any(|have| have.dst == dst && have.oif == Some(link.index))
+            {
+                return Err(Error::Check(format!(
+                    "route to {} via {ifname} is missing",
+                    r.dst
+                )));
+            }
+        }
+        Ok(())
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alias_round_trips() {
+        let a = host_alias("edge", "abc-1", "eth0");
+        assert_eq!(parse_alias(&a), Some(("edge", "abc-1", "eth0")));
+        assert_eq!(parse_alias("something else"), None);
+        assert_eq!(parse_alias("sticky-vxlan a b c d"), None);
+    }
+
+    #[test]
+    fn host_name_is_short_stable_and_distinct() {
+        let a = host_veth_name("abc", "eth0");
+        assert_eq!(a.len(), 14);
+        assert_eq!(a, host_veth_name("abc", "eth0"));
+        assert_ne!(a, host_veth_name("abc", "eth1"));
+        assert_ne!(host_veth_name("ab", "ceth0"), host_veth_name("abc", "eth0"));
+    }
+
+    #[test]
+    fn default_gateway_routes_are_added_per_family() {
+        let ips = vec![
+            IpConfig {
+                address: "10.244.1.5/24".parse().unwrap(),
+                gateway: Some("10.244.1.1".parse().unwrap()),
+                interface: Some(2),
+            },
+            IpConfig {
+                address: "fd00:1::5/64".parse().unwrap(),
+                gateway: None,
+                interface: Some(2),
+            },
+        ];
+        let routes = pod_routes(&ips, &[], true);
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[0].gw, Some("10.244.1.1".parse().unwrap()));
+        assert_eq!(routes[1].gw, Some("fd00:1::1".parse().unwrap()));
+        assert!(pod_routes(&ips, &[], false).is_empty());
+        let r = Route::new("10.0.0.0/8".parse().unwrap(), None);
+        assert_eq!(route_gateway(&r, &ips), Some("10.244.1.1".parse().unwrap()));
+    }
+}

@@ -1,0 +1,229 @@
+//! The node's shared devices: a VNI+port held by another device is a clear error, an
+//! incompatible VTEP is recreated, parallel ADDs all reconcile, hairpin mode, and the
+//! optional nftables rules (ipMasq, peer-only VXLAN port) proven with packets.
+
+mod vxlan_support;
+
+use serde_json::{Value, json};
+use vxlan_support::*;
+
+#[test]
+fn vni_taken_by_another_device_is_a_clear_error() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let n1 = topo.node_ns(1);
+    ok(&[
+        "ip",
+        "-n",
+        &n1,
+        "link",
+        "add",
+        "flannel.1",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "dstport",
+        "8472",
+        "local",
+        "192.0.2.1",
+        "dev",
+        "eth0",
+    ]);
+    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let a = topo.new_pod(1, "a");
+    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], 121, "{err}");
+    let msg = err["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("\"flannel.1\" already uses VNI 1 on UDP port 8472"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn incompatible_vtep_is_recreated_with_the_kept_mac() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let n1 = topo.node_ns(1);
+    ok(&[
+        "ip",
+        "-n",
+        &n1,
+        "link",
+        "add",
+        "sticky.1",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "dstport",
+        "4789",
+        "local",
+        "192.0.2.1",
+    ]);
+    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let a = topo.new_pod(1, "a");
+    topo.add(&a, &conf);
+    let details = ok(&["ip", "-n", &n1, "-d", "link", "show", "sticky.1"]);
+    assert!(
+        details.contains("dstport 8472") && details.contains("nolearning"),
+        "{details}"
+    );
+    assert_eq!(topo.link_mac(&n1, "sticky.1"), "0a:01:c0:00:02:01");
+}
+
+#[test]
+fn parallel_adds_all_succeed_and_hairpin_is_on() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let conf1 = topo.conf(1, json!({"peers": peers, "hairpinMode": true}));
+    let b = topo.new_pod(2, "b");
+    topo.add(&b, &topo.conf(2, json!({"peers": peers})));
+    let pods: Vec<Pod> = (0..6).map(|i| topo.new_pod(1, &format!("a{i}"))).collect();
+    let results: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .map(|p| s.spawn(|| topo.add(p, &conf1)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results {
+        assert!(topo.reaches(&b, &ip_of(r, false)), "{r}");
+        let host = r["interfaces"][1]["name"].as_str().unwrap();
+        let d = ok(&["ip", "-n", &topo.node_ns(1), "-d", "link", "show", host]);
+        assert!(d.contains("hairpin on"), "{d}");
+    }
+}
+
+#[test]
+fn ip_masq_and_peer_only_port_rules_work_on_packets() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    for n in 1..=3 {
+        topo.add_node(n, 1500);
+    }
+    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let extra = json!({"peers": peers, "ipMasq": true, "clusterCIDR": "10.244.0.0/16", "peerOnlyPort": true});
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(2, "b");
+    let ip_a = ip_of(&topo.add(&a, &topo.conf(1, extra.clone())), false);
+    let ip_b = ip_of(&topo.add(&b, &topo.conf(2, extra)), false);
+    let table = ok(&[
+        "ip",
+        "netns",
+        "exec",
+        &topo.node_ns(1),
+        "nft",
+        "list",
+        "table",
+        "ip",
+        &format!("sticky_vxlan_{}", topo.net),
+    ]);
+    assert!(
+        table.contains("masquerade") && table.contains("192.0.2.2"),
+        "{table}"
+    );
+
+    // Pod to pod across nodes is not masqueraded and passes the peer-only rule.
+    assert!(topo.reaches(&a, &ip_b));
+    // Pod to a plain host outside the cluster CIDR (node 3 has no route back to pods):
+    // works only because it is masqueraded.
+    assert!(topo.reaches(&a, "192.0.2.3"));
+
+    // Node 3 is not a peer: its VXLAN packets to node 1 are dropped (and counted).
+    let n3 = topo.node_ns(3);
+    let mac1 = ok(&[BIN, "mac", "--local", "192.0.2.1", "--vni", "1"]);
+    let mac1 = mac1.trim();
+    let ip3 = |args: &[&str]| {
+        let mut full = vec!["ip", "-n", n3.as_str()];
+        full.extend_from_slice(args);
+        ok(&full);
+    };
+    ip3(&[
+        "link",
+        "add",
+        "rogue",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "dstport",
+        "8472",
+        "local",
+        "192.0.2.3",
+        "dev",
+        "eth0",
+        "nolearning",
+    ]);
+    ip3(&["link", "set", "rogue", "up"]);
+    ip3(&["addr", "add", "10.244.9.0/32", "dev", "rogue"]);
+    ip3(&[
+        "neigh",
+        "replace",
+        "10.244.1.0",
+        "lladdr",
+        mac1,
+        "dev",
+        "rogue",
+        "nud",
+        "permanent",
+    ]);
+    ok(&[
+        "bridge",
+        "-n",
+        &n3,
+        "fdb",
+        "append",
+        mac1,
+        "dev",
+        "rogue",
+        "dst",
+        "192.0.2.1",
+    ]);
+    ip3(&[
+        "route",
+        "replace",
+        "10.244.1.0/24",
+        "via",
+        "10.244.1.0",
+        "dev",
+        "rogue",
+        "onlink",
+    ]);
+    let sent = topo.in_ns(&n3, &["ping", "-c", "2", "-W", "1", &ip_a]);
+    assert!(!sent.status.success());
+    let table = ok(&[
+        "ip",
+        "netns",
+        "exec",
+        &topo.node_ns(1),
+        "nft",
+        "list",
+        "table",
+        "ip",
+        &format!("sticky_vxlan_{}", topo.net),
+    ]);
+    let dropped = table
+        .lines()
+        .find(|l| l.contains("udp dport 8472"))
+        .and_then(|l| l.split("packets ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(dropped >= 2, "{table}");
+}

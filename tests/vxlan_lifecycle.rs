@@ -1,0 +1,266 @@
+//! DEL that must always succeed, ADD failures that leave nothing behind, CHECK, and GC /
+//! STATUS / ADD reaching the IPAM plugin with the same stdin and environment.
+
+mod vxlan_support;
+
+use std::os::unix::fs::PermissionsExt;
+
+use serde_json::{Value, json};
+use vxlan_support::*;
+
+fn veths(topo: &Topo, n: u8) -> usize {
+    ok(&[
+        "ip",
+        "-n",
+        &topo.node_ns(n),
+        "-o",
+        "link",
+        "show",
+        "type",
+        "veth",
+    ])
+    .lines()
+    .filter(|l| !l.contains(" eth0@"))
+    .count()
+}
+
+fn allocations(topo: &Topo, n: u8) -> Vec<String> {
+    let dir = topo.dir.path().join(format!("ipam-{n}")).join(&topo.net);
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|f| f.starts_with("10."))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn error_of(out: &std::process::Output) -> Value {
+    assert!(!out.status.success(), "expected a failure");
+    serde_json::from_slice(&out.stdout).expect("error JSON on stdout")
+}
+
+#[test]
+fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(1, "b");
+    let c = topo.new_pod(1, "c");
+    for p in [&a, &b, &c] {
+        topo.add(p, &conf);
+    }
+    assert_eq!(veths(&topo, 1), 3);
+    assert_eq!(allocations(&topo, 1).len(), 3);
+
+    // DEL twice.
+    assert!(topo.del(&a, &a.path(), &conf).status.success());
+    assert!(topo.del(&a, &a.path(), &conf).status.success());
+    // DEL with an empty CNI_NETNS (containerd does this).
+    assert!(topo.del(&b, "", &conf).status.success());
+    // DEL after the netns is gone.
+    let cns = c.ns.clone();
+    topo.drop_ns(&cns);
+    let out = topo.del(&c, &c.path(), &conf);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(veths(&topo, 1), 0);
+    assert!(allocations(&topo, 1).is_empty(), "IPAM released everything");
+
+    // A config broken since ADD: DEL reports it, but the pod's veth is gone anyway.
+    let d = topo.new_pod(1, "d");
+    topo.add(&d, &conf);
+    let mut broken = conf.clone();
+    broken["vni"] = json!(0);
+    let err = error_of(&topo.del(&d, &d.path(), &broken));
+    assert_eq!(err["code"], 7, "{err}");
+    assert_eq!(veths(&topo, 1), 0);
+    // The shared VTEP and bridge are never torn down by DEL.
+    let links = ok(&["ip", "-n", &topo.node_ns(1), "-o", "link"]);
+    assert!(
+        links.contains("sticky.1") && links.contains("stickybr0"),
+        "{links}"
+    );
+}
+
+#[test]
+fn add_failing_in_ipam_or_after_it_leaves_nothing_behind() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let mut conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    conf["ipam"]["ranges"] = json!([[{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.10", "rangeEnd": "10.244.1.10"}]]);
+    let a = topo.new_pod(1, "a");
+    topo.add(&a, &conf);
+
+    // Range exhausted: IPAM fails, its error is passed on, nothing is left.
+    let b = topo.new_pod(1, "b");
+    let err = error_of(&topo.cni(1, "ADD", &b, &b.path(), &conf, ""));
+    assert!(err["msg"].as_str().unwrap().starts_with("IPAM:"), "{err}");
+    assert_eq!(veths(&topo, 1), 1);
+    let inside = ok(&["ip", "-n", &b.ns, "-o", "addr"]);
+    assert!(!inside.contains("eth0"), "{inside}");
+    assert_eq!(allocations(&topo, 1), vec!["10.244.1.10".to_string()]);
+
+    // Failure after IPAM (the pod already has an eth0): veth and allocation rolled back.
+    let c = topo.new_pod(1, "c");
+    ok(&[
+        "ip", "-n", &c.ns, "link", "add", "eth0", "type", "veth", "peer", "name", "x0",
+    ]);
+    assert!(topo.del(&a, &a.path(), &conf).status.success());
+    let err = error_of(&topo.cni(1, "ADD", &c, &c.path(), &conf, ""));
+    assert_eq!(err["code"], 122, "{err}");
+    assert_eq!(veths(&topo, 1), 0);
+    assert!(allocations(&topo, 1).is_empty(), "IPAM DEL ran on rollback");
+}
+
+#[test]
+fn check_passes_then_sees_a_missing_address() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let a = topo.new_pod(1, "a");
+    let result = topo.add(&a, &conf);
+    let mut check = conf.clone();
+    check["prevResult"] = result.clone();
+    let out = topo.cni(1, "CHECK", &a, &a.path(), &check, "");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let addr = result["ips"][0]["address"].as_str().unwrap();
+    ok(&["ip", "-n", &a.ns, "addr", "del", addr, "dev", "eth0"]);
+    let err = error_of(&topo.cni(1, "CHECK", &a, &a.path(), &check, ""));
+    assert_eq!(err["code"], 127, "{err}");
+}
+
+#[test]
+fn gc_status_and_add_reach_ipam_with_the_same_stdin_and_env() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    // A recording IPAM plugin: writes its command, CNI_ARGS and stdin, answers like an IPAM.
+    let log = topo.dir.path().join("ipam.log");
+    let script = format!(
+        "#!/bin/sh\nin=$(cat)\nprintf '%s|%s|%s\\n' \"$CNI_COMMAND\" \"$CNI_ARGS\" \"$in\" >> {log}\n\
+         [ \"$CNI_COMMAND\" = ADD ] && printf '{{\"cniVersion\":\"1.1.0\",\"ips\":[{{\"address\":\"10.244.1.9/24\",\"gateway\":\"10.244.1.1\"}}]}}'\nexit 0\n",
+        log = log.display()
+    );
+    let fake = topo.cni_path.join("recording-ipam");
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut conf = topo.conf(
+        1,
+        json!({"peers": [Topo::peer(1, false)], "cniVersion": "1.1.0"}),
+    );
+    conf["ipam"] = json!({"type": "recording-ipam"});
+    let a = topo.new_pod(1, "a");
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0";
+    let result = topo.add_args(&a, &conf, args);
+    assert_eq!(ip_of(&result, false), "10.244.1.9");
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    for (cmd, c) in [("GC", &gc), ("STATUS", &conf)] {
+        let out = topo.cni(1, cmd, &a, "", c, args);
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = logged.lines().collect();
+    assert_eq!(lines.len(), 3, "{logged}");
+    for (line, (cmd, c)) in lines
+        .iter()
+        .zip([("ADD", &conf), ("GC", &gc), ("STATUS", &conf)])
+    {
+        let mut parts = line.splitn(3, '|');
+        assert_eq!(parts.next(), Some(cmd));
+        assert_eq!(parts.next(), Some(args), "CNI_ARGS (K8S_POD_*) reach IPAM");
+        let stdin: Value = serde_json::from_str(parts.next().unwrap()).unwrap();
+        assert_eq!(&stdin, c, "IPAM gets the same stdin");
+    }
+}
+
+#[test]
+fn result_follows_the_config_version() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let conf = topo.conf(
+        1,
+        json!({"peers": [Topo::peer(1, false)], "cniVersion": "0.3.1"}),
+    );
+    let a = topo.new_pod(1, "a");
+    let r = topo.add(&a, &conf);
+    assert_eq!(r["cniVersion"], "0.3.1");
+    assert_eq!(r["ips"][0]["version"], "4", "{r}");
+    assert_eq!(r["ips"][0]["interface"], 2, "{r}");
+    assert_eq!(r["interfaces"][0]["name"], "stickybr0");
+    assert_eq!(r["interfaces"][2]["name"], "eth0");
+    assert_eq!(r["interfaces"][2]["sandbox"], a.path());
+    assert_eq!(r["routes"][0]["dst"], "0.0.0.0/0", "isDefaultGateway");
+    // The bridge's MAC is derived from its gateway address, so it never changes either.
+    assert_eq!(r["interfaces"][0]["mac"], "0e:01:0a:f4:01:01");
+}
+
+#[test]
+fn gc_removes_only_this_networks_veths_missing_from_the_valid_list() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    // Debian's host-local speaks up to 1.0.0: ADD with that; GC needs 1.1.0.
+    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(1, "b");
+    let ra = topo.add(&a, &conf);
+    let rb = topo.add(&b, &conf);
+    // A veth of another network on the same bridge: GC of this network must leave it alone.
+    let mut other = conf.clone();
+    other["name"] = json!(format!("{}-other", topo.net));
+    other["ipam"]["dataDir"] = json!(topo.dir.path().join("ipam-other"));
+    other["ipam"]["ranges"] = json!([[{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.200"}]]);
+    let c = topo.new_pod(1, "c");
+    let rc = topo.add(&c, &other);
+    assert_eq!(veths(&topo, 1), 3);
+
+    // Debian's host-local predates GC, so IPAM's answer is an error; the veth cleanup before
+    // it still happens.
+    let mut gc = conf.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": a.id, "ifname": "eth0"}]);
+    let _ = topo.cni(1, "GC", &a, "", &gc, "");
+    let names = ok(&["ip", "-n", &topo.node_ns(1), "-o", "link"]);
+    let host = |r: &Value| r["interfaces"][1]["name"].as_str().unwrap().to_string();
+    assert!(names.contains(&host(&ra)), "valid attachment kept: {names}");
+    assert!(
+        !names.contains(&host(&rb)),
+        "stale attachment removed: {names}"
+    );
+    assert!(
+        names.contains(&host(&rc)),
+        "other network untouched: {names}"
+    );
+    assert!(topo.reaches(&a, &ip_of(&rc, false)));
+}

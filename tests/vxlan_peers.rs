@@ -1,0 +1,138 @@
+//! Peers from a peers file: added on the next ADD/reconcile, removed ones cleaned up, a file
+//! that fails to parse (or is unsafe) never removes programmed peers.
+
+mod vxlan_support;
+
+use serde_json::json;
+use vxlan_support::*;
+
+fn show(topo: &Topo, n: u8) -> String {
+    String::from_utf8_lossy(&topo.tool(n, &["show"]).stdout).into_owned()
+}
+
+fn vtep_state(topo: &Topo, n: u8) -> (String, String, String) {
+    let ns = topo.node_ns(n);
+    (
+        ok(&["ip", "-n", &ns, "route", "show", "proto", "118"]),
+        ok(&["ip", "-n", &ns, "neigh", "show", "dev", "sticky.1"]),
+        ok(&["bridge", "-n", &ns, "fdb", "show", "dev", "sticky.1"]),
+    )
+}
+
+#[test]
+fn peers_file_add_remove_and_bad_file_keeps_peers() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    for n in 1..=3 {
+        topo.add_node(n, 1500);
+    }
+    // One cluster-wide file: every node finds itself in it by its own address.
+    let file = topo.write_peers_file(
+        "peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+    let confs: Vec<_> = (1..=3)
+        .map(|n| topo.conf(n, json!({"peersFile": file})))
+        .collect();
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(2, "b");
+    topo.add(&a, &confs[0]);
+    let ip_b = ip_of(&topo.add(&b, &confs[1]), false);
+    assert!(topo.reaches(&a, &ip_b));
+    assert!(!show(&topo, 1).contains("192.0.2.3"));
+
+    // Node 3 joins: written to the file; node 3 gets its pod; node 1 learns it on its next
+    // ADD.
+    topo.write_peers_file(
+        "peers.json",
+        &json!({"peers": [Topo::peer(1, false), Topo::peer(2, false), Topo::peer(3, false)]}),
+    );
+    let c = topo.new_pod(3, "c");
+    let ip_c = ip_of(&topo.add(&c, &confs[2]), false);
+    let a2 = topo.new_pod(1, "a2");
+    topo.add(&a2, &confs[0]);
+    assert!(show(&topo, 1).contains("peer 192.0.2.3 mac 0a:01:c0:00:02:03 subnets 10.244.3.0/24"));
+    assert!(topo.reaches(&a, &ip_c));
+
+    // A half-written file: ADD still works, node 1 keeps every programmed peer.
+    let before = vtep_state(&topo, 1);
+    std::fs::write(&file, r#"[{"ip": "192.0.2.1", "subnets": ["10.244.1"#).unwrap();
+    let a3 = topo.new_pod(1, "a3");
+    topo.add(&a3, &confs[0]);
+    assert_eq!(vtep_state(&topo, 1), before);
+    assert!(topo.reaches(&a, &ip_c));
+
+    // A file writable by others is refused the same way: nothing removed.
+    topo.write_peers_file("peers.json", &json!([Topo::peer(1, false)]));
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let conf_file = topo.dir.path().join("n1.conf");
+    std::fs::write(&conf_file, confs[0].to_string()).unwrap();
+    let out = topo.tool(1, &["reconcile", "--config", conf_file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("warning") && text.contains("not writable"),
+        "{text}"
+    );
+    assert_eq!(vtep_state(&topo, 1), before);
+
+    // Node 3 removed from a valid file: reconcile on node 1 removes its route, neighbour and
+    // FDB entry, and leaves node 2's.
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    topo.write_peers_file(
+        "peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+    let out = topo.tool(1, &["reconcile", "--config", conf_file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (routes, neigh, fdb) = vtep_state(&topo, 1);
+    assert!(
+        !routes.contains("10.244.3.0") && routes.contains("10.244.2.0/24"),
+        "{routes}"
+    );
+    assert!(
+        !neigh.contains("10.244.3.0") && neigh.contains("10.244.2.0"),
+        "{neigh}"
+    );
+    assert!(
+        !fdb.contains("192.0.2.3") && fdb.contains("192.0.2.2"),
+        "{fdb}"
+    );
+    assert!(!topo.ping(&a, &ip_c));
+    assert!(topo.reaches(&a, &ip_b));
+}
+
+#[test]
+fn overlapping_subnets_and_missing_local_entry_are_clear_errors() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let pod = topo.new_pod(1, "a");
+    let overlap = topo.conf(
+        1,
+        json!({"peers": [Topo::peer(1, false), {"ip": "192.0.2.9", "subnets": ["10.244.0.0/16"]}]}),
+    );
+    let out = topo.cni(1, "ADD", &pod, &pod.path(), &overlap, "");
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], 7, "{err}");
+    assert!(err["msg"].as_str().unwrap().contains("overlaps"), "{err}");
+
+    let no_local = topo.conf(1, json!({"peers": [Topo::peer(2, false)]}));
+    let out = topo.cni(1, "ADD", &pod, &pod.path(), &no_local, "");
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], 120, "{err}");
+    assert!(
+        err["msg"]
+            .as_str()
+            .unwrap()
+            .contains("no peer entry names this node"),
+        "{err}"
+    );
+}

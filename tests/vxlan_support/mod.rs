@@ -1,0 +1,358 @@
+//! Netns topology for the sticky-vxlan tests (see DESIGN.md, "Test topology").
+//!
+//! An underlay namespace holds a bridge; each `node` namespace is joined to it by a veth and
+//! gets `192.0.2.<n>/24`; pods are namespaces whose veth the plugin creates. The plugin runs
+//! inside the node namespace through `ip netns exec`, exactly as a runtime on that node
+//! would run it. Every name carries the test's pid and a counter; [`Topo`]'s `Drop` deletes
+//! every namespace (and with them every link) and the temp dir, also when the test panics.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sticky-vxlan");
+pub const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
+
+/// True when the test can run. Without root it prints why and the test returns — except
+/// under CI, where a skipped netns test would be a silent hole: then it fails.
+pub fn can_run() -> bool {
+    if nix::unistd::geteuid().is_root() && Path::new(HOST_LOCAL).exists() {
+        return true;
+    }
+    let why = if nix::unistd::geteuid().is_root() {
+        format!("{HOST_LOCAL} is missing (install containernetworking-plugins)")
+    } else {
+        "netns tests need root".to_string()
+    };
+    if std::env::var_os("CI").is_some() {
+        panic!("CI is set but this test cannot run: {why}");
+    }
+    eprintln!("skipping: {why}");
+    false
+}
+
+pub fn sh(args: &[&str]) -> Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("running {args:?}: {e}"))
+}
+
+/// Runs a command and panics with its output if it fails.
+pub fn ok(args: &[&str]) -> String {
+    let out = sh(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+pub struct Topo {
+    pub tag: String,
+    pub underlay: String,
+    pub dir: tempfile::TempDir,
+    pub cni_path: PathBuf,
+    namespaces: Vec<String>,
+    pub net: String,
+}
+
+pub struct Pod {
+    pub ns: String,
+    pub id: String,
+    pub node: u8,
+    pub ifname: String,
+}
+
+impl Pod {
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.ns)
+    }
+}
+
+impl Topo {
+    /// An underlay with the given MTU and no nodes yet.
+    pub fn new(mtu: u32) -> Topo {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("sv{}x{n}", std::process::id());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cni_path = dir.path().join("bin");
+        std::fs::create_dir(&cni_path).expect("bin dir");
+        std::os::unix::fs::symlink(BIN, cni_path.join("sticky-vxlan")).expect("link");
+        std::os::unix::fs::symlink(HOST_LOCAL, cni_path.join("host-local")).expect("link");
+        let mut topo = Topo {
+            underlay: format!("{tag}-ul"),
+            tag: tag.clone(),
+            dir,
+            cni_path,
+            namespaces: Vec::new(),
+            net: format!("net{tag}"),
+        };
+        let ul = topo.underlay.clone();
+        topo.add_ns(&ul);
+        ok(&[
+            "ip",
+            "-n",
+            &ul,
+            "link",
+            "add",
+            "br0",
+            "mtu",
+            &mtu.to_string(),
+            "type",
+            "bridge",
+        ]);
+        ok(&["ip", "-n", &ul, "link", "set", "br0", "up"]);
+        topo
+    }
+
+    fn add_ns(&mut self, name: &str) {
+        ok(&["ip", "netns", "add", name]);
+        self.namespaces.push(name.to_string());
+        ok(&["ip", "-n", name, "link", "set", "lo", "up"]);
+    }
+
+    pub fn node_ns(&self, n: u8) -> String {
+        format!("{}-n{n}", self.tag)
+    }
+
+    pub fn node_ip(n: u8) -> String {
+        format!("192.0.2.{n}")
+    }
+
+    /// Node `n`: namespace, veth into the underlay, `192.0.2.<n>/24`.
+    pub fn add_node(&mut self, n: u8, mtu: u32) {
+        let ns = self.node_ns(n);
+        self.add_ns(&ns);
+        let ul = self.underlay.clone();
+        let port = format!("n{n}");
+        let mtu = mtu.to_string();
+        ok(&[
+            "ip", "-n", &ul, "link", "add", &port, "mtu", &mtu, "type", "veth", "peer", "name",
+            "eth0", "mtu", &mtu, "netns", &ns,
+        ]);
+        ok(&["ip", "-n", &ul, "link", "set", &port, "master", "br0", "up"]);
+        ok(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{}/24", Self::node_ip(n)),
+            "dev",
+            "eth0",
+        ]);
+        ok(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
+    }
+
+    /// A pod namespace (the runtime's job); the plugin adds its interface.
+    pub fn new_pod(&mut self, node: u8, name: &str) -> Pod {
+        let ns = format!("{}-{name}", self.tag);
+        self.add_ns(&ns);
+        Pod {
+            id: format!("{}{name}", self.tag),
+            ns,
+            node,
+            ifname: "eth0".into(),
+        }
+    }
+
+    /// Deletes a pod's namespace now (as a runtime does after DEL, or a crash before it).
+    pub fn drop_ns(&mut self, ns: &str) {
+        ok(&["ip", "netns", "del", ns]);
+        self.namespaces.retain(|x| x != ns);
+    }
+
+    pub fn state_dir(&self, node: u8) -> PathBuf {
+        self.dir.path().join(format!("state-{node}"))
+    }
+
+    /// A v4 (and optionally v6) subnet per node: 10.244.<n>.0/24, fd00:<n>::/64.
+    pub fn subnet(n: u8) -> String {
+        format!("10.244.{n}.0/24")
+    }
+
+    pub fn subnet6(n: u8) -> String {
+        format!("fd00:{n}::/64")
+    }
+
+    pub fn peer(n: u8, v6: bool) -> Value {
+        let mut subnets = vec![Self::subnet(n)];
+        if v6 {
+            subnets.push(Self::subnet6(n));
+        }
+        json!({"ip": Self::node_ip(n), "subnets": subnets})
+    }
+
+    /// The network config node `n` uses; `extra` keys are merged in.
+    pub fn conf(&self, n: u8, extra: Value) -> Value {
+        let mut range = vec![json!([{"subnet": Self::subnet(n)}])];
+        if extra.get("v6").and_then(Value::as_bool) == Some(true) {
+            range.push(json!([{"subnet": Self::subnet6(n)}]));
+        }
+        let mut c = json!({
+            "cniVersion": "1.0.0",
+            "name": self.net,
+            "type": "sticky-vxlan",
+            "vni": 1,
+            "isDefaultGateway": true,
+            "stateDir": self.state_dir(n),
+            "ipam": {
+                "type": "host-local",
+                "dataDir": self.dir.path().join(format!("ipam-{n}")),
+                "ranges": range,
+            }
+        });
+        if let Some(obj) = extra.as_object() {
+            for (k, v) in obj {
+                if k != "v6" {
+                    c[k] = v.clone();
+                }
+            }
+        }
+        c
+    }
+
+    /// Runs the plugin inside node `n`'s namespace.
+    pub fn cni(
+        &self,
+        n: u8,
+        command: &str,
+        pod: &Pod,
+        netns: &str,
+        conf: &Value,
+        args: &str,
+    ) -> Output {
+        self.cni_env(n, command, pod, netns, conf, args, &[])
+    }
+
+    /// Like [`Topo::cni`] with extra environment variables.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cni_env(
+        &self,
+        n: u8,
+        command: &str,
+        pod: &Pod,
+        netns: &str,
+        conf: &Value,
+        args: &str,
+        extra: &[(&str, &str)],
+    ) -> Output {
+        let ns = self.node_ns(n);
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &ns, BIN])
+            .env_clear()
+            .envs(extra.iter().copied())
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", &pod.id)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", &pod.ifname)
+            .env("CNI_PATH", &self.cni_path)
+            .env("CNI_ARGS", args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn plugin");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(conf.to_string().as_bytes())
+            .expect("write stdin");
+        child.wait_with_output().expect("wait plugin")
+    }
+
+    /// ADD that must succeed; returns the result.
+    pub fn add(&self, pod: &Pod, conf: &Value) -> Value {
+        self.add_args(pod, conf, "")
+    }
+
+    pub fn add_args(&self, pod: &Pod, conf: &Value, args: &str) -> Value {
+        let out = self.cni(pod.node, "ADD", pod, &pod.path(), conf, args);
+        assert!(
+            out.status.success(),
+            "ADD {} on node {} failed: {}{}",
+            pod.ns,
+            pod.node,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("ADD result is JSON")
+    }
+
+    pub fn del(&self, pod: &Pod, netns: &str, conf: &Value) -> Output {
+        self.cni(pod.node, "DEL", pod, netns, conf, "")
+    }
+
+    /// Runs `sticky-vxlan <args>` (operator mode) inside node `n`.
+    pub fn tool(&self, n: u8, args: &[&str]) -> Output {
+        let ns = self.node_ns(n);
+        let mut full = vec!["ip", "netns", "exec", &ns, BIN];
+        full.extend_from_slice(args);
+        sh(&full)
+    }
+
+    pub fn in_ns(&self, ns: &str, args: &[&str]) -> Output {
+        let mut full = vec!["ip", "netns", "exec", ns];
+        full.extend_from_slice(args);
+        sh(&full)
+    }
+
+    pub fn ping(&self, from: &Pod, to: &str) -> bool {
+        let six = if to.contains(':') { "-6" } else { "-4" };
+        self.in_ns(&from.ns, &["ping", six, "-c", "1", "-W", "2", to])
+            .status
+            .success()
+    }
+
+    /// Pings, retrying a few times (the first packet can be lost while neighbours resolve).
+    pub fn reaches(&self, from: &Pod, to: &str) -> bool {
+        (0..3).any(|_| self.ping(from, to))
+    }
+
+    pub fn link_mac(&self, ns: &str, dev: &str) -> String {
+        let out = ok(&["ip", "-n", ns, "-j", "link", "show", "dev", dev]);
+        let v: Value = serde_json::from_str(&out).expect("ip -j");
+        v[0]["address"].as_str().unwrap_or_default().to_string()
+    }
+
+    pub fn write_peers_file(&self, name: &str, peers: &Value) -> PathBuf {
+        let path = self.dir.path().join(name);
+        let tmp = self.dir.path().join(format!("{name}.tmp"));
+        std::fs::write(&tmp, peers.to_string()).expect("write peers");
+        std::fs::rename(&tmp, &path).expect("rename peers");
+        path
+    }
+}
+
+/// The first address of a family from an ADD result, without the prefix.
+pub fn ip_of(result: &Value, v6: bool) -> String {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str())
+        .find(|a| a.contains(':') == v6)
+        .and_then(|a| a.split('/').next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        for ns in self.namespaces.iter().rev() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
