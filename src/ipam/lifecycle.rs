@@ -15,8 +15,9 @@
 
 use std::net::IpAddr;
 
-use super::allocator::{group, release_lease};
+use super::group::group;
 use super::record::{Body, Record, State};
+use super::release::release_lease;
 use super::store::{Note, Store, StoreError};
 
 /// The most the lease clock advances in one call, in seconds.

@@ -10,12 +10,14 @@ pub mod allocator;
 pub mod cli;
 pub mod config;
 pub mod disk;
+pub mod group;
 pub mod identity;
 pub mod lifecycle;
 pub mod metrics;
 pub mod plugin;
 pub mod range;
 pub mod record;
+pub mod release;
 pub mod resolv;
 pub mod store;
 

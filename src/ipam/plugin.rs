@@ -11,6 +11,7 @@ use super::disk::DiskStore;
 use super::identity::{KNOWN_ARGS, Pod};
 use super::lifecycle::{self, Attachment, LeaseClock};
 use super::metrics;
+use super::release;
 use super::{Error, resolv};
 use crate::cni::{Call, CniResult, Dns, IpConfig, Plugin};
 
@@ -151,8 +152,7 @@ impl Plugin for IpamPlugin {
     fn del(&self, call: &Call) -> Result<(), Error> {
         let prepared = Prepared::new(call)?;
         let (mut store, mut clock) = prepared.open()?;
-        let released =
-            allocator::del(&mut store, &prepared.request(call, &clock), &prev_ips(call))?;
+        let released = release::del(&mut store, &prepared.request(call, &clock), &prev_ips(call))?;
         if let (Some(hold), true) = (prepared.hold(), released > 0) {
             clock.released_one(hold);
         }
@@ -164,7 +164,7 @@ impl Plugin for IpamPlugin {
     fn check(&self, call: &Call) -> Result<(), Error> {
         let prepared = Prepared::new(call)?;
         let (mut store, clock) = prepared.open()?;
-        allocator::check(
+        release::check(
             &mut store,
             &prepared.config,
             &prepared.request(call, &clock),

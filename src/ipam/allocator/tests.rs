@@ -4,6 +4,7 @@ use std::net::IpAddr;
 
 use super::*;
 use crate::cni::{Args, NetConf};
+use crate::ipam::release::{check, del};
 use crate::ipam::store::mem::MemStore;
 
 fn config(ipam: &str) -> IpamConfig {

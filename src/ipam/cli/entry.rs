@@ -16,7 +16,7 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use crate::ipam::allocator::group;
+use crate::ipam::group::group;
 use crate::ipam::identity::Pod;
 use crate::ipam::lifecycle::LeaseClock;
 use crate::ipam::plugin::wall_clock;

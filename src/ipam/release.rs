@@ -1,0 +1,184 @@
+//! DEL and CHECK: finding an attachment without reading every file, releasing it into a
+//! lease, and checking a previous result against the data dir.
+//!
+//! DEL looks at `prevResult`'s addresses, then the pod's file names; only when neither finds
+//! the attachment does it read every record without identity (host-local's full scan). The
+//! container id is always verified, so a late DEL of a dead sandbox releases nothing of its
+//! replacement.
+
+use std::net::IpAddr;
+
+use super::allocator::{AllocError, Request};
+use super::config::IpamConfig;
+use super::group::group;
+use super::identity::Pod;
+use super::record::{Body, LEASE_FORMAT, Lease, Record, State};
+use super::store::{Store, StoreError};
+
+/// Turns an attached lease into a released one, next in the release order.
+pub(crate) fn release_lease<S: Store>(
+    store: &mut S,
+    record: &Record,
+    lease: &Lease,
+    now: u64,
+) -> Result<(), StoreError> {
+    let seq = store.next_release_seq()?;
+    let released = Lease {
+        state: State::Released,
+        release_seq: seq,
+        released_at: now,
+        ..lease.clone()
+    };
+    store.write(&Record {
+        body: Body::Lease(released),
+        ..record.clone()
+    })
+}
+
+/// DEL: releases the attachment (container id, ifname). Returns how many records it released.
+pub fn del<S: Store>(
+    store: &mut S,
+    req: &Request,
+    prev_ips: &[IpAddr],
+) -> Result<usize, AllocError> {
+    let mut ips = prev_ips.to_vec();
+    if let Some(pod) = req.pod {
+        ips.extend(store.index().ips_with_suffix(&pod.suffix()));
+    }
+    ips.sort();
+    ips.dedup();
+    let mut released = 0;
+    for ip in ips {
+        released += release_in_group(store, req, ip)?;
+    }
+    if released == 0 {
+        for ip in store.index().ips_without_identity() {
+            if store
+                .read(&ip.to_string())?
+                .is_some_and(|r| r.is_attachment(req.container_id, req.ifname))
+            {
+                released += release_in_group(store, req, ip)?;
+            }
+        }
+    }
+    Ok(released)
+}
+
+fn release_in_group<S: Store>(
+    store: &mut S,
+    req: &Request,
+    ip: IpAddr,
+) -> Result<usize, StoreError> {
+    let records = group(store, ip)?;
+    let mut released = 0;
+    for record in records
+        .iter()
+        .filter(|r| r.is_attachment(req.container_id, req.ifname))
+    {
+        match (&record.body, req.sticky_pod()) {
+            (Body::Lease(lease), _) if req.sticky => release_lease(store, record, lease, req.now)?,
+            (Body::HostLocal { .. }, Some(pod)) => {
+                // An adopted host-local attachment becomes the pod's released lease, so a
+                // migrated pod keeps its address on its first restart. The file is renamed
+                // first: a crash in between leaves one `<ip>_<ns>_<pod>` file whose body is
+                // not a lease, which reads as a released lease of that pod (a marker), never
+                // as two records.
+                let name = format!("{ip}{}", pod.suffix());
+                store.rename(&record.name, &name)?;
+                write_released_lease(store, ip, pod, req)?;
+                // An OpenYurt marker naming another pod is superseded by what the DEL said.
+                for other in records
+                    .iter()
+                    .filter(|r| r.body == Body::Marker && r.name != name)
+                {
+                    store.remove(&other.name)?;
+                }
+            }
+            _ => store.remove(&record.name)?,
+        }
+        released += 1;
+    }
+    // The pod's lone marker (OpenYurt's, or a conversion above interrupted after its rename)
+    // is already its released lease; a DEL naming the pod gives it a proper lease body.
+    if let Some(pod) = req.sticky_pod()
+        && released == 0
+        && !records
+            .iter()
+            .any(|r| matches!(r.body, Body::HostLocal { .. }))
+        && records
+            .iter()
+            .any(|r| r.body == Body::Marker && r.name == format!("{ip}{}", pod.suffix()))
+    {
+        write_released_lease(store, ip, pod, req)?;
+    }
+    Ok(released)
+}
+
+/// Writes `pod`'s lease at `ip` as released by this request, next in the release order.
+fn write_released_lease<S: Store>(
+    store: &mut S,
+    ip: IpAddr,
+    pod: &Pod,
+    req: &Request,
+) -> Result<(), StoreError> {
+    let seq = store.next_release_seq()?;
+    let lease = Lease {
+        format: LEASE_FORMAT.into(),
+        container_id: req.container_id.into(),
+        ifname: req.ifname.into(),
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        boot: req.boot.into(),
+        state: State::Released,
+        release_seq: seq,
+        released_at: req.now,
+    };
+    store.write(&Record::lease(ip, pod, lease))
+}
+
+/// CHECK: every address of `prev_ips` in this network's ranges is recorded for the
+/// attachment; without a previous result, at least one address is.
+pub fn check<S: Store>(
+    store: &mut S,
+    config: &IpamConfig,
+    req: &Request,
+    prev_ips: &[IpAddr],
+) -> Result<(), AllocError> {
+    let ours: Vec<IpAddr> = prev_ips
+        .iter()
+        .copied()
+        .filter(|ip| config.range_sets.iter().any(|s| s.contains(*ip)))
+        .collect();
+    let recorded = |store: &mut S, ip: IpAddr| -> Result<bool, StoreError> {
+        Ok(group(store, ip)?
+            .iter()
+            .any(|r| r.is_attachment(req.container_id, req.ifname)))
+    };
+    if !ours.is_empty() {
+        for ip in ours {
+            if !recorded(store, ip)? {
+                return Err(AllocError::NotRecorded {
+                    ip,
+                    container_id: req.container_id.into(),
+                    ifname: req.ifname.into(),
+                });
+            }
+        }
+        return Ok(());
+    }
+    let mut candidates = req
+        .pod
+        .map(|p| store.index().ips_with_suffix(&p.suffix()))
+        .unwrap_or_default();
+    candidates.extend(store.index().ips_without_identity());
+    for ip in candidates {
+        if recorded(store, ip)? {
+            return Ok(());
+        }
+    }
+    Err(AllocError::NoAttachment {
+        container_id: req.container_id.into(),
+        ifname: req.ifname.into(),
+    })
+}
