@@ -26,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,7 +170,15 @@ def main():
         if not os.access(b, os.X_OK):
             sys.exit("missing %s" % b)
     os.makedirs(opts.workdir, exist_ok=True)
-    work = os.path.abspath(opts.workdir)
+    # A directory of this run's own: two runs at once never share a data dir.
+    work = tempfile.mkdtemp(prefix="run-", dir=os.path.abspath(opts.workdir))
+    try:
+        bench(opts, sizes, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(opts, sizes, work):
     fstype = mount_fstype(work)
     print("data dirs in %s (%s); %d ADDs then %d DELs per size; %d CPUs" %
           (work, fstype, opts.calls, opts.calls, os.cpu_count()))
