@@ -2,9 +2,11 @@
 //!
 //! - [`config`] reads the `ipam` section; [`range`] validates ranges and orders addresses.
 //! - [`identity`] names pods safely in file names; [`record`] is one file's format.
-//! - [`allocator`] is the policy, over the [`store::Store`] trait; [`disk`] is the only code
-//!   that touches the data dir.
-//! - [`plugin`] wires the CNI commands to them.
+//! - [`allocator`] (ADD), [`release`] (DEL, CHECK), [`group`] (crash leftovers) and
+//!   [`lifecycle`] (boots, expiry, GC) are the policy, over the [`store::Store`] trait;
+//!   [`disk`] is the only code that touches the data dir.
+//! - [`plugin`] wires the CNI commands to them; [`cli`] is the operator's tool; [`metrics`]
+//!   writes the node_exporter textfile.
 
 pub mod allocator;
 pub mod cli;
