@@ -9,6 +9,8 @@
 //!
 //! [`cni`] is the protocol both share; [`codes`] is the one place errors become CNI codes.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod cni;
 pub mod codes;
 pub mod crash;
