@@ -45,6 +45,22 @@ impl Request<'_> {
     pub(crate) fn sticky_pod(&self) -> Option<&Pod> {
         self.pod.filter(|_| self.sticky)
     }
+
+    /// `pod`'s lease, attached to this request's sandbox.
+    pub(crate) fn lease(&self, pod: &Pod) -> Lease {
+        Lease {
+            format: LEASE_FORMAT.into(),
+            container_id: self.container_id.into(),
+            ifname: self.ifname.into(),
+            namespace: pod.namespace.clone(),
+            pod: pod.name.clone(),
+            pod_uid: pod.uid.clone(),
+            boot: self.boot.into(),
+            state: State::Attached,
+            release_seq: 0,
+            released_at: 0,
+        }
+    }
 }
 
 /// One address handed out.
@@ -445,22 +461,7 @@ fn oldest_released<S: Store>(
 
 fn new_record(ip: IpAddr, req: &Request) -> Record {
     match req.sticky_pod() {
-        Some(pod) => Record::lease(
-            ip,
-            pod,
-            Lease {
-                format: LEASE_FORMAT.into(),
-                container_id: req.container_id.into(),
-                ifname: req.ifname.into(),
-                namespace: pod.namespace.clone(),
-                pod: pod.name.clone(),
-                pod_uid: pod.uid.clone(),
-                boot: req.boot.into(),
-                state: State::Attached,
-                release_seq: 0,
-                released_at: 0,
-            },
-        ),
+        Some(pod) => Record::lease(ip, pod, req.lease(pod)),
         None => Record::host_local(ip, req.container_id, req.ifname),
     }
 }

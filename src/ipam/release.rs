@@ -12,7 +12,7 @@ use super::allocator::{AllocError, Request};
 use super::config::IpamConfig;
 use super::group::group;
 use super::identity::Pod;
-use super::record::{Body, LEASE_FORMAT, Lease, Record, State};
+use super::record::{Body, Lease, Record, State};
 use super::store::{Store, StoreError};
 
 /// Turns an attached lease into a released one, next in the release order.
@@ -121,18 +121,11 @@ fn write_released_lease<S: Store>(
     pod: &Pod,
     req: &Request,
 ) -> Result<(), StoreError> {
-    let seq = store.next_release_seq()?;
     let lease = Lease {
-        format: LEASE_FORMAT.into(),
-        container_id: req.container_id.into(),
-        ifname: req.ifname.into(),
-        namespace: pod.namespace.clone(),
-        pod: pod.name.clone(),
-        pod_uid: pod.uid.clone(),
-        boot: req.boot.into(),
         state: State::Released,
-        release_seq: seq,
+        release_seq: store.next_release_seq()?,
         released_at: req.now,
+        ..req.lease(pod)
     };
     store.write(&Record::lease(ip, pod, lease))
 }
