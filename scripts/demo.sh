@@ -87,7 +87,8 @@ die() {
 }
 indent() { sed 's/^/      /'; }
 
-start_ns=$(date +%s%N)
+# Seconds since $1 (from date +%s%N), one decimal.
+since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e9}'; }
 
 # ---------------------------------------------------------------------------------------------
 # Cleanup: every namespace named *-demo<pid> and the temp dir, whatever happened.
@@ -119,6 +120,7 @@ trap 'exit 143' TERM
 
 bin=${STICKY_BIN_DIR:-target/release}
 if ((build)); then
+  build_ns=$(date +%s%N)
   printf '%sBuilding sticky-cni (cargo build --release --locked; the first build takes a few minutes)…%s\n' "$B" "$N"
   cargo_cmd=(cargo build --release --locked --quiet)
   if [[ $EUID -eq 0 && -n ${SUDO_USER:-} && $SUDO_USER != root ]] && command -v sudo >/dev/null &&
@@ -131,7 +133,9 @@ if ((build)); then
     command -v cargo >/dev/null || die "cargo not found: install Rust (https://rustup.rs) or use --no-build"
     "${cargo_cmd[@]}"
   fi
+  printf 'built in %s s\n' "$(since "$build_ns")"
 fi
+start_ns=$(date +%s%N)
 bin=$(cd "$bin" 2>/dev/null && pwd) || die "no binary dir '${STICKY_BIN_DIR:-target/release}': build first (run without --no-build)"
 for b in sticky-ipam sticky-vxlan; do
   [[ -x $bin/$b ]] || die "$bin/$b is missing: build first (run without --no-build)"
@@ -250,7 +254,7 @@ if [[ $EUID -ne 0 || $ipam_only -eq 1 ]]; then
   fi
   printf '\n%sSummary%s\n' "$B" "$N"
   printf '    %s\n' "${summary[@]}"
-  printf '    (%s s)\n' "$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e9}')"
+  printf '    (the demo ran in %s s)\n' "$(since "$start_ns")"
   exit 0
 fi
 
@@ -410,7 +414,7 @@ say "every peer's MAC offline. node-1 already has it programmed:"
 ip -n "$n1" neigh show dev "$vtep" | indent
 bridge -n "$n1" fdb show dev "$vtep" 2>/dev/null | indent || true
 
-step "node-2 reboots: its VTEP is gone"
+step "node-2 \"reboots\": its VTEP is deleted, as a reboot (or a plugin upgrade) would"
 cmd "node-2" "ip link del $vtep"
 ip -n "$n2" link del "$vtep"
 cmd "web-0" "ping $db_ip"
@@ -447,4 +451,4 @@ printf '\n%sSummary%s\n' "$B" "$N"
 summary=("✔ pods on two nodes got addresses from sticky-ipam and reached each other over VXLAN" "${summary[@]}")
 printf '    %s\n' "${summary[@]}"
 say "All of it offline: peers from a local file, leases and MACs decided on each node."
-printf '    (%s s)\n' "$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e9}')"
+printf '    (the demo ran in %s s)\n' "$(since "$start_ns")"
