@@ -1,0 +1,147 @@
+//! sticky-vxlan with sticky-ipam as its IPAM, on the three-node netns topology: a pod on
+//! node 3 deleted and recreated under the same name (new netns, new container id, same
+//! namespace/name, same UID and then a new one) keeps its IP and its MAC, and a pod on node 1
+//! reaches it with no command run on node 1 between the delete and the ping. Root only.
+
+mod support;
+mod vxlan_support;
+
+use std::process::Output;
+
+use serde_json::{Value, json};
+use vxlan_support::*;
+
+const IPAM: &str = env!("CARGO_BIN_EXE_sticky-ipam");
+
+/// Three nodes, peers in the config, and sticky-ipam (a symlink in the topology's CNI_PATH)
+/// as every node's IPAM.
+fn three_nodes_with_sticky_ipam(topo: &mut Topo) -> Vec<Value> {
+    std::os::unix::fs::symlink(IPAM, topo.cni_path.join("sticky-ipam")).expect("symlink");
+    for n in 1..=3 {
+        topo.add_node(n, 1500);
+    }
+    let peers = json!([
+        Topo::peer(1, false),
+        Topo::peer(2, false),
+        Topo::peer(3, false)
+    ]);
+    (1..=3)
+        .map(|n| {
+            let mut c = topo.conf(n, json!({"peers": peers}));
+            c["ipam"]["type"] = json!("sticky-ipam");
+            c
+        })
+        .collect()
+}
+
+fn succeeded(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// What node 1 holds for the overlay: its VTEP's FDB and neighbours, and its routes.
+fn node1_overlay_state(topo: &Topo) -> String {
+    let ns = topo.node_ns(1);
+    [
+        ok(&["bridge", "-n", &ns, "fdb", "show", "dev", "sticky.1"]),
+        ok(&["ip", "-n", &ns, "neigh", "show", "dev", "sticky.1"]),
+        ok(&["ip", "-n", &ns, "route", "show"]),
+        topo.link_mac(&ns, "sticky.1"),
+    ]
+    .join("\n")
+}
+
+#[test]
+fn pod_recreated_on_node_3_keeps_ip_and_mac_and_node_1_reaches_it_untouched() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    let confs = three_nodes_with_sticky_ipam(&mut topo);
+    let client = topo.new_pod(1, "client");
+    let client_args = support::Pod::new("shop", "client", "uid-client").kubelet_args(&client.id);
+    topo.add_args(&client, &confs[0], &client_args);
+
+    let web_id = support::Pod::new("shop", "web", "uid-web-1");
+    let web = topo.new_pod(3, "web");
+    let args = web_id.kubelet_args(&web.id);
+    let first = topo.add_args(&web, &confs[2], &args);
+    let ip = ip_of(&first, false);
+    assert!(ip.starts_with("10.244.3."), "{first}");
+    let mac = topo.link_mac(&web.ns, "eth0");
+    assert!(
+        topo.reaches(&client, &ip),
+        "client cannot reach web at {ip}"
+    );
+    let node1_before = node1_overlay_state(&topo);
+
+    // Round 1: same UID (kubelet recreating the sandbox of the same pod). Round 2: a new UID
+    // (the pod object deleted and created again under the same name, e.g. a StatefulSet).
+    let mut current = web;
+    for (round, uid) in [(1, "uid-web-1"), (2, "uid-web-2")] {
+        let del = topo.cni(
+            3,
+            "DEL",
+            &current,
+            &current.path(),
+            &confs[2],
+            &web_id.kubelet_args(&current.id),
+        );
+        succeeded(&del, "DEL web");
+        let old_ns = current.ns.clone();
+        topo.drop_ns(&old_ns);
+        assert!(
+            !topo.ping(&client, &ip),
+            "round {round}: web still answers after DEL"
+        );
+
+        // Another pod created on node 3 meanwhile does not get web's address.
+        let other = topo.new_pod(3, &format!("other{round}"));
+        let other_args =
+            support::Pod::new("shop", &format!("other{round}"), "uid-o").kubelet_args(&other.id);
+        let other_ip = ip_of(&topo.add_args(&other, &confs[2], &other_args), false);
+        assert_ne!(
+            other_ip, ip,
+            "round {round}: web's released lease was handed out"
+        );
+
+        let again = topo.new_pod(3, &format!("web-r{round}"));
+        assert_ne!(again.id, current.id, "a new sandbox has a new container id");
+        let pod = support::Pod::new("shop", "web", uid);
+        let result = topo.add_args(&again, &confs[2], &pod.kubelet_args(&again.id));
+        assert_eq!(
+            ip_of(&result, false),
+            ip,
+            "round {round}: the recreated pod changed IP"
+        );
+        assert_eq!(
+            topo.link_mac(&again.ns, "eth0"),
+            mac,
+            "round {round}: the recreated pod changed MAC"
+        );
+        // The ping runs in the client pod; nothing was run on node 1 since the DEL.
+        assert!(
+            topo.reaches(&client, &ip),
+            "round {round}: node 1's client cannot reach the recreated pod at {ip}"
+        );
+
+        let state = support::check_dir(
+            &topo.dir.path().join(format!("ipam-3/{}", topo.net)),
+            support::COMPLETED,
+        );
+        let lease = state.sticky(ip.parse().unwrap());
+        assert!(lease.attached, "{lease:?}");
+        assert_eq!(lease.container_id, again.id);
+        assert_eq!(lease.pod_uid, uid);
+        current = again;
+    }
+    assert_eq!(
+        node1_overlay_state(&topo),
+        node1_before,
+        "node 1's overlay state had to change"
+    );
+}
