@@ -903,3 +903,13 @@ fn choosing_a_network() {
     let empty = temp_dir();
     cli(&["--data-dir", empty.path().to_str().unwrap(), "show", "ns/x"]).code(4);
 }
+
+#[test]
+fn a_missing_data_dir_is_not_found_not_empty() {
+    let tmp = temp_dir();
+    let missing = tmp.path().join("no-such-dir");
+    let d = missing.to_str().unwrap();
+    cli(&["--data-dir", d, "list"]).code(4);
+    cli(&["--data-dir", d, "list", "--json"]).code(4);
+    assert!(!missing.exists(), "listing must not create the data dir");
+}

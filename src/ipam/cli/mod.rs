@@ -137,6 +137,8 @@ pub enum CliError {
     NoNetwork { network: String, data_dir: PathBuf },
     #[error("no network under {0}")]
     NoNetworks(PathBuf),
+    #[error("data dir {0} does not exist (a wrong --data-dir, or no pod ever started here)")]
+    NoDataDir(PathBuf),
     #[error("{pod} has no records in network {network:?}")]
     NoRecords { pod: String, network: String },
     #[error("refused: {0}")]
@@ -157,9 +159,10 @@ impl CliError {
             | CliError::Output(_)
             | CliError::ListDataDir { .. } => EXIT_RUNTIME,
             CliError::Refused(_) => EXIT_REFUSED,
-            CliError::NoNetwork { .. } | CliError::NoNetworks(_) | CliError::NoRecords { .. } => {
-                EXIT_NOT_FOUND
-            }
+            CliError::NoNetwork { .. }
+            | CliError::NoNetworks(_)
+            | CliError::NoDataDir(_)
+            | CliError::NoRecords { .. } => EXIT_NOT_FOUND,
             _ => EXIT_USAGE,
         }
     }
@@ -277,7 +280,10 @@ impl Target {
         };
         let entries = match fs::read_dir(&self.data_dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            // Not an empty data dir: a wrong --data-dir, or a node that never ran a pod.
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(CliError::NoDataDir(self.data_dir.clone()));
+            }
             Err(e) => return Err(list_err(e)),
         };
         let mut names = Vec::new();
