@@ -3,7 +3,7 @@
 # tests, cnitool end to end, packaging checks. Run it as root: the network and packaging tests
 # need root; without root they say what they skip (and fail when CI is set).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 status=0
 step() {
@@ -11,6 +11,11 @@ step() {
   "$@" || status=1
 }
 
+if command -v shellcheck >/dev/null 2>&1; then
+  step shellcheck -S warning scripts/*.sh .ci/run packaging/debian/* packaging/rpm/*.sh
+fi
+step cargo fmt --check
+step cargo clippy --all-targets --locked -- -D warnings
 step cargo build --all-targets --locked
 # The crash-safety tests drive a build with crash points, which release builds never have.
 step cargo build --locked --features crash-points --target-dir target/crash --bin sticky-ipam

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # sticky-cni %post ($1: 1 = install, 2 = upgrade).
 # Make a running systemd see the new or changed unit file. The unit is neither
 # enabled nor started: installing a package must not change a running node's

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # sticky-cni %preun ($1: 0 = erase, 1 = upgrade).
 # On erase only, drop the operator's enablement of the reconcile unit so no
 # dangling symlink is left; do not stop it (oneshot, no ExecStop). Lease data
