@@ -53,6 +53,13 @@ pub fn prerequisites(what: &str) -> Option<PathBuf> {
         }
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-cnitool.sh");
+    // On a fresh machine the first call builds cnitool; parallel tests (threads, or processes
+    // under nextest) must not build it at the same time into the same cache file.
+    let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cnitool-build.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .unwrap_or_else(|e| panic!("{}: {e}", lock_path.display()));
+    lock.lock()
+        .unwrap_or_else(|e| panic!("lock {}: {e}", lock_path.display()));
     let out = Command::new(&script)
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
@@ -68,6 +75,7 @@ pub fn prerequisites(what: &str) -> Option<PathBuf> {
         .unwrap_or_default()
         .trim()
         .to_string();
+    drop(lock);
     let path = PathBuf::from(path);
     assert!(path.is_file(), "build-cnitool.sh printed {path:?}");
     Some(path)
