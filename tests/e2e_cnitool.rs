@@ -165,6 +165,16 @@ fn tcp_hello(from_ns: &str, host: &str, port: u16) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+fn vtep_tx_packets(node_ns: &str) -> u64 {
+    let out = ok(&[
+        "ip", "-n", node_ns, "-s", "-j", "link", "show", "dev", "sticky.1",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v[0]["stats64"]["tx"]["packets"]
+        .as_u64()
+        .expect("tx packets")
+}
+
 fn nat_rules(node_ns: &str) -> String {
     ok(&[
         "ip", "netns", "exec", node_ns, "iptables", "-t", "nat", "-S",
@@ -217,9 +227,14 @@ fn two_nodes_through_cnitool_overlay_portmap_recreate_same_ip_and_check() {
         "the machine's own cache was written"
     );
 
-    // Across the VXLAN overlay, both ways.
+    // Across the VXLAN overlay, both ways: the packets leave node 1 through its VTEP.
+    let vtep_tx_before = vtep_tx_packets(&topo.node_ns(1));
     assert!(reaches(&a.ns, &ip_b, 3), "a cannot reach b ({ip_b})");
     assert!(reaches(&b.ns, &ip_a, 3), "b cannot reach a ({ip_a})");
+    assert!(
+        vtep_tx_packets(&topo.node_ns(1)) >= vtep_tx_before + 2,
+        "the pings did not go through node 1's VTEP"
+    );
 
     // portmap got our result as prevResult and mapped node 2's hostPort to b's address: a
     // client on node 1 connects to 192.0.2.2:18080 and lands in pod b.
@@ -281,7 +296,21 @@ fn two_nodes_through_cnitool_overlay_portmap_recreate_same_ip_and_check() {
         "b cannot reach the recreated pod at {ip_a}"
     );
 
-    // CHECK passes on the new cache, and fails once the pod's address is gone.
+    // CHECK passes on the new cache; it reads the cached prevResult (an address that libcni's
+    // cache claims but the pod lacks fails it), and fails once the pod's address is gone.
+    rt1.must("check", NET, &a2.path(), &[("CNI_ARGS", &args_a2)]);
+    let cache_file = rt1.inside(&format!("/var/lib/cni/results/{NET}-{cid_a2}-eth0"));
+    let good_cache = std::fs::read(&cache_file).expect("libcni cache of a2");
+    let mut forged: Value = serde_json::from_slice(&good_cache).unwrap();
+    forged["result"]["ips"][0]["address"] = json!("10.244.1.200/24");
+    std::fs::write(&cache_file, forged.to_string()).unwrap();
+    let out = rt1.cnitool("check", NET, &a2.path(), &[("CNI_ARGS", &args_a2)]);
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("10.244.1.200"),
+        "CHECK ignored the cached prevResult: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&cache_file, &good_cache).unwrap();
     rt1.must("check", NET, &a2.path(), &[("CNI_ARGS", &args_a2)]);
     ok(&[
         "ip",
