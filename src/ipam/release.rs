@@ -2,7 +2,8 @@
 //! lease, and checking a previous result against the data dir.
 //!
 //! DEL looks at `prevResult`'s addresses, then the pod's file names; only when neither finds
-//! the attachment does it read every record without identity (host-local's full scan). The
+//! the attachment does it read every record without identity (host-local's full scan), and
+//! the leases too when the call carried neither a previous result nor a pod name. The
 //! container id is always verified, so a late DEL of a dead sandbox releases nothing of its
 //! replacement.
 
@@ -58,6 +59,22 @@ pub fn del<S: Store>(
                 .is_some_and(|r| r.is_attachment(req.container_id, req.ifname))
             {
                 released += release_in_group(store, req, ip)?;
+            }
+        }
+    }
+    // A DEL with neither a previous result nor a pod name (a runtime that sends neither) can
+    // only find a lease by reading every one; runtimes that matter send both.
+    if released == 0 && req.pod.is_none() && prev_ips.is_empty() {
+        for ip in store.index().ips_with_identity() {
+            let names = store.index().names(ip);
+            for name in names.iter().filter(|n| n.contains('_')) {
+                if store
+                    .read(name)?
+                    .is_some_and(|r| r.is_attachment(req.container_id, req.ifname))
+                {
+                    released += release_in_group(store, req, ip)?;
+                    break;
+                }
             }
         }
     }

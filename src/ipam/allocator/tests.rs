@@ -349,3 +349,18 @@ fn sticky_off_behaves_like_host_local() {
     del(&mut s, &r, &[]).unwrap();
     assert!(s.files.is_empty());
 }
+
+#[test]
+fn del_without_prev_result_or_pod_name_still_finds_a_lease() {
+    let (mut s, c) = (MemStore::default(), small());
+    let p = pod("web", "u");
+    let a = add1(&mut s, &c, &req("c1", Some(&p), "b")).unwrap();
+    add1(&mut s, &c, &req("c2", Some(&pod("other", "u")), "b")).unwrap();
+    assert_eq!(del(&mut s, &req("c1", None, "b"), &[]).unwrap(), 1);
+    let lease = s.records().into_iter().find(|r| r.ip == a).unwrap();
+    assert!(matches!(&lease.body, Body::Lease(l) if l.state == State::Released));
+    assert!(
+        s.records().iter().any(|r| r.is_attachment("c2", "eth0")),
+        "only c1's lease"
+    );
+}
