@@ -78,6 +78,20 @@ fn vxlan_conflist_example_ipam_section_works() {
 }
 
 #[test]
+fn cluster_vxlan_conflist_example_gets_its_ranges_from_the_node() {
+    // The DaemonSet's network: no range in the IPAM section; sticky-vxlan fills in the node's
+    // own subnets from the peers file (tests/vxlan_sticky.rs proves that part with packets).
+    let doc = load("11-sticky-vxlan-cluster.conflist");
+    let e = entries(&doc);
+    assert_eq!(e[0]["type"], "sticky-vxlan");
+    assert!(sticky_cni::vxlan::delegate::needs_ranges(&e[0]));
+    let mut entry = e[0].clone();
+    entry["ipam"]["ranges"] = json!([[{"subnet": "10.244.7.0/24"}]]);
+    let ips = exercise("11-sticky-vxlan-cluster.conflist", entry, 1);
+    assert_eq!(ips[0], ip("10.244.7.2"));
+}
+
+#[test]
 fn dualstack_conf_example_works() {
     let doc = load("20-sticky-ipam-dualstack.conf");
     assert!(doc.get("plugins").is_none(), "a single-plugin .conf");
@@ -129,6 +143,7 @@ fn every_example_is_covered() {
         [
             "10-sticky-ipam-bridge.conflist",
             "10-sticky-vxlan.conflist",
+            "11-sticky-vxlan-cluster.conflist",
             "20-sticky-ipam-dualstack.conf",
             "30-host-local-dropin.conflist"
         ],

@@ -33,6 +33,7 @@ use vxlan_support::Topo;
 const COVERED: &[(&str, &str)] = &[
     ("10-sticky-ipam-bridge.conflist", "bridge_example"),
     ("10-sticky-vxlan.conflist", "vxlan_example"),
+    ("11-sticky-vxlan-cluster.conflist", "vxlan_cluster_example"),
     ("20-sticky-ipam-dualstack.conf", "dualstack_conf_example"),
     ("30-host-local-dropin.conflist", "host_local_dropin_example"),
     (
@@ -191,10 +192,14 @@ fn data_dir(n: &Node, net: &str) -> PathBuf {
 /// per range set), pod 2 pings pod 1 on every family, CHECK passes on libcni's cache, DEL of
 /// pod 1 leaves a released lease for each of its addresses and takes its interface away.
 fn exercise(name: &str, n: &mut Node) {
+    exercise_in(name, n, ranges(&example(name)));
+}
+
+/// [`exercise`], with the range sets the addresses must come from given explicitly.
+fn exercise_in(name: &str, n: &mut Node, ranges: Vec<Range>) {
     let doc = example(name);
     let net = doc["name"].as_str().unwrap().to_string();
     let version = doc["cniVersion"].as_str().unwrap().to_string();
-    let ranges = ranges(&doc);
     let p1 = new_pod(n, "pod-1");
     let p2 = new_pod(n, "pod-2");
     let r1 = n.rt.add(&net, &p1.path, &env(&p1));
@@ -296,6 +301,30 @@ fn vxlan_example() {
         routes.contains("10.244.2.0/24 via 10.244.2.0 dev sticky.1"),
         "{routes}"
     );
+}
+
+#[test]
+fn vxlan_cluster_example() {
+    let Some(cnitool) = prerequisites("conf_examples_e2e") else {
+        return;
+    };
+    let name = "11-sticky-vxlan-cluster.conflist";
+    let mut n = node(&cnitool);
+    let mut list = example(name);
+    // The only change: stateDir into the sandbox. The example names no range: node 1's subnet
+    // comes from its entry in the peers file.
+    list["plugins"][0]["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
+    n.rt.write_etc(&format!("net.d/{name}"), &list);
+    n.rt.write_etc(
+        "sticky-peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+    let node_range = Range {
+        subnet: Topo::subnet(1).parse().unwrap(),
+        start: None,
+        end: None,
+    };
+    exercise_in(name, &mut n, vec![node_range]);
 }
 
 #[test]
@@ -435,7 +464,12 @@ fn every_file_in_conf_examples_is_exercised() {
             ["0.4.0", "1.0.0"].contains(&v),
             "{file} (exercised by {test}): cniVersion {v:?}"
         );
-        assert!(!ranges(&doc).is_empty(), "{file}: no ranges");
+        // Ranges are the example's own, or (cluster-wide conflists) filled in per node.
+        let first = doc.get("plugins").map_or(&doc, |p| &p[0]);
+        assert!(
+            sticky_cni::vxlan::delegate::needs_ranges(first) || !ranges(&doc).is_empty(),
+            "{file}: no ranges"
+        );
     }
     // And this file names each test it lists (a renamed test must update the table).
     let me = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file!())).unwrap();

@@ -17,8 +17,8 @@ use std::process::Command;
 
 const MANIFEST: &str = "packaging/kubernetes/sticky-cni-daemonset.yaml";
 const DOCKERFILE: &str = "packaging/kubernetes/Dockerfile";
-const CONFLIST: &str = "conf-examples/10-sticky-vxlan.conflist";
-const CONFLIST_NAME: &str = "10-sticky-vxlan.conflist";
+const CONFLIST: &str = "conf-examples/11-sticky-vxlan-cluster.conflist";
+const CONFLIST_NAME: &str = "11-sticky-vxlan-cluster.conflist";
 
 fn repo_file(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -259,6 +259,11 @@ fn configmap_carries_the_conf_example_verbatim() {
         .unwrap_or_default();
     assert_eq!(types, ["sticky-vxlan", "portmap"]);
     assert_eq!(conf["plugins"][0]["ipam"]["type"], "sticky-ipam");
+    // One conflist for every node: no range here, each node's come from the peers file.
+    assert!(
+        sticky_cni::vxlan::delegate::needs_ranges(&conf["plugins"][0]),
+        "the DaemonSet's conflist must not pin one node's subnet"
+    );
 
     // The DaemonSet installs that ConfigMap key, under that name.
     let pod = pod_spec(&docs);

@@ -145,3 +145,65 @@ fn pod_recreated_on_node_3_keeps_ip_and_mac_and_node_1_reaches_it_untouched() {
         "node 1's overlay state had to change"
     );
 }
+
+/// One conflist for every node: `ipam` names no range, so each node's IPAM gets the node's own
+/// subnets from the (shared) peers file. The test's nodes share one filesystem, so only the
+/// data and state dirs differ between them; the ranges do not appear anywhere.
+#[test]
+fn ipam_ranges_come_from_the_nodes_own_peer_entry() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    std::os::unix::fs::symlink(IPAM, topo.cni_path.join("sticky-ipam")).expect("symlink");
+    for n in 1..=2 {
+        topo.add_node(n, 1500);
+    }
+    let peers = topo.write_peers_file(
+        "peers.json",
+        &json!([Topo::peer(1, true), Topo::peer(2, true)]),
+    );
+    let confs: Vec<Value> = (1..=2)
+        .map(|n| {
+            let mut c = topo.conf(n, json!({"peersFile": peers}));
+            c["ipam"] = json!({
+                "type": "sticky-ipam",
+                "dataDir": topo.dir.path().join(format!("ipam-{n}")),
+            });
+            c
+        })
+        .collect();
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(2, "b");
+    let pod_a = support::Pod::new("shop", "a", "uid-a");
+    let ra = topo.add_args(&a, &confs[0], &pod_a.kubelet_args(&a.id));
+    let rb = topo.add_args(
+        &b,
+        &confs[1],
+        &support::Pod::new("shop", "b", "uid-b").kubelet_args(&b.id),
+    );
+    let (a4, b4) = (ip_of(&ra, false), ip_of(&rb, false));
+    assert!(a4.starts_with("10.244.1."), "node 1's subnet: {ra}");
+    assert!(b4.starts_with("10.244.2."), "node 2's subnet: {rb}");
+    assert!(
+        ip_of(&ra, true).starts_with("fd00:1:"),
+        "one range set per subnet: {ra}"
+    );
+    assert!(topo.reaches(&a, &b4), "a cannot reach b at {b4}");
+
+    // DEL and ADD of the recreated pod see the same filled-in ranges: the lease is kept.
+    let del = topo.cni(
+        1,
+        "DEL",
+        &a,
+        &a.path(),
+        &confs[0],
+        &pod_a.kubelet_args(&a.id),
+    );
+    succeeded(&del, "DEL a");
+    topo.drop_ns(&a.ns.clone());
+    let again = topo.new_pod(1, "a2");
+    let r = topo.add_args(&again, &confs[0], &pod_a.kubelet_args(&again.id));
+    assert_eq!(ip_of(&r, false), a4, "recreated pod keeps its address");
+    assert!(topo.reaches(&again, &b4));
+}

@@ -4,7 +4,8 @@ use std::path::Path;
 
 use super::config::Config;
 use super::datapath;
-use super::node::gateway_of;
+use super::delegate::Ipam;
+use super::node::{self, gateway_of};
 use super::pod::{self, host_veth_name};
 use super::{Error, delegate};
 use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin};
@@ -23,28 +24,40 @@ impl Plugin for StickyVxlan {
     fn add(&self, call: &Call) -> Result<CniResult, Error> {
         let cfg = config(call)?;
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
-        let pending = delegate::spawn(call, &cfg.ipam_type, "ADD")?;
-        let node = Socket::open().map_err(Error::from).and_then(|mut sock| {
-            let (node, _vtep, bridge) = datapath::ensure_node(&mut sock, &cfg)?;
-            // A leftover from an earlier, interrupted ADD of the same attachment.
-            link::delete(&mut sock, &host)?;
-            Ok((sock, node, bridge))
-        });
+        let node_work = || {
+            Socket::open().map_err(Error::from).and_then(|mut sock| {
+                let (node, _vtep, bridge) = datapath::ensure_node(&mut sock, &cfg)?;
+                // A leftover from an earlier, interrupted ADD of the same attachment.
+                link::delete(&mut sock, &host)?;
+                Ok((sock, node, bridge))
+            })
+        };
+        let (ipam, pending, node) = if delegate::needs_ranges(&call.conf.raw) {
+            // The node's own subnets are the IPAM ranges: the node first.
+            let node = node_work()?;
+            let ipam = Ipam::with_ranges(call, &cfg.ipam_type, &node.1.local.subnets);
+            let pending = delegate::spawn(call, &ipam, "ADD")?;
+            (ipam, pending, Ok(node))
+        } else {
+            // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
+            let ipam = Ipam::verbatim(call, &cfg.ipam_type);
+            let pending = delegate::spawn(call, &ipam, "ADD")?;
+            (ipam, pending, node_work())
+        };
         crate::crash::point("vxlan add: node ready");
-        let ipam = pending.result();
-        let ((mut sock, node, bridge), ipam) = match (node, ipam) {
-            (Ok(n), Ok(ipam)) => (n, ipam),
+        let result = pending.result();
+        let ((mut sock, node, bridge), result) = match (node, result) {
+            (Ok(n), Ok(result)) => (n, result),
             (Err(e), Ok(_)) => {
-                rollback(call, &cfg, None, &host);
+                rollback(call, &ipam, None, &host);
                 return Err(e);
             }
             // IPAM allocated nothing; the node's problem is the one to fix first.
             (Err(e), Err(_)) => return Err(e),
             (Ok(_), Err(e)) => return Err(e),
         };
-        attach(&mut sock, call, &cfg, node.mtu, &bridge, &host, &ipam).inspect_err(|_| {
-            rollback(call, &cfg, Some(&mut sock), &host);
+        attach(&mut sock, call, &cfg, node.mtu, &bridge, &host, &result).inspect_err(|_| {
+            rollback(call, &ipam, Some(&mut sock), &host);
         })
     }
 
@@ -55,10 +68,10 @@ impl Plugin for StickyVxlan {
         // nothing leaks; a config or IPAM error is reported before a netlink one.
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
         let cfg = config(call);
-        let pending = cfg
-            .as_ref()
-            .map_err(|_| ())
-            .map(|cfg| delegate::spawn(call, &cfg.ipam_type, "DEL"));
+        let pending = cfg.as_ref().map_err(|_| ()).map(|cfg| {
+            let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, cfg))?;
+            delegate::spawn(call, &ipam, "DEL")
+        });
         let removed = Socket::open()
             .map_err(Error::from)
             .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
@@ -99,7 +112,8 @@ impl Plugin for StickyVxlan {
                 cfg.bridge
             )));
         }
-        delegate::run(call, &cfg.ipam_type, "CHECK")?;
+        let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))?;
+        delegate::run(call, &ipam, "CHECK")?;
         Ok(())
     }
 
@@ -113,13 +127,16 @@ impl Plugin for StickyVxlan {
             Some(valid) => remove_stale_veths(&cfg, &valid),
             None => Ok(()),
         };
-        let released = delegate::run(call, &cfg.ipam_type, "GC").map(drop);
+        let released = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))
+            .and_then(|ipam| delegate::run(call, &ipam, "GC"))
+            .map(drop);
         removed.and(released)
     }
 
     fn status(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
-        delegate::run(call, &cfg.ipam_type, "STATUS")?;
+        let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))?;
+        delegate::run(call, &ipam, "STATUS")?;
         Ok(())
     }
 }
@@ -162,9 +179,25 @@ fn remove_stale_veths(cfg: &Config, valid: &[(String, String)]) -> Result<(), Er
     first
 }
 
+/// This node's pod subnets, for an IPAM section without ranges: from the peer list, or, when
+/// the node cannot be worked out (a DEL after the underlay went away), from the addresses of
+/// the previous result.
+fn local_subnets(call: &Call, cfg: &Config) -> Result<Vec<ipnet::IpNet>, Error> {
+    let resolved = Socket::open()
+        .map_err(Error::from)
+        .and_then(|mut sock| node::resolve(&mut sock, cfg))
+        .map(|node| node.local.subnets);
+    let from_prev = || -> Option<Vec<ipnet::IpNet>> {
+        let prev = call.conf.prev_result.as_ref()?;
+        let nets: Vec<ipnet::IpNet> = prev.ips.iter().map(|ip| ip.address.trunc()).collect();
+        (!nets.is_empty()).then_some(nets)
+    };
+    resolved.or_else(|e| from_prev().ok_or(e))
+}
+
 /// Undoes an ADD after IPAM allocated: the veth, then IPAM DEL. Keeps going after errors
 /// (logged): the error that caused the rollback is the one reported.
-fn rollback(call: &Call, cfg: &Config, sock: Option<&mut Socket>, host: &str) {
+fn rollback(call: &Call, ipam: &Ipam, sock: Option<&mut Socket>, host: &str) {
     let removed = match sock {
         Some(sock) => link::delete(sock, host).map_err(Error::from),
         None => Socket::open()
@@ -174,7 +207,7 @@ fn rollback(call: &Call, cfg: &Config, sock: Option<&mut Socket>, host: &str) {
     if let Err(e) = removed {
         eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
     }
-    if let Err(e) = delegate::run(call, &cfg.ipam_type, "DEL") {
+    if let Err(e) = delegate::run(call, ipam, "DEL") {
         eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
     }
 }
