@@ -101,6 +101,7 @@ impl From<crate::vxlan::Error> for CniError {
             E::IpamNotFound { .. } | E::IpamExec { .. } | E::IpamOutput { .. } => IPAM_EXEC,
             E::Firewall(_) => FIREWALL,
             E::Check(_) => CHECK,
+            E::NotReady(_) => code::NOT_AVAILABLE,
         };
         CniError::new(code, err.to_string())
     }

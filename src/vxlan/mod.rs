@@ -108,6 +108,8 @@ pub enum Error {
     Firewall(String),
     #[error("CHECK: {0}")]
     Check(String),
+    #[error("not ready: {0}")]
+    NotReady(String),
     #[error("config file {path}: {reason}")]
     ConfigFile { path: PathBuf, reason: String },
     /// A command-line mistake; the text includes the help.

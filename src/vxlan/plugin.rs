@@ -134,8 +134,12 @@ impl Plugin for StickyVxlan {
     }
 
     fn status(&self, call: &Call) -> Result<(), Error> {
-        let cfg = config(call)?;
-        let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))?;
+        // A plugin that cannot work says so with 50, as the spec asks; an IPAM answer keeps
+        // its own code.
+        let not_ready = |e: Error| Error::NotReady(e.to_string());
+        let cfg = config(call).map_err(not_ready)?;
+        let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))
+            .map_err(not_ready)?;
         delegate::run(call, &ipam, "STATUS")?;
         Ok(())
     }
