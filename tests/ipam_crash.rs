@@ -11,9 +11,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
@@ -22,31 +20,7 @@ use support::*;
 const NET: &str = "crash";
 
 fn crash_bin() -> Plugin {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    let bin = BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("STICKY_CRASH_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let target = root.join("target/crash");
-        let cargo = option_env!("CARGO").unwrap_or("cargo");
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--features",
-                "crash-points",
-                "--bin",
-                "sticky-ipam",
-            ])
-            .arg("--target-dir")
-            .arg(&target)
-            .current_dir(root)
-            .status()
-            .expect("run cargo to build the crash-points binary");
-        assert!(status.success(), "building the crash-points binary failed");
-        target.join("debug/sticky-ipam")
-    });
-    Plugin::at(bin)
+    Plugin::at(crash_bin_path())
 }
 
 /// One crash scenario: builds its starting state in a fresh data dir, names the call to crash,

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 use support::*;
@@ -41,34 +40,6 @@ fn cli(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// sticky-ipam built with the `crash-points` feature, as tests/ipam_crash.rs builds it.
-fn crash_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("STICKY_CRASH_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let target = root.join("target/crash");
-        let status = Command::new(option_env!("CARGO").unwrap_or("cargo"))
-            .args([
-                "build",
-                "--features",
-                "crash-points",
-                "--bin",
-                "sticky-ipam",
-            ])
-            .arg("--target-dir")
-            .arg(&target)
-            .current_dir(root)
-            .status()
-            .expect("run cargo to build the crash-points binary");
-        assert!(status.success(), "building the crash-points binary failed");
-        target.join("debug/sticky-ipam")
-    })
-    .clone()
 }
 
 /// A populated sticky-ipam data dir: attached leases, released leases, host-local records
@@ -260,7 +231,7 @@ fn table_output_names_what_was_converted_and_dropped() {
 
 #[test]
 fn interrupted_downgrade_keeps_every_address_held_and_a_rerun_finishes() {
-    let crash = crash_bin();
+    let crash = crash_bin_path();
     let mut n = 1;
     loop {
         assert!(n < 200, "downgrade never finished without crashing");

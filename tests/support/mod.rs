@@ -1070,3 +1070,32 @@ impl Rng {
         self.next() % n
     }
 }
+
+/// sticky-ipam built with the `crash-points` feature into `target/crash` (once per test
+/// binary), or the binary named by `STICKY_CRASH_BIN`.
+pub fn crash_bin_path() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("STICKY_CRASH_BIN") {
+            return PathBuf::from(p);
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let target = root.join("target/crash");
+        let status = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+            .args([
+                "build",
+                "--features",
+                "crash-points",
+                "--bin",
+                "sticky-ipam",
+            ])
+            .arg("--target-dir")
+            .arg(&target)
+            .current_dir(root)
+            .status()
+            .expect("run cargo to build the crash-points binary");
+        assert!(status.success(), "building the crash-points binary failed");
+        target.join("debug/sticky-ipam")
+    })
+    .clone()
+}
