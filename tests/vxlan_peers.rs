@@ -136,3 +136,56 @@ fn overlapping_subnets_and_missing_local_entry_are_clear_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn bad_peers_file_without_a_kept_copy_never_closes_the_vxlan_port_to_programmed_peers() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    for n in 1..=2 {
+        topo.add_node(n, 1500);
+    }
+    // Node 1 names itself in its config and learns the others from the file.
+    let file = topo.write_peers_file("peers.json", &json!([Topo::peer(2, false)]));
+    let conf1 = topo.conf(
+        1,
+        json!({"peers": [Topo::peer(1, false)], "peersFile": file, "peerOnlyPort": true}),
+    );
+    let conf2 = topo.conf(
+        2,
+        json!({"peers": [Topo::peer(1, false), Topo::peer(2, false)]}),
+    );
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(2, "b");
+    topo.add(&a, &conf1);
+    let ip_b = ip_of(&topo.add(&b, &conf2), false);
+    assert!(topo.reaches(&a, &ip_b));
+
+    // A reboot wiped stateDir (a tmpfs by default) and the file is now half written: the
+    // boot-time reconcile and later ADDs keep node 2 programmed, and its VXLAN packets must
+    // still be accepted.
+    std::fs::remove_file(topo.state_dir(1).join(format!("{}.peers.json", topo.net))).unwrap();
+    std::fs::write(&file, r#"[{"ip": "192.0.2.2", "subnets": ["10.2"#).unwrap();
+    let conf_file = topo.dir.path().join("n1.conf");
+    std::fs::write(&conf_file, conf1.to_string()).unwrap();
+    let out = topo.tool(1, &["reconcile", "--config", conf_file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("warning"), "{text}");
+    let a2 = topo.new_pod(1, "a2");
+    topo.add(&a2, &conf1);
+    let table = ok(&[
+        "ip",
+        "netns",
+        "exec",
+        &topo.node_ns(1),
+        "nft",
+        "list",
+        "table",
+        "ip",
+        &format!("sticky_vxlan_{}", topo.net),
+    ]);
+    assert!(table.contains("192.0.2.2"), "{table}");
+    assert!(topo.reaches(&a, &ip_b));
+    assert!(topo.reaches(&a2, &ip_b));
+}

@@ -263,10 +263,15 @@ pub fn reconcile_peers(
     if v6 {
         sysctl::write("net/ipv6/conf/all/forwarding", "1")?;
     }
-    firewall::apply(cfg, node)?;
     if node.peers_file_error.is_some() {
+        // Nothing programmed is removed, so every peer still on the VTEP stays allowed
+        // through the peer-only rule as well (without a kept copy of the file, `node.remote`
+        // may be much shorter than what is programmed).
+        let kept: Vec<_> = have_fdb.iter().map(|f| f.dst).collect();
+        firewall::apply(cfg, node, &kept)?;
         return Ok(());
     }
+    firewall::apply(cfg, node, &[])?;
     // Stale entries: ours (on our VTEP / with our protocol) and not wanted any more.
     let fdb: HashSet<_> = want.fdb.iter().map(|f| (f.mac, f.dst)).collect();
     for f in have_fdb {

@@ -7,9 +7,13 @@
 //!   `udp dport <port> ip saddr != { <peer ips> } counter drop` (input, just before filter).
 //!
 //! The table is rewritten whole in one `nft -f -` transaction, so it always matches the
-//! current config and peers. With neither option set nothing is touched.
+//! current config and peers. With neither option set nothing is touched. While the peers file
+//! cannot be used, the peers still programmed on the VTEP stay allowed too (a broken file never
+//! cuts a node off, in the firewall as on the VTEP).
 
+use std::collections::BTreeSet;
 use std::io::Write;
+use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
 use super::Error;
@@ -26,8 +30,10 @@ pub fn table_name(network: &str) -> String {
     format!("sticky_vxlan_{clean}")
 }
 
-/// The nft script for this config, or `None` when no rule is wanted.
-pub fn script(cfg: &Config, node: &Node) -> Option<String> {
+/// The nft script for this config, or `None` when no rule is wanted. `kept` are underlay
+/// addresses allowed besides the remote peers (the peers still programmed while the peers file
+/// cannot be used).
+pub fn script(cfg: &Config, node: &Node, kept: &[Ipv4Addr]) -> Option<String> {
     if !cfg.ip_masq && !cfg.peer_only_port {
         return None;
     }
@@ -42,7 +48,13 @@ pub fn script(cfg: &Config, node: &Node) -> Option<String> {
                 ));
     }
     if cfg.peer_only_port {
-        let peers: Vec<String> = node.remote.iter().map(|p| p.ip.to_string()).collect();
+        let allowed: BTreeSet<Ipv4Addr> = node
+            .remote
+            .iter()
+            .map(|p| p.ip)
+            .chain(kept.iter().copied())
+            .collect();
+        let peers: Vec<String> = allowed.iter().map(ToString::to_string).collect();
         let rule = if peers.is_empty() {
             format!("udp dport {} counter drop", cfg.port)
         } else {
@@ -60,9 +72,9 @@ pub fn script(cfg: &Config, node: &Node) -> Option<String> {
     Some(s)
 }
 
-/// Installs the rules with `nft -f -`.
-pub fn apply(cfg: &Config, node: &Node) -> Result<(), Error> {
-    let Some(script) = script(cfg, node) else {
+/// Installs the rules with `nft -f -`; `kept` as in [`script`].
+pub fn apply(cfg: &Config, node: &Node, kept: &[Ipv4Addr]) -> Result<(), Error> {
+    let Some(script) = script(cfg, node, kept) else {
         return Ok(());
     };
     let mut child = Command::new("nft")
@@ -120,7 +132,7 @@ mod tests {
             remote: vec![peer("192.0.2.2", "10.244.2.0/24")],
             peers_file_error: None,
         };
-        let s = script(&cfg, &node).unwrap();
+        let s = script(&cfg, &node, &[]).unwrap();
         assert!(s.contains("table ip sticky_vxlan_edge_1 {"), "{s}");
         assert!(
             s.contains("ip saddr 10.244.1.0/24 ip daddr != 10.244.0.0/16 masquerade"),
@@ -129,6 +141,12 @@ mod tests {
         assert!(
             s.contains("udp dport 8472 ip saddr != { 192.0.2.2 } counter drop"),
             "{s}"
+        );
+        let kept = ["192.0.2.3".parse().unwrap(), "192.0.2.2".parse().unwrap()];
+        let s = script(&cfg, &node, &kept).unwrap();
+        assert!(
+            s.contains("udp dport 8472 ip saddr != { 192.0.2.2, 192.0.2.3 } counter drop"),
+            "programmed peers stay allowed while the peers file is broken: {s}"
         );
     }
 }
