@@ -56,11 +56,8 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
     let mut peers_file_error = None;
     let from_file = match &cfg.peers_file {
         None => Vec::new(),
-        Some(path) => match peers::load_file(path) {
-            Ok(list) => {
-                peers::save_last_good(&cfg.last_good_peers_path(), path);
-                list
-            }
+        Some(path) => match peers::load_and_keep(path, &cfg.last_good_peers_path()) {
+            Ok(list) => list,
             Err(e) => {
                 eprintln!(
                     "sticky-vxlan: {e}; using the last peers file that was valid and removing no peer"

@@ -5,6 +5,7 @@
 //! entry is a remote VTEP.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -147,11 +148,19 @@ pub fn merge(a: &[Peer], b: &[Peer]) -> Result<Vec<Peer>, String> {
 /// Reads a peers file: a JSON list of entries, or `{"peers": [...]}`. The file must be owned
 /// by root and not writable by group or others.
 pub fn load_file(path: &Path) -> Result<Vec<Peer>, FileError> {
+    read_checked(path).map(|(peers, _)| peers)
+}
+
+/// The file's peers and the exact bytes they were parsed from. The ownership and mode are
+/// checked on the open file itself, so the bytes are those of the file that was checked even
+/// if the path is replaced meanwhile.
+fn read_checked(path: &Path) -> Result<(Vec<Peer>, Vec<u8>), FileError> {
     let read = |source| FileError::Read {
         path: path.to_path_buf(),
         source,
     };
-    let meta = std::fs::metadata(path).map_err(read)?;
+    let mut file = std::fs::File::open(path).map_err(read)?;
+    let meta = file.metadata().map_err(read)?;
     if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
         return Err(FileError::Unsafe {
             path: path.to_path_buf(),
@@ -159,11 +168,13 @@ pub fn load_file(path: &Path) -> Result<Vec<Peer>, FileError> {
             mode: meta.mode() & 0o7777,
         });
     }
-    let text = std::fs::read(path).map_err(read)?;
-    parse_file(&text).map_err(|reason| FileError::Parse {
+    let mut text = Vec::new();
+    file.read_to_end(&mut text).map_err(read)?;
+    let peers = parse_file(&text).map_err(|reason| FileError::Parse {
         path: path.to_path_buf(),
         reason,
-    })
+    })?;
+    Ok((peers, text))
 }
 
 pub fn parse_file(text: &[u8]) -> Result<Vec<Peer>, String> {
@@ -185,27 +196,35 @@ pub fn parse_file(text: &[u8]) -> Result<Vec<Peer>, String> {
     check_entries(&entries, "peers file")
 }
 
-/// Keeps a copy of a peers file that just parsed (temp file + rename, so the copy is always
-/// whole). Best effort: failing to keep it only weakens the fallback, so it is logged.
-pub fn save_last_good(copy: &Path, source: &Path) {
-    let Ok(text) = std::fs::read(source) else {
-        return;
-    };
+/// Keeps `text`, a peers file that just parsed, as the last good copy (temp file + rename,
+/// so the copy is always whole; the temp name is per process, as DEL, CHECK and STATUS keep it
+/// without the peer lock). Best effort: failing to keep it only weakens the fallback, so it is
+/// logged.
+fn save_last_good(copy: &Path, text: &[u8]) {
     if std::fs::read(copy).is_ok_and(|old| old == text) {
         return;
     }
-    let tmp = copy.with_extension("json.tmp");
+    let tmp = copy.with_extension(format!("json.{}.tmp", std::process::id()));
     let saved = copy
         .parent()
         .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| std::fs::write(&tmp, &text))
+        .and_then(|()| std::fs::write(&tmp, text))
         .and_then(|()| std::fs::rename(&tmp, copy));
     if let Err(e) = saved {
+        let _ = std::fs::remove_file(&tmp);
         eprintln!(
             "sticky-vxlan: keeping a copy of the peers file in {}: {e}",
             copy.display()
         );
     }
+}
+
+/// Reads the peers file and, when it is usable, keeps exactly what was read as the last good
+/// copy.
+pub fn load_and_keep(path: &Path, copy: &Path) -> Result<Vec<Peer>, FileError> {
+    let (peers, text) = read_checked(path)?;
+    save_last_good(copy, &text);
+    Ok(peers)
 }
 
 /// The last valid peers list, or none.
@@ -287,6 +306,55 @@ mod tests {
         let (local, remote) = split_local(&all, &["192.0.2.2".parse().unwrap()]);
         assert_eq!(local.unwrap().ip, Ipv4Addr::new(192, 0, 2, 2));
         assert_eq!(remote.len(), 1);
+    }
+
+    #[test]
+    fn the_kept_copy_is_the_file_that_was_checked_even_while_it_is_being_replaced() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipping: the peers file must be owned by root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peers.json");
+        let copy = dir.path().join("state").join("net.peers.json");
+        let good = br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"]}]"#;
+        let broken = br#"[{"ip":"192.0.2.1","subnets":["10.2"#;
+        let write = |name: &str, text: &[u8], mode: u32| {
+            let tmp = dir.path().join(name);
+            std::fs::write(&tmp, text).unwrap();
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::fs::rename(&tmp, &path).unwrap();
+        };
+        write("first", good, 0o644);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            // Someone keeps replacing the file: with a valid one, a half-written one, and a
+            // valid-looking one anyone could have written.
+            scope.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    write("a", good, 0o644);
+                    write("b", broken, 0o644);
+                    write("c", br#"[]"#, 0o666);
+                }
+            });
+            let mut bad = None;
+            for _ in 0..3000 {
+                if load_and_keep(&path, &copy).is_ok() {
+                    let kept = std::fs::read(&copy).unwrap_or_default();
+                    if kept != good {
+                        bad = Some(String::from_utf8_lossy(&kept).into_owned());
+                        break;
+                    }
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            bad
+        })
+        .map_or(Ok(()), |kept| {
+            Err(format!("kept a copy that was not checked: {kept}"))
+        })
+        .unwrap();
     }
 
     #[test]
