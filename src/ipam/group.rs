@@ -38,22 +38,23 @@ fn stale_names(records: &[Record]) -> Vec<String> {
             _ => None,
         })
         .collect();
-    let attached = leases.iter().find(|l| l.state == State::Attached);
+    let attached = leases.iter().any(|l| l.state == State::Attached);
     records
         .iter()
         .filter(|r| match (&r.body, attached) {
-            (Body::Lease(l), Some(_)) => l.state == State::Released,
-            (Body::Marker, Some(_)) => true,
-            (Body::HostLocal { container_id, .. }, Some(owner)) => {
-                *container_id == owner.container_id
-            }
-            (Body::HostLocal { container_id, .. }, None) => {
+            (Body::Lease(l), true) => l.state == State::Released,
+            (Body::Marker, true) => true,
+            // Only a takeover of `<ip>` + marker (its sandbox judged dead) writes an attached
+            // lease beside a host-local file, and it removes that file next: whatever
+            // container the file names, it is the leftover, never the lease.
+            (Body::HostLocal { .. }, true) => true,
+            (Body::HostLocal { container_id, .. }, false) => {
                 leases.iter().any(|l| l.container_id == *container_id)
             }
-            (Body::Lease(l), None) => {
+            (Body::Lease(l), false) => {
                 !host_ids.is_empty() && !host_ids.contains(&l.container_id.as_str())
             }
-            (Body::Marker, None) => false,
+            (Body::Marker, false) => false,
         })
         .map(|r| r.name.clone())
         .collect()

@@ -304,6 +304,46 @@ fn crash_leftovers_resolve_to_what_the_operation_meant() {
 }
 
 #[test]
+fn interrupted_takeover_of_an_openyurt_attachment_never_loses_the_new_one() {
+    // podman (no UID) takes over `<ip>` + marker; killed after the lease was renamed in,
+    // before `<ip>` was removed: the old host-local file is a leftover, never a live record.
+    let c = small();
+    let p = Pod {
+        namespace: String::new(),
+        name: "web".into(),
+        uid: String::new(),
+    };
+    let live =
+        |s: &mut MemStore| check(s, &c, &req("new", Some(&p), "b"), &[ip("10.0.0.2")]).is_ok();
+    let mut s = MemStore::default();
+    s.put_raw("10.0.0.2", b"old\r\neth0");
+    s.put_raw(
+        "10.0.0.2__web",
+        br#"{"format":"sticky-ipam/v1","containerId":"new","ifname":"eth0","namespace":"","pod":"web","podUid":"","boot":"b","state":"attached","releaseSeq":0,"releasedAt":0}"#,
+    );
+    // The runtime retries the ADD; then the dead sandbox's late DEL comes.
+    assert_eq!(
+        add1(&mut s, &c, &req("new", Some(&p), "b")).unwrap(),
+        ip("10.0.0.2")
+    );
+    assert_eq!(s.files.keys().collect::<Vec<_>>(), ["10.0.0.2__web"]);
+    assert_eq!(
+        del(&mut s, &req("old", Some(&p), "b"), &[ip("10.0.0.2")]).unwrap(),
+        0
+    );
+    assert!(live(&mut s), "the live sandbox lost its address");
+    // Same leftover met first by the late DEL.
+    let mut s2 = MemStore::default();
+    s2.put_raw("10.0.0.2", b"old\r\neth0");
+    s2.put_raw("10.0.0.2__web", &s.files["10.0.0.2__web"].clone());
+    assert_eq!(
+        del(&mut s2, &req("old", Some(&p), "b"), &[ip("10.0.0.2")]).unwrap(),
+        0
+    );
+    assert!(live(&mut s2), "the live sandbox lost its address");
+}
+
+#[test]
 fn check_consults_prev_result() {
     let c = small();
     let mut s = MemStore::default();
