@@ -6,7 +6,8 @@
 //! 2. a requested address: free, or the pod's own lease;
 //! 3. the pod's lease: a released one is simply taken; an attached one only when it cannot
 //!    belong to a live sandbox (same pod UID, attached in an earlier boot, or no UID on either
-//!    side);
+//!    side); a lease outside the ranges, or on an address now reserved (a moved gateway), is
+//!    dropped;
 //! 4. the next never-held address, round-robin from `last_reserved_ip.<N>` as host-local;
 //! 5. if the policy allows, the lease released longest ago (lowest release number);
 //! 6. else "range exhausted".
@@ -269,7 +270,8 @@ pub enum Plan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddPlan {
     pub sets: Vec<Plan>,
-    /// Files of the pod's leases outside every configured range (the config changed).
+    /// Files of the pod's leases outside every configured range, or on an address the
+    /// config now reserves (the config changed).
     pub drops: Vec<String>,
 }
 
@@ -298,7 +300,7 @@ pub fn plan<S: Store>(
     let drops = holds
         .iter()
         .filter(|h| {
-            !config.range_sets.iter().any(|s| s.contains(h.ip))
+            !config.range_sets.iter().any(|s| s.is_assignable(h.ip))
                 && h.can_take(req)
                 && !h.is_attachment(req)
         })
@@ -333,7 +335,7 @@ pub fn plan<S: Store>(
             }
         } else if let Some(h) = mine
             .iter()
-            .filter(|h| h.can_take(req))
+            .filter(|h| h.can_take(req) && set.is_assignable(h.ip))
             .max_by_key(|h| h.rank())
         {
             take(h)
@@ -432,7 +434,8 @@ fn oldest_released<S: Store>(
 ) -> Result<Option<(IpAddr, Vec<String>)>, StoreError> {
     let mut best: Option<((u64, u64, IpAddr), Vec<String>)> = None;
     for ip in store.index().ips_with_identity() {
-        if !set.contains(ip) {
+        // A lease on an address the config now reserves (a moved gateway) is never handed out.
+        if !set.is_assignable(ip) {
             continue;
         }
         let records = group(store, ip)?;

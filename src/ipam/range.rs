@@ -216,6 +216,11 @@ impl RangeSet {
         self.range_for(ip).is_some()
     }
 
+    /// Whether `ip` may be handed out: inside a range and not reserved there.
+    pub fn is_assignable(&self, ip: IpAddr) -> bool {
+        self.range_for(ip).is_some_and(|r| !r.is_reserved(ip))
+    }
+
     /// Fails if any range of `self` overlaps a range of `other` (the same set: distinct pairs).
     pub fn check_no_overlap(&self, other: &RangeSet) -> Result<(), RangeError> {
         let same = std::ptr::eq(self, other);

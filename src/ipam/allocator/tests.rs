@@ -165,6 +165,35 @@ fn attached_addresses_are_never_reclaimed() {
 }
 
 #[test]
+fn a_lease_on_what_is_now_the_gateway_is_never_handed_out() {
+    // The config moved the gateway onto a released lease: neither its pod (taking its lease
+    // back) nor another pod (reclaiming) may get the gateway's address.
+    let mut s = MemStore::default();
+    let p = pod("web", "u");
+    let first = add1(&mut s, &small(), &req("c1", Some(&p), "b")).unwrap();
+    assert_eq!(first, ip("10.0.0.2"));
+    del(&mut s, &req("c1", Some(&p), "b"), &[]).unwrap();
+    let moved = config(r#"{"subnet":"10.0.0.0/29","gateway":"10.0.0.2"}"#);
+    let again = add1(&mut s, &moved, &req("c2", Some(&p), "b")).unwrap();
+    assert_ne!(again, ip("10.0.0.2"), "the pod was given the gateway");
+    // Another pod's released lease on the gateway, in a full range: never reclaimed.
+    let mut s = MemStore::default();
+    let tiny = config(r#"{"subnet":"10.0.0.0/30"}"#);
+    let q = pod("q", "u");
+    assert_eq!(
+        add1(&mut s, &tiny, &req("q1", Some(&q), "b")).unwrap(),
+        ip("10.0.0.2")
+    );
+    del(&mut s, &req("q1", Some(&q), "b"), &[]).unwrap();
+    let tiny_moved =
+        config(r#"{"subnet":"10.0.0.0/30","rangeStart":"10.0.0.2","gateway":"10.0.0.2"}"#);
+    assert!(matches!(
+        add1(&mut s, &tiny_moved, &req("n1", Some(&pod("new", "u")), "b")),
+        Err(AllocError::Exhausted { .. })
+    ));
+}
+
+#[test]
 fn requested_addresses() {
     let c = config(r#"{"subnet":"10.0.0.0/29"}"#);
     let mut s = MemStore::default();
