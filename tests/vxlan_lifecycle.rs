@@ -294,3 +294,34 @@ fn status_is_50_when_the_config_cannot_work() {
     assert_eq!(err["code"], 50, "{err}");
     assert!(err["msg"].as_str().unwrap().contains("vni"), "{err}");
 }
+
+#[test]
+fn ipam_add_that_succeeds_with_an_unusable_result_is_released() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    // An IPAM plugin that allocates (exit 0) but answers with something that is not a result
+    // this plugin can use: what it allocated must be given back with IPAM DEL.
+    let log = topo.dir.path().join("ipam.log");
+    let fake = topo.cni_path.join("odd-ipam");
+    for answer in [r#"{"cniVersion":"1.0.0","ips":"10.244.1.9/24"}"#, ""] {
+        let script = format!(
+            "#!/bin/sh\ncat >/dev/null\necho \"$CNI_COMMAND\" >> {log}\n\
+             [ \"$CNI_COMMAND\" = ADD ] && printf '%s' '{answer}'\nexit 0\n",
+            log = log.display()
+        );
+        std::fs::write(&fake, script).unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::remove_file(&log);
+        let mut conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+        conf["ipam"] = json!({"type": "odd-ipam"});
+        let a = topo.new_pod(1, &format!("a{}", answer.len()));
+        let err = error_of(&topo.cni(1, "ADD", &a, &a.path(), &conf, ""));
+        assert_eq!(err["code"], 125, "{err}");
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(logged, "ADD\nDEL\n", "answer {answer:?}");
+        assert_eq!(veths(&topo, 1), 0);
+    }
+}

@@ -52,6 +52,12 @@ impl Plugin for StickyVxlan {
                 rollback(call, &ipam, None, &host);
                 return Err(e);
             }
+            // IPAM exited 0, so it may have allocated, but its answer cannot be used: give it
+            // back. The node's problem, if any, is the one to fix first.
+            (node, Err(e @ Error::IpamOutput { .. })) => {
+                rollback(call, &ipam, None, &host);
+                return Err(node.err().unwrap_or(e));
+            }
             // IPAM allocated nothing; the node's problem is the one to fix first.
             (Err(e), Err(_)) => return Err(e),
             (Ok(_), Err(e)) => return Err(e),
