@@ -189,3 +189,41 @@ fn bad_peers_file_without_a_kept_copy_never_closes_the_vxlan_port_to_programmed_
     assert!(topo.reaches(&a, &ip_b));
     assert!(topo.reaches(&a2, &ip_b));
 }
+
+#[test]
+fn two_peers_behind_one_vtep_mac_are_refused() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let pod = topo.new_pod(1, "a");
+    // A flannel MAC pasted twice, and an explicit MAC that is another peer's kept MAC: the
+    // FDB would send one peer's traffic to both nodes.
+    let kept2 = ok(&[BIN, "mac", "--local", "192.0.2.2", "--vni", "1"]);
+    for (dup, mac) in [
+        ("192.0.2.4", "6e:3c:8a:11:22:33"),
+        ("192.0.2.2", kept2.trim()),
+    ] {
+        let conf = topo.conf(
+            1,
+            json!({"peers": [
+                Topo::peer(1, false),
+                {"ip": dup, "subnets": [if dup == "192.0.2.4" { "10.244.4.0/24" } else { "10.244.2.0/24" }],
+                 "mac": if dup == "192.0.2.4" { Some("6e:3c:8a:11:22:33") } else { None }},
+                {"ip": "192.0.2.5", "subnets": ["10.244.5.0/24"], "mac": mac},
+            ]}),
+        );
+        let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
+        let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(err["code"], 124, "{err}");
+        assert!(err["msg"].as_str().unwrap().contains(mac), "{err}");
+        let ns = topo.node_ns(1);
+        let routes = ok(&["ip", "-n", &ns, "route", "show", "proto", "118"]);
+        let fdb = ok(&["bridge", "-n", &ns, "fdb", "show"]);
+        assert!(
+            !routes.contains("10.244.5.0") && !fdb.contains(mac),
+            "{routes}{fdb}"
+        );
+    }
+}

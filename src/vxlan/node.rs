@@ -83,7 +83,8 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
             l.ok_or(Error::NoLocalEntry { local: local_ip })?
         }
     };
-    let remote = remote.into_iter().filter(|p| p.ip != local.ip).collect();
+    let remote: Vec<Peer> = remote.into_iter().filter(|p| p.ip != local.ip).collect();
+    peers::check_macs(cfg.vni, local_ip, &remote).map_err(Error::Peers)?;
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
     let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
     let mtu = match cfg.mtu {

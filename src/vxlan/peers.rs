@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use crate::netlink::link::parse_mac;
+use super::mac::vtep_mac;
+use crate::netlink::link::{format_mac, parse_mac};
 
 /// One entry as written in JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -235,6 +236,30 @@ pub fn load_last_good(copy: &Path) -> Vec<Peer> {
         .unwrap_or_default()
 }
 
+/// Every remote peer needs a VTEP MAC of its own (its kept MAC or its explicit `mac`), and none
+/// may be this node's (`local`'s kept MAC): the FDB maps a MAC to every node listed behind it,
+/// so two peers sharing one would each be sent the other's traffic.
+pub fn check_macs(vni: u32, local: Ipv4Addr, remote: &[Peer]) -> Result<(), String> {
+    let mut seen: BTreeMap<[u8; 6], Ipv4Addr> = BTreeMap::new();
+    seen.insert(vtep_mac(local, vni), local);
+    for p in remote {
+        let mac = p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni));
+        if let Some(other) = seen.insert(mac, p.ip) {
+            let whose = if other == local {
+                "this node's own VTEP MAC".to_string()
+            } else {
+                format!("also the VTEP MAC of peer {other}")
+            };
+            return Err(format!(
+                "peer {} has VTEP MAC {}, which is {whose}: every node needs its own (check the peers' \"mac\")",
+                p.ip,
+                format_mac(&mac)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Splits peers into this node (the entry whose ip is one of `local_addrs`) and the others.
 pub fn split_local(peers: &[Peer], local_addrs: &[IpAddr]) -> (Option<Peer>, Vec<Peer>) {
     let mut local = None;
@@ -295,6 +320,32 @@ mod tests {
         ] {
             assert!(parse_file(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn every_peer_has_a_vtep_mac_of_its_own() {
+        let local: Ipv4Addr = "192.0.2.1".parse().unwrap();
+        let flannel = |ip: &str, mac: [u8; 6]| Peer {
+            mac: Some(mac),
+            ..peer(ip, &["10.244.9.0/24"])
+        };
+        let two = peer("192.0.2.2", &["10.244.2.0/24"]);
+        assert!(check_macs(1, local, std::slice::from_ref(&two)).is_ok());
+        let m = [0x6e, 0x3c, 0x8a, 0x11, 0x22, 0x33];
+        let err = check_macs(
+            1,
+            local,
+            &[flannel("192.0.2.4", m), flannel("192.0.2.5", m)],
+        );
+        assert!(err.unwrap_err().contains("6e:3c:8a:11:22:33"));
+        let err = check_macs(
+            1,
+            local,
+            &[two.clone(), flannel("192.0.2.5", vtep_mac(two.ip, 1))],
+        );
+        assert!(err.unwrap_err().contains("peer 192.0.2.2"));
+        let err = check_macs(1, local, &[flannel("192.0.2.5", vtep_mac(local, 1))]);
+        assert!(err.unwrap_err().contains("own"));
     }
 
     #[test]
