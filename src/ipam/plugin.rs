@@ -152,7 +152,12 @@ impl Plugin for IpamPlugin {
     fn del(&self, call: &Call) -> Result<(), Error> {
         let prepared = Prepared::new(call)?;
         let (mut store, mut clock) = prepared.open()?;
-        let released = release::del(&mut store, &prepared.request(call, &clock), &prev_ips(call))?;
+        let released = release::del(
+            &mut store,
+            &prepared.request(call, &clock),
+            &prev_ips(call),
+            prepared.config.range_sets.len(),
+        )?;
         if let (Some(hold), true) = (prepared.hold(), released > 0) {
             clock.released_one(hold);
         }

@@ -1,11 +1,11 @@
 //! DEL and CHECK: finding an attachment without reading every file, releasing it into a
 //! lease, and checking a previous result against the data dir.
 //!
-//! DEL looks at `prevResult`'s addresses, then the pod's file names; only when neither finds
-//! the attachment does it read every record without identity (host-local's full scan), and
-//! the leases too when the call carried neither a previous result nor a pod name. The
-//! container id is always verified, so a late DEL of a dead sandbox releases nothing of its
-//! replacement.
+//! DEL looks at `prevResult`'s addresses, then the pod's file names; only when they do not
+//! find one address per range set does it read every record without identity (host-local's
+//! full scan), and the leases too when the call carried neither a previous result nor a pod
+//! name. The container id is always verified, so a late DEL of a dead sandbox releases
+//! nothing of its replacement.
 
 use std::net::IpAddr;
 
@@ -36,11 +36,13 @@ pub(crate) fn release_lease<S: Store>(
     })
 }
 
-/// DEL: releases the attachment (container id, ifname). Returns how many records it released.
+/// DEL: releases the attachment (container id, ifname), which holds at most one address in
+/// each of the config's `range_sets`. Returns how many records it released.
 pub fn del<S: Store>(
     store: &mut S,
     req: &Request,
     prev_ips: &[IpAddr],
+    range_sets: usize,
 ) -> Result<usize, AllocError> {
     let mut ips = prev_ips.to_vec();
     if let Some(pod) = req.pod {
@@ -52,7 +54,9 @@ pub fn del<S: Store>(
     for ip in ips {
         released += release_in_group(store, req, ip)?;
     }
-    if released == 0 {
+    // Fewer than one address per range set: the rest (a previous result that lists only
+    // some of them) can only be records without identity.
+    if released < range_sets {
         for ip in store.index().ips_without_identity() {
             if store
                 .read(&ip.to_string())?

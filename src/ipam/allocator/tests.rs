@@ -52,7 +52,7 @@ fn released_lease_comes_back_to_the_same_pod() {
     let first = add1(&mut s, &c, &req("c1", Some(&p), "b")).unwrap();
     let other = add1(&mut s, &c, &req("x1", Some(&pod("other", "u9")), "b")).unwrap();
     assert_ne!(first, other);
-    assert_eq!(del(&mut s, &req("c1", Some(&p), "b"), &[]).unwrap(), 1);
+    assert_eq!(del(&mut s, &req("c1", Some(&p), "b"), &[], 1).unwrap(), 1);
     let lease = s.records().into_iter().find(|r| r.ip == first).unwrap();
     assert!(
         matches!(&lease.body, Body::Lease(l) if l.state == State::Released && l.release_seq == 1)
@@ -86,7 +86,10 @@ fn attached_lease_is_taken_over_only_when_its_sandbox_cannot_be_alive() {
         a
     );
     // A late DEL of the old sandbox releases nothing of the new one.
-    assert_eq!(del(&mut s, &req("c1", Some(&old), "b"), &[a]).unwrap(), 0);
+    assert_eq!(
+        del(&mut s, &req("c1", Some(&old), "b"), &[a], 1).unwrap(),
+        0
+    );
     assert!(s.records().iter().any(|r| r.is_attachment("c2", "eth0")));
 
     // Different UID in the same boot: may still be alive, so a different address.
@@ -127,7 +130,7 @@ fn full_range_reclaims_the_longest_released_or_refuses() {
     for i in [2, 0, 4, 1, 3] {
         let cid = format!("c{i}");
         let p = pod(names[i], "u");
-        del(&mut s, &req(&cid, Some(&p), "b"), &[]).unwrap();
+        del(&mut s, &req(&cid, Some(&p), "b"), &[], 1).unwrap();
     }
     let refuse = config(r#"{"subnet":"10.0.0.0/29","whenExhausted":"refuse"}"#);
     let before = s.files.clone();
@@ -172,7 +175,7 @@ fn a_lease_on_what_is_now_the_gateway_is_never_handed_out() {
     let p = pod("web", "u");
     let first = add1(&mut s, &small(), &req("c1", Some(&p), "b")).unwrap();
     assert_eq!(first, ip("10.0.0.2"));
-    del(&mut s, &req("c1", Some(&p), "b"), &[]).unwrap();
+    del(&mut s, &req("c1", Some(&p), "b"), &[], 1).unwrap();
     let moved = config(r#"{"subnet":"10.0.0.0/29","gateway":"10.0.0.2"}"#);
     let again = add1(&mut s, &moved, &req("c2", Some(&p), "b")).unwrap();
     assert_ne!(again, ip("10.0.0.2"), "the pod was given the gateway");
@@ -184,7 +187,7 @@ fn a_lease_on_what_is_now_the_gateway_is_never_handed_out() {
         add1(&mut s, &tiny, &req("q1", Some(&q), "b")).unwrap(),
         ip("10.0.0.2")
     );
-    del(&mut s, &req("q1", Some(&q), "b"), &[]).unwrap();
+    del(&mut s, &req("q1", Some(&q), "b"), &[], 1).unwrap();
     let tiny_moved =
         config(r#"{"subnet":"10.0.0.0/30","rangeStart":"10.0.0.2","gateway":"10.0.0.2"}"#);
     assert!(matches!(
@@ -223,9 +226,27 @@ fn requested_addresses() {
     // The pod's own lease may be requested.
     let p = pod("web", "u");
     let a = add1(&mut s, &c, &req("c3", Some(&p), "b")).unwrap();
-    del(&mut s, &req("c3", Some(&p), "b"), &[]).unwrap();
+    del(&mut s, &req("c3", Some(&p), "b"), &[], 1).unwrap();
     let again = with(&format!("\"{a}\""));
     assert_eq!(add1(&mut s, &again, &req("c4", Some(&p), "b")).unwrap(), a);
+}
+
+#[test]
+fn del_releases_every_range_set_even_when_prev_result_names_one() {
+    // A previous result that lists only one family's address must not leave the other
+    // family's record of the same attachment allocated forever.
+    let c = config(r#"{"ranges":[[{"subnet":"10.0.0.0/29"}],[{"subnet":"2001:db8::/125"}]]}"#);
+    let mut s = MemStore::default();
+    let got: Vec<IpAddr> = add(&mut s, &c, &req("c1", None, "b"), &[None, None])
+        .unwrap()
+        .iter()
+        .map(|a| a.ip)
+        .collect();
+    assert_eq!(
+        del(&mut s, &req("c1", None, "b"), &got[..1], c.range_sets.len()).unwrap(),
+        2
+    );
+    assert!(s.files.is_empty(), "left allocated: {:?}", s.files.keys());
 }
 
 #[test]
@@ -240,7 +261,7 @@ fn dual_stack_is_sticky_per_family() {
         .collect();
     assert_eq!(first.len(), 2);
     assert!(first[0].is_ipv4() && first[1].is_ipv6());
-    del(&mut s, &req("c1", Some(&p), "b"), &[]).unwrap();
+    del(&mut s, &req("c1", Some(&p), "b"), &[], 2).unwrap();
     add1(&mut s, &c, &req("x", Some(&pod("x", "u")), "b")).unwrap();
     let again: Vec<IpAddr> = add(&mut s, &c, &req("c2", Some(&p), "b"), &[None, None])
         .unwrap()
@@ -279,14 +300,14 @@ fn adopted_host_local_and_openyurt_records() {
     );
     // DEL with pod identity turns host-local's record into a lease the pod gets back.
     let p = pod("web", "u");
-    assert_eq!(del(&mut s, &req("old1", Some(&p), "b"), &[]).unwrap(), 1);
+    assert_eq!(del(&mut s, &req("old1", Some(&p), "b"), &[], 1).unwrap(), 1);
     assert!(!s.files.contains_key("10.0.0.2"));
     assert_eq!(
         add1(&mut s, &c, &req("new", Some(&p), "b")).unwrap(),
         ip("10.0.0.2")
     );
     // OpenYurt: marker + <ip>; DEL by container id leaves the marker as a lease.
-    assert_eq!(del(&mut s, &req("old2", None, "b"), &[]).unwrap(), 1);
+    assert_eq!(del(&mut s, &req("old2", None, "b"), &[], 1).unwrap(), 1);
     assert!(s.files.contains_key("10.0.0.3_ns_yurt") && !s.files.contains_key("10.0.0.3"));
     assert_eq!(
         add1(&mut s, &c, &req("y2", Some(&pod("yurt", "u")), "b")).unwrap(),
@@ -357,7 +378,7 @@ fn interrupted_takeover_of_an_openyurt_attachment_never_loses_the_new_one() {
     );
     assert_eq!(s.files.keys().collect::<Vec<_>>(), ["10.0.0.2__web"]);
     assert_eq!(
-        del(&mut s, &req("old", Some(&p), "b"), &[ip("10.0.0.2")]).unwrap(),
+        del(&mut s, &req("old", Some(&p), "b"), &[ip("10.0.0.2")], 1).unwrap(),
         0
     );
     assert!(live(&mut s), "the live sandbox lost its address");
@@ -366,7 +387,7 @@ fn interrupted_takeover_of_an_openyurt_attachment_never_loses_the_new_one() {
     s2.put_raw("10.0.0.2", b"old\r\neth0");
     s2.put_raw("10.0.0.2__web", &s.files["10.0.0.2__web"].clone());
     assert_eq!(
-        del(&mut s2, &req("old", Some(&p), "b"), &[ip("10.0.0.2")]).unwrap(),
+        del(&mut s2, &req("old", Some(&p), "b"), &[ip("10.0.0.2")], 1).unwrap(),
         0
     );
     assert!(live(&mut s2), "the live sandbox lost its address");
@@ -415,7 +436,7 @@ fn sticky_off_behaves_like_host_local() {
         s.files.get(&a.to_string()).map(Vec::as_slice),
         Some(&b"c1\r\neth0"[..])
     );
-    del(&mut s, &r, &[]).unwrap();
+    del(&mut s, &r, &[], 1).unwrap();
     assert!(s.files.is_empty());
 }
 
@@ -425,7 +446,7 @@ fn del_without_prev_result_or_pod_name_still_finds_a_lease() {
     let p = pod("web", "u");
     let a = add1(&mut s, &c, &req("c1", Some(&p), "b")).unwrap();
     add1(&mut s, &c, &req("c2", Some(&pod("other", "u")), "b")).unwrap();
-    assert_eq!(del(&mut s, &req("c1", None, "b"), &[]).unwrap(), 1);
+    assert_eq!(del(&mut s, &req("c1", None, "b"), &[], 1).unwrap(), 1);
     let lease = s.records().into_iter().find(|r| r.ip == a).unwrap();
     assert!(matches!(&lease.body, Body::Lease(l) if l.state == State::Released));
     assert!(
