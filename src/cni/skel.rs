@@ -36,17 +36,22 @@ pub fn dispatch<P: Plugin>(
     env: Result<Env, EnvError>,
     stdin: &[u8],
 ) -> Result<Option<Value>, CniError> {
-    let env = env.map_err(CniError::from)?;
+    // Errors answer in the config's version (the spec asks for the value it was given), as
+    // far as the config can be read.
+    let env = env.map_err(|e| CniError::from(e).in_version(version_hint(stdin)))?;
     if env.command == Command::Version {
         return Ok(Some(version_reply()));
     }
-    let conf = NetConf::parse(stdin).map_err(|err| match (env.command, &err) {
-        // A plugin whose config cannot be read cannot work: for STATUS that is "not
-        // available" (50), unless the version alone is the problem.
-        (Command::Status, e) if !matches!(e, NetConfError::UnsupportedVersion(_)) => {
-            CniError::new(code::NOT_AVAILABLE, format!("config invalid: {err}"))
+    let conf = NetConf::parse(stdin).map_err(|err| {
+        match (env.command, &err) {
+            // A plugin whose config cannot be read cannot work: for STATUS that is "not
+            // available" (50), unless the version alone is the problem.
+            (Command::Status, e) if !matches!(e, NetConfError::UnsupportedVersion(_)) => {
+                CniError::new(code::NOT_AVAILABLE, format!("config invalid: {err}"))
+            }
+            _ => CniError::from(err),
         }
-        _ => CniError::from(err),
+        .in_version(version_hint(stdin))
     })?;
     let version = conf.version;
     let allowed = match env.command {
@@ -120,4 +125,64 @@ pub fn version_hint(stdin: &[u8]) -> Version {
                 .and_then(Version::parse)
         })
         .unwrap_or(Version::LATEST)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plugin that is never reached: every case below fails before dispatching.
+    struct Unreached;
+
+    impl Plugin for Unreached {
+        type Error = CniError;
+        fn add(&self, _: &Call) -> Result<CniResult, CniError> {
+            unreachable!()
+        }
+        fn del(&self, _: &Call) -> Result<(), CniError> {
+            unreachable!()
+        }
+        fn check(&self, _: &Call) -> Result<(), CniError> {
+            unreachable!()
+        }
+        fn gc(&self, _: &Call) -> Result<(), CniError> {
+            unreachable!()
+        }
+        fn status(&self, _: &Call) -> Result<(), CniError> {
+            unreachable!()
+        }
+    }
+
+    fn del_env(container_id: &str) -> Result<Env, EnvError> {
+        Env::from_vars(|k| match k {
+            "CNI_COMMAND" => Some("DEL".into()),
+            "CNI_CONTAINERID" => Some(container_id.into()),
+            "CNI_IFNAME" => Some("eth0".into()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn errors_before_dispatch_answer_in_the_config_version() {
+        let bad_prev =
+            br#"{"cniVersion":"0.3.1","name":"n","prevResult":{"ips":[{"address":"x"}]}}"#;
+        let e = dispatch(&Unreached, del_env("c1"), bad_prev).unwrap_err();
+        assert_eq!((e.code, e.cni_version), (code::DECODE, "0.3.1"));
+        let good = br#"{"cniVersion":"0.4.0","name":"n"}"#;
+        let e = dispatch(&Unreached, del_env("bad/id"), good).unwrap_err();
+        assert_eq!((e.code, e.cni_version), (code::INVALID_ENV, "0.4.0"));
+        let e = dispatch(&Unreached, del_env("c1"), br#"{"cniVersion":"1.0.0"}"#).unwrap_err();
+        assert_eq!((e.code, e.cni_version), (code::INVALID_CONFIG, "1.0.0"));
+        // A version this crate does not speak: the newest one.
+        let e = dispatch(
+            &Unreached,
+            del_env("c1"),
+            br#"{"cniVersion":"9.9.9","name":"n"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.cni_version),
+            (code::INCOMPATIBLE_VERSION, Version::LATEST.as_str())
+        );
+    }
 }
