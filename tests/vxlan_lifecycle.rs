@@ -325,3 +325,39 @@ fn ipam_add_that_succeeds_with_an_unusable_result_is_released() {
         assert_eq!(veths(&topo, 1), 0);
     }
 }
+
+#[test]
+fn status_is_50_when_the_node_cannot_be_worked_out() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let fake = topo.cni_path.join("ready-ipam");
+    std::fs::write(&fake, "#!/bin/sh\ncat >/dev/null\nexit 0\n").unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pod = topo.new_pod(1, "a");
+    let mut conf = topo.conf(
+        1,
+        json!({"peers": [Topo::peer(1, false)], "cniVersion": "1.1.0"}),
+    );
+    conf["ipam"]["type"] = json!("ready-ipam");
+    let out = topo.cni(1, "STATUS", &pod, "", &conf, "");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // No entry names this node: every ADD would fail, so the plugin is not ready, even though
+    // the IPAM plugin (its ranges given in full) is.
+    conf["peers"] = json!([Topo::peer(2, false)]);
+    let err = error_of(&topo.cni(1, "STATUS", &pod, "", &conf, ""));
+    assert_eq!(err["code"], 50, "{err}");
+    assert!(
+        err["msg"]
+            .as_str()
+            .unwrap()
+            .contains("no peer entry names this node"),
+        "{err}"
+    );
+}

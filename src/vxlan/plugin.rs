@@ -142,9 +142,15 @@ impl Plugin for StickyVxlan {
     fn status(&self, call: &Call) -> Result<(), Error> {
         // A plugin that cannot work says so with 50, as the spec asks; an IPAM answer keeps
         // its own code.
+        // The node must be workable too (underlay, this node's peer entry): every ADD needs it,
+        // whether or not the IPAM ranges come from it.
         let not_ready = |e: Error| Error::NotReady(e.to_string());
         let cfg = config(call).map_err(not_ready)?;
-        let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))
+        let node = Socket::open()
+            .map_err(Error::from)
+            .and_then(|mut sock| node::resolve(&mut sock, &cfg))
+            .map_err(not_ready)?;
+        let ipam = Ipam::for_call(call, &cfg.ipam_type, || Ok(node.local.subnets.clone()))
             .map_err(not_ready)?;
         delegate::run(call, &ipam, "STATUS")?;
         Ok(())
