@@ -73,12 +73,13 @@ pub enum ConfigError {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct RawIpam {
+    // `null` lists are absent ones, as Go's decoder (host-local) reads them.
     #[serde(default)]
-    ranges: Vec<Vec<RangeSpec>>,
+    ranges: Option<Vec<Vec<RangeSpec>>>,
     #[serde(flatten)]
     legacy: RangeSpec,
     #[serde(default)]
-    routes: Vec<Route>,
+    routes: Option<Vec<Route>>,
     #[serde(default)]
     data_dir: Option<PathBuf>,
     #[serde(default)]
@@ -106,13 +107,13 @@ impl IpamConfig {
         let raw = RawIpam::deserialize(ipam)?;
 
         let mut specs: Vec<Vec<RangeSpec>> = Vec::new();
-        if let Some(runtime) = conf.runtime_config.get("ipRanges") {
+        if let Some(runtime) = conf.runtime_config.get("ipRanges").filter(|v| !v.is_null()) {
             specs.extend(Vec::<Vec<RangeSpec>>::deserialize(runtime)?);
         }
         if raw.legacy.subnet.is_some() {
             specs.push(vec![raw.legacy.clone()]);
         }
-        specs.extend(raw.ranges);
+        specs.extend(raw.ranges.unwrap_or_default());
         if specs.is_empty() {
             return Err(ConfigError::NoRanges);
         }
@@ -165,7 +166,7 @@ impl IpamConfig {
         Ok(IpamConfig {
             network: conf.name.clone(),
             range_sets,
-            routes: raw.routes,
+            routes: raw.routes.unwrap_or_default(),
             data_dir,
             resolv_conf: raw.resolv_conf,
             requested: requested_ips(conf, args)?,
@@ -267,6 +268,18 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
         assert!(c.sticky);
         assert_eq!(c.when_exhausted, WhenExhausted::Reclaim);
+    }
+
+    #[test]
+    fn null_lists_read_as_absent_as_in_host_local() {
+        let c = load(
+            r#"{"cniVersion":"1.0.0","name":"n","runtimeConfig":{"ipRanges":null},
+                "ipam":{"subnet":"10.1.0.0/24","ranges":null,"routes":null}}"#,
+            "",
+        )
+        .unwrap();
+        assert_eq!(c.range_sets.len(), 1);
+        assert!(c.routes.is_empty());
     }
 
     #[test]
