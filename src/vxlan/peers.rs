@@ -5,7 +5,7 @@
 //! entry is a remote VTEP.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -199,17 +199,29 @@ pub fn parse_file(text: &[u8]) -> Result<Vec<Peer>, String> {
 
 /// Keeps `text`, a peers file that just parsed, as the last good copy (temp file + rename,
 /// so the copy is always whole; the temp name is per process, as DEL, CHECK and STATUS keep it
-/// without the peer lock). Best effort: failing to keep it only weakens the fallback, so it is
-/// logged.
+/// without the peer lock). The temp file is created new (`O_EXCL`), so whatever was left at its
+/// name, a symlink included, is never written through. Best effort: failing to keep it only
+/// weakens the fallback, so it is logged.
 fn save_last_good(copy: &Path, text: &[u8]) {
     if std::fs::read(copy).is_ok_and(|old| old == text) {
         return;
     }
     let tmp = copy.with_extension(format!("json.{}.tmp", std::process::id()));
+    let write_new = || {
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::File::options()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?
+            .write_all(text)
+    };
     let saved = copy
         .parent()
         .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| std::fs::write(&tmp, text))
+        .and_then(|()| write_new())
         .and_then(|()| std::fs::rename(&tmp, copy));
     if let Err(e) = saved {
         let _ = std::fs::remove_file(&tmp);
@@ -406,6 +418,19 @@ mod tests {
             Err(format!("kept a copy that was not checked: {kept}"))
         })
         .unwrap();
+    }
+
+    #[test]
+    fn keeping_the_copy_never_writes_through_a_planted_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("net.peers.json");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let tmp = copy.with_extension(format!("json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        save_last_good(&copy, b"[]");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read(&copy).unwrap(), b"[]");
     }
 
     #[test]
