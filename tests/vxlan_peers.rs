@@ -227,3 +227,32 @@ fn two_peers_behind_one_vtep_mac_are_refused() {
         );
     }
 }
+
+#[test]
+fn a_pod_subnet_holding_an_underlay_address_is_refused_before_it_cuts_the_node_off() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    let pod = topo.new_pod(1, "a");
+    // A typo: node 2's pod subnet written as the underlay network. Routed through the VTEP, it
+    // would take the node's own underlay traffic (VXLAN and ssh alike) with it.
+    let conf = topo.conf(
+        1,
+        json!({"peers": [Topo::peer(1, false), {"ip": "192.0.2.2", "subnets": ["192.0.2.0/24"]}]}),
+    );
+    let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], 7, "{err}");
+    assert!(
+        err["msg"].as_str().unwrap().contains("192.0.2.0/24"),
+        "{err}"
+    );
+    let underlay = topo.in_ns(
+        &topo.node_ns(1),
+        &["ping", "-c", "1", "-W", "2", "192.0.2.2"],
+    );
+    assert!(underlay.status.success(), "node 1 lost its underlay");
+}

@@ -131,6 +131,18 @@ pub fn merge(a: &[Peer], b: &[Peer]) -> Result<Vec<Peer>, String> {
         }
     }
     let all: Vec<Peer> = by_ip.into_values().collect();
+    // A pod subnet is routed through the VTEP: one holding an underlay address would take the
+    // underlay's own traffic (VXLAN included) with it and cut the node off.
+    for p in &all {
+        for s in &p.subnets {
+            if let Some(q) = all.iter().find(|q| s.contains(&IpAddr::V4(q.ip))) {
+                return Err(format!(
+                    "peer {} subnet {s} holds the underlay address of peer {}: a pod subnet must not overlap the underlay",
+                    p.ip, q.ip
+                ));
+            }
+        }
+    }
     for (i, p) in all.iter().enumerate() {
         for q in &all[i + 1..] {
             for s in &p.subnets {
@@ -310,6 +322,12 @@ mod tests {
         assert!(merge(&a, &overlap).unwrap_err().contains("overlaps"));
         let conflict = vec![peer("192.0.2.1", &["10.244.9.0/24"])];
         assert!(merge(&a, &conflict).unwrap_err().contains("twice"));
+        let underlay = vec![peer("192.0.2.2", &["192.0.2.0/24"])];
+        assert!(
+            merge(&a, &underlay)
+                .unwrap_err()
+                .contains("holds the underlay address of peer 192.0.2.1")
+        );
     }
 
     #[test]
