@@ -189,8 +189,14 @@ impl Plugin for IpamPlugin {
             .iter()
             .find_map(|key| call.conf.raw.get(*key))
             .ok_or(Error::GcWithoutAttachments)?;
-        let valid: Vec<Attachment> = serde_json::from_value(list.clone())
-            .map_err(|e| Error::BadAttachments(e.to_string()))?;
+        // libcni marshals the runtime's list as is: CRI-O's list for a network without a
+        // live pod is a nil slice, which arrives as `null`. It is the empty list, not a
+        // missing one.
+        let valid: Vec<Attachment> = match list {
+            Value::Null => Vec::new(),
+            list => serde_json::from_value(list.clone())
+                .map_err(|e| Error::BadAttachments(e.to_string()))?,
+        };
         let (mut store, mut clock) = prepared.open()?;
         prepared.recover(&mut store, &mut clock)?;
         let (changes, mut errors) = lifecycle::plan_gc(&mut store, &valid, prepared.config.sticky);
