@@ -256,3 +256,57 @@ fn a_pod_subnet_holding_an_underlay_address_is_refused_before_it_cuts_the_node_o
     );
     assert!(underlay.status.success(), "node 1 lost its underlay");
 }
+
+#[test]
+fn with_device_set_the_underlay_address_is_the_one_this_nodes_entry_names() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    // Node 1's underlay device also carries another address, listed first.
+    let n1 = topo.node_ns(1);
+    ok(&[
+        "ip",
+        "-n",
+        &n1,
+        "addr",
+        "del",
+        "192.0.2.1/24",
+        "dev",
+        "eth0",
+    ]);
+    ok(&[
+        "ip",
+        "-n",
+        &n1,
+        "addr",
+        "add",
+        "198.51.100.1/24",
+        "dev",
+        "eth0",
+    ]);
+    ok(&[
+        "ip",
+        "-n",
+        &n1,
+        "addr",
+        "add",
+        "192.0.2.1/24",
+        "dev",
+        "eth0",
+    ]);
+    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(2, "b");
+    topo.add(&a, &topo.conf(1, json!({"peers": peers, "device": "eth0"})));
+    let ip_b = ip_of(&topo.add(&b, &topo.conf(2, json!({"peers": peers}))), false);
+    let vtep = ok(&["ip", "-n", &n1, "-d", "link", "show", "sticky.1"]);
+    let kept = ok(&[BIN, "mac", "--local", "192.0.2.1", "--vni", "1"]);
+    assert!(
+        vtep.contains("local 192.0.2.1 ") && vtep.contains(kept.trim()),
+        "{vtep}"
+    );
+    assert!(topo.reaches(&a, &ip_b));
+}

@@ -127,7 +127,13 @@ fn underlay(
     };
     if let Some(name) = &cfg.device {
         let dev = link::require(sock, name)?;
-        let ip = match cfg.local_ip {
+        // Of the device's addresses, the one this node's peer entry names: the others' FDB
+        // entries point at it and their MAC for this node is computed from it.
+        let named = addrs.iter().find_map(|(i, n)| match n.addr() {
+            IpAddr::V4(a) if *i == dev.index && all.iter().any(|p| p.ip == a) => Some(a),
+            _ => None,
+        });
+        let ip = match cfg.local_ip.or(named) {
             Some(ip) => ip,
             None => v4_on(dev.index).ok_or_else(|| {
                 Error::Underlay(format!("device {name:?} has no IPv4 address (set localIp)"))
