@@ -310,3 +310,46 @@ fn with_device_set_the_underlay_address_is_the_one_this_nodes_entry_names() {
     );
     assert!(topo.reaches(&a, &ip_b));
 }
+
+#[test]
+fn an_underlay_other_than_the_address_this_nodes_entry_names_is_refused() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let n1 = topo.node_ns(1);
+    ok(&[
+        "ip", "-n", &n1, "link", "add", "mgmt", "type", "veth", "peer", "name", "mgmt-p",
+    ]);
+    ok(&[
+        "ip",
+        "-n",
+        &n1,
+        "addr",
+        "add",
+        "198.51.100.1/24",
+        "dev",
+        "mgmt",
+    ]);
+    ok(&["ip", "-n", &n1, "link", "set", "mgmt", "up"]);
+    let pod = topo.new_pod(1, "a");
+    // The peers reach node 1 at 192.0.2.1 and compute its MAC from it: a VTEP on another
+    // address (with another MAC) would never see their traffic.
+    for extra in [
+        json!({"localIp": "198.51.100.1"}),
+        json!({"device": "mgmt"}),
+    ] {
+        let mut conf = topo.conf(
+            1,
+            json!({"peers": [Topo::peer(1, false), Topo::peer(2, false)]}),
+        );
+        for (k, v) in extra.as_object().unwrap() {
+            conf[k] = v.clone();
+        }
+        let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
+        let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(err["code"], 120, "{extra} {err}");
+        assert!(err["msg"].as_str().unwrap().contains("192.0.2.1"), "{err}");
+    }
+}

@@ -83,6 +83,12 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
             l.ok_or(Error::NoLocalEntry { local: local_ip })?
         }
     };
+    if local.ip != local_ip {
+        return Err(Error::Underlay(format!(
+            "the VTEP would use {local_ip} (from localIp/device) but this node's peer entry names {}: peers send to {} and compute this node's VTEP MAC from it; set localIp/device to match the entry",
+            local.ip, local.ip
+        )));
+    }
     let remote: Vec<Peer> = remote.into_iter().filter(|p| p.ip != local.ip).collect();
     peers::check_macs(cfg.vni, local_ip, &remote).map_err(Error::Peers)?;
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
