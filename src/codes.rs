@@ -91,7 +91,10 @@ impl From<crate::vxlan::Error> for CniError {
             }
             E::Config(_) | E::ConfigFile { .. } | E::Usage(_) => code::INVALID_CONFIG,
             E::Peers(_) | E::PeersFile(_) => PEERS,
-            E::Underlay(_) | E::NoLocalEntry { .. } | E::MtuTooLarge { .. } => NODE,
+            E::Underlay(_)
+            | E::NoLocalEntry { .. }
+            | E::MtuTooLarge { .. }
+            | E::ForeignAddress { .. } => NODE,
             E::VniTaken { .. } | E::WrongKind { .. } => IN_THE_WAY,
             E::Socket(_) | E::Link(_) | E::Addr(_) | E::Route(_) | E::Neigh(_) | E::Sysctl(_) => {
                 NETLINK

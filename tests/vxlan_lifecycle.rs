@@ -361,3 +361,40 @@ fn status_is_50_when_the_node_cannot_be_worked_out() {
         "{err}"
     );
 }
+
+#[test]
+fn an_address_outside_this_nodes_subnets_is_refused_and_released() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let a = topo.new_pod(1, "a");
+    let ip_a = ip_of(&topo.add(&a, &topo.conf(1, json!({"peers": peers}))), false);
+    // Node 1's conflist copied to node 2 unchanged: its ranges are node 1's subnet. A pod on
+    // node 2 with an address from it would take node 1's addresses (and its gateway on node
+    // 2's bridge would pull node 1's whole subnet onto node 2).
+    let mut copied = topo.conf(1, json!({"peers": peers}));
+    copied["stateDir"] = json!(topo.state_dir(2));
+    copied["ipam"]["dataDir"] = json!(topo.dir.path().join("ipam-2"));
+    let b = topo.new_pod(2, "b");
+    let err = error_of(&topo.cni(2, "ADD", &b, &b.path(), &copied, ""));
+    assert_eq!(err["code"], 120, "{err}");
+    assert!(
+        err["msg"].as_str().unwrap().contains("10.244.2.0/24"),
+        "{err}"
+    );
+    assert_eq!(veths(&topo, 2), 0);
+    assert!(
+        allocations(&topo, 2).is_empty(),
+        "node 2's IPAM gave its lease back"
+    );
+    let bridge = ok(&["ip", "-n", &topo.node_ns(2), "addr", "show", "stickybr0"]);
+    assert!(!bridge.contains("10.244.1."), "{bridge}");
+    let c = topo.new_pod(2, "c");
+    let ip_c = ip_of(&topo.add(&c, &topo.conf(2, json!({"peers": peers}))), false);
+    assert!(ip_c.starts_with("10.244.2."), "{ip_c}");
+    assert!(topo.reaches(&c, &ip_a));
+}

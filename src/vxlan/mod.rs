@@ -59,6 +59,13 @@ pub enum Error {
         expected: &'static str,
     },
     #[error(
+        "the IPAM plugin handed out {address}, outside this node's pod subnets ({subnets}): other nodes route it elsewhere; give the IPAM section this node's ranges (or none, to have them filled in from its peer entry)"
+    )]
+    ForeignAddress {
+        address: ipnet::IpNet,
+        subnets: String,
+    },
+    #[error(
         "mtu {mtu} is larger than the underlay {device:?} allows ({max} = its MTU {underlay} - 50)"
     )]
     MtuTooLarge {

@@ -62,7 +62,7 @@ impl Plugin for StickyVxlan {
             (Err(e), Err(_)) => return Err(e),
             (Ok(_), Err(e)) => return Err(e),
         };
-        attach(&mut sock, call, &cfg, node.mtu, &bridge, &host, &result).inspect_err(|_| {
+        attach(&mut sock, call, &cfg, &node, &bridge, &host, &result).inspect_err(|_| {
             rollback(call, &ipam, Some(&mut sock), &host);
         })
     }
@@ -233,11 +233,33 @@ fn attach(
     sock: &mut Socket,
     call: &Call,
     cfg: &Config,
-    mtu: u32,
+    node: &node::Node,
     bridge: &link::Link,
     host: &str,
     ipam: &CniResult,
 ) -> Result<CniResult, Error> {
+    let mtu = node.mtu;
+    // Other nodes route only this node's subnets here: an address from anywhere else (a
+    // conflist copied from another node unchanged) would be another node's, and its gateway on
+    // the bridge would pull that node's whole subnet onto this one.
+    if let Some(ip) = ipam.ips.iter().find(|ip| {
+        !node
+            .local
+            .subnets
+            .iter()
+            .any(|s| s.contains(&ip.address.addr()))
+    }) {
+        return Err(Error::ForeignAddress {
+            address: ip.address,
+            subnets: node
+                .local
+                .subnets
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
     let netns = Path::new(&call.env.netns);
     // An IPAM gateway other than the subnet's first address still has to answer on the bridge.
     let have = addr::list(sock, bridge.index)?;
