@@ -683,7 +683,8 @@ proptest! {
         call.container_id = None;
         call.ifname = None;
         call.netns = None;
-        let well_formed = serde_json::from_value::<Vec<Map<String, Value>>>(list.clone())
+        // `null` is libcni's spelling of an empty list (a nil Go slice).
+        let well_formed = list.is_null() || serde_json::from_value::<Vec<Map<String, Value>>>(list.clone())
             .is_ok_and(|v| v.iter().all(|a| a.get("containerID").is_some_and(Value::is_string) && a.get("ifname").is_some_and(Value::is_string)));
         let ok = run_checked(&call, tmp.path())?;
         prop_assert_eq!(ok, well_formed, "GC list {}", list);
