@@ -34,7 +34,9 @@ Options:
            files (the record's file names); a field not known for the state is null.
 
 Each network is read under its lock, so a listing is a consistent snapshot of it;
-nothing is written (not even crash leftovers are cleaned).
+no record is written (not even crash leftovers are resolved). Taking the lock creates
+`lock` if it is missing and removes the `.tmp.*` files of killed writers, as every
+command does.
 
 Examples:
   sticky-ipam list

@@ -5,7 +5,8 @@
 //! the same `flock` as the plugin for its whole run: it never sees half of an ADD and never
 //! corrupts state when run alongside ADD/DEL. Verbs that only look (`list`, `show`,
 //! `gc --dry-run`) work on a [`dryrun::DryRun`] overlay, so not even crash leftovers are
-//! cleaned behind the operator's back.
+//! resolved behind the operator's back (opening the store still removes the `.tmp.*` files
+//! of killed writers, which the lock proves dead, and creates a missing `lock`).
 //!
 //! One verb per file: [`list`], [`show`], [`release`], [`gc`], [`downgrade`]. [`entry`] turns
 //! record files into rows; [`args`] is the parser. Exit codes: see [`EXIT_CODES`].
