@@ -423,6 +423,27 @@ fn status_is_ready_with_free_addresses_and_changes_nothing() {
 }
 
 #[test]
+fn status_counts_a_released_lease_as_room_only_when_new_pods_may_reclaim_it() {
+    let e = Env::new();
+    let range =
+        json!({ "subnet": "10.41.2.0/24", "rangeStart": "10.41.2.10", "rangeEnd": "10.41.2.11" });
+    let conf = e.conf(range).ipam("statusFailsWhenFull", json!(true));
+    let refuse = conf.clone().ipam("whenExhausted", json!("refuse"));
+    e.add(&conf, "c-a", &pod("a"));
+    e.add(&conf, "c-b", &pod("b"));
+    e.p.run(&Call::del("c-a", &conf).pod(&pod("a"))).ok_empty();
+    // Reclaim: a new pod would get a's released lease.
+    e.p.run(&status_call(&conf.bytes())).ok_empty();
+    // Refuse: a new pod gets 100, so the range is full.
+    assert_eq!(
+        e.p.run(&Call::add("c-n", &refuse).pod(&pod("n")))
+            .err_code(),
+        100
+    );
+    e.p.run(&status_call(&refuse.bytes())).expect_code(50);
+}
+
+#[test]
 fn status_fails_on_a_full_range_only_when_asked_to() {
     let e = Env::new();
     let range =

@@ -407,12 +407,17 @@ pub fn add<S: Store>(
     Ok(out)
 }
 
-/// Whether range set `index` could serve one more new pod: a never-held address or a released
-/// lease.
-pub fn has_room<S: Store>(store: &mut S, set: &RangeSet, index: usize) -> Result<bool, StoreError> {
+/// Whether range set `index` could serve one more new pod: a never-held address, or a
+/// released lease when `when_exhausted` lets a new pod reclaim one.
+pub fn has_room<S: Store>(
+    store: &mut S,
+    set: &RangeSet,
+    index: usize,
+    when_exhausted: WhenExhausted,
+) -> Result<bool, StoreError> {
     Ok(
         next_free(store, set, store.last_reserved(index), &[]).is_some()
-            || oldest_released(store, set)?.is_some(),
+            || (when_exhausted == WhenExhausted::Reclaim && oldest_released(store, set)?.is_some()),
     )
 }
 

@@ -226,7 +226,7 @@ impl Plugin for IpamPlugin {
             .map_err(|e| not_ready(&format!("data dir unusable: {e}")))?;
         if config.status_fails_when_full {
             for (index, set) in config.range_sets.iter().enumerate() {
-                if !allocator::has_room(&mut store, set, index)? {
+                if !allocator::has_room(&mut store, set, index, config.when_exhausted)? {
                     return Err(Error::NotReady(format!(
                         "range set {set} is full (statusFailsWhenFull)"
                     )));

@@ -153,6 +153,25 @@ fn full_range_reclaims_the_longest_released_or_refuses() {
 }
 
 #[test]
+fn a_range_whose_only_room_is_a_released_lease_is_full_when_reclaim_is_refused() {
+    // What STATUS (statusFailsWhenFull) asks: could a new pod get an address?
+    let (mut s, c) = (MemStore::default(), small());
+    let set = &c.range_sets[0];
+    for i in 0..5 {
+        let (cid, p) = (format!("c{i}"), pod(&format!("p{i}"), "u"));
+        add1(&mut s, &c, &req(&cid, Some(&p), "b")).unwrap();
+    }
+    del(&mut s, &req("c0", Some(&pod("p0", "u")), "b"), &[], 1).unwrap();
+    assert!(has_room(&mut s, set, 0, WhenExhausted::Reclaim).unwrap());
+    assert!(!has_room(&mut s, set, 0, WhenExhausted::Refuse).unwrap());
+    let refuse = config(r#"{"subnet":"10.0.0.0/29","whenExhausted":"refuse"}"#);
+    assert!(matches!(
+        add1(&mut s, &refuse, &req("n", Some(&pod("new", "u")), "b")),
+        Err(AllocError::Exhausted { .. })
+    ));
+}
+
+#[test]
 fn attached_addresses_are_never_reclaimed() {
     let c = small();
     let mut s = MemStore::default();
