@@ -398,3 +398,37 @@ fn an_address_outside_this_nodes_subnets_is_refused_and_released() {
     assert!(ip_c.starts_with("10.244.2."), "{ip_c}");
     assert!(topo.reaches(&c, &ip_a));
 }
+
+#[test]
+fn del_without_prev_result_releases_even_when_the_peers_could_not_be_programmed() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    // No ranges: they come from this node's peer entry, also for DEL.
+    let mut conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    conf["ipam"] = json!({"type": "host-local", "dataDir": topo.dir.path().join("ipam-1")});
+    let a = topo.new_pod(1, "a");
+    topo.add(&a, &conf);
+    assert_eq!(allocations(&topo, 1).len(), 1);
+    // The peer list gained two entries behind one MAC: ADD refuses it, DEL must still work.
+    let mut bad = conf.clone();
+    bad["peers"] = json!([
+        Topo::peer(1, false),
+        {"ip": "192.0.2.4", "subnets": ["10.244.4.0/24"], "mac": "6e:3c:8a:11:22:33"},
+        {"ip": "192.0.2.5", "subnets": ["10.244.5.0/24"], "mac": "6e:3c:8a:11:22:33"},
+    ]);
+    let b = topo.new_pod(1, "b");
+    assert_eq!(
+        error_of(&topo.cni(1, "ADD", &b, &b.path(), &bad, ""))["code"],
+        124
+    );
+    let out = topo.del(&a, &a.path(), &bad);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(allocations(&topo, 1).is_empty());
+}

@@ -310,6 +310,7 @@ pub fn reconcile_peers(
 pub fn ensure_node(sock: &mut Socket, cfg: &Config) -> Result<(Node, Link, Link), Error> {
     let _guard = lock(cfg)?;
     let node = resolve(sock, cfg)?;
+    node.check(cfg.vni)?;
     let vtep = ensure_vtep(sock, cfg, &node)?;
     let bridge = ensure_bridge(sock, cfg, &node)?;
     reconcile_peers(sock, cfg, &node, &vtep)?;

@@ -28,6 +28,19 @@ pub struct Node {
 }
 
 impl Node {
+    /// What programming the node needs beyond [`resolve`] (ADD, `reconcile`, STATUS): the
+    /// underlay address is the one this node's entry names, and every peer has a VTEP MAC of
+    /// its own. DEL, CHECK and GC only need the local subnets and do not ask.
+    pub fn check(&self, vni: u32) -> Result<(), Error> {
+        if self.local.ip != self.local_ip {
+            return Err(Error::Underlay(format!(
+                "the VTEP would use {} (from localIp/device) but this node's peer entry names {}: peers send to {} and compute this node's VTEP MAC from it; set localIp/device to match the entry",
+                self.local_ip, self.local.ip, self.local.ip
+            )));
+        }
+        peers::check_macs(vni, self.local_ip, &self.remote).map_err(Error::Peers)
+    }
+
     /// The node's IPv4 pod subnet (every entry has exactly one).
     pub fn subnet_v4(&self) -> Option<IpNet> {
         self.local
@@ -83,14 +96,7 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
             l.ok_or(Error::NoLocalEntry { local: local_ip })?
         }
     };
-    if local.ip != local_ip {
-        return Err(Error::Underlay(format!(
-            "the VTEP would use {local_ip} (from localIp/device) but this node's peer entry names {}: peers send to {} and compute this node's VTEP MAC from it; set localIp/device to match the entry",
-            local.ip, local.ip
-        )));
-    }
     let remote: Vec<Peer> = remote.into_iter().filter(|p| p.ip != local.ip).collect();
-    peers::check_macs(cfg.vni, local_ip, &remote).map_err(Error::Peers)?;
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
     let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
     let mtu = match cfg.mtu {

@@ -149,6 +149,7 @@ impl Plugin for StickyVxlan {
         let node = Socket::open()
             .map_err(Error::from)
             .and_then(|mut sock| node::resolve(&mut sock, &cfg))
+            .and_then(|node| node.check(cfg.vni).map(|()| node))
             .map_err(not_ready)?;
         let ipam = Ipam::for_call(call, &cfg.ipam_type, || Ok(node.local.subnets.clone()))
             .map_err(not_ready)?;
