@@ -161,10 +161,14 @@ impl Plugin for StickyVxlan {
 /// `cni.dev/valid-attachments` (spec 1.1; `cni.dev/attachments` in early drafts) as
 /// (container id, ifname) pairs.
 fn valid_attachments(raw: &serde_json::Value) -> Option<Vec<(String, String)>> {
-    let list = raw
+    let list = match raw
         .get("cni.dev/valid-attachments")
         .or_else(|| raw.get("cni.dev/attachments"))?
-        .as_array()?;
+    {
+        // CRI-O sends a null list for a network with no live pod: nothing is valid.
+        serde_json::Value::Null => return Some(Vec::new()),
+        list => list.as_array()?,
+    };
     Some(
         list.iter()
             .filter_map(|a| {
@@ -338,5 +342,11 @@ mod tests {
         let old = json!({"cni.dev/attachments": []});
         assert_eq!(valid_attachments(&old), Some(vec![]));
         assert_eq!(valid_attachments(&json!({"name": "x"})), None);
+        let null = json!({"cni.dev/valid-attachments": null});
+        assert_eq!(
+            valid_attachments(&null),
+            Some(vec![]),
+            "CRI-O's list for no pods"
+        );
     }
 }
