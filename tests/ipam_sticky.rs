@@ -815,3 +815,19 @@ fn del_finds_its_record_without_reading_every_file() {
         &opened[..opened.len().min(5)]
     );
 }
+
+/// A DEL whose IPAM section lost its ranges (a main plugin that fills them in per node could
+/// not work the node out any more) still releases the pod's lease: DEL never needs a range,
+/// and a DEL that cannot succeed would block the pod's deletion forever. ADD still refuses.
+#[test]
+fn del_without_ranges_still_releases_and_add_still_refuses() {
+    let e = Env::new();
+    let conf = e.conf("10.23.0.0/24");
+    let web = Pod::new("default", "web-0", "uid-1");
+    let ip = e.add(&conf, "c-1", &web);
+    let mut bare = conf.clone();
+    bare.value["ipam"].as_object_mut().unwrap().remove("ranges");
+    e.p.run(&Call::del("c-1", &bare).pod(&web)).ok_empty();
+    assert!(!e.state().sticky(ip).attached, "released without ranges");
+    assert_eq!(e.p.run(&Call::add("c-2", &bare).pod(&web)).err_code(), 7);
+}

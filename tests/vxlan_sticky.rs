@@ -206,4 +206,24 @@ fn ipam_ranges_come_from_the_nodes_own_peer_entry() {
     let r = topo.add_args(&again, &confs[0], &pod_a.kubelet_args(&again.id));
     assert_eq!(ip_of(&r, false), a4, "recreated pod keeps its address");
     assert!(topo.reaches(&again, &b4));
+
+    // Node 1 drops out of the peer list while its pod lives; the pod's DEL (no prevResult)
+    // still succeeds and releases the lease, or kubelet could never finish deleting the pod.
+    topo.write_peers_file("peers.json", &json!([Topo::peer(2, true)]));
+    let del = topo.cni(
+        1,
+        "DEL",
+        &again,
+        &again.path(),
+        &confs[0],
+        &pod_a.kubelet_args(&again.id),
+    );
+    succeeded(&del, "DEL after node 1 left the peer list");
+    let state = support::check_dir(
+        &topo.dir.path().join(format!("ipam-1/{}", topo.net)),
+        support::COMPLETED,
+    );
+    for ip in [a4.parse().unwrap(), ip_of(&r, true).parse().unwrap()] {
+        assert!(!state.sticky(ip).attached, "{ip} still attached");
+    }
 }

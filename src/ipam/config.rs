@@ -99,6 +99,22 @@ struct RawIpam {
 impl IpamConfig {
     /// Reads the `ipam` section of `conf`, with requested IPs from `args` (CNI_ARGS).
     pub fn from_netconf(conf: &NetConf, args: &Args) -> Result<IpamConfig, ConfigError> {
+        IpamConfig::parse(conf, args, true)
+    }
+
+    /// As [`IpamConfig::from_netconf`], but a section without any range is accepted: DEL
+    /// finds its records by container id and pod name, never by range, and must succeed even
+    /// when a main plugin could not fill the ranges in (sticky-vxlan's cluster-wide conflist
+    /// on a node that no longer finds itself in the peer list).
+    pub fn for_release(conf: &NetConf, args: &Args) -> Result<IpamConfig, ConfigError> {
+        IpamConfig::parse(conf, args, false)
+    }
+
+    fn parse(
+        conf: &NetConf,
+        args: &Args,
+        ranges_required: bool,
+    ) -> Result<IpamConfig, ConfigError> {
         let ipam = conf
             .raw
             .get("ipam")
@@ -114,7 +130,7 @@ impl IpamConfig {
             specs.push(vec![raw.legacy.clone()]);
         }
         specs.extend(raw.ranges.unwrap_or_default());
-        if specs.is_empty() {
+        if specs.is_empty() && ranges_required {
             return Err(ConfigError::NoRanges);
         }
         let range_sets = specs
@@ -298,6 +314,9 @@ mod tests {
     fn refusals() {
         let base = |ipam: &str| format!(r#"{{"cniVersion":"0.2.0","name":"n","ipam":{ipam}}}"#);
         assert!(matches!(load(&base("{}"), ""), Err(ConfigError::NoRanges)));
+        let bare = NetConf::parse(base("{}").as_bytes()).unwrap();
+        let release = IpamConfig::for_release(&bare, &Args::default()).unwrap();
+        assert!(release.range_sets.is_empty(), "DEL needs no range");
         assert!(matches!(
             load(r#"{"cniVersion":"1.0.0","name":"n"}"#, ""),
             Err(ConfigError::NoIpam)

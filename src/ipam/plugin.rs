@@ -13,7 +13,7 @@ use super::lifecycle::{self, Attachment, LeaseClock};
 use super::metrics;
 use super::release;
 use super::{Error, resolv};
-use crate::cni::{Call, CniResult, Dns, IpConfig, Plugin};
+use crate::cni::{Call, CniResult, Command, Dns, IpConfig, Plugin};
 
 /// Where the kernel publishes the current boot's id.
 pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
@@ -47,7 +47,10 @@ pub fn wall_clock() -> u64 {
 impl Prepared {
     fn new(call: &Call) -> Result<Prepared, Error> {
         call.env.args.check_known(&KNOWN_ARGS)?;
-        let config = IpamConfig::from_netconf(&call.conf, &call.env.args)?;
+        let config = match call.env.command {
+            Command::Del => IpamConfig::for_release(&call.conf, &call.env.args)?,
+            _ => IpamConfig::from_netconf(&call.conf, &call.env.args)?,
+        };
         let pod = Pod::from_args(&call.env.args);
         Ok(Prepared {
             config,

@@ -75,7 +75,11 @@ impl Plugin for StickyVxlan {
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
         let cfg = config(call);
         let pending = cfg.as_ref().map_err(|_| ()).map(|cfg| {
-            let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, cfg))?;
+            // When the node's subnets cannot be worked out any more, the section goes as it
+            // is: DEL finds an allocation by container id and pod name (sticky-ipam accepts a
+            // DEL without ranges), and a DEL that cannot succeed would block the pod forever.
+            let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, cfg))
+                .unwrap_or_else(|_| Ipam::verbatim(call, &cfg.ipam_type));
             delegate::spawn(call, &ipam, "DEL")
         });
         let removed = Socket::open()
