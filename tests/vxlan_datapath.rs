@@ -36,12 +36,10 @@ fn vni_taken_by_another_device_is_a_clear_error() {
     let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
     let a = topo.new_pod(1, "a");
     let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
-    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(err["code"], 121, "{err}");
-    let msg = err["msg"].as_str().unwrap();
-    assert!(
-        msg.contains("\"flannel.1\" already uses VNI 1 on UDP port 8472"),
-        "{msg}"
+    expect_error(
+        &out,
+        121,
+        "\"flannel.1\" already uses VNI 1 on UDP port 8472",
     );
 }
 

@@ -35,11 +35,6 @@ fn allocations(topo: &Topo, n: u8) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn error_of(out: &std::process::Output) -> Value {
-    assert!(!out.status.success(), "expected a failure");
-    serde_json::from_slice(&out.stdout).expect("error JSON on stdout")
-}
-
 #[test]
 fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
     if !can_run() {
@@ -290,9 +285,7 @@ fn status_is_50_when_the_config_cannot_work() {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
-    let err: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a CNI error");
-    assert_eq!(err["code"], 50, "{err}");
-    assert!(err["msg"].as_str().unwrap().contains("vni"), "{err}");
+    expect_error(&out, 50, "vni");
 }
 
 #[test]
@@ -351,14 +344,10 @@ fn status_is_50_when_the_node_cannot_be_worked_out() {
     // No entry names this node: every ADD would fail, so the plugin is not ready, even though
     // the IPAM plugin (its ranges given in full) is.
     conf["peers"] = json!([Topo::peer(2, false)]);
-    let err = error_of(&topo.cni(1, "STATUS", &pod, "", &conf, ""));
-    assert_eq!(err["code"], 50, "{err}");
-    assert!(
-        err["msg"]
-            .as_str()
-            .unwrap()
-            .contains("no peer entry names this node"),
-        "{err}"
+    expect_error(
+        &topo.cni(1, "STATUS", &pod, "", &conf, ""),
+        50,
+        "no peer entry names this node",
     );
 }
 
@@ -380,11 +369,10 @@ fn an_address_outside_this_nodes_subnets_is_refused_and_released() {
     copied["stateDir"] = json!(topo.state_dir(2));
     copied["ipam"]["dataDir"] = json!(topo.dir.path().join("ipam-2"));
     let b = topo.new_pod(2, "b");
-    let err = error_of(&topo.cni(2, "ADD", &b, &b.path(), &copied, ""));
-    assert_eq!(err["code"], 120, "{err}");
-    assert!(
-        err["msg"].as_str().unwrap().contains("10.244.2.0/24"),
-        "{err}"
+    expect_error(
+        &topo.cni(2, "ADD", &b, &b.path(), &copied, ""),
+        120,
+        "10.244.2.0/24",
     );
     assert_eq!(veths(&topo, 2), 0);
     assert!(

@@ -120,21 +120,11 @@ fn overlapping_subnets_and_missing_local_entry_are_clear_errors() {
         json!({"peers": [Topo::peer(1, false), {"ip": "192.0.2.9", "subnets": ["10.244.0.0/16"]}]}),
     );
     let out = topo.cni(1, "ADD", &pod, &pod.path(), &overlap, "");
-    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(err["code"], 7, "{err}");
-    assert!(err["msg"].as_str().unwrap().contains("overlaps"), "{err}");
+    expect_error(&out, 7, "overlaps");
 
     let no_local = topo.conf(1, json!({"peers": [Topo::peer(2, false)]}));
     let out = topo.cni(1, "ADD", &pod, &pod.path(), &no_local, "");
-    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(err["code"], 120, "{err}");
-    assert!(
-        err["msg"]
-            .as_str()
-            .unwrap()
-            .contains("no peer entry names this node"),
-        "{err}"
-    );
+    expect_error(&out, 120, "no peer entry names this node");
 }
 
 #[test]
@@ -215,9 +205,7 @@ fn two_peers_behind_one_vtep_mac_are_refused() {
             ]}),
         );
         let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
-        let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(err["code"], 124, "{err}");
-        assert!(err["msg"].as_str().unwrap().contains(mac), "{err}");
+        expect_error(&out, 124, mac);
         let ns = topo.node_ns(1);
         let routes = ok(&["ip", "-n", &ns, "route", "show", "proto", "118"]);
         let fdb = ok(&["bridge", "-n", &ns, "fdb", "show"]);
@@ -244,12 +232,7 @@ fn a_pod_subnet_holding_an_underlay_address_is_refused_before_it_cuts_the_node_o
         json!({"peers": [Topo::peer(1, false), {"ip": "192.0.2.2", "subnets": ["192.0.2.0/24"]}]}),
     );
     let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
-    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(err["code"], 7, "{err}");
-    assert!(
-        err["msg"].as_str().unwrap().contains("192.0.2.0/24"),
-        "{err}"
-    );
+    expect_error(&out, 7, "192.0.2.0/24");
     let underlay = topo.in_ns(
         &topo.node_ns(1),
         &["ping", "-c", "1", "-W", "2", "192.0.2.2"],
@@ -348,8 +331,6 @@ fn an_underlay_other_than_the_address_this_nodes_entry_names_is_refused() {
             conf[k] = v.clone();
         }
         let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
-        let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(err["code"], 120, "{extra} {err}");
-        assert!(err["msg"].as_str().unwrap().contains("192.0.2.1"), "{err}");
+        expect_error(&out, 120, "192.0.2.1");
     }
 }

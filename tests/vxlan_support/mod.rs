@@ -356,3 +356,19 @@ impl Drop for Topo {
         }
     }
 }
+
+/// The CNI error a failed call printed on stdout.
+pub fn error_of(out: &Output) -> Value {
+    assert!(!out.status.success(), "expected a failure");
+    serde_json::from_slice(&out.stdout).expect("error JSON on stdout")
+}
+
+/// The CNI error a failed call printed, checked to carry `code` and a message containing
+/// `says`.
+pub fn expect_error(out: &Output, code: u64, says: &str) -> Value {
+    let err = error_of(out);
+    assert_eq!(err["code"], code, "{err}");
+    let msg = err["msg"].as_str().unwrap_or_default();
+    assert!(msg.contains(says), "{msg:?} does not say {says:?}");
+    err
+}
