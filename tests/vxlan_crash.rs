@@ -11,33 +11,6 @@ mod vxlan_support;
 use serde_json::json;
 use vxlan_support::*;
 
-fn veths(topo: &Topo) -> usize {
-    ok(&[
-        "ip",
-        "-n",
-        &topo.node_ns(1),
-        "-o",
-        "link",
-        "show",
-        "type",
-        "veth",
-    ])
-    .lines()
-    .filter(|l| !l.contains(" eth0@"))
-    .count()
-}
-
-fn allocations(topo: &Topo) -> usize {
-    let dir = topo.dir.path().join("ipam-1").join(&topo.net);
-    std::fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().starts_with("10."))
-                .count()
-        })
-        .unwrap_or(0)
-}
-
 #[test]
 fn add_killed_at_every_crash_point_then_del_leaves_nothing_and_retry_works() {
     if !can_run() {
@@ -62,8 +35,8 @@ fn add_killed_at_every_crash_point_then_del_leaves_nothing_and_retry_works() {
         // The runtime cleans up a failed ADD with DEL: nothing is left, neither veth nor
         // allocation...
         assert!(topo.del(&pod, &pod.path(), &conf).status.success());
-        assert_eq!(veths(&topo), 0, "after crash at {step}");
-        assert_eq!(allocations(&topo), 0, "after crash at {step}");
+        assert_eq!(topo.pod_veths(1), 0, "after crash at {step}");
+        assert_eq!(topo.allocations(1).len(), 0, "after crash at {step}");
         // ...and the retried ADD works.
         let r = topo.add(&pod, &conf);
         topo.add(&probe, &conf);

@@ -8,33 +8,6 @@ use std::os::unix::fs::PermissionsExt;
 use serde_json::{Value, json};
 use vxlan_support::*;
 
-fn veths(topo: &Topo, n: u8) -> usize {
-    ok(&[
-        "ip",
-        "-n",
-        &topo.node_ns(n),
-        "-o",
-        "link",
-        "show",
-        "type",
-        "veth",
-    ])
-    .lines()
-    .filter(|l| !l.contains(" eth0@"))
-    .count()
-}
-
-fn allocations(topo: &Topo, n: u8) -> Vec<String> {
-    let dir = topo.dir.path().join(format!("ipam-{n}")).join(&topo.net);
-    std::fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|f| f.starts_with("10."))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
     if !can_run() {
@@ -49,8 +22,8 @@ fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
     for p in [&a, &b, &c] {
         topo.add(p, &conf);
     }
-    assert_eq!(veths(&topo, 1), 3);
-    assert_eq!(allocations(&topo, 1).len(), 3);
+    assert_eq!(topo.pod_veths(1), 3);
+    assert_eq!(topo.allocations(1).len(), 3);
 
     // DEL twice.
     assert!(topo.del(&a, &a.path(), &conf).status.success());
@@ -66,8 +39,8 @@ fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(veths(&topo, 1), 0);
-    assert!(allocations(&topo, 1).is_empty(), "IPAM released everything");
+    assert_eq!(topo.pod_veths(1), 0);
+    assert!(topo.allocations(1).is_empty(), "IPAM released everything");
 
     // A config broken since ADD: DEL reports it, but the pod's veth is gone anyway.
     let d = topo.new_pod(1, "d");
@@ -76,7 +49,7 @@ fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
     broken["vni"] = json!(0);
     let err = error_of(&topo.del(&d, &d.path(), &broken));
     assert_eq!(err["code"], 7, "{err}");
-    assert_eq!(veths(&topo, 1), 0);
+    assert_eq!(topo.pod_veths(1), 0);
     // The shared VTEP and bridge are never torn down by DEL.
     let links = ok(&["ip", "-n", &topo.node_ns(1), "-o", "link"]);
     assert!(
@@ -101,10 +74,10 @@ fn add_failing_in_ipam_or_after_it_leaves_nothing_behind() {
     let b = topo.new_pod(1, "b");
     let err = error_of(&topo.cni(1, "ADD", &b, &b.path(), &conf, ""));
     assert!(err["msg"].as_str().unwrap().starts_with("IPAM:"), "{err}");
-    assert_eq!(veths(&topo, 1), 1);
+    assert_eq!(topo.pod_veths(1), 1);
     let inside = ok(&["ip", "-n", &b.ns, "-o", "addr"]);
     assert!(!inside.contains("eth0"), "{inside}");
-    assert_eq!(allocations(&topo, 1), vec!["10.244.1.10".to_string()]);
+    assert_eq!(topo.allocations(1), vec!["10.244.1.10".to_string()]);
 
     // Failure after IPAM (the pod already has an eth0): veth and allocation rolled back.
     let c = topo.new_pod(1, "c");
@@ -114,8 +87,8 @@ fn add_failing_in_ipam_or_after_it_leaves_nothing_behind() {
     assert!(topo.del(&a, &a.path(), &conf).status.success());
     let err = error_of(&topo.cni(1, "ADD", &c, &c.path(), &conf, ""));
     assert_eq!(err["code"], 122, "{err}");
-    assert_eq!(veths(&topo, 1), 0);
-    assert!(allocations(&topo, 1).is_empty(), "IPAM DEL ran on rollback");
+    assert_eq!(topo.pod_veths(1), 0);
+    assert!(topo.allocations(1).is_empty(), "IPAM DEL ran on rollback");
 }
 
 #[test]
@@ -238,7 +211,7 @@ fn gc_removes_only_this_networks_veths_missing_from_the_valid_list() {
     other["ipam"]["ranges"] = json!([[{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.200"}]]);
     let c = topo.new_pod(1, "c");
     let rc = topo.add(&c, &other);
-    assert_eq!(veths(&topo, 1), 3);
+    assert_eq!(topo.pod_veths(1), 3);
 
     // Debian's host-local predates GC, so IPAM's answer is an error; the veth cleanup before
     // it still happens.
@@ -315,7 +288,7 @@ fn ipam_add_that_succeeds_with_an_unusable_result_is_released() {
         assert_eq!(err["code"], 125, "{err}");
         let logged = std::fs::read_to_string(&log).unwrap();
         assert_eq!(logged, "ADD\nDEL\n", "answer {answer:?}");
-        assert_eq!(veths(&topo, 1), 0);
+        assert_eq!(topo.pod_veths(1), 0);
     }
 }
 
@@ -374,9 +347,9 @@ fn an_address_outside_this_nodes_subnets_is_refused_and_released() {
         120,
         "10.244.2.0/24",
     );
-    assert_eq!(veths(&topo, 2), 0);
+    assert_eq!(topo.pod_veths(2), 0);
     assert!(
-        allocations(&topo, 2).is_empty(),
+        topo.allocations(2).is_empty(),
         "node 2's IPAM gave its lease back"
     );
     let bridge = ok(&["ip", "-n", &topo.node_ns(2), "addr", "show", "stickybr0"]);
@@ -399,7 +372,7 @@ fn del_without_prev_result_releases_even_when_the_peers_could_not_be_programmed(
     conf["ipam"] = json!({"type": "host-local", "dataDir": topo.dir.path().join("ipam-1")});
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
-    assert_eq!(allocations(&topo, 1).len(), 1);
+    assert_eq!(topo.allocations(1).len(), 1);
     // The peer list gained two entries behind one MAC: ADD refuses it, DEL must still work.
     let mut bad = conf.clone();
     bad["peers"] = json!([
@@ -418,5 +391,5 @@ fn del_without_prev_result_releases_even_when_the_peers_could_not_be_programmed(
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert!(allocations(&topo, 1).is_empty());
+    assert!(topo.allocations(1).is_empty());
 }

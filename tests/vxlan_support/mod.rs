@@ -327,6 +327,35 @@ impl Topo {
         v[0]["address"].as_str().unwrap_or_default().to_string()
     }
 
+    /// Pod veths (host ends) on node `n`.
+    pub fn pod_veths(&self, n: u8) -> usize {
+        ok(&[
+            "ip",
+            "-n",
+            &self.node_ns(n),
+            "-o",
+            "link",
+            "show",
+            "type",
+            "veth",
+        ])
+        .lines()
+        .filter(|l| !l.contains(" eth0@"))
+        .count()
+    }
+
+    /// Record files of node `n`'s IPAM data dir, by name.
+    pub fn allocations(&self, n: u8) -> Vec<String> {
+        let dir = self.dir.path().join(format!("ipam-{n}")).join(&self.net);
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|f| f.starts_with("10."))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn write_peers_file(&self, name: &str, peers: &Value) -> PathBuf {
         let path = self.dir.path().join(name);
         let tmp = self.dir.path().join(format!("{name}.tmp"));
