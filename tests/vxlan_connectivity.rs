@@ -6,27 +6,13 @@ mod vxlan_support;
 use serde_json::json;
 use vxlan_support::*;
 
-fn three_nodes(topo: &mut Topo) -> Vec<serde_json::Value> {
-    for n in 1..=3 {
-        topo.add_node(n, 1500);
-    }
-    let peers = json!([
-        Topo::peer(1, false),
-        Topo::peer(2, false),
-        Topo::peer(3, false)
-    ]);
-    (1..=3)
-        .map(|n| topo.conf(n, json!({"peers": peers})))
-        .collect()
-}
-
 #[test]
 fn three_nodes_two_pods_each_all_to_all_and_vtep_recreated_keeps_its_mac() {
     if !can_run() {
         return;
     }
     let mut topo = Topo::new(1500);
-    let confs = three_nodes(&mut topo);
+    let confs = topo.three_nodes();
     let mut pods = Vec::new();
     let mut ips = Vec::new();
     for n in 1..=3u8 {
@@ -122,7 +108,7 @@ fn vtep_deleted_then_reconcile_without_any_pod() {
         return;
     }
     let mut topo = Topo::new(1500);
-    let confs = three_nodes(&mut topo);
+    let confs = topo.three_nodes();
     let a = topo.new_pod(1, "a");
     let b = topo.new_pod(2, "b");
     topo.add(&a, &confs[0]);
@@ -153,7 +139,7 @@ fn pod_recreated_on_its_old_ip_keeps_its_mac() {
         return;
     }
     let mut topo = Topo::new(1500);
-    let confs = three_nodes(&mut topo);
+    let confs = topo.three_nodes();
     let a = topo.new_pod(1, "a");
     topo.add(&a, &confs[0]);
     let web = topo.new_pod(3, "web");

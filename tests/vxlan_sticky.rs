@@ -17,21 +17,11 @@ const IPAM: &str = env!("CARGO_BIN_EXE_sticky-ipam");
 /// as every node's IPAM.
 fn three_nodes_with_sticky_ipam(topo: &mut Topo) -> Vec<Value> {
     std::os::unix::fs::symlink(IPAM, topo.cni_path.join("sticky-ipam")).expect("symlink");
-    for n in 1..=3 {
-        topo.add_node(n, 1500);
+    let mut confs = topo.three_nodes();
+    for c in &mut confs {
+        c["ipam"]["type"] = json!("sticky-ipam");
     }
-    let peers = json!([
-        Topo::peer(1, false),
-        Topo::peer(2, false),
-        Topo::peer(3, false)
-    ]);
-    (1..=3)
-        .map(|n| {
-            let mut c = topo.conf(n, json!({"peers": peers}));
-            c["ipam"]["type"] = json!("sticky-ipam");
-            c
-        })
-        .collect()
+    confs
 }
 
 fn succeeded(out: &Output, what: &str) {

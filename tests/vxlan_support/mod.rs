@@ -327,6 +327,21 @@ impl Topo {
         v[0]["address"].as_str().unwrap_or_default().to_string()
     }
 
+    /// Nodes 1 to 3 with one peer list naming all three; each node's config.
+    pub fn three_nodes(&mut self) -> Vec<Value> {
+        for n in 1..=3 {
+            self.add_node(n, 1500);
+        }
+        let peers = json!([
+            Self::peer(1, false),
+            Self::peer(2, false),
+            Self::peer(3, false)
+        ]);
+        (1..=3)
+            .map(|n| self.conf(n, json!({"peers": peers})))
+            .collect()
+    }
+
     /// Pod veths (host ends) on node `n`.
     pub fn pod_veths(&self, n: u8) -> usize {
         ok(&[
