@@ -121,17 +121,7 @@ fn ip_masq_and_peer_only_port_rules_work_on_packets() {
     let b = topo.new_pod(2, "b");
     let ip_a = ip_of(&topo.add(&a, &topo.conf(1, extra.clone())), false);
     let ip_b = ip_of(&topo.add(&b, &topo.conf(2, extra)), false);
-    let table = ok(&[
-        "ip",
-        "netns",
-        "exec",
-        &topo.node_ns(1),
-        "nft",
-        "list",
-        "table",
-        "ip",
-        &format!("sticky_vxlan_{}", topo.net),
-    ]);
+    let table = topo.nft_table(1);
     assert!(
         table.contains("masquerade") && table.contains("192.0.2.2"),
         "{table}"
@@ -205,17 +195,7 @@ fn ip_masq_and_peer_only_port_rules_work_on_packets() {
     ]);
     let sent = topo.in_ns(&n3, &["ping", "-c", "2", "-W", "1", &ip_a]);
     assert!(!sent.status.success());
-    let table = ok(&[
-        "ip",
-        "netns",
-        "exec",
-        &topo.node_ns(1),
-        "nft",
-        "list",
-        "table",
-        "ip",
-        &format!("sticky_vxlan_{}", topo.net),
-    ]);
+    let table = topo.nft_table(1);
     let dropped = table
         .lines()
         .find(|l| l.contains("udp dport 8472"))

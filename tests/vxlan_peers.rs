@@ -164,17 +164,7 @@ fn bad_peers_file_without_a_kept_copy_never_closes_the_vxlan_port_to_programmed_
     assert!(out.status.success() && text.contains("warning"), "{text}");
     let a2 = topo.new_pod(1, "a2");
     topo.add(&a2, &conf1);
-    let table = ok(&[
-        "ip",
-        "netns",
-        "exec",
-        &topo.node_ns(1),
-        "nft",
-        "list",
-        "table",
-        "ip",
-        &format!("sticky_vxlan_{}", topo.net),
-    ]);
+    let table = topo.nft_table(1);
     assert!(table.contains("192.0.2.2"), "{table}");
     assert!(topo.reaches(&a, &ip_b));
     assert!(topo.reaches(&a2, &ip_b));

@@ -342,6 +342,15 @@ impl Topo {
             .collect()
     }
 
+    /// The network's nftables table on node `n`, as `nft list` prints it.
+    pub fn nft_table(&self, n: u8) -> String {
+        let table = format!("sticky_vxlan_{}", self.net);
+        let ns = self.node_ns(n);
+        ok(&[
+            "ip", "netns", "exec", &ns, "nft", "list", "table", "ip", &table,
+        ])
+    }
+
     /// Pod veths (host ends) on node `n`.
     pub fn pod_veths(&self, n: u8) -> usize {
         ok(&[
