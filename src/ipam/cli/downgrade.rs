@@ -109,10 +109,8 @@ pub fn plan<S: Store>(
     let mut ips: Vec<IpAddr> = store.index().ips().collect();
     ips.sort();
     for ip in ips {
+        // `group` leaves no host-local file beside an attached lease.
         let records = group(store, ip)?;
-        let host_local = records
-            .iter()
-            .any(|r| matches!(r.body, Body::HostLocal { .. }));
         for record in &records {
             let dropped = |reason, identity: Option<(String, String)>| {
                 let (namespace, pod) = identity.unzip();
@@ -136,12 +134,6 @@ pub fn plan<S: Store>(
                         drops.push(dropped("released lease", identity));
                     } else if !boot.is_empty() && !l.boot.is_empty() && l.boot != boot {
                         drops.push(dropped("attached in an earlier boot", identity));
-                    } else if host_local {
-                        // `group` removed a same-container `<ip>`: this one is another's.
-                        drops.push(dropped(
-                            "attached lease beside another container's <ip> file",
-                            identity,
-                        ));
                     } else {
                         converts.push(Convert {
                             ip,
