@@ -145,9 +145,8 @@ impl Plugin for StickyVxlan {
 
     fn status(&self, call: &Call) -> Result<(), Error> {
         // A plugin that cannot work says so with 50, as the spec asks; an IPAM answer keeps
-        // its own code.
-        // The node must be workable too (underlay, this node's peer entry): every ADD needs it,
-        // whether or not the IPAM ranges come from it.
+        // its own code. The node must be workable (underlay, this node's peer entry): every
+        // ADD needs it, whether or not the IPAM ranges come from it.
         let not_ready = |e: Error| Error::NotReady(e.to_string());
         let cfg = config(call).map_err(not_ready)?;
         let node = Socket::open()
