@@ -393,3 +393,45 @@ fn del_without_prev_result_releases_even_when_the_peers_could_not_be_programmed(
     );
     assert!(topo.allocations(1).is_empty());
 }
+
+/// A GC whose attachment list has one malformed entry is refused as a whole (code 7) before
+/// anything is removed: read as "no valid entry", it would tear down every pod of the node.
+#[test]
+fn gc_with_a_malformed_attachment_list_removes_nothing() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(1, "b");
+    topo.add(&a, &conf);
+    let rb = topo.add(&b, &conf);
+    let before = (topo.pod_veths(1), topo.allocations(1));
+    assert_eq!(before.0, 2);
+    let bad_lists = [
+        json!([{"containerID": a.id, "ifname": "eth0"}, {"containerID": b.id, "ifName": "eth0"}]),
+        json!([{"containerID": a.id, "ifname": "eth0"}, {"containerID": 7, "ifname": "eth0"}]),
+        json!([{"containerID": a.id, "ifname": "eth0"}, null]),
+        json!([{"containerID": "", "ifname": "eth0"}]),
+        json!([{"containerID": a.id, "ifname": ""}]),
+        json!({"containerID": a.id, "ifname": "eth0"}),
+        json!("all"),
+    ];
+    for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
+        for list in &bad_lists {
+            let mut gc = conf.clone();
+            gc["cniVersion"] = json!("1.1.0");
+            gc[key] = list.clone();
+            let out = topo.cni(1, "GC", &a, "", &gc, "");
+            expect_error(&out, 7, key);
+            assert_eq!(
+                (topo.pod_veths(1), topo.allocations(1)),
+                before,
+                "GC with {key}: {list} changed the node"
+            );
+        }
+    }
+    assert!(topo.reaches(&a, &ip_of(&rb, false)));
+}

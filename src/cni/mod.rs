@@ -2,6 +2,7 @@
 //! errors and the dispatcher. Nothing here knows about IP allocation or netlink.
 
 pub mod args;
+pub mod attachments;
 pub mod env;
 pub mod error;
 pub mod netconf;
@@ -10,6 +11,7 @@ pub mod skel;
 pub mod version;
 
 pub use args::{Args, ArgsError};
+pub use attachments::{Attachment, AttachmentsError};
 pub use env::{Command, Env, EnvError};
 pub use error::CniError;
 pub use netconf::{NetConf, NetConfError};

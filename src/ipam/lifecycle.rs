@@ -19,6 +19,7 @@ use super::group::group;
 use super::record::{Body, Record, State};
 use super::release::release_lease;
 use super::store::{Note, Store, StoreError};
+use crate::cni::Attachment;
 
 /// The most the lease clock advances in one call, in seconds.
 pub const MAX_CLOCK_STEP: u64 = 3600;
@@ -205,14 +206,6 @@ fn is_attached(record: &Record) -> bool {
         Body::Lease(l) => l.state == State::Attached,
         Body::Marker => false,
     }
-}
-
-/// One entry of `cni.dev/valid-attachments`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
-pub struct Attachment {
-    #[serde(rename = "containerID")]
-    pub container_id: String,
-    pub ifname: String,
 }
 
 /// Attachments not in `valid`: leases are released (kept) when `keep_leases`, anything else

@@ -42,8 +42,8 @@ pub enum Error {
         "GC needs cni.dev/valid-attachments (or cni.dev/attachments); refusing to release everything"
     )]
     GcWithoutAttachments,
-    #[error("GC attachment list is malformed: {0}")]
-    BadAttachments(String),
+    #[error(transparent)]
+    BadAttachments(#[from] crate::cni::AttachmentsError),
     #[error("{0}")]
     NotReady(String),
 }

@@ -9,11 +9,11 @@ use super::allocator::{self, Request};
 use super::config::IpamConfig;
 use super::disk::DiskStore;
 use super::identity::{KNOWN_ARGS, Pod};
-use super::lifecycle::{self, Attachment, LeaseClock};
+use super::lifecycle::{self, LeaseClock};
 use super::metrics;
 use super::release;
 use super::{Error, resolv};
-use crate::cni::{Call, CniResult, Command, Dns, IpConfig, Plugin};
+use crate::cni::{Call, CniResult, Command, Dns, IpConfig, Plugin, attachments};
 
 /// Where the kernel publishes the current boot's id.
 pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
@@ -188,18 +188,8 @@ impl Plugin for IpamPlugin {
         if call.conf.raw.get("disableGC").and_then(Value::as_bool) == Some(true) {
             return Ok(());
         }
-        let list = ["cni.dev/valid-attachments", "cni.dev/attachments"]
-            .iter()
-            .find_map(|key| call.conf.raw.get(*key))
-            .ok_or(Error::GcWithoutAttachments)?;
-        // libcni marshals the runtime's list as is: CRI-O's list for a network without a
-        // live pod is a nil slice, which arrives as `null`. It is the empty list, not a
-        // missing one.
-        let valid: Vec<Attachment> = match list {
-            Value::Null => Vec::new(),
-            list => serde_json::from_value(list.clone())
-                .map_err(|e| Error::BadAttachments(e.to_string()))?,
-        };
+        let valid =
+            attachments::valid_attachments(&call.conf.raw)?.ok_or(Error::GcWithoutAttachments)?;
         let (mut store, mut clock) = prepared.open()?;
         prepared.recover(&mut store, &mut clock)?;
         let (changes, mut errors) = lifecycle::plan_gc(&mut store, &valid, prepared.config.sticky);

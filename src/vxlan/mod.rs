@@ -40,6 +40,8 @@ pub enum Error {
     Peers(String),
     #[error(transparent)]
     PeersFile(#[from] peers::FileError),
+    #[error(transparent)]
+    Attachments(#[from] crate::cni::AttachmentsError),
     #[error("cannot tell which underlay to use: {0}")]
     Underlay(String),
     #[error(

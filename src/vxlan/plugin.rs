@@ -8,7 +8,7 @@ use super::delegate::Ipam;
 use super::node::{self, gateway_of};
 use super::pod::{self, host_veth_name};
 use super::{Error, delegate};
-use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin};
+use crate::cni::{Attachment, Call, CniResult, Interface, IpConfig, Plugin, attachments};
 use crate::netlink::link::{self, format_mac};
 use crate::netlink::{Socket, addr};
 
@@ -130,10 +130,11 @@ impl Plugin for StickyVxlan {
     /// Removes this network's veths whose attachment is not in the runtime's valid list
     /// (found by their alias, so another network on the same bridge is never touched), then
     /// forwards GC to IPAM. Keeps going after an error; the first one is reported. Without a
-    /// valid-attachments list nothing is removed here (IPAM decides for itself).
+    /// valid-attachments list nothing is removed here (IPAM decides for itself); a malformed
+    /// list is refused whole before anything is removed or forwarded.
     fn gc(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
-        let removed = match valid_attachments(&call.conf.raw) {
+        let removed = match attachments::valid_attachments(&call.conf.raw)? {
             Some(valid) => remove_stale_veths(&cfg, &valid),
             None => Ok(()),
         };
@@ -161,37 +162,16 @@ impl Plugin for StickyVxlan {
     }
 }
 
-/// `cni.dev/valid-attachments` (spec 1.1; `cni.dev/attachments` in early drafts) as
-/// (container id, ifname) pairs.
-fn valid_attachments(raw: &serde_json::Value) -> Option<Vec<(String, String)>> {
-    let list = match raw
-        .get("cni.dev/valid-attachments")
-        .or_else(|| raw.get("cni.dev/attachments"))?
-    {
-        // CRI-O sends a null list for a network with no live pod: nothing is valid.
-        serde_json::Value::Null => return Some(Vec::new()),
-        list => list.as_array()?,
-    };
-    Some(
-        list.iter()
-            .filter_map(|a| {
-                Some((
-                    a.get("containerID")?.as_str()?.to_string(),
-                    a.get("ifname")?.as_str()?.to_string(),
-                ))
-            })
-            .collect(),
-    )
-}
-
-fn remove_stale_veths(cfg: &Config, valid: &[(String, String)]) -> Result<(), Error> {
+fn remove_stale_veths(cfg: &Config, valid: &[Attachment]) -> Result<(), Error> {
     let mut sock = Socket::open()?;
     let mut first = Ok(());
     for l in link::list(&mut sock)? {
         let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) else {
             continue;
         };
-        let listed = valid.iter().any(|(c, i)| c == cid && i == ifname);
+        let listed = valid
+            .iter()
+            .any(|a| a.container_id == cid && a.ifname == ifname);
         if network == cfg.name
             && !listed
             && let Err(e) = link::delete(&mut sock, &l.name)
@@ -328,28 +308,4 @@ fn attach(
         routes,
         dns: ipam.dns.clone(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn valid_attachments_from_either_key_and_none_without() {
-        let v = json!({"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]});
-        assert_eq!(
-            valid_attachments(&v),
-            Some(vec![("a".to_string(), "eth0".to_string())])
-        );
-        let old = json!({"cni.dev/attachments": []});
-        assert_eq!(valid_attachments(&old), Some(vec![]));
-        assert_eq!(valid_attachments(&json!({"name": "x"})), None);
-        let null = json!({"cni.dev/valid-attachments": null});
-        assert_eq!(
-            valid_attachments(&null),
-            Some(vec![]),
-            "CRI-O's list for no pods"
-        );
-    }
 }
