@@ -16,9 +16,9 @@ use nix::errno::Errno;
 use super::Error;
 use super::config::Config;
 use super::node::Node;
-use crate::netlink::Socket;
 use crate::netlink::link::{self, Link, VxlanSpec};
 use crate::netlink::neigh::{self, Fdb};
+use crate::netlink::{Socket, sysctl};
 use crate::vxlan::mac::vtep_mac;
 
 /// The flood entries' MAC.
@@ -59,6 +59,18 @@ fn spec(cfg: &Config, node: &Node) -> VxlanSpec {
         mtu: node.mtu,
         learning: true,
     }
+}
+
+/// Keeps the node itself off the segment: no IPv6 link-local address, router solicitation or
+/// MLD report from the bridge, the VXLAN device or a host veth (none of them has an IPv4
+/// address either). The segment is the pods' L2 domain; the node only carries it. Done
+/// before the device comes up; nothing to do on a kernel without IPv6.
+pub fn keep_node_off(name: &str) -> Result<(), Error> {
+    let key = format!("net/ipv6/conf/{name}/disable_ipv6");
+    if sysctl::path(&key).is_ok_and(|p| p.exists()) {
+        sysctl::write(&key, "1")?;
+    }
+    Ok(())
 }
 
 /// Whether an existing device of ours can be kept as it is (MTU aside).
@@ -127,6 +139,7 @@ fn ensure_bridge(sock: &mut Socket, cfg: &Config, node: &Node) -> Result<Link, E
     if bridge.mtu != Some(node.mtu) {
         link::set_mtu(sock, &bridge, node.mtu)?;
     }
+    keep_node_off(&name)?;
     if !bridge.up {
         link::set_up(sock, &bridge)?;
     }
@@ -174,6 +187,7 @@ fn ensure_vxlan(
     if dev.mtu != Some(want.mtu) {
         link::set_mtu(sock, &dev, want.mtu)?;
     }
+    keep_node_off(&dev.name)?;
     if dev.master != Some(bridge.index) {
         link::set_master(sock, &dev, bridge.index)?;
     }

@@ -81,6 +81,7 @@ pub fn create_veth(
     let host_link = link::require(sock, host)?;
     link::set_alias(sock, &host_link, alias)?;
     link::set_master(sock, &host_link, bridge.index)?;
+    super::datapath::keep_node_off(host)?;
     link::set_up(sock, &host_link)?;
     Ok(link::require(sock, host)?)
 }
