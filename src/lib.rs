@@ -16,4 +16,5 @@ pub mod codes;
 pub mod crash;
 pub mod ipam;
 pub mod netlink;
+pub mod nofollow;
 pub mod vxlan;
