@@ -308,3 +308,66 @@ fn an_unreadable_lease_is_held_never_reclaimed_nor_expired() {
     let (_, table, _) = tool(&["list", "--data-dir", s.data.to_str().unwrap()]);
     assert!(table.contains("held ("), "{table}");
 }
+
+/// The same network with an `ipam` section that names no ranges (as sticky-vxlan's cluster
+/// conflist, which DEL accepts).
+fn without_ranges(conf: &Conf) -> Conf {
+    let mut c = conf.clone();
+    c.value["ipam"].as_object_mut().unwrap().remove("ranges");
+    c
+}
+
+#[test]
+fn del_without_ranges_releases_a_record_without_identity() {
+    for (what, sticky_off, with_pod) in [
+        ("ctr run --cni style (no CNI_ARGS)", false, false),
+        ("sticky: false with a pod name", true, true),
+    ] {
+        let s = Scene::new();
+        let mut conf = s.conf.clone();
+        if sticky_off {
+            conf = conf.ipam("sticky", json!(false));
+        }
+        let pod = Pod::new("ns", "a", "uid-a");
+        let add = Call::add("c1", &conf);
+        let add = if with_pod { add.pod(&pod) } else { add };
+        let got = result_ip(&Plugin::sticky().run(&add).ok());
+        assert!(
+            s.dir().join(got.to_string()).exists(),
+            "{what}: {got} recorded"
+        );
+        let del = Call::del("c1", &without_ranges(&conf));
+        let del = if with_pod { del.pod(&pod) } else { del };
+        Plugin::sticky().run(&del).ok_empty();
+        let st = check_dir(&s.dir(), COMPLETED);
+        assert!(
+            st.attached_to("c1").is_empty(),
+            "{what}: DEL without ranges left {got} attached to a dead sandbox: {st:?}"
+        );
+    }
+}
+
+#[test]
+fn check_refuses_another_pods_address_outside_the_current_ranges() {
+    let s = Scene::new();
+    let a = Plugin::sticky()
+        .run(&Call::add("c1", &s.conf).pod(&Pod::new("ns", "a", "ua")))
+        .ok();
+    let b = Plugin::sticky()
+        .run(&Call::add("c2", &s.conf).pod(&Pod::new("ns", "b", "ub")))
+        .ok();
+    // The ranges move: both addresses now lie outside them.
+    let moved = Conf::v4(NET, &s.data, "10.41.0.0/24");
+    let check = |cid: &str, pod: &str, prev: &serde_json::Value| {
+        Plugin::sticky()
+            .run(&Call::check(cid, &moved.clone().prev_result(prev)).pod(&Pod::new("ns", pod, "u")))
+    };
+    check("c1", "a", &a).ok_empty();
+    let out = check("c1", "a", &b);
+    assert!(
+        !out.status.success(),
+        "CHECK of c1 passed with c2's address {}",
+        result_ip(&b)
+    );
+    out.err_code();
+}
