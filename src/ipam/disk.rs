@@ -8,16 +8,21 @@
 //! as in host-local, and the release counter, lease clock and metrics counters) are written in
 //! place without fsync: a torn or lost hint is detected or harmless, and rewriting them by
 //! rename would make ext4 flush on every call.
+//!
+//! Nothing here follows a link ([`crate::nofollow`]): the network directory must be a real
+//! directory, the lock and hints are opened `O_NOFOLLOW`, temp files get unpredictable names
+//! and `O_EXCL`, and a rename never replaces anything but a regular file. A record that is a
+//! link, a FIFO or any other non-regular file reads as held (see [`Record::held`]).
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, DirBuilder, File};
 use std::io::{ErrorKind, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::record::Record;
 use super::store::{Index, Note, Store, StoreError};
-use crate::crash;
+use crate::{crash, nofollow};
 
 /// Bookkeeping file names, beside the records.
 pub const LOCK_FILE: &str = "lock";
@@ -34,7 +39,6 @@ pub struct DiskStore {
     index: Index,
     /// Whether a rename or unlink still needs the directory fsynced.
     dirty: bool,
-    temp_serial: u32,
 }
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -54,21 +58,17 @@ impl DiskStore {
             .mode(0o755)
             .create(dir)
             .map_err(io("creating", dir))?;
+        nofollow::ensure_real_dir(dir).map_err(io("opening", dir))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o644)
-            .open(&lock_path)
-            .map_err(io("opening", &lock_path))?;
+        let lock =
+            nofollow::open_for_rewrite(&lock_path, 0o644).map_err(io("opening", &lock_path))?;
         lock.lock().map_err(io("locking", &lock_path))?;
         Self::scan(dir, lock)
     }
 
     /// Opens an existing data dir for reading (the operator's tool); `None` if it is absent.
     pub fn open_existing(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
-        match fs::metadata(dir) {
+        match fs::symlink_metadata(dir) {
             Ok(_) => Self::open(dir).map(Some),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io("reading", dir)(e)),
@@ -81,7 +81,6 @@ impl DiskStore {
             _lock: lock,
             index: Index::default(),
             dirty: false,
-            temp_serial: 0,
         };
         for entry in fs::read_dir(dir).map_err(io("listing", dir))? {
             let entry = entry.map_err(io("listing", dir))?;
@@ -121,37 +120,24 @@ impl DiskStore {
 
     fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let path = self.dir.join(name);
-        match fs::read(&path) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io("reading", &path)(e)),
-        }
+        nofollow::read(&path).map_err(io("reading", &path))
     }
 
     /// temp file, write, fsync, rename over `name`.
     fn replace(&mut self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.temp_serial += 1;
-        let temp = self.dir.join(format!(
-            "{TEMP_PREFIX}{}.{}",
-            std::process::id(),
-            self.temp_serial
-        ));
+        let target = self.dir.join(name);
+        nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
+        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
+            .map_err(io("creating a temp file in", &self.dir))?;
         let result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(&temp)?;
             file.write_all(bytes)?;
             crash::point("temp file written");
-            file.sync_all()?;
-            Ok(())
+            file.sync_all()
         })();
         if let Err(e) = result {
             let _ = fs::remove_file(&temp);
             return Err(io("writing", &temp)(e));
         }
-        let target = self.dir.join(name);
         if let Err(e) = fs::rename(&temp, &target) {
             let _ = fs::remove_file(&temp);
             return Err(io("renaming into", &target)(e));
@@ -178,17 +164,12 @@ impl DiskStore {
     fn write_hint(&mut self, name: &str, text: &str) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         let path = self.dir.join(name);
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&path);
-        file.and_then(|f| {
-            f.write_all_at(text.as_bytes(), 0)?;
-            f.set_len(text.len() as u64)
-        })
-        .map_err(io("writing", &path))
+        nofollow::open_for_rewrite(&path, 0o644)
+            .and_then(|f| {
+                f.write_all_at(text.as_bytes(), 0)?;
+                f.set_len(text.len() as u64)
+            })
+            .map_err(io("writing", &path))
     }
 
     /// The highest release number recorded in any lease: the counter's fallback.
@@ -221,9 +202,14 @@ impl Store for DiskStore {
     }
 
     fn read(&mut self, name: &str) -> Result<Option<Record>, StoreError> {
-        Ok(self
-            .read_small(name)?
-            .and_then(|body| Record::parse(name, &body)))
+        match self.read_small(name) {
+            Ok(body) => Ok(body.and_then(|body| Record::parse(name, &body))),
+            // Not ours to read, nor to reuse: the address stays taken until someone looks.
+            Err(StoreError::Io { source, .. }) if nofollow::refusal(&source).is_some() => {
+                Ok(Record::held(name, &source.to_string()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn write(&mut self, record: &Record) -> Result<(), StoreError> {
@@ -240,6 +226,7 @@ impl Store for DiskStore {
 
     fn rename(&mut self, from: &str, to: &str) -> Result<(), StoreError> {
         let target = self.dir.join(to);
+        nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
         fs::rename(self.dir.join(from), &target).map_err(io("renaming into", &target))?;
         self.dirty = true;
         self.index.remove(from);
