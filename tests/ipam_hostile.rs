@@ -371,3 +371,84 @@ fn check_refuses_another_pods_address_outside_the_current_ranges() {
     );
     out.err_code();
 }
+
+/// A small tmpfs mounted at `dir`, unmounted on drop (also on panic).
+struct SmallFs {
+    dir: PathBuf,
+}
+
+impl SmallFs {
+    fn mount(dir: &Path, size: &str) -> SmallFs {
+        fs::create_dir_all(dir).unwrap();
+        sh(&[
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0755"),
+            "tmpfs",
+            dir.to_str().unwrap(),
+        ]);
+        SmallFs {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Writes a filler file until the filesystem refuses another byte.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = fs::File::create(self.dir.join("filler")).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).and_then(|()| f.sync_all()).is_ok() {}
+        // Whatever is left over is less than a page; take it too.
+        while f.write_all(&block[..1]).and_then(|()| f.sync_all()).is_ok() {}
+    }
+
+    fn unfill(&self) {
+        fs::remove_file(self.dir.join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+#[test]
+fn a_full_data_dir_never_blocks_teardown_and_status_says_so() {
+    if !require_root("mounting a small tmpfs") {
+        return;
+    }
+    let s = Scene::new();
+    let small = SmallFs::mount(&s.data, "256k");
+    let conf = s.conf.clone().version("1.1.0");
+    let pod = Pod::new("ns", "a", "uid-a");
+    let ip_a = result_ip(&Plugin::sticky().run(&Call::add("c1", &conf).pod(&pod)).ok());
+    let ip_anon = result_ip(&Plugin::sticky().run(&Call::add("c2", &conf)).ok());
+    small.fill();
+    let status = Call::new("STATUS", "c1", &conf.bytes());
+    Plugin::sticky().run(&status).expect_code(50);
+    Plugin::sticky()
+        .run(&Call::del("c1", &conf).pod(&pod))
+        .ok_empty();
+    Plugin::sticky().run(&Call::del("c2", &conf)).ok_empty();
+    let st = check_dir(&s.dir(), COMPLETED);
+    assert!(
+        st.attached_to("c1").is_empty() && st.attached_to("c2").is_empty(),
+        "DEL on a full disk left an address attached to a dead sandbox: {st:?}"
+    );
+    assert!(
+        !s.dir().join(ip_anon.to_string()).exists(),
+        "{ip_anon} still recorded"
+    );
+    // Space again: the pod gets its address back, STATUS is ready.
+    small.unfill();
+    Plugin::sticky().run(&status).ok_empty();
+    let back = result_ip(&Plugin::sticky().run(&Call::add("c3", &conf).pod(&pod)).ok());
+    assert_eq!(back, ip_a, "the lease released on a full disk was not kept");
+    check_dir(&s.dir(), COMPLETED);
+}

@@ -13,6 +13,14 @@
 //! directory, the lock and hints are opened `O_NOFOLLOW`, temp files get unpredictable names
 //! and `O_EXCL`, and a rename never replaces anything but a regular file. A record that is a
 //! link, a FIFO or any other non-regular file reads as held (see [`Record::held`]).
+//!
+//! A full filesystem must not block teardown (host-local's DEL needs no space either). When
+//! a record cannot be replaced for lack of space, the existing file is rewritten in place:
+//! one `pwrite` of a body padded to at least the old length, within the block the file
+//! already has, then fsync. A crash there (power loss, not a kill: one small write is not
+//! split) can leave a torn body, which reads as held: the address stays taken, never
+//! doubled. A hint that cannot be written for lack of space is left as it was, except the
+//! release counter, which is removed so that the next call recounts it from the leases.
 
 use std::fs::{self, DirBuilder, File};
 use std::io::{ErrorKind, Write};
@@ -112,10 +120,19 @@ impl DiskStore {
         Ok(())
     }
 
-    /// Proves the directory takes a new file (STATUS): create, fsync and remove a temp file.
+    /// Proves the directory takes a new record (STATUS): a temp file of one block (more than
+    /// any record) written, fsynced and removed. An empty file would fit in a full
+    /// filesystem.
     pub fn probe_writable(&mut self) -> Result<(), StoreError> {
-        self.replace(".tmp.probe", b"")
-            .and_then(|()| self.unlink(".tmp.probe"))
+        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
+            .map_err(io("creating a temp file in", &self.dir))?;
+        let written = file
+            .write_all(&[b' '; PROBE_BYTES])
+            .and_then(|()| file.sync_all());
+        let removed = fs::remove_file(&temp);
+        written
+            .and(removed)
+            .map_err(io("writing a record-sized probe to", &temp))
     }
 
     fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -136,6 +153,9 @@ impl DiskStore {
         })();
         if let Err(e) = result {
             let _ = fs::remove_file(&temp);
+            if is_full(&e) && target.exists() {
+                return rewrite_in_place(&target, bytes).map_err(io("rewriting", &target));
+            }
             return Err(io("writing", &temp)(e));
         }
         if let Err(e) = fs::rename(&temp, &target) {
@@ -164,12 +184,21 @@ impl DiskStore {
     fn write_hint(&mut self, name: &str, text: &str) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         let path = self.dir.join(name);
-        nofollow::open_for_rewrite(&path, 0o644)
-            .and_then(|f| {
-                f.write_all_at(text.as_bytes(), 0)?;
-                f.set_len(text.len() as u64)
-            })
-            .map_err(io("writing", &path))
+        let written = nofollow::open_for_rewrite(&path, 0o644).and_then(|f| {
+            f.write_all_at(text.as_bytes(), 0)?;
+            f.set_len(text.len() as u64)
+        });
+        match written {
+            Err(e) if is_full(&e) => {
+                // A stale counter would hand out a release number twice; a missing one is
+                // recounted. Other hints only steer the next call.
+                if name == RELEASE_SEQ_FILE {
+                    self.unlink(name)?;
+                }
+                Ok(())
+            }
+            other => other.map_err(io("writing", &path)),
+        }
     }
 
     /// The highest release number recorded in any lease: the counter's fallback.
@@ -194,6 +223,36 @@ impl DiskStore {
             .flatten()
             .map(|b| String::from_utf8_lossy(&b).trim().to_string())
     }
+}
+
+/// Bytes the STATUS probe writes: one block, more than any record body.
+const PROBE_BYTES: usize = 4096;
+
+/// No space or no quota left.
+fn is_full(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
+}
+
+/// Overwrites an existing record with `bytes` in one write, padded with spaces (before the
+/// final newline of a lease) to at least the old length, so that no byte of the old body is
+/// left after it and no new block is needed.
+fn rewrite_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = nofollow::open(path, fs::OpenOptions::new().write(true))?;
+    let old = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let mut body = bytes.to_vec();
+    if body.len() < old {
+        let newline = body.last() == Some(&b'\n');
+        if newline {
+            body.pop();
+        }
+        body.resize(old - usize::from(newline), b' ');
+        if newline {
+            body.push(b'\n');
+        }
+    }
+    file.write_all_at(&body, 0)?;
+    file.sync_data()
 }
 
 impl Store for DiskStore {
