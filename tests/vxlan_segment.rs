@@ -620,5 +620,10 @@ fn a_failed_add_gives_the_address_back_and_leaves_no_veth() {
     assert!(!links.contains(": sv"), "{links}");
     // The same ADD into the real namespace then works (host-local moves on round-robin).
     let r = topo.add_args(&pod, &conf, &k8s("r"));
-    assert!(r["ips"][0]["address"].as_str().unwrap().starts_with("192.168.20."));
+    assert!(
+        r["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .starts_with("192.168.20.")
+    );
 }
