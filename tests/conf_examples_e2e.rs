@@ -467,7 +467,9 @@ fn every_file_in_conf_examples_is_exercised() {
         // Ranges are the example's own, or (cluster-wide conflists) filled in per node.
         let first = doc.get("plugins").map_or(&doc, |p| &p[0]);
         assert!(
-            sticky_cni::vxlan::delegate::needs_ranges(first) || !ranges(&doc).is_empty(),
+            sticky_cni::vxlan::config::Config::from_json("n", first)
+                .is_ok_and(|c| c.ranges_from_peers)
+                || !ranges(&doc).is_empty(),
             "{file}: no ranges"
         );
     }
