@@ -21,15 +21,15 @@ pub struct Ipam {
 
 impl Ipam {
     /// The call's stdin as received.
-    pub fn verbatim(call: &Call, cfg: &Config) -> Ipam {
+    pub fn verbatim(call: &Call, plugin_type: &str) -> Ipam {
         Ipam {
-            plugin_type: cfg.ipam_type.clone(),
+            plugin_type: plugin_type.to_string(),
             stdin: call.stdin.clone(),
         }
     }
 
     /// The call's stdin with `ipam.ranges` set to one range set per subnet of `local`.
-    pub fn with_ranges(call: &Call, cfg: &Config, local: &[IpNet]) -> Ipam {
+    pub fn with_ranges(call: &Call, plugin_type: &str, local: &[IpNet]) -> Ipam {
         let mut conf = call.conf.raw.clone();
         let sets: Vec<Value> = local
             .iter()
@@ -37,7 +37,7 @@ impl Ipam {
             .collect();
         conf["ipam"]["ranges"] = Value::Array(sets);
         Ipam {
-            plugin_type: cfg.ipam_type.clone(),
+            plugin_type: plugin_type.to_string(),
             stdin: conf.to_string().into_bytes(),
         }
     }
@@ -49,9 +49,9 @@ impl Ipam {
         local: impl FnOnce() -> Result<Vec<IpNet>, Error>,
     ) -> Result<Ipam, Error> {
         if cfg.ranges_from_peers {
-            Ok(Ipam::with_ranges(call, cfg, &local()?))
+            Ok(Ipam::with_ranges(call, &cfg.ipam_type, &local()?))
         } else {
-            Ok(Ipam::verbatim(call, cfg))
+            Ok(Ipam::verbatim(call, &cfg.ipam_type))
         }
     }
 

@@ -151,8 +151,9 @@ pub enum Error {
     Firewall(#[from] firewall::Error),
     #[error("CHECK: {0}")]
     Check(String),
+    /// STATUS: the plugin cannot work, because of this error.
     #[error("not ready: {0}")]
-    NotReady(Box<Error>),
+    NotReady(Box<dyn std::error::Error + Send + Sync>),
     #[error("config file {path}: {reason}")]
     ConfigFile { path: PathBuf, reason: String },
     /// A command-line mistake; the text includes the help.

@@ -78,8 +78,8 @@ impl Plugin for StickyVxlan {
                 Ok(sock) => subnets_for_del(sock, call, &cfg),
                 Err(_) => Err(Error::NoRemotePeer),
             };
-            let ipam =
-                Ipam::for_call(call, &cfg, local).unwrap_or_else(|_| Ipam::verbatim(call, &cfg));
+            let ipam = Ipam::for_call(call, &cfg, local)
+                .unwrap_or_else(|_| Ipam::verbatim(call, &cfg.ipam_type));
             ipam.start(&Process, call, "DEL")
         });
         let removed = match &mut sock {
@@ -133,12 +133,11 @@ impl Plugin for StickyVxlan {
     /// list is refused whole before anything is removed or forwarded.
     fn gc(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
-        let valid = attachments::valid_attachments(&call.conf.raw)?;
-        let mut sock = Socket::open()?;
-        let removed = match valid {
-            Some(valid) => remove_stale_veths(&mut sock, &cfg, &valid),
+        let removed = match attachments::valid_attachments(&call.conf.raw)? {
+            Some(valid) => remove_stale_veths(&cfg.name, &valid),
             None => Ok(()),
         };
+        let mut sock = Socket::open()?;
         let released = Ipam::for_call(call, &cfg, || local_subnets(&mut sock, call, &cfg))
             .and_then(|ipam| ipam.run(&Process, call, "GC"))
             .map(drop);
@@ -181,14 +180,14 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
     let (ipam, node, result) = if cfg.ranges_from_peers {
         // The node's own subnets are the IPAM ranges: the node first.
         let report = node_work(&mut sock)?;
-        let ipam = Ipam::with_ranges(call, cfg, &report.node.local.subnets);
+        let ipam = Ipam::with_ranges(call, &cfg.ipam_type, &report.node.local.subnets);
         let pending = ipam.start(exec, call, "ADD")?;
         crate::crash::point("vxlan add: node ready");
         let result = pending.result().map_err(Error::from);
         (ipam, Ok(report), result)
     } else {
         // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
-        let ipam = Ipam::verbatim(call, cfg);
+        let ipam = Ipam::verbatim(call, &cfg.ipam_type);
         let pending = ipam.start(exec, call, "ADD")?;
         let node = node_work(&mut sock);
         crate::crash::point("vxlan add: node ready");
@@ -211,18 +210,21 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
     }
 }
 
-fn remove_stale_veths(sock: &mut Socket, cfg: &Config, valid: &[Attachment]) -> Result<(), Error> {
+/// Removes the veths of `network` (by their alias) whose attachment is not in `valid`; the
+/// segment mode's GC uses it too.
+pub fn remove_stale_veths(network: &str, valid: &[Attachment]) -> Result<(), Error> {
+    let mut sock = Socket::open()?;
     let mut first = Ok(());
-    for l in link::list(sock)? {
-        let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) else {
+    for l in link::list(&mut sock)? {
+        let Some((net, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) else {
             continue;
         };
         let listed = valid
             .iter()
             .any(|a| a.container_id == cid && a.ifname == ifname);
-        if network == cfg.name
+        if net == network
             && !listed
-            && let Err(e) = link::delete(sock, &l.name)
+            && let Err(e) = link::delete(&mut sock, &l.name)
         {
             eprintln!("sticky-vxlan: GC: removing {}: {e}", l.name);
             first = first.and(Err(e.into()));
