@@ -22,10 +22,11 @@ use super::config::Config;
 use super::node::{self, Node};
 use super::pod::{self, Iface};
 use super::{Error, datapath, slice};
+use crate::cni::delegate::{Error as Delegate, Process};
 use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin, Route};
 use crate::netlink::Socket;
 use crate::netlink::link::{self, format_mac, parse_mac};
-use crate::vxlan::delegate::{self, Ipam};
+use crate::vxlan::delegate::Ipam;
 use crate::vxlan::plugin::remove_stale_veths;
 use crate::vxlan::pod::{check_container, host_alias, host_veth_name};
 
@@ -187,7 +188,7 @@ impl Plugin for Segment {
         let (ipam, pending) = match addressing {
             Addressing::Fixed(ips) => (None, Err(ips)),
             Addressing::Ipam(ipam) => {
-                let pending = delegate::spawn(call, &ipam, "ADD")?;
+                let pending = ipam.start(&Process, call, "ADD")?;
                 (Some(ipam), Ok(pending))
             }
         };
@@ -196,10 +197,10 @@ impl Plugin for Segment {
             link::delete(&mut sock, &host)?;
             Ok(bridge)
         });
-        let allocated = pending.map(|p| p.result().map_err(Error::from));
+        let allocated = pending.map(|p| p.result().map_err(|e| Error::Vxlan(e.into())));
         let give_back = || {
             if let Some(ipam) = &ipam
-                && let Err(e) = delegate::run(call, ipam, "DEL")
+                && let Err(e) = ipam.run(&Process, call, "DEL")
             {
                 eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
             }
@@ -218,7 +219,10 @@ impl Plugin for Segment {
             }
             (Ok(bridge), Ok(Ok(r))) => (bridge, r.ips, r.routes, r.dns),
             // IPAM exited 0, so it may have allocated, but its answer cannot be used.
-            (ready, Ok(Err(e @ Error::Vxlan(crate::vxlan::Error::IpamOutput { .. })))) => {
+            (
+                ready,
+                Ok(Err(e @ Error::Vxlan(crate::vxlan::Error::Ipam(Delegate::Output { .. })))),
+            ) => {
                 give_back();
                 return Err(ready.err().unwrap_or(e));
             }
@@ -276,14 +280,14 @@ impl Plugin for Segment {
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
         // IPAM DEL runs while the veth is removed.
         let pending = config(call).and_then(|cfg| match addressing_late(call, &cfg)? {
-            Addressing::Ipam(ipam) => Ok(Some(delegate::spawn(call, &ipam, "DEL")?)),
+            Addressing::Ipam(ipam) => Ok(Some(ipam.start(&Process, call, "DEL")?)),
             Addressing::Fixed(_) => Ok(None),
         });
         let removed = Socket::open()
             .map_err(Error::from)
             .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
         let released = pending.and_then(|p| match p {
-            Some(p) => p.wait().map(drop).map_err(Error::from),
+            Some(p) => p.wait().map(drop).map_err(|e| Error::Vxlan(e.into())),
             None => Ok(()),
         });
         released.and(removed)
@@ -317,7 +321,7 @@ impl Plugin for Segment {
             return Err(check(format!("{host} is not on bridge {}", bridge.name)));
         }
         if let Addressing::Ipam(ipam) = addressing_late(call, &cfg)? {
-            delegate::run(call, &ipam, "CHECK")?;
+            ipam.run(&Process, call, "CHECK")?;
         }
         Ok(())
     }
@@ -338,7 +342,7 @@ impl Plugin for Segment {
                     Addressing::Ipam(ipam) => ipam,
                     Addressing::Fixed(_) => Ipam::verbatim(call, t),
                 };
-                delegate::run(call, &ipam, "GC")
+                ipam.run(&Process, call, "GC")
                     .map(drop)
                     .map_err(Error::from)
             }
@@ -348,7 +352,7 @@ impl Plugin for Segment {
     }
 
     fn status(&self, call: &Call) -> Result<(), Error> {
-        let not_ready = |e: Error| Error::Vxlan(crate::vxlan::Error::NotReady(e.to_string()));
+        let not_ready = |e: Error| Error::Vxlan(crate::vxlan::Error::NotReady(Box::new(e)));
         let cfg = config(call).map_err(not_ready)?;
         let node = Socket::open()
             .map_err(Error::from)
@@ -366,7 +370,7 @@ impl Plugin for Segment {
                 plugin_type: t.clone(),
                 stdin,
             };
-            delegate::run(call, &ipam, "STATUS")?;
+            ipam.run(&Process, call, "STATUS")?;
         }
         Ok(())
     }
