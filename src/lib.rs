@@ -18,4 +18,5 @@ pub mod crash;
 pub mod ipam;
 pub mod netlink;
 pub mod nofollow;
+pub mod segment;
 pub mod vxlan;

@@ -182,6 +182,7 @@ fn show() -> Result<String, Error> {
     if out.is_empty() {
         out.push_str("no VXLAN device in this network namespace\n");
     }
+    out.push_str(&crate::segment::show::segments(&mut sock, &links)?);
     for l in &links {
         if let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) {
             let _ = writeln!(

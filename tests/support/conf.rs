@@ -60,3 +60,15 @@ impl Conf {
         self.value["name"].as_str().unwrap().to_string()
     }
 }
+
+/// The CNI config of a Multus NetworkAttachmentDefinition written with `config: |` (a literal
+/// block holding JSON), as Multus reads it from `spec.config`.
+pub fn nad_config(yaml: &str) -> Value {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != "config: |");
+    let head = lines.next().expect("NAD has no `config: |` block");
+    let indent = head.len() - head.trim_start().len();
+    let body: Vec<&str> = lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+        .collect();
+    serde_json::from_str(&body.join("\n")).expect("spec.config is JSON")
+}
