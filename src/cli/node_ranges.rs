@@ -12,14 +12,14 @@ use ipnet::IpNet;
 use serde_json::Value;
 
 use crate::netlink::{Socket, addr};
-use crate::vxlan::{config, delegate, peers};
+use crate::vxlan::{config, peers, state_dir};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeRangesError {
     #[error("the sticky-vxlan entry: {0}")]
     Config(#[from] config::Error),
     #[error("invalid peer list: {0}")]
-    Peers(String),
+    Peers(#[from] peers::Error),
     #[error("listing this host's addresses: {0}")]
     Addresses(String),
     #[error(
@@ -34,16 +34,16 @@ pub enum NodeRangesError {
 /// plugin would, when its ipam section is host-local's schema without any range. `None`
 /// when nothing needs filling in.
 pub fn fill(entry: &Value, name: &str) -> Result<Option<Value>, NodeRangesError> {
-    if !delegate::needs_ranges(entry) {
+    let cfg = config::Config::from_json(name, entry)?;
+    if !cfg.ranges_from_peers {
         return Ok(None);
     }
-    let cfg = config::Config::from_json(name, entry)?;
     let from_file = match &cfg.peers_file {
         None => Vec::new(),
-        Some(path) => match peers::load_file(path) {
-            Ok(list) => list,
+        Some(path) => match peers::read_file(path) {
+            Ok((list, _)) => list,
             Err(e) => {
-                let last = peers::load_last_good(&cfg.last_good_peers_path());
+                let last = state_dir::last_good(&cfg.last_good_peers_path());
                 if last.is_empty() {
                     return Err(NodeRangesError::PeersFile {
                         path: path.clone(),
@@ -55,7 +55,7 @@ pub fn fill(entry: &Value, name: &str) -> Result<Option<Value>, NodeRangesError>
             }
         },
     };
-    let all = peers::merge(&cfg.peers, &from_file).map_err(NodeRangesError::Peers)?;
+    let all = peers::merge(&cfg.peers, &from_file)?;
     let (local_addrs, which) = match cfg.local_ip {
         Some(ip) => (vec![IpAddr::V4(ip)], ip.to_string()),
         None => {
@@ -68,7 +68,7 @@ pub fn fill(entry: &Value, name: &str) -> Result<Option<Value>, NodeRangesError>
             (ips, "an address of this host".to_string())
         }
     };
-    let (local, _) = peers::split_local(&all, &local_addrs);
+    let (local, _) = peers::split_local(&all, &local_addrs)?;
     let local = local.ok_or(NodeRangesError::NoLocalEntry { which })?;
     let mut filled = entry.clone();
     filled["ipam"]["ranges"] = Value::Array(
