@@ -170,7 +170,17 @@ fn main_loop(
             Some(t) if failing => t.elapsed() >= RETRY,
             Some(t) => t.elapsed() >= opts.resync,
         };
-        if !why.is_empty() || due {
+        if seen.is_none() && (!why.is_empty() || due) {
+            // Nothing to program from yet (a first start with the API away): wait for the
+            // agent's first write or an operator's file.
+            if last.is_none() {
+                log(&format!(
+                    "{} does not exist yet: waiting for the API or a hand-written file",
+                    peers_file.display()
+                ));
+            }
+            last = Some(Instant::now());
+        } else if !why.is_empty() || due {
             if why.is_empty() {
                 why = if failing { "retry" } else { "periodic resync" };
             }

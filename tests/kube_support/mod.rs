@@ -38,9 +38,15 @@ pub fn node_json(name: &str, internal_ip: &str, cidrs: &[&str], annotations: Val
     }
     let mut annotations = annotations;
     for (k, v) in [
-        ("kubeadm.alpha.kubernetes.io/cri-socket", "unix:///run/containerd/containerd.sock"),
+        (
+            "kubeadm.alpha.kubernetes.io/cri-socket",
+            "unix:///run/containerd/containerd.sock",
+        ),
         ("node.alpha.kubernetes.io/ttl", "0"),
-        ("volumes.kubernetes.io/controller-managed-attach-detach", "true"),
+        (
+            "volumes.kubernetes.io/controller-managed-attach-detach",
+            "true",
+        ),
     ] {
         annotations[k] = json!(v);
     }
@@ -116,8 +122,11 @@ impl Pki {
         ca_params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "sticky-cni test CA");
-        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().expect("key"))
-            .expect("CA");
+        let ca = rcgen::CertifiedIssuer::self_signed(
+            ca_params,
+            rcgen::KeyPair::generate().expect("key"),
+        )
+        .expect("CA");
         let key = rcgen::KeyPair::generate().expect("key");
         let cert = rcgen::CertificateParams::new(vec![server_ip.to_string()])
             .expect("params")
@@ -132,10 +141,12 @@ impl Pki {
 
     fn server_config(&self) -> Arc<rustls::ServerConfig> {
         use rustls::pki_types::pem::PemObject;
-        let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(self.server_cert.as_bytes())
-            .collect::<Result<_, _>>()
-            .expect("cert");
-        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(self.server_key.as_bytes()).expect("key");
+        let chain: Vec<_> =
+            rustls::pki_types::CertificateDer::pem_slice_iter(self.server_cert.as_bytes())
+                .collect::<Result<_, _>>()
+                .expect("cert");
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(self.server_key.as_bytes())
+            .expect("key");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         Arc::new(
             rustls::ServerConfig::builder_with_provider(provider)
@@ -158,6 +169,8 @@ struct State {
     /// Bumped to end every open watch stream.
     watch_epoch: u64,
     cut_lists: usize,
+    /// The most items the server puts in one page (it may return fewer than asked).
+    page_size: usize,
     down: bool,
     lists: usize,
     watches: usize,
@@ -191,6 +204,7 @@ impl ApiServer {
                 state: Mutex::new(State {
                     rv: 100,
                     oldest: 100,
+                    page_size: usize::MAX,
                     ..State::default()
                 }),
                 changed: Condvar::new(),
@@ -304,9 +318,16 @@ impl ApiServer {
     pub fn put_node(&self, mut node: Value) {
         self.change(|s| {
             s.rv += 1;
-            let name = node["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let name = node["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             node["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-            let kind = if s.nodes.contains_key(&name) { "MODIFIED" } else { "ADDED" };
+            let kind = if s.nodes.contains_key(&name) {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            };
             s.events.push((s.rv, kind, node.clone()));
             s.nodes.insert(name, node);
         });
@@ -322,9 +343,22 @@ impl ApiServer {
         });
     }
 
+    /// Deletes a node and forgets the history in one step, so no watch sees the DELETED
+    /// event: every watcher gets 410 Gone and must list to learn of it.
+    pub fn delete_node_unwatched(&self, name: &str) {
+        self.change(|s| {
+            s.nodes.remove(name);
+            s.rv += 1;
+            s.oldest = s.rv;
+            s.events.clear();
+            s.watch_epoch += 1;
+        });
+    }
+
     /// Forgets the event history: every watch from before now gets 410 Gone.
     pub fn compact(&self) {
         self.change(|s| {
+            s.rv += 1;
             s.oldest = s.rv;
             s.events.clear();
             s.watch_epoch += 1;
@@ -337,7 +371,10 @@ impl ApiServer {
             s.nodes.clear();
             s.rv += 1;
             for mut n in nodes {
-                let name = n["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                let name = n["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 n["metadata"]["resourceVersion"] = json!(s.rv.to_string());
                 s.nodes.insert(name, n);
             }
@@ -352,11 +389,17 @@ impl ApiServer {
         self.change(|s| s.watch_epoch += 1);
     }
 
-    /// The next `n` lists are cut half-way through their body.
+    /// The next `n` lists are cut half-way through the body of their last page.
     pub fn cut_lists(&self, n: usize) {
         self.change(|s| s.cut_lists = n);
     }
 
+    /// Lists come in pages of at most `n` nodes.
+    pub fn page_size(&self, n: usize) {
+        self.change(|s| s.page_size = n);
+    }
+
+    /// Lists started (first pages).
     pub fn lists(&self) -> usize {
         self.shared.state.lock().unwrap().lists
     }
@@ -408,7 +451,10 @@ fn read_request(r: &mut impl BufRead) -> Option<Req> {
             headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
         }
     }
-    let len: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let len: usize = headers
+        .get("content-length")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
     let mut body = vec![0; len];
     r.read_exact(&mut body).ok()?;
     let (path, q) = target.split_once('?').unwrap_or((&target, ""));
@@ -448,38 +494,73 @@ fn respond(w: &mut impl Write, code: u16, body: &str) {
     let _ = w.flush();
 }
 
-fn serve(conn: TcpStream, shared: &Shared, tls: Arc<rustls::ServerConfig>, token: &str, bookmark_every: Duration) {
-    let Ok(session) = rustls::ServerConnection::new(tls) else { return };
+fn serve(
+    conn: TcpStream,
+    shared: &Shared,
+    tls: Arc<rustls::ServerConfig>,
+    token: &str,
+    bookmark_every: Duration,
+) {
+    let Ok(session) = rustls::ServerConnection::new(tls) else {
+        return;
+    };
     let stream = rustls::StreamOwned::new(session, conn);
     let mut r = BufReader::new(stream);
-    let Some(req) = read_request(&mut r) else { return };
+    let Some(req) = read_request(&mut r) else {
+        return;
+    };
     let mut w = r.into_inner();
     {
         let mut s = shared.state.lock().unwrap();
         if s.down {
             return;
         }
-        s.user_agents.push(req.headers.get("user-agent").cloned().unwrap_or_default());
+        s.user_agents
+            .push(req.headers.get("user-agent").cloned().unwrap_or_default());
     }
     if req.headers.get("authorization") != Some(&format!("Bearer {token}")) {
-        respond(&mut w, 401, &status_json(401, "Unauthorized", "Unauthorized"));
+        respond(
+            &mut w,
+            401,
+            &status_json(401, "Unauthorized", "Unauthorized"),
+        );
         return;
     }
-    if req.method == "GET" && req.path == "/api/v1/nodes" && req.query.get("watch").is_some_and(|v| v == "1" || v == "true") {
+    if req.method == "GET"
+        && req.path == "/api/v1/nodes"
+        && req
+            .query
+            .get("watch")
+            .is_some_and(|v| v == "1" || v == "true")
+    {
         watch(&mut w, shared, &req, bookmark_every);
     } else if req.method == "GET" && req.path == "/api/v1/nodes" {
         list(&mut w, shared, &req);
     } else if req.method == "PATCH" && req.path.starts_with("/api/v1/nodes/") {
         patch(&mut w, shared, &req);
     } else {
-        respond(&mut w, 404, &status_json(404, "NotFound", "the server could not find the requested resource"));
+        respond(
+            &mut w,
+            404,
+            &status_json(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
+        );
     }
 }
 
 fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
     let mut s = shared.state.lock().unwrap();
-    s.lists += 1;
-    let limit: usize = req.query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
+    if !req.query.contains_key("continue") {
+        s.lists += 1;
+    }
+    let limit: usize = req
+        .query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(usize::MAX);
     let (offset, rv) = match req.query.get("continue") {
         None => (0, s.rv),
         Some(t) => {
@@ -487,7 +568,11 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
             let offset = parts.next().and_then(|o| o.parse().ok()).unwrap_or(0);
             let rv: u64 = parts.next().and_then(|o| o.parse().ok()).unwrap_or(0);
             if rv != s.rv {
-                let body = status_json(410, "Expired", "The provided continue parameter is too old to display a consistent list result.");
+                let body = status_json(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list result.",
+                );
                 drop(s);
                 respond(w, 410, &body);
                 return;
@@ -495,14 +580,18 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
             (offset, rv)
         }
     };
+    let limit = limit.min(s.page_size);
     let items: Vec<&Value> = s.nodes.values().skip(offset).take(limit).collect();
+    let last_page = offset + items.len() >= s.nodes.len();
     let mut metadata = json!({"resourceVersion": rv.to_string()});
     if offset + items.len() < s.nodes.len() {
         metadata["continue"] = json!(format!("{};{}", offset + items.len(), rv));
         metadata["remainingItemCount"] = json!(s.nodes.len() - offset - items.len());
     }
-    let body = json!({"kind": "NodeList", "apiVersion": "v1", "metadata": metadata, "items": items}).to_string();
-    let cut = s.cut_lists > 0;
+    let body =
+        json!({"kind": "NodeList", "apiVersion": "v1", "metadata": metadata, "items": items})
+            .to_string();
+    let cut = s.cut_lists > 0 && last_page;
     if cut {
         s.cut_lists -= 1;
     }
@@ -521,14 +610,31 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
 }
 
 fn chunk(w: &mut impl Write, line: &str) -> bool {
-    write!(w, "{:x}\r\n{line}\n\r\n", line.len() + 1).and_then(|()| w.flush()).is_ok()
+    write!(w, "{:x}\r\n{line}\n\r\n", line.len() + 1)
+        .and_then(|()| w.flush())
+        .is_ok()
 }
 
 fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duration) {
-    let from: u64 = req.query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let timeout = Duration::from_secs(req.query.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(1800));
-    let bookmarks = req.query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let from: u64 = req
+        .query
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = Duration::from_secs(
+        req.query
+            .get("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1800),
+    );
+    let bookmarks = req
+        .query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
+    let _ = write!(
+        w,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
     let _ = w.flush();
     let started = Instant::now();
     let mut s = shared.state.lock().unwrap();
@@ -576,7 +682,11 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
         }
         s = shared.state.lock().unwrap();
         if !s.down && s.watch_epoch == epoch && !s.events.iter().any(|(rv, _, _)| *rv > cursor) {
-            s = shared.changed.wait_timeout(s, Duration::from_millis(100)).unwrap().0;
+            s = shared
+                .changed
+                .wait_timeout(s, Duration::from_millis(100))
+                .unwrap()
+                .0;
         }
     }
 }
@@ -588,14 +698,22 @@ fn patch(w: &mut impl Write, shared: &Shared, req: &Req) {
         return;
     };
     if req.headers.get("content-type").map(String::as_str) != Some("application/merge-patch+json") {
-        respond(w, 415, &status_json(415, "UnsupportedMediaType", "want a merge patch"));
+        respond(
+            w,
+            415,
+            &status_json(415, "UnsupportedMediaType", "want a merge patch"),
+        );
         return;
     }
     let mut s = shared.state.lock().unwrap();
     s.patches.push((name.clone(), p.clone()));
     let Some(mut node) = s.nodes.get(&name).cloned() else {
         drop(s);
-        respond(w, 404, &status_json(404, "NotFound", &format!("nodes \"{name}\" not found")));
+        respond(
+            w,
+            404,
+            &status_json(404, "NotFound", &format!("nodes \"{name}\" not found")),
+        );
         return;
     };
     if let Some(a) = p["metadata"]["annotations"].as_object() {
@@ -617,7 +735,10 @@ fn patch(w: &mut impl Write, shared: &Shared, req: &Req) {
 pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
     while !f() {
-        assert!(start.elapsed() < deadline, "timed out after {deadline:?} waiting for {what}");
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     start.elapsed()
@@ -670,4 +791,22 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// `GET path` from inside the network namespace at `netns` (a thread enters it): status line
+/// and body.
+pub fn get_in_netns(netns: &Path, addr: &str, path: &str) -> Option<String> {
+    let (netns, addr, path) = (netns.to_path_buf(), addr.to_string(), path.to_string());
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&netns).ok()?;
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+        let mut conn = TcpStream::connect(&addr).ok()?;
+        write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").ok()?;
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut conn, &mut out).ok()?;
+        Some(out)
+    })
+    .join()
+    .ok()
+    .flatten()
 }
