@@ -17,4 +17,6 @@ pub mod codes;
 pub mod crash;
 pub mod ipam;
 pub mod netlink;
+pub mod nofollow;
+pub mod segment;
 pub mod vxlan;

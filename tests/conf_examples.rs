@@ -131,11 +131,50 @@ fn host_local_dropin_differs_by_one_word_and_gives_the_same_addresses() {
 }
 
 #[test]
+fn segment_conflist_example_reads_and_its_node_slice_gives_addresses() {
+    // A secondary network: sticky-vxlan in segment mode; sticky-ipam over the segment's
+    // subnet, cut to node 192.0.2.1's slice (tests/conf_examples_e2e.rs runs it whole).
+    let name = "40-sticky-vxlan-segment.conflist";
+    let doc = load(name);
+    let e = entries(&doc);
+    let cfg = sticky_cni::segment::config::Config::from_json("vxeth0", &e[0]).unwrap();
+    assert_eq!((cfg.vni, cfg.node_slice), (100, Some(27)));
+    let nodes: Vec<std::net::Ipv4Addr> =
+        vec!["192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap()];
+    let sliced = sticky_cni::segment::slice::apply(&e[0], nodes[0], &nodes, 27).unwrap();
+    let ips = exercise(name, sliced, 1);
+    assert_eq!(ips[0], ip("192.168.10.33"));
+}
+
+#[test]
+fn segment_nad_example_is_the_readme_example_of_kube_vxlan_controller() {
+    let text = std::fs::read_to_string(examples().join("41-vxlan-segment-nad.yaml")).unwrap();
+    assert!(text.contains("kind: NetworkAttachmentDefinition"));
+    let conf = nad_config(&text);
+    let cfg = sticky_cni::segment::config::Config::from_json("vxeth1", &conf).unwrap();
+    assert_eq!(
+        (cfg.vni, cfg.ipam_type),
+        (101, None),
+        "L2 + fixed addresses, no IPAM"
+    );
+    let gw =
+        sticky_cni::segment::attachments::find(&cfg.attachments, "default", "gw-f87979b47-5p57h");
+    assert_eq!(gw.unwrap().ips[0].to_string(), "192.168.11.1/29");
+    let a =
+        sticky_cni::segment::attachments::find(&cfg.attachments, "default", "a-5cd8c6ccb8-kkvwt");
+    assert_eq!(a.unwrap().routes[0].gw, Some(ip("192.168.11.1")));
+}
+
+#[test]
 fn every_example_is_covered() {
     let mut names: Vec<String> = std::fs::read_dir(examples())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".conf") || n.ends_with(".conflist") || n.ends_with(".json"))
+        .filter(|n| {
+            [".conf", ".conflist", ".json", ".yaml"]
+                .iter()
+                .any(|ext| n.ends_with(ext))
+        })
         .collect();
     names.sort();
     assert_eq!(
@@ -145,7 +184,9 @@ fn every_example_is_covered() {
             "10-sticky-vxlan.conflist",
             "11-sticky-vxlan-cluster.conflist",
             "20-sticky-ipam-dualstack.conf",
-            "30-host-local-dropin.conflist"
+            "30-host-local-dropin.conflist",
+            "40-sticky-vxlan-segment.conflist",
+            "41-vxlan-segment-nad.yaml"
         ],
         "a new example needs a test here"
     );

@@ -13,6 +13,9 @@
 //!   default `/run/sticky-vxlan` is the machine's. The peers file keeps the example's path,
 //!   `/etc/cni/sticky-peers.json`, which is the test's own file in the private `/etc/cni`.
 //!
+//! - The segment examples (`40-…`, `41-…`): `stateDir` likewise; the NAD's `spec.config` is
+//!   installed as the `.conf` Multus would hand over.
+//!
 //! The files are copied byte for byte into the private `/etc/cni/net.d` whenever nothing has
 //! to change, so what is tested is what ships.
 
@@ -40,6 +43,8 @@ const COVERED: &[(&str, &str)] = &[
         "30-host-local-dropin.conflist.host-local",
         "host_local_conflist_then_the_dropin_in_place",
     ),
+    ("40-sticky-vxlan-segment.conflist", "segment_example"),
+    ("41-vxlan-segment-nad.yaml", "segment_nad_example"),
 ];
 
 fn example_path(name: &str) -> PathBuf {
@@ -443,6 +448,65 @@ fn host_local_conflist_then_the_dropin_in_place() {
 }
 
 #[test]
+fn segment_example() {
+    let Some(cnitool) = prerequisites("conf_examples_e2e") else {
+        return;
+    };
+    let name = "40-sticky-vxlan-segment.conflist";
+    let mut n = node(&cnitool);
+    let mut list = example(name);
+    list["plugins"][0]["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
+    n.rt.write_etc(&format!("net.d/{name}"), &list);
+    n.rt.write_etc(
+        "sticky-peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+    // Node 192.0.2.1 takes slice 1 of 192.168.10.0/24 cut in /27s: .33 to .62.
+    let slice = Range {
+        subnet: "192.168.10.0/24".parse().unwrap(),
+        start: Some("192.168.10.33".parse().unwrap()),
+        end: Some("192.168.10.62".parse().unwrap()),
+    };
+    exercise_in(name, &mut n, vec![slice]);
+    let node1 = n.topo.node_ns(1);
+    let fdb = vxlan_support::ok(&[
+        "ip", "netns", "exec", &node1, "bridge", "fdb", "show", "dev", "segvx100",
+    ]);
+    assert!(
+        fdb.contains("00:00:00:00:00:00 dst 192.0.2.2 self permanent"),
+        "{fdb}"
+    );
+}
+
+#[test]
+fn segment_nad_example() {
+    let Some(cnitool) = prerequisites("conf_examples_e2e") else {
+        return;
+    };
+    let name = "41-vxlan-segment-nad.yaml";
+    let mut n = node(&cnitool);
+    let mut conf = support::nad_config(&String::from_utf8_lossy(&example_bytes(name)));
+    conf["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
+    n.rt.write_etc("net.d/vxeth1.conf", &conf);
+    n.rt.write_etc(
+        "sticky-peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+    let a = new_pod(&mut n, "a-5cd8c6ccb8-kkvwt");
+    let gw = new_pod(&mut n, "gw-f87979b47-5p57h");
+    let ra = n.rt.add("vxeth1", &a.path, &env(&a));
+    let rgw = n.rt.add("vxeth1", &gw.path, &env(&gw));
+    assert_eq!(ra["ips"][0]["address"], "192.168.11.2/29", "{ra}");
+    assert_eq!(rgw["ips"][0]["address"], "192.168.11.1/29", "{rgw}");
+    assert_eq!(ra["routes"][0]["gw"], "192.168.11.1", "{ra}");
+    assert!(pingable(&a, "192.168.11.1".parse().unwrap()));
+    n.rt.must("check", "vxeth1", &a.path, &env(&a));
+    n.rt.must("del", "vxeth1", &a.path, &env(&a));
+    assert!(addrs(&a.ns, "eth0").is_empty());
+    n.rt.must("del", "vxeth1", &gw.path, &env(&gw));
+}
+
+#[test]
 fn every_file_in_conf_examples_is_exercised() {
     let mut files: Vec<String> = std::fs::read_dir(example_path(""))
         .unwrap()
@@ -458,7 +522,10 @@ fn every_file_in_conf_examples_is_exercised() {
     );
     // Each one parses, and speaks a version Debian's cnitool (libcni 1.1.2) can run.
     for (file, test) in COVERED {
-        let doc = example(file);
+        let doc = match file.strip_suffix(".yaml") {
+            Some(_) => support::nad_config(&String::from_utf8_lossy(&example_bytes(file))),
+            None => example(file),
+        };
         let v = doc["cniVersion"].as_str().unwrap_or_default();
         assert!(
             ["0.4.0", "1.0.0"].contains(&v),
@@ -466,6 +533,12 @@ fn every_file_in_conf_examples_is_exercised() {
         );
         // Ranges are the example's own, or (cluster-wide conflists) filled in per node.
         let first = doc.get("plugins").map_or(&doc, |p| &p[0]);
+        if first["mode"] == "segment" {
+            // A segment may have no IPAM at all; its config must read.
+            sticky_cni::segment::config::Config::from_json("example", first)
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+            continue;
+        }
         assert!(
             sticky_cni::vxlan::delegate::needs_ranges(first) || !ranges(&doc).is_empty(),
             "{file}: no ranges"

@@ -348,29 +348,23 @@ fn with_unreadable_record(e: &Env, conf: &Conf) -> (IpAddr, IpAddr) {
     (ip_a, ip_b)
 }
 
-/// GC reports the unreadable record (code 5, named) but releases every other attachment.
+/// GC releases every other attachment and leaves the unreadable record held: not removed,
+/// not an error (it may be a live pod's lease that this version cannot read).
 fn assert_gc_kept_going(e: &Env, conf: &Conf, ip_a: IpAddr, ip_b: IpAddr) {
     let out = e.p.run(&gc_call(&with_valid(conf, &[])));
-    let code = out.err_code();
-    let msg = out.json.as_ref().unwrap()["msg"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let held = e.net().join("10.40.5.200_ns_broken").is_dir();
     std::fs::remove_dir(e.net().join("10.40.5.200_ns_broken")).unwrap();
+    out.ok_empty();
+    assert!(held, "GC removed a record it could not read");
     let st = e.state();
     assert!(
         !st.sticky(ip_a).attached && !st.sticky(ip_b).attached,
-        "GC stopped at the unreadable record: {msg}"
-    );
-    assert_eq!(code, 5, "an unreadable record is an I/O error: {msg}");
-    assert!(
-        msg.contains("10.40.5.200_ns_broken"),
-        "error names the record: {msg}"
+        "GC stopped at the unreadable record"
     );
 }
 
 #[test]
-fn gc_keeps_going_after_an_error_on_one_record() {
+fn gc_holds_an_unreadable_record_and_releases_the_rest() {
     let e = Env::new();
     let conf = e.conf(json!({ "subnet": "10.40.5.0/24" }));
     // One release first, so the release counter exists.
@@ -383,7 +377,7 @@ fn gc_keeps_going_after_an_error_on_one_record() {
 /// The same before the first release ever (no `release_seq` file yet): the design says an
 /// unreadable record is tolerated, never fatal.
 #[test]
-fn gc_keeps_going_after_an_error_on_one_record_before_any_release() {
+fn gc_holds_an_unreadable_record_before_any_release() {
     let e = Env::new();
     let conf = e.conf(json!({ "subnet": "10.40.5.0/24" }));
     let (ip_a, ip_b) = with_unreadable_record(&e, &conf);

@@ -460,8 +460,11 @@ proptest! {
         prop_assert_eq!(parsed.is_some(), parse_name(&name).is_some());
         if let Some(r) = parsed {
             prop_assert_eq!(&r.name, &name);
-            // What the plugin would write back reads as the same record.
-            prop_assert_eq!(Record::parse(&name, &r.to_bytes()), Some(r.clone()));
+            // What the plugin would write back reads as the same record (a held record is
+            // never written back).
+            if !matches!(r.body, Body::Held(_)) {
+                prop_assert_eq!(Record::parse(&name, &r.to_bytes()), Some(r.clone()));
+            }
             if name.contains('_') {
                 let host_local = matches!(r.body, Body::HostLocal { .. });
                 prop_assert!(!host_local, "{:?}", r);

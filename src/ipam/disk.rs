@@ -8,16 +8,29 @@
 //! as in host-local, and the release counter, lease clock and metrics counters) are written in
 //! place without fsync: a torn or lost hint is detected or harmless, and rewriting them by
 //! rename would make ext4 flush on every call.
+//!
+//! Nothing here follows a link ([`crate::nofollow`]): the network directory must be a real
+//! directory, the lock and hints are opened `O_NOFOLLOW`, temp files get unpredictable names
+//! and `O_EXCL`, and a rename never replaces anything but a regular file. A record that is a
+//! link, a FIFO or any other non-regular file reads as held (see [`Record::held`]).
+//!
+//! A full filesystem must not block teardown (host-local's DEL needs no space either). When
+//! a record cannot be replaced for lack of space, the existing file is rewritten in place:
+//! one `pwrite` of a body padded to at least the old length, within the block the file
+//! already has, then fsync. A crash there (power loss, not a kill: one small write is not
+//! split) can leave a torn body, which reads as held: the address stays taken, never
+//! doubled. A hint that cannot be written for lack of space is left as it was, except the
+//! release counter, which is removed so that the next call recounts it from the leases.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, DirBuilder, File};
 use std::io::{ErrorKind, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::record::Record;
 use super::store::{Index, Note, Store, StoreError};
-use crate::crash;
+use crate::{crash, nofollow};
 
 /// Bookkeeping file names, beside the records.
 pub const LOCK_FILE: &str = "lock";
@@ -34,7 +47,6 @@ pub struct DiskStore {
     index: Index,
     /// Whether a rename or unlink still needs the directory fsynced.
     dirty: bool,
-    temp_serial: u32,
 }
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -54,21 +66,17 @@ impl DiskStore {
             .mode(0o755)
             .create(dir)
             .map_err(io("creating", dir))?;
+        nofollow::ensure_real_dir(dir).map_err(io("opening", dir))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o644)
-            .open(&lock_path)
-            .map_err(io("opening", &lock_path))?;
+        let lock =
+            nofollow::open_for_rewrite(&lock_path, 0o644).map_err(io("opening", &lock_path))?;
         lock.lock().map_err(io("locking", &lock_path))?;
         Self::scan(dir, lock)
     }
 
     /// Opens an existing data dir for reading (the operator's tool); `None` if it is absent.
     pub fn open_existing(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
-        match fs::metadata(dir) {
+        match fs::symlink_metadata(dir) {
             Ok(_) => Self::open(dir).map(Some),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io("reading", dir)(e)),
@@ -81,7 +89,6 @@ impl DiskStore {
             _lock: lock,
             index: Index::default(),
             dirty: false,
-            temp_serial: 0,
         };
         for entry in fs::read_dir(dir).map_err(io("listing", dir))? {
             let entry = entry.map_err(io("listing", dir))?;
@@ -113,45 +120,44 @@ impl DiskStore {
         Ok(())
     }
 
-    /// Proves the directory takes a new file (STATUS): create, fsync and remove a temp file.
+    /// Proves the directory takes a new record (STATUS): a temp file of one block (more than
+    /// any record) written, fsynced and removed. An empty file would fit in a full
+    /// filesystem.
     pub fn probe_writable(&mut self) -> Result<(), StoreError> {
-        self.replace(".tmp.probe", b"")
-            .and_then(|()| self.unlink(".tmp.probe"))
+        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
+            .map_err(io("creating a temp file in", &self.dir))?;
+        let written = file
+            .write_all(&[b' '; PROBE_BYTES])
+            .and_then(|()| file.sync_all());
+        let removed = fs::remove_file(&temp);
+        written
+            .and(removed)
+            .map_err(io("writing a record-sized probe to", &temp))
     }
 
     fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let path = self.dir.join(name);
-        match fs::read(&path) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io("reading", &path)(e)),
-        }
+        nofollow::read(&path).map_err(io("reading", &path))
     }
 
     /// temp file, write, fsync, rename over `name`.
     fn replace(&mut self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.temp_serial += 1;
-        let temp = self.dir.join(format!(
-            "{TEMP_PREFIX}{}.{}",
-            std::process::id(),
-            self.temp_serial
-        ));
+        let target = self.dir.join(name);
+        nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
+        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
+            .map_err(io("creating a temp file in", &self.dir))?;
         let result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(&temp)?;
             file.write_all(bytes)?;
             crash::point("temp file written");
-            file.sync_all()?;
-            Ok(())
+            file.sync_all()
         })();
         if let Err(e) = result {
             let _ = fs::remove_file(&temp);
+            if is_full(&e) && target.exists() {
+                return rewrite_in_place(&target, bytes).map_err(io("rewriting", &target));
+            }
             return Err(io("writing", &temp)(e));
         }
-        let target = self.dir.join(name);
         if let Err(e) = fs::rename(&temp, &target) {
             let _ = fs::remove_file(&temp);
             return Err(io("renaming into", &target)(e));
@@ -178,17 +184,21 @@ impl DiskStore {
     fn write_hint(&mut self, name: &str, text: &str) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         let path = self.dir.join(name);
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&path);
-        file.and_then(|f| {
+        let written = nofollow::open_for_rewrite(&path, 0o644).and_then(|f| {
             f.write_all_at(text.as_bytes(), 0)?;
             f.set_len(text.len() as u64)
-        })
-        .map_err(io("writing", &path))
+        });
+        match written {
+            Err(e) if is_full(&e) => {
+                // A stale counter would hand out a release number twice; a missing one is
+                // recounted. Other hints only steer the next call.
+                if name == RELEASE_SEQ_FILE {
+                    self.unlink(name)?;
+                }
+                Ok(())
+            }
+            other => other.map_err(io("writing", &path)),
+        }
     }
 
     /// The highest release number recorded in any lease: the counter's fallback.
@@ -215,15 +225,50 @@ impl DiskStore {
     }
 }
 
+/// Bytes the STATUS probe writes: one block, more than any record body.
+const PROBE_BYTES: usize = 4096;
+
+/// No space or no quota left.
+fn is_full(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
+}
+
+/// Overwrites an existing record with `bytes` in one write, padded with spaces (before the
+/// final newline of a lease) to at least the old length, so that no byte of the old body is
+/// left after it and no new block is needed.
+fn rewrite_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = nofollow::open(path, fs::OpenOptions::new().write(true))?;
+    let old = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let mut body = bytes.to_vec();
+    if body.len() < old {
+        let newline = body.last() == Some(&b'\n');
+        if newline {
+            body.pop();
+        }
+        body.resize(old - usize::from(newline), b' ');
+        if newline {
+            body.push(b'\n');
+        }
+    }
+    file.write_all_at(&body, 0)?;
+    file.sync_data()
+}
+
 impl Store for DiskStore {
     fn index(&self) -> &Index {
         &self.index
     }
 
     fn read(&mut self, name: &str) -> Result<Option<Record>, StoreError> {
-        Ok(self
-            .read_small(name)?
-            .and_then(|body| Record::parse(name, &body)))
+        match self.read_small(name) {
+            Ok(body) => Ok(body.and_then(|body| Record::parse(name, &body))),
+            // Not ours to read, nor to reuse: the address stays taken until someone looks.
+            Err(StoreError::Io { source, .. }) if nofollow::refusal(&source).is_some() => {
+                Ok(Record::held(name, &source.to_string()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn write(&mut self, record: &Record) -> Result<(), StoreError> {
@@ -240,6 +285,7 @@ impl Store for DiskStore {
 
     fn rename(&mut self, from: &str, to: &str) -> Result<(), StoreError> {
         let target = self.dir.join(to);
+        nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
         fs::rename(self.dir.join(from), &target).map_err(io("renaming into", &target))?;
         self.dirty = true;
         self.index.remove(from);

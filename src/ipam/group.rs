@@ -55,6 +55,8 @@ fn stale_names(records: &[Record]) -> Vec<String> {
                 !host_ids.is_empty() && !host_ids.contains(&l.container_id.as_str())
             }
             (Body::Marker, false) => false,
+            // Unreadable: not known to be a leftover, so never removed.
+            (Body::Held(_), _) => false,
         })
         .map(|r| r.name.clone())
         .collect()

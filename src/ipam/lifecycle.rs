@@ -205,6 +205,8 @@ fn is_attached(record: &Record) -> bool {
         Body::HostLocal { .. } => true,
         Body::Lease(l) => l.state == State::Attached,
         Body::Marker => false,
+        // It may be a live sandbox's lease of a newer format.
+        Body::Held(_) => true,
     }
 }
 

@@ -16,10 +16,9 @@
 //! across calls; like every Prometheus counter they may restart from zero (a lost hint file).
 //! A metrics failure never fails the CNI call: it is logged on stderr.
 
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::Write;
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::allocator::Allocation;
@@ -27,6 +26,7 @@ use super::config::IpamConfig;
 use super::range::{RangeSet, to_int};
 use super::record::{Body, State, parse_name};
 use super::store::{Note, Store, StoreError};
+use crate::nofollow;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -130,7 +130,7 @@ pub fn count<S: Store>(store: &mut S, set: &RangeSet) -> Result<Counts, StoreErr
                 Some((_, None)) => attached = true,
                 _ => match store.read(&name)?.map(|r| r.body) {
                     Some(Body::Lease(l)) if l.state == State::Attached => attached = true,
-                    Some(Body::HostLocal { .. }) => attached = true,
+                    Some(Body::HostLocal { .. } | Body::Held(_)) => attached = true,
                     Some(Body::Lease(_) | Body::Marker) => released = true,
                     None => {}
                 },
@@ -204,29 +204,21 @@ pub fn render(network: &str, sets: &[(String, Counts)], counters: Counters) -> S
     out
 }
 
-/// Temp file beside `path`, then rename: readers see the old file or the new one.
+/// Temp file beside `path` (a new, unpredictable name), then rename: readers see the old
+/// file or the new one, and nothing is written through a link planted in the directory.
 fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), MetricsError> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(MetricsError::BadPath(path.to_path_buf()));
     };
-    // node_exporter reads only `*.prom`: the temp name never matches.
-    let temp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
     let err = |source| MetricsError::Write {
         path: path.to_path_buf(),
         source,
     };
-    let written = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&temp)
-        .and_then(|mut f| f.write_all(bytes));
-    if let Err(e) = written.and_then(|()| fs::rename(&temp, path)) {
+    nofollow::ensure_replaceable(path).map_err(err)?;
+    // node_exporter reads only `*.prom`: the temp name never matches.
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let (mut file, temp) = nofollow::create_temp(dir, &prefix, 0o644).map_err(err)?;
+    if let Err(e) = file.write_all(bytes).and_then(|()| fs::rename(&temp, path)) {
         let _ = fs::remove_file(&temp);
         return Err(err(e));
     }

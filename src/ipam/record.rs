@@ -6,8 +6,11 @@
 //! - `<ip>_<ns>_<pod>`: a lease, one JSON object and a newline:
 //!   `{"format":"sticky-ipam/v1","containerId":…,"ifname":…,"namespace":…,"pod":…,
 //!   "podUid":…,"boot":…,"state":"attached"|"released","releaseSeq":…,"releasedAt":…}`.
-//!   Any other body (OpenYurt's marker file, or damage) is a *marker*: identity from the name,
-//!   nothing else known.
+//!   An empty body (OpenYurt's marker file) or host-local's body (a conversion interrupted
+//!   after its rename) is a *marker*: identity from the name, nothing else known.
+//! - Anything else under an identity name — a lease of a newer format, a damaged body — and a
+//!   record that is not a regular file (a planted link, a FIFO) is *held*: the address is
+//!   taken, never handed out, reclaimed or expired, until an operator looks (`list` shows it).
 
 use std::net::IpAddr;
 
@@ -56,6 +59,8 @@ pub enum Body {
     },
     Lease(Lease),
     Marker,
+    /// Unreadable by this version: why, for the operator.
+    Held(String),
 }
 
 /// A record file, parsed.
@@ -92,15 +97,42 @@ pub fn suffix_identity(suffix: &str) -> Option<(String, String)> {
     Some((identity::decode(ns)?, identity::decode(pod)?))
 }
 
+/// The body of an `<ip>_<ns>_<pod>` file.
+fn identity_body(body: &[u8]) -> Body {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        return Body::Marker;
+    }
+    if !text.starts_with('{') {
+        // host-local's `<containerID>\r\n<ifname>`, renamed by a conversion a crash cut short.
+        let id = text.split_once("\r\n").map_or(text, |(id, _)| id);
+        return match crate::cni::env::validate_container_id(id.trim()) {
+            Ok(()) => Body::Marker,
+            Err(_) => Body::Held("damaged: neither a lease nor host-local's format".into()),
+        };
+    }
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) => match v.get("format").and_then(serde_json::Value::as_str) {
+            Some(LEASE_FORMAT) => match serde_json::from_value::<Lease>(v) {
+                Ok(lease) => Body::Lease(lease),
+                Err(e) => Body::Held(format!("damaged {LEASE_FORMAT} lease: {e}")),
+            },
+            Some(other) => Body::Held(format!(
+                "lease format {other:?}, which this version ({LEASE_FORMAT}) cannot read"
+            )),
+            None => Body::Held("damaged: a JSON body without a lease format".into()),
+        },
+        Err(e) => Body::Held(format!("damaged lease: {e}")),
+    }
+}
+
 impl Record {
     /// Parses a file's body according to its name.
     pub fn parse(name: &str, body: &[u8]) -> Option<Record> {
         let (ip, suffix) = parse_name(name)?;
         let body = match suffix {
-            Some(_) => match serde_json::from_slice::<Lease>(body) {
-                Ok(lease) if lease.format == LEASE_FORMAT => Body::Lease(lease),
-                _ => Body::Marker,
-            },
+            Some(_) => identity_body(body),
             None => {
                 let text = String::from_utf8_lossy(body);
                 let text = text.trim();
@@ -120,6 +152,16 @@ impl Record {
             ip,
             name: name.to_string(),
             body,
+        })
+    }
+
+    /// A record this version cannot read (`why`), when `name` is a record name.
+    pub fn held(name: &str, why: &str) -> Option<Record> {
+        let (ip, _) = parse_name(name)?;
+        Some(Record {
+            ip,
+            name: name.to_string(),
+            body: Body::Held(why.to_string()),
         })
     }
 
@@ -161,7 +203,7 @@ impl Record {
                 text.push('\n');
                 text.into_bytes()
             }
-            Body::Marker => Vec::new(),
+            Body::Marker | Body::Held(_) => Vec::new(),
         }
     }
 
@@ -180,7 +222,7 @@ impl Record {
             Body::Lease(l) => {
                 l.state == State::Attached && l.container_id == container_id && l.ifname == ifname
             }
-            Body::Marker => false,
+            Body::Marker | Body::Held(_) => false,
         }
     }
 
@@ -262,11 +304,23 @@ mod tests {
         let back = Record::parse(&r.name, &r.to_bytes()).unwrap();
         assert_eq!(back.body, Body::Lease(lease));
         assert!(!back.is_attachment("c", "eth0"), "released");
-        for marker in [&b""[..], b"{", b"{\"format\":\"other\"}", b"abc\r\neth0"] {
+        for marker in [&b""[..], b"\n", b"abc\r\neth0", b"abc"] {
             assert_eq!(
                 Record::parse("10.0.0.5_ns_p", marker).unwrap().body,
                 Body::Marker
             );
+        }
+        // Damage and newer formats are held: never read as a released lease.
+        for held in [
+            &b"{"[..],
+            b"{\"format\":\"sticky-ipam/v2\"}",
+            b"{\"format\":\"sticky-ipam/v1\",\"state\":\"gone\"}",
+            b"[1]",
+            b"\x00\xff",
+            b"a b\r\neth0",
+        ] {
+            let body = Record::parse("10.0.0.5_ns_p", held).unwrap().body;
+            assert!(matches!(body, Body::Held(_)), "{held:?}: {body:?}");
         }
         assert_eq!(
             suffix_identity("_ns_a%5Fb"),

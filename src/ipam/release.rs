@@ -37,7 +37,8 @@ pub(crate) fn release_lease<S: Store>(
 }
 
 /// DEL: releases the attachment (container id, ifname), which holds at most one address in
-/// each of the config's `range_sets`. Returns how many records it released.
+/// each of the config's `range_sets` (`0` when the config names no ranges: then how many it
+/// holds is unknown). Returns how many records it released.
 pub fn del<S: Store>(
     store: &mut S,
     req: &Request,
@@ -54,9 +55,9 @@ pub fn del<S: Store>(
     for ip in ips {
         released += release_in_group(store, req, ip)?;
     }
-    // Fewer than one address per range set: the rest (a previous result that lists only
-    // some of them) can only be records without identity.
-    if released < range_sets {
+    // Fewer than one address per range set, or no ranges to count with: the rest (a previous
+    // result that lists only some of them) can only be records without identity.
+    if released < range_sets || range_sets == 0 {
         for ip in store.index().ips_without_identity() {
             if store
                 .read(&ip.to_string())?
@@ -151,8 +152,9 @@ fn write_released_lease<S: Store>(
     store.write(&Record::lease(ip, pod, lease))
 }
 
-/// CHECK: every address of `prev_ips` in this network's ranges is recorded for the
-/// attachment; without a previous result, at least one address is.
+/// CHECK: every address of `prev_ips` that belongs to this network (in its ranges, or held by
+/// any record of its data dir, e.g. after the ranges moved) is recorded for the attachment;
+/// without a previous result, at least one address is.
 pub fn check<S: Store>(
     store: &mut S,
     config: &IpamConfig,
@@ -162,7 +164,9 @@ pub fn check<S: Store>(
     let ours: Vec<IpAddr> = prev_ips
         .iter()
         .copied()
-        .filter(|ip| config.range_sets.iter().any(|s| s.contains(*ip)))
+        .filter(|ip| {
+            config.range_sets.iter().any(|s| s.contains(*ip)) || store.index().is_taken(*ip)
+        })
         .collect();
     let recorded = |store: &mut S, ip: IpAddr| -> Result<bool, StoreError> {
         Ok(group(store, ip)?

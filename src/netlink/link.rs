@@ -129,6 +129,9 @@ pub struct VxlanSpec {
     pub underlay: Option<u32>,
     pub mac: [u8; 6],
     pub mtu: u32,
+    /// Off for the main mode's VTEP (every peer is programmed); on for an L2 segment, whose
+    /// pods' MACs are learned from their frames.
+    pub learning: bool,
 }
 
 fn named(name: &str) -> LinkMessage {
@@ -154,7 +157,7 @@ pub fn vxlan_message(spec: &VxlanSpec) -> LinkMessage {
         InfoVxlan::Id(spec.vni),
         InfoVxlan::Local(spec.local),
         InfoVxlan::Port(spec.port),
-        InfoVxlan::Learning(false),
+        InfoVxlan::Learning(spec.learning),
     ];
     if let Some(underlay) = spec.underlay {
         data.push(InfoVxlan::Link(underlay));
@@ -381,6 +384,7 @@ mod tests {
             underlay: Some(3),
             mac: [0x0a, 0x07, 192, 0, 2, 1],
             mtu: 1450,
+            learning: false,
         };
         let link = Link::from_message(&round_trip(&vxlan_message(&spec)));
         assert_eq!(link.name, "vtep0");

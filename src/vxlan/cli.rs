@@ -186,6 +186,7 @@ fn show(state_dir: &Path) -> Result<String, Error> {
     if out.is_empty() {
         out.push_str("no VXLAN device in this network namespace\n");
     }
+    out.push_str(&crate::segment::show::segments(&mut sock, &links)?);
     out.push_str(&crate::agent::state::describe(state_dir));
     for l in &links {
         if let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) {

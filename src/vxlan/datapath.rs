@@ -30,6 +30,7 @@ fn spec(cfg: &Config, node: &Node) -> VxlanSpec {
         underlay: Some(node.underlay.index),
         mac: vtep_mac(node.local_ip, cfg.vni),
         mtu: node.mtu,
+        learning: false,
     }
 }
 

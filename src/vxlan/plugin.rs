@@ -135,7 +135,7 @@ impl Plugin for StickyVxlan {
     fn gc(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
         let removed = match attachments::valid_attachments(&call.conf.raw)? {
-            Some(valid) => remove_stale_veths(&cfg, &valid),
+            Some(valid) => remove_stale_veths(&cfg.name, &valid),
             None => Ok(()),
         };
         let released = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))
@@ -162,17 +162,19 @@ impl Plugin for StickyVxlan {
     }
 }
 
-fn remove_stale_veths(cfg: &Config, valid: &[Attachment]) -> Result<(), Error> {
+/// Removes the veths of `network` (by their alias) whose attachment is not in `valid`; the
+/// segment mode's GC uses it too.
+pub fn remove_stale_veths(network: &str, valid: &[Attachment]) -> Result<(), Error> {
     let mut sock = Socket::open()?;
     let mut first = Ok(());
     for l in link::list(&mut sock)? {
-        let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) else {
+        let Some((net, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) else {
             continue;
         };
         let listed = valid
             .iter()
             .any(|a| a.container_id == cid && a.ifname == ifname);
-        if network == cfg.name
+        if net == network
             && !listed
             && let Err(e) = link::delete(&mut sock, &l.name)
         {

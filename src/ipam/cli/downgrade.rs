@@ -128,6 +128,11 @@ pub fn plan<S: Store>(
                     "OpenYurt marker",
                     record.suffix().and_then(suffix_identity),
                 )),
+                // Perhaps a live pod's lease of a newer format: host-local could not know.
+                Body::Held(_) => drops.push(dropped(
+                    "held record (unreadable by this version)",
+                    record.suffix().and_then(suffix_identity),
+                )),
                 Body::Lease(l) => {
                     let identity = Some((l.namespace.clone(), l.pod.clone()));
                     if l.state == State::Released {

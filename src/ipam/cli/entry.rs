@@ -6,7 +6,8 @@
 //! own, so an address that shows up twice means two records really hold it.
 //!
 //! JSON fields (every field is always present; `null` when not known for the state):
-//! `network`, `ip`, `state` (`attached`, `released`, `host-local`, `marker`), `namespace`,
+//! `network`, `ip`, `state` (`attached`, `released`, `host-local`, `marker`, `held`), `heldReason`
+//! (why a `held` record cannot be read: a newer format, damage, not a regular file), `namespace`,
 //! `pod`, `containerId`, `ifname`, `podUid`, `boot` (the boot id the lease was attached in),
 //! `releaseSeq` (position in the release order; lowest is reclaimed first), `releasedAgo`
 //! (seconds on the lease clock since the release; null
@@ -31,6 +32,7 @@ pub struct Entry {
     pub network: String,
     pub ip: IpAddr,
     pub state: &'static str,
+    pub held_reason: Option<String>,
     pub namespace: Option<String>,
     pub pod: Option<String>,
     pub container_id: Option<String>,
@@ -46,6 +48,8 @@ pub const ATTACHED: &str = "attached";
 pub const RELEASED: &str = "released";
 pub const HOST_LOCAL: &str = "host-local";
 pub const MARKER: &str = "marker";
+/// A record this version cannot read: the address is taken until an operator looks.
+pub const HELD: &str = "held";
 
 impl Entry {
     fn new(network: &str, ip: IpAddr, state: &'static str, file: &str) -> Entry {
@@ -53,6 +57,7 @@ impl Entry {
             network: network.to_string(),
             ip,
             state,
+            held_reason: None,
             namespace: None,
             pod: None,
             container_id: None,
@@ -65,9 +70,10 @@ impl Entry {
         }
     }
 
-    /// Whether a sandbox may be using the address (an attached lease or a host-local record).
+    /// Whether a sandbox may be using the address (an attached lease, a host-local record, or
+    /// a record that cannot be read, which may be either).
     pub fn is_attached(&self) -> bool {
-        self.state == ATTACHED || self.state == HOST_LOCAL
+        self.state == ATTACHED || self.state == HOST_LOCAL || self.state == HELD
     }
 
     pub fn pod_text(&self) -> String {
@@ -85,6 +91,10 @@ impl Entry {
                 None => format!("released #{seq}"),
             },
             (HOST_LOCAL, _) if self.pod.is_some() => "host-local (openyurt)".into(),
+            (HELD, _) => format!(
+                "held ({})",
+                self.held_reason.as_deref().unwrap_or("unreadable")
+            ),
             (state, _) => state.into(),
         }
     }
@@ -111,6 +121,15 @@ pub fn entries<S: Store>(
         for record in &records {
             let entry = match &record.body {
                 Body::Marker => continue,
+                Body::Held(why) => {
+                    let mut e = Entry::new(network, ip, HELD, &record.name);
+                    e.held_reason = Some(why.clone());
+                    if let Some((ns, pod)) = record.suffix().and_then(suffix_identity) {
+                        e.namespace = Some(ns);
+                        e.pod = Some(pod);
+                    }
+                    e
+                }
                 Body::HostLocal {
                     container_id,
                     ifname,
@@ -180,6 +199,7 @@ pub fn pod_entries<S: Store>(
         .filter(|e| {
             e.state == HOST_LOCAL
                 || e.state == MARKER
+                || e.state == HELD
                 || (e.namespace.as_deref() == Some(&pod.namespace)
                     && e.pod.as_deref() == Some(&pod.name))
         })
@@ -244,7 +264,8 @@ pub fn table(entries: &[Entry], with_network: bool) -> String {
     align(&header, &rows)
 }
 
-/// Columns padded to their widest cell, two spaces apart, a header line first.
+/// Columns padded to their widest cell, two spaces apart, a header line first. Padding is
+/// written by hand: `format!`'s width is a `u16`, and a pod name may be longer.
 pub fn align(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
@@ -258,7 +279,9 @@ pub fn align(header: &[&str], rows: &[Vec<String>]) -> String {
             if i + 1 == cells.len() {
                 text.push_str(cell);
             } else {
-                text.push_str(&format!("{cell:<w$}  "));
+                text.push_str(cell);
+                let pad = w.saturating_sub(cell.chars().count()) + 2;
+                text.extend(std::iter::repeat_n(' ', pad));
             }
         }
         text.push('\n');

@@ -67,7 +67,7 @@ impl Planned {
                 Some(l.container_id.clone()),
             ),
             Body::HostLocal { container_id, .. } => (None, None, Some(container_id.clone())),
-            Body::Marker => match r.suffix().and_then(suffix_identity) {
+            Body::Marker | Body::Held(_) => match r.suffix().and_then(suffix_identity) {
                 Some((ns, pod)) => (Some(ns), Some(pod), None),
                 None => (None, None, None),
             },

@@ -1,0 +1,207 @@
+//! Opening the files sticky-cni creates or rewrites without following links.
+//!
+//! The data dir, the metrics directory and `stateDir` are written by root. Someone who can
+//! write there too (a careless operator, a compromised container with a host mount) can plant a
+//! symbolic link at a name the plugin is about to write, or a FIFO that blocks a read forever.
+//! Every open here uses `O_NOFOLLOW` (a link at the last component is `ELOOP`, never followed)
+//! and `O_NONBLOCK` (a FIFO cannot block), and checks that what it opened is a regular file.
+//! Temp files are created `O_EXCL` under a name nobody can guess, so no link can wait there.
+//!
+//! What the callers do with a refusal: a record that is not a regular file is *held* (never
+//! handed out, never removed); a bookkeeping file or the lock is an I/O error naming the path.
+
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::io::{self, ErrorKind, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Why a path was refused, as the `io::Error` it travels in.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("is a symbolic link (never followed: sticky-cni did not make it)")]
+    Link,
+    #[error("is a {0}, not a regular file")]
+    NotRegular(&'static str),
+}
+
+impl From<Refused> for io::Error {
+    fn from(r: Refused) -> io::Error {
+        io::Error::new(ErrorKind::InvalidData, r)
+    }
+}
+
+/// The refusal inside an error from this module, if that is what it is.
+pub fn refusal(err: &io::Error) -> Option<&Refused> {
+    err.get_ref().and_then(|e| e.downcast_ref::<Refused>())
+}
+
+fn flags() -> i32 {
+    nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC
+}
+
+/// `ELOOP` from an `O_NOFOLLOW` open is a link at the last component.
+fn explain(err: io::Error) -> io::Error {
+    match err.raw_os_error() {
+        Some(nix::libc::ELOOP) => Refused::Link.into(),
+        Some(nix::libc::ENXIO) => Refused::NotRegular("FIFO or socket").into(),
+        _ => err,
+    }
+}
+
+fn kind_name(t: std::fs::FileType) -> &'static str {
+    if t.is_dir() {
+        "directory"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "device"
+    } else {
+        "special file"
+    }
+}
+
+fn regular(file: File) -> io::Result<File> {
+    let t = file.metadata()?.file_type();
+    if t.is_file() {
+        Ok(file)
+    } else {
+        Err(Refused::NotRegular(kind_name(t)).into())
+    }
+}
+
+/// Opens with `options` plus `O_NOFOLLOW | O_NONBLOCK`, and only a regular file.
+pub fn open(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
+    options
+        .custom_flags(flags())
+        .open(path)
+        .map_err(explain)
+        .and_then(regular)
+}
+
+/// The whole content of a regular file; `None` when it does not exist.
+pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    match open(path, OpenOptions::new().read(true)) {
+        Ok(mut file) => {
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            Ok(Some(bytes))
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens (creating with `mode` if absent) a regular file for writing in place, never
+/// truncating it first.
+pub fn open_for_rewrite(path: &Path, mode: u32) -> io::Result<File> {
+    open(
+        path,
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(mode),
+    )
+}
+
+/// Fails when `path` exists and is anything but a regular file (a link that a rename would
+/// replace, a directory, a FIFO): what the caller is about to replace must be its own.
+pub fn ensure_replaceable(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(Refused::Link.into()),
+        Ok(m) if !m.file_type().is_file() => {
+            Err(Refused::NotRegular(kind_name(m.file_type())).into())
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Fails unless `dir` is a directory itself, not a link to one.
+pub fn ensure_real_dir(dir: &Path) -> io::Result<()> {
+    let t = std::fs::symlink_metadata(dir)?.file_type();
+    if t.is_symlink() {
+        Err(Refused::Link.into())
+    } else if !t.is_dir() {
+        Err(Refused::NotRegular(kind_name(t)).into())
+    } else {
+        Ok(())
+    }
+}
+
+/// 64 bits nobody can predict: std's `RandomState` keys come from the OS's random source.
+pub fn unpredictable() -> u64 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// Creates a new temp file `<dir>/<prefix><random>` (`O_EXCL`, mode `mode`): no link or file
+/// can be waiting at a name that did not exist a moment ago and cannot be guessed.
+pub fn create_temp(dir: &Path, prefix: &str, mode: u32) -> io::Result<(File, PathBuf)> {
+    let mut last = None;
+    for _ in 0..4 {
+        let path = dir.join(format!("{prefix}{:016x}", unpredictable()));
+        match open(
+            &path,
+            OpenOptions::new().write(true).create_new(true).mode(mode),
+        ) {
+            Ok(file) => return Ok((file, path)),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from(ErrorKind::AlreadyExists)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn links_and_fifos_are_refused_and_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let link = tmp.path().join("link");
+        symlink(&victim, &link).unwrap();
+        let dangling = tmp.path().join("dangling");
+        symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+        for path in [&link, &dangling] {
+            let e = open_for_rewrite(path, 0o644).unwrap_err();
+            assert!(matches!(refusal(&e), Some(Refused::Link)), "{e}");
+            assert!(matches!(
+                refusal(&read(path).unwrap_err()),
+                Some(Refused::Link)
+            ));
+            assert!(ensure_replaceable(path).is_err());
+        }
+        assert!(!tmp.path().join("nowhere").exists());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let fifo = tmp.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let e = read(&fifo).unwrap_err();
+        assert!(
+            matches!(refusal(&e), Some(Refused::NotRegular("FIFO"))),
+            "{e}"
+        );
+        assert!(open_for_rewrite(&fifo, 0o644).is_err());
+        assert!(ensure_real_dir(&link).is_err());
+        assert!(ensure_real_dir(tmp.path()).is_ok());
+        assert_eq!(read(&tmp.path().join("absent")).unwrap(), None);
+    }
+
+    #[test]
+    fn temp_names_are_new_and_unpredictable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_, a) = create_temp(tmp.path(), ".t.", 0o600).unwrap();
+        let (_, b) = create_temp(tmp.path(), ".t.", 0o600).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(unpredictable(), unpredictable());
+    }
+}

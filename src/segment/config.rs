@@ -1,0 +1,457 @@
+//! The segment network config (`"mode": "segment"`): every key checked, with an error that
+//! names the key, quotes the bad value and says what was expected.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::attachments::{self, Attachment};
+use crate::cni::Route;
+use crate::vxlan::config::{DEFAULT_PORT, DEFAULT_STATE_DIR, MAX_VNI};
+use crate::vxlan::peers::{Peer, PeerEntry};
+
+/// Keys every CNI config may carry (spec and libcni), accepted and left alone.
+const STANDARD_KEYS: &[&str] = &[
+    "cniVersion",
+    "cniVersions",
+    "name",
+    "type",
+    "ipam",
+    "dns",
+    "prevResult",
+    "runtimeConfig",
+    "args",
+    "capabilities",
+    "disableCheck",
+    "disableGC",
+];
+
+const OUR_KEYS: &[&str] = &[
+    "mode",
+    "vni",
+    "port",
+    "peers",
+    "peersFile",
+    "nodes",
+    "mtu",
+    "up",
+    "routes",
+    "attachments",
+    "nodeSlice",
+    "stateDir",
+];
+
+/// Main-mode keys that mean nothing on a segment: refused, so a config that relies on one
+/// is noticed instead of silently half-working.
+const MAIN_ONLY_KEYS: &[&str] = &[
+    "device",
+    "localIp",
+    "vtepName",
+    "bridge",
+    "isDefaultGateway",
+    "hairpinMode",
+    "ipMasq",
+    "clusterCIDR",
+    "peerOnlyPort",
+];
+
+/// The capabilities a segment consumes from `runtimeConfig` (Multus passes them when the
+/// config declares them in `capabilities`, as libcni requires).
+pub const CAPABILITIES: &[&str] = &["mac", "ips"];
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("segment config key {key:?}: {reason}")]
+    Key { key: &'static str, reason: String },
+    #[error("segment config key {key:?} is not known to sticky-vxlan: did you mean {meant:?}?")]
+    Misspelt { key: String, meant: &'static str },
+    #[error(
+        "segment config key {0:?} belongs to the main mode and has no meaning on a segment: remove it"
+    )]
+    MainOnly(String),
+    #[error("segment config key {0:?} is required")]
+    Missing(&'static str),
+    #[error("network config must be a JSON object")]
+    NotAnObject,
+    #[error("segment config key \"attachments\": {0}")]
+    Attachments(#[from] attachments::Error),
+}
+
+fn bad(key: &'static str, reason: impl Into<String>) -> Error {
+    Error::Key {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// A checked segment config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub name: String,
+    pub vni: u32,
+    pub port: u16,
+    pub peers: Vec<Peer>,
+    pub peers_file: Option<PathBuf>,
+    /// The nodes (underlay addresses) the segment spans; empty = every peer.
+    pub nodes: Vec<Ipv4Addr>,
+    pub mtu: Option<u32>,
+    /// Whether pod interfaces are brought up (kube-vxlan-controller's `up`).
+    pub up: bool,
+    pub routes: Vec<Route>,
+    pub attachments: Vec<Attachment>,
+    /// Prefix length of each node's slice of the IPAM ranges (sticky-ipam/host-local).
+    pub node_slice: Option<u8>,
+    pub state_dir: PathBuf,
+    /// `ipam.type`, or `None` for an L2-only segment (or one with fixed addresses).
+    pub ipam_type: Option<String>,
+}
+
+pub(super) fn get<T: DeserializeOwned>(
+    obj: &Map<String, Value>,
+    key: &'static str,
+    expected: &str,
+) -> Result<Option<T>, Error> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone())
+            .map(Some)
+            .map_err(|_| bad(key, format!("{v} is not {expected}"))),
+    }
+}
+
+/// Routes as the CNI spec writes them (`{"dst": CIDR, "gw"?: IP}`), checked.
+pub fn parse_routes(value: &Value) -> Result<Vec<Route>, String> {
+    let list = value
+        .as_array()
+        .ok_or_else(|| format!("{value} is not a list of {{\"dst\", \"gw\"?}} objects"))?;
+    let mut routes = Vec::new();
+    for r in list {
+        let obj = r
+            .as_object()
+            .ok_or_else(|| format!("route {r} is not an object"))?;
+        if let Some(k) = obj.keys().find(|k| *k != "dst" && *k != "gw") {
+            return Err(format!("route {r}: unknown key {k:?} (expected dst, gw)"));
+        }
+        let dst: IpNet = obj
+            .get("dst")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("route {r}: \"dst\" must be a CIDR such as 192.168.12.0/29"))?;
+        let gw = match obj.get("gw") {
+            None | Some(Value::Null) => None,
+            Some(g) => Some(
+                g.as_str()
+                    .and_then(|s| s.parse::<IpAddr>().ok())
+                    .ok_or_else(|| format!("route {r}: \"gw\" must be an IP address"))?,
+            ),
+        };
+        if gw.is_some_and(|g| g.is_ipv4() != dst.addr().is_ipv4()) {
+            return Err(format!("route {r}: dst and gw are of different families"));
+        }
+        routes.push(Route::new(dst.trunc(), gw));
+    }
+    Ok(routes)
+}
+
+impl Config {
+    pub fn from_json(name: &str, raw: &Value) -> Result<Config, Error> {
+        let obj = raw.as_object().ok_or(Error::NotAnObject)?;
+        for key in obj.keys() {
+            if MAIN_ONLY_KEYS.contains(&key.as_str()) {
+                return Err(Error::MainOnly(key.clone()));
+            }
+            let ours = OUR_KEYS.contains(&key.as_str()) || STANDARD_KEYS.contains(&key.as_str());
+            if let Some(meant) = OUR_KEYS
+                .iter()
+                .find(|k| !ours && k.eq_ignore_ascii_case(key))
+            {
+                return Err(Error::Misspelt {
+                    key: key.clone(),
+                    meant,
+                });
+            }
+        }
+        let vni: u32 =
+            get(obj, "vni", "an integer from 1 to 16777215")?.ok_or(Error::Missing("vni"))?;
+        if !(1..=MAX_VNI).contains(&vni) {
+            return Err(bad("vni", format!("{vni} is not from 1 to {MAX_VNI}")));
+        }
+        let port: u16 = get(obj, "port", "a UDP port number")?.unwrap_or(DEFAULT_PORT);
+        if port == 0 {
+            return Err(bad("port", "0 is not a usable UDP port"));
+        }
+        let entries: Vec<PeerEntry> = get(
+            obj,
+            "peers",
+            "a list of {\"ip\", \"subnets\", \"mac\"?} objects",
+        )?
+        .unwrap_or_default();
+        let peers =
+            crate::vxlan::peers::check_entries(&entries, "peers").map_err(|e| bad("peers", e))?;
+        let peers_file: Option<PathBuf> = get(obj, "peersFile", "a file path")?;
+        if let Some(p) = &peers_file
+            && !p.is_absolute()
+        {
+            return Err(bad(
+                "peersFile",
+                format!("{} is not an absolute path", p.display()),
+            ));
+        }
+        if peers.is_empty() && peers_file.is_none() {
+            return Err(bad(
+                "peers",
+                "a segment needs its nodes: give \"peers\" and/or \"peersFile\"",
+            ));
+        }
+        let nodes: Vec<Ipv4Addr> =
+            get(obj, "nodes", "a list of IPv4 underlay addresses")?.unwrap_or_default();
+        if let Some(n) = nodes
+            .iter()
+            .find(|n| n.is_unspecified() || n.is_multicast())
+        {
+            return Err(bad("nodes", format!("{n} is not a unicast address")));
+        }
+        let mtu: Option<u32> = get(obj, "mtu", "an integer")?;
+        if let Some(m) = mtu
+            && !(576..=65_485).contains(&m)
+        {
+            return Err(bad("mtu", format!("{m} is not from 576 to 65485")));
+        }
+        let up = get(obj, "up", "true or false")?.unwrap_or(true);
+        let routes = match obj.get("routes") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => parse_routes(v).map_err(|e| bad("routes", e))?,
+        };
+        let attachments = match obj.get("attachments") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => attachments::parse(v)?,
+        };
+        let node_slice: Option<u8> = get(obj, "nodeSlice", "a prefix length such as 26")?;
+        let state_dir: PathBuf = get(obj, "stateDir", "a directory path")?
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        if !state_dir.is_absolute() {
+            return Err(bad(
+                "stateDir",
+                format!("{} is not an absolute path", state_dir.display()),
+            ));
+        }
+        let ipam_type = match obj.get("ipam") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(ipam)) if ipam.is_empty() => None,
+            Some(Value::Object(ipam)) => match ipam.get("type") {
+                Some(Value::String(t))
+                    if !t.is_empty() && !t.contains('/') && t != "." && t != ".." =>
+                {
+                    Some(t.clone())
+                }
+                Some(v) => return Err(bad("ipam", format!("type {v} is not a plugin file name"))),
+                None => {
+                    return Err(bad(
+                        "ipam",
+                        "has no \"type\" (the IPAM plugin to run, e.g. \"static\" or \"sticky-ipam\"; leave \"ipam\" out for an L2-only segment)",
+                    ));
+                }
+            },
+            Some(v) => return Err(bad("ipam", format!("{v} is not an object"))),
+        };
+        if let Some(p) = node_slice {
+            if ipam_type.is_none() {
+                return Err(bad(
+                    "nodeSlice",
+                    "cuts the IPAM ranges per node, but there is no \"ipam\"",
+                ));
+            }
+            if !(1..=30).contains(&p) {
+                return Err(bad(
+                    "nodeSlice",
+                    format!("{p} is not a prefix length from 1 to 30"),
+                ));
+            }
+        }
+        Ok(Config {
+            name: name.to_string(),
+            vni,
+            port,
+            peers,
+            peers_file,
+            nodes,
+            mtu,
+            up,
+            routes,
+            attachments,
+            node_slice,
+            state_dir,
+            ipam_type,
+        })
+    }
+
+    /// The segment's bridge on every node.
+    pub fn bridge(&self) -> String {
+        format!("segbr{}", self.vni)
+    }
+
+    /// The segment's VXLAN device on every node.
+    pub fn vxlan(&self) -> String {
+        format!("segvx{}", self.vni)
+    }
+
+    /// The alias marking the devices this network made: a device of the same name without it
+    /// is someone else's and is never adopted.
+    pub fn marker(&self) -> String {
+        format!("sticky-vxlan segment {} vni {}", self.name, self.vni)
+    }
+
+    /// A copy of the last peers file that was valid (see the main mode).
+    pub fn last_good_peers_path(&self) -> PathBuf {
+        self.state_dir
+            .join(format!("{}.segment.peers.json", self.name))
+    }
+
+    /// The lock serializing this segment's node work.
+    pub fn lock_path(&self) -> PathBuf {
+        self.state_dir.join(format!("{}.segment.lock", self.name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "cniVersion": "1.0.0", "name": "vxeth1", "type": "sticky-vxlan", "mode": "segment",
+            "vni": 101, "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]}]
+        })
+    }
+
+    fn with(key: &str, value: Value) -> Result<Config, Error> {
+        let mut v = base();
+        v[key] = value;
+        Config::from_json("vxeth1", &v)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_json("vxeth1", &base()).unwrap();
+        assert_eq!(c.port, 8472);
+        assert!(c.up);
+        assert_eq!(c.ipam_type, None);
+        assert_eq!(
+            (c.bridge(), c.vxlan()),
+            ("segbr101".into(), "segvx101".into())
+        );
+        assert_eq!(c.marker(), "sticky-vxlan segment vxeth1 vni 101");
+        assert!(c.bridge().len() <= 15 && format!("segbr{MAX_VNI}").len() <= 15);
+    }
+
+    #[test]
+    fn every_key_is_checked() {
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("vni", json!(0), "vni"),
+            ("vni", json!(16_777_216), "vni"),
+            ("vni", json!("1"), "vni"),
+            ("port", json!(0), "port"),
+            ("port", json!(70000), "port"),
+            ("peers", json!([{"ip": "192.0.2.1"}]), "peers"),
+            ("peers", json!([]), "peers"),
+            ("peersFile", json!("relative"), "peersFile"),
+            ("nodes", json!(["nope"]), "nodes"),
+            ("nodes", json!(["0.0.0.0"]), "nodes"),
+            ("mtu", json!(100), "mtu"),
+            ("up", json!("yes"), "up"),
+            (
+                "routes",
+                json!([{"dst": "10.0.0.0/8", "via": "10.0.0.1"}]),
+                "routes",
+            ),
+            ("routes", json!([{"dst": "10.0.0.0"}]), "routes"),
+            (
+                "routes",
+                json!([{"dst": "10.0.0.0/8", "gw": "fd00::1"}]),
+                "routes",
+            ),
+            ("routes", json!({"dst": "10.0.0.0/8"}), "routes"),
+            ("nodeSlice", json!(26), "nodeSlice"),
+            ("stateDir", json!("run"), "stateDir"),
+            ("ipam", json!({"type": "../x"}), "ipam"),
+            ("ipam", json!({"subnet": "10.0.0.0/24"}), "ipam"),
+            ("ipam", json!("static"), "ipam"),
+        ];
+        for (key, value, blamed) in cases {
+            match with(key, value.clone()) {
+                Err(Error::Key { key: k, reason }) => {
+                    assert_eq!(k, blamed, "{key}={value}: {reason}");
+                }
+                other => panic!("{key}={value}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            with("peersfile", json!("/x")),
+            Err(Error::Misspelt {
+                meant: "peersFile",
+                ..
+            })
+        ));
+        assert_eq!(
+            with("bridge", json!("br0")),
+            Err(Error::MainOnly("bridge".into()))
+        );
+        assert!(matches!(
+            with("attachments", json!([{"pod": "a", "ips": ["x"]}])),
+            Err(Error::Attachments(_))
+        ));
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("vni");
+        assert_eq!(Config::from_json("n", &v), Err(Error::Missing("vni")));
+        let mut v = base();
+        v["ipam"] = json!({"type": "sticky-ipam", "subnet": "192.168.11.0/24"});
+        v["nodeSlice"] = json!(31);
+        assert!(matches!(
+            Config::from_json("n", &v),
+            Err(Error::Key {
+                key: "nodeSlice",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn full_config_reads() {
+        let mut v = base();
+        for (k, val) in [
+            ("peersFile", json!("/etc/sticky/peers.json")),
+            ("nodes", json!(["192.0.2.1", "192.0.2.3"])),
+            ("mtu", json!(1400)),
+            ("up", json!(false)),
+            (
+                "routes",
+                json!([{"dst": "192.168.12.0/29", "gw": "192.168.11.1"}]),
+            ),
+            (
+                "attachments",
+                json!([{"pod": "gw-*", "ips": ["192.168.11.1/29"]}]),
+            ),
+            (
+                "ipam",
+                json!({"type": "sticky-ipam", "subnet": "192.168.11.0/24"}),
+            ),
+            ("nodeSlice", json!(27)),
+            ("capabilities", json!({"mac": true, "ips": true})),
+            ("runtimeConfig", json!({"mac": "02:00:00:00:00:01"})),
+        ] {
+            v[k] = val;
+        }
+        let c = Config::from_json("vxeth1", &v).unwrap();
+        assert_eq!(c.nodes.len(), 2);
+        assert_eq!(c.mtu, Some(1400));
+        assert!(!c.up);
+        assert_eq!(c.routes[0].gw, Some("192.168.11.1".parse().unwrap()));
+        assert_eq!(c.attachments.len(), 1);
+        assert_eq!(c.ipam_type.as_deref(), Some("sticky-ipam"));
+        assert_eq!(c.node_slice, Some(27));
+    }
+}

@@ -1,0 +1,144 @@
+//! This node and the segment's other nodes, from the same peer sources as the main mode
+//! (`peers`, `peersFile`, parsed by [`crate::vxlan::peers`]), optionally narrowed to the
+//! config's `nodes`.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use super::Error;
+use super::config::Config;
+use crate::netlink::link::{self, Link};
+use crate::netlink::{Socket, addr};
+use crate::vxlan::config::IPV4_OVERHEAD;
+use crate::vxlan::peers::{self, Peer};
+
+/// This node as the segment sees it.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub local_ip: Ipv4Addr,
+    pub underlay: Link,
+    /// MTU of the VXLAN device, the bridge and every pod interface.
+    pub mtu: u32,
+    /// Every node of the segment, this one included (sorted).
+    pub members: Vec<Ipv4Addr>,
+    /// The other nodes: one flood entry each.
+    pub remote: Vec<Ipv4Addr>,
+    /// Why the peers file could not be used, if it could not: nothing programmed is removed.
+    pub peers_file_error: Option<String>,
+}
+
+/// The segment's nodes (underlay addresses) from the merged peer list and `nodes`.
+pub fn members(all: &[Peer], nodes: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+    let mut out: Vec<Ipv4Addr> = all
+        .iter()
+        .map(|p| p.ip)
+        .filter(|ip| nodes.is_empty() || nodes.contains(ip))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
+    let mut peers_file_error = None;
+    let from_file = match &cfg.peers_file {
+        None => Vec::new(),
+        Some(path) => match peers::load_and_keep(path, &cfg.last_good_peers_path()) {
+            Ok(list) => list,
+            Err(e) => {
+                eprintln!(
+                    "sticky-vxlan: segment {}: {e}; using the last peers file that was valid and removing no flood entry",
+                    cfg.name
+                );
+                peers_file_error = Some(e.to_string());
+                peers::load_last_good(&cfg.last_good_peers_path())
+            }
+        },
+    };
+    let all = peers::merge(&cfg.peers, &from_file)
+        .map_err(|e| Error::Vxlan(crate::vxlan::Error::Peers(e)))?;
+    let addrs = addr::list_all(sock)?;
+    let is_local = |ip: Ipv4Addr| addrs.iter().any(|(_, n)| n.addr() == IpAddr::V4(ip));
+    let local_ip = all
+        .iter()
+        .map(|p| p.ip)
+        .find(|ip| is_local(*ip))
+        .ok_or(Error::NoLocalEntry)?;
+    let members = members(&all, &cfg.nodes);
+    if !members.contains(&local_ip) {
+        return Err(Error::NotInSegment {
+            local: local_ip,
+            nodes: cfg
+                .nodes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    let index = addrs
+        .iter()
+        .find(|(_, n)| n.addr() == IpAddr::V4(local_ip))
+        .map(|(i, _)| *i)
+        .unwrap_or_default();
+    let underlay = link::get_index(sock, index)?.ok_or_else(|| {
+        Error::Vxlan(crate::vxlan::Error::Underlay(format!(
+            "the device holding {local_ip} disappeared"
+        )))
+    })?;
+    let underlay_mtu = underlay.mtu.unwrap_or(1500);
+    let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
+    let mtu = match cfg.mtu {
+        Some(m) if m > max => {
+            return Err(Error::Vxlan(crate::vxlan::Error::MtuTooLarge {
+                mtu: m,
+                max,
+                underlay: underlay_mtu,
+                device: underlay.name.clone(),
+            }));
+        }
+        Some(m) => m,
+        None => max,
+    };
+    let remote = members
+        .iter()
+        .copied()
+        .filter(|ip| *ip != local_ip)
+        .collect();
+    Ok(Node {
+        local_ip,
+        underlay,
+        mtu,
+        members,
+        remote,
+        peers_file_error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_are_the_peers_narrowed_to_nodes() {
+        let peer = |ip: &str, s: &str| Peer {
+            ip: ip.parse().unwrap(),
+            subnets: vec![s.parse().unwrap()],
+            mac: None,
+        };
+        let all = vec![
+            peer("192.0.2.3", "10.244.3.0/24"),
+            peer("192.0.2.1", "10.244.1.0/24"),
+            peer("192.0.2.2", "10.244.2.0/24"),
+        ];
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(
+            members(&all, &[]),
+            vec![ip("192.0.2.1"), ip("192.0.2.2"), ip("192.0.2.3")]
+        );
+        assert_eq!(
+            members(&all, &[ip("192.0.2.3"), ip("192.0.2.9"), ip("192.0.2.1")]),
+            vec![ip("192.0.2.1"), ip("192.0.2.3")],
+            "a listed node without a peer entry has no address to flood to"
+        );
+    }
+}

@@ -1,0 +1,397 @@
+//! The CNI commands of a segment network.
+//!
+//! Addresses, in this order of precedence (as the reference `static` IPAM reads them):
+//! `runtimeConfig.ips` (the `ips` capability), `args.cni.ips` (Multus's `cni-args`), then the
+//! matching `attachments` entry's `ips`. With an `ipam` section the IPAM plugin is run with the
+//! call's stdin (it reads the first two itself; its ranges cut to this node's slice when
+//! `nodeSlice` is set), except for a pod whose fixed addresses come from the attachments
+//! table: those are assigned as given. Without `ipam` the plugin assigns the fixed addresses
+//! itself, or none (an L2-only interface).
+//!
+//! The MAC, as the reference `bridge` plugin takes it: `runtimeConfig.mac` (the `mac`
+//! capability), else `args.cni.mac`, else CNI_ARGS `MAC=`, else the kept MAC
+//! ([`super::pod::kept_mac`]).
+
+use std::path::Path;
+
+use ipnet::IpNet;
+use serde_json::Value;
+
+use super::attachments::{self, Attachment};
+use super::config::Config;
+use super::node::{self, Node};
+use super::pod::{self, Iface};
+use super::{Error, datapath, slice};
+use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin, Route};
+use crate::netlink::Socket;
+use crate::netlink::link::{self, format_mac, parse_mac};
+use crate::vxlan::delegate::{self, Ipam};
+use crate::vxlan::plugin::remove_stale_veths;
+use crate::vxlan::pod::{check_container, host_alias, host_veth_name};
+
+pub struct Segment;
+
+fn config(call: &Call) -> Result<Config, Error> {
+    Ok(Config::from_json(&call.conf.name, &call.conf.raw)?)
+}
+
+/// The pod as `CNI_ARGS` names it: (namespace, name), or the container id without a name.
+fn pod_of(call: &Call) -> (String, String) {
+    match call.env.args.non_empty("K8S_POD_NAME") {
+        Some(name) => (
+            call.env
+                .args
+                .get("K8S_POD_NAMESPACE")
+                .unwrap_or_default()
+                .to_string(),
+            name.to_string(),
+        ),
+        None => (String::new(), call.env.container_id.clone()),
+    }
+}
+
+fn attachment<'a>(call: &Call, cfg: &'a Config) -> Option<&'a Attachment> {
+    let name = call.env.args.non_empty("K8S_POD_NAME")?;
+    let namespace = call.env.args.get("K8S_POD_NAMESPACE").unwrap_or_default();
+    attachments::find(&cfg.attachments, namespace, name)
+}
+
+/// `runtimeConfig.ips`, else `args.cni.ips`, as given by the runtime (checked).
+fn requested_ips(call: &Call) -> Result<Option<Vec<IpNet>>, Error> {
+    let sources = [
+        ("runtimeConfig.ips", call.conf.runtime_config.get("ips")),
+        (
+            "args.cni.ips",
+            call.conf
+                .raw
+                .get("args")
+                .and_then(|a| a.get("cni"))
+                .and_then(|c| c.get("ips")),
+        ),
+    ];
+    for (key, value) in sources {
+        match value {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(a)) if a.is_empty() => continue,
+            Some(v) => {
+                return attachments::parse_ips(v).map(Some).map_err(|reason| {
+                    Error::RuntimeConfig {
+                        key,
+                        value: v.to_string(),
+                        reason,
+                    }
+                });
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The MAC the runtime asks for, if any.
+fn requested_mac(call: &Call) -> Result<Option<[u8; 6]>, Error> {
+    let unicast = |m: [u8; 6]| m[0] & 1 == 0 && m != [0; 6];
+    let sources = [
+        ("runtimeConfig.mac", call.conf.runtime_config.get("mac")),
+        (
+            "args.cni.mac",
+            call.conf
+                .raw
+                .get("args")
+                .and_then(|a| a.get("cni"))
+                .and_then(|c| c.get("mac")),
+        ),
+    ];
+    for (key, value) in sources {
+        match value {
+            None | Some(Value::Null) => continue,
+            Some(Value::String(s)) if s.is_empty() => continue,
+            Some(v) => {
+                return v
+                    .as_str()
+                    .and_then(parse_mac)
+                    .filter(|m| unicast(*m))
+                    .map(Some)
+                    .ok_or_else(|| Error::Mac {
+                        source_key: key,
+                        value: v.to_string(),
+                    });
+            }
+        }
+    }
+    match call.env.args.non_empty("MAC") {
+        None => Ok(None),
+        Some(text) => parse_mac(text)
+            .filter(|m| unicast(*m))
+            .map(Some)
+            .ok_or_else(|| Error::ArgsMac(text.to_string())),
+    }
+}
+
+/// Where the pod's addresses come from.
+enum Addressing {
+    /// Assigned as given (possibly none: L2 only).
+    Fixed(Vec<IpNet>),
+    /// The IPAM plugin, run with this stdin.
+    Ipam(Ipam),
+}
+
+fn addressing(call: &Call, cfg: &Config, node: Option<&Node>) -> Result<Addressing, Error> {
+    let requested = requested_ips(call)?;
+    let from_table = attachment(call, cfg)
+        .map(|a| a.ips.clone())
+        .filter(|ips| !ips.is_empty());
+    let Some(plugin_type) = &cfg.ipam_type else {
+        return Ok(Addressing::Fixed(
+            requested.or(from_table).unwrap_or_default(),
+        ));
+    };
+    if let (None, Some(ips)) = (&requested, from_table) {
+        return Ok(Addressing::Fixed(ips));
+    }
+    let stdin = match (cfg.node_slice, node) {
+        (Some(p), Some(node)) => slice::apply(&call.conf.raw, node.local_ip, &node.members, p)?
+            .to_string()
+            .into_bytes(),
+        _ => call.stdin.clone(),
+    };
+    Ok(Addressing::Ipam(Ipam {
+        plugin_type: plugin_type.clone(),
+        stdin,
+    }))
+}
+
+/// [`addressing`] for DEL, CHECK and GC: the node (for the slice) only when it is needed and
+/// can still be worked out; sticky-ipam finds an allocation without ranges.
+fn addressing_late(call: &Call, cfg: &Config) -> Result<Addressing, Error> {
+    let node = match cfg.node_slice {
+        Some(_) => Socket::open()
+            .map_err(Error::from)
+            .and_then(|mut s| node::resolve(&mut s, cfg))
+            .ok(),
+        None => None,
+    };
+    addressing(call, cfg, node.as_ref())
+}
+
+impl Plugin for Segment {
+    type Error = Error;
+
+    fn add(&self, call: &Call) -> Result<CniResult, Error> {
+        let cfg = config(call)?;
+        let wanted_mac = requested_mac(call)?;
+        let mut sock = Socket::open()?;
+        let node = node::resolve(&mut sock, &cfg)?;
+        let addressing = addressing(call, &cfg, Some(&node))?;
+        let bridge = datapath::ensure(&mut sock, &cfg, &node)?;
+        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+        // A leftover from an earlier, interrupted ADD of the same attachment.
+        link::delete(&mut sock, &host)?;
+        let (ipam, ip_configs, ipam_routes, dns) = match addressing {
+            Addressing::Fixed(ips) => {
+                let configs = ips
+                    .into_iter()
+                    .map(|address| IpConfig {
+                        address,
+                        gateway: None,
+                        interface: Some(2),
+                    })
+                    .collect();
+                (None, configs, Vec::new(), Default::default())
+            }
+            Addressing::Ipam(ipam) => {
+                let r = delegate::spawn(call, &ipam, "ADD")?.result()?;
+                (Some(ipam), r.ips, r.routes, r.dns)
+            }
+        };
+        let ips: Vec<IpNet> = ip_configs.iter().map(|ip| ip.address).collect();
+        let entry = attachment(call, &cfg);
+        let mut routes = cfg.routes.clone();
+        routes.extend(entry.map(|a| a.routes.clone()).unwrap_or_default());
+        routes.extend(ipam_routes);
+        let (namespace, pod_name) = pod_of(call);
+        let iface = Iface {
+            mac: wanted_mac.unwrap_or_else(|| {
+                pod::kept_mac(
+                    &ips,
+                    &cfg.name,
+                    cfg.vni,
+                    &format!("{namespace}/{pod_name}"),
+                    &call.env.ifname,
+                )
+            }),
+            ips,
+            routes,
+            up: entry.and_then(|a| a.up).unwrap_or(cfg.up),
+            mtu: node.mtu,
+        };
+        attach(&mut sock, call, &cfg, &bridge, &host, iface)
+            .inspect_err(|_| {
+                if let Err(e) = link::delete(&mut sock, &host) {
+                    eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
+                }
+                if let Some(ipam) = &ipam
+                    && let Err(e) = delegate::run(call, ipam, "DEL")
+                {
+                    eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
+                }
+            })
+            .map(|mut r| {
+                r.ips = ip_configs
+                    .into_iter()
+                    .map(|ip| IpConfig {
+                        interface: Some(2),
+                        ..ip
+                    })
+                    .collect();
+                r.dns = dns;
+                r
+            })
+    }
+
+    fn del(&self, call: &Call) -> Result<(), Error> {
+        // The veth goes even if the config is broken; IPAM DEL runs even if removing the veth
+        // failed; a config or IPAM error is reported before a netlink one.
+        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+        let released = config(call).and_then(|cfg| match addressing_late(call, &cfg)? {
+            Addressing::Ipam(ipam) => delegate::run(call, &ipam, "DEL")
+                .map(drop)
+                .map_err(Error::from),
+            Addressing::Fixed(_) => Ok(()),
+        });
+        let removed = Socket::open()
+            .map_err(Error::from)
+            .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
+        released.and(removed)
+    }
+
+    fn check(&self, call: &Call) -> Result<(), Error> {
+        let cfg = config(call)?;
+        let check = |msg: String| Error::Vxlan(crate::vxlan::Error::Check(msg));
+        let prev = call
+            .conf
+            .prev_result
+            .as_ref()
+            .ok_or_else(|| check("prevResult is missing".into()))?;
+        let container = prev
+            .interfaces
+            .iter()
+            .find(|i| i.name == call.env.ifname && i.sandbox.is_some());
+        check_container(
+            Path::new(&call.env.netns),
+            &call.env.ifname,
+            container.and_then(|i| i.mac.as_deref()),
+            prev,
+        )?;
+        let mut sock = Socket::open()?;
+        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+        let Some(host_link) = link::get(&mut sock, &host)? else {
+            return Err(check(format!("host interface {host} is missing")));
+        };
+        let bridge = link::require(&mut sock, &cfg.bridge())?;
+        if host_link.master != Some(bridge.index) {
+            return Err(check(format!("{host} is not on bridge {}", bridge.name)));
+        }
+        if let Addressing::Ipam(ipam) = addressing_late(call, &cfg)? {
+            delegate::run(call, &ipam, "CHECK")?;
+        }
+        Ok(())
+    }
+
+    /// As the main mode: this network's veths (found by their alias) whose attachment is not
+    /// in the runtime's valid list go, then GC is forwarded to IPAM.
+    fn gc(&self, call: &Call) -> Result<(), Error> {
+        let cfg = config(call)?;
+        let removed = match crate::cni::attachments::valid_attachments(&call.conf.raw)
+            .map_err(crate::vxlan::Error::from)?
+        {
+            Some(valid) => Ok(remove_stale_veths(&cfg.name, &valid)?),
+            None => Ok(()),
+        };
+        let released = match &cfg.ipam_type {
+            Some(t) => {
+                let ipam = match addressing_late(call, &cfg)? {
+                    Addressing::Ipam(ipam) => ipam,
+                    Addressing::Fixed(_) => Ipam::verbatim(call, t),
+                };
+                delegate::run(call, &ipam, "GC")
+                    .map(drop)
+                    .map_err(Error::from)
+            }
+            None => Ok(()),
+        };
+        removed.and(released)
+    }
+
+    fn status(&self, call: &Call) -> Result<(), Error> {
+        let not_ready = |e: Error| Error::Vxlan(crate::vxlan::Error::NotReady(e.to_string()));
+        let cfg = config(call).map_err(not_ready)?;
+        let node = Socket::open()
+            .map_err(Error::from)
+            .and_then(|mut sock| node::resolve(&mut sock, &cfg))
+            .map_err(not_ready)?;
+        if let Some(t) = &cfg.ipam_type {
+            let stdin = match cfg.node_slice {
+                Some(p) => slice::apply(&call.conf.raw, node.local_ip, &node.members, p)
+                    .map_err(|e| not_ready(e.into()))?
+                    .to_string()
+                    .into_bytes(),
+                None => call.stdin.clone(),
+            };
+            let ipam = Ipam {
+                plugin_type: t.clone(),
+                stdin,
+            };
+            delegate::run(call, &ipam, "STATUS")?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything after the addresses are known; on error the caller rolls back.
+fn attach(
+    sock: &mut Socket,
+    call: &Call,
+    cfg: &Config,
+    bridge: &link::Link,
+    host: &str,
+    iface: Iface,
+) -> Result<CniResult, Error> {
+    let netns = Path::new(&call.env.netns);
+    let alias = host_alias(&cfg.name, &call.env.container_id, &call.env.ifname);
+    let host_link = pod::create_veth(
+        sock,
+        netns,
+        (host, &alias),
+        &call.env.ifname,
+        &iface,
+        bridge,
+    )?;
+    let container = pod::configure_container(netns, &call.env.ifname, &iface)?;
+    let mac = |l: &link::Link| l.mac.as_ref().map(format_mac);
+    let routes: Vec<Route> = iface.routes.clone();
+    Ok(CniResult {
+        interfaces: vec![
+            Interface {
+                name: bridge.name.clone(),
+                mac: mac(bridge),
+                sandbox: None,
+                mtu: None,
+            },
+            Interface {
+                name: host_link.name.clone(),
+                mac: mac(&host_link),
+                sandbox: None,
+                mtu: Some(iface.mtu),
+            },
+            Interface {
+                name: call.env.ifname.clone(),
+                mac: mac(&container),
+                sandbox: Some(call.env.netns.clone()),
+                mtu: Some(iface.mtu),
+            },
+        ],
+        ips: Vec::new(),
+        routes,
+        dns: Default::default(),
+    })
+}

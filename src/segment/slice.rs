@@ -1,0 +1,248 @@
+//! The per-node slice of a segment's address ranges, so that sticky-ipam (or host-local) on
+//! every node hands out addresses from the same subnet without two nodes ever handing out the
+//! same one, with no coordination.
+//!
+//! With `"nodeSlice": P`, every IPv4 range subnet `S/p` of the IPAM section is cut into
+//! `2^(P-p)` aligned blocks of size `/P`, and the node whose underlay address is `u` takes
+//! block `u mod 2^(P-p)` (its *slot*), intersected with the range's own `rangeStart`/`rangeEnd`.
+//! The slot depends only on the node's own address, so adding or removing a node never moves
+//! another node's slice (no address in use changes hands); two nodes of the segment with the
+//! same slot are refused, on both, with an error naming them.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+use serde_json::{Value, json};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("nodeSlice /{slice} is larger than the range subnet {subnet}: a slice must fit in it")]
+    TooLarge { slice: u8, subnet: Ipv4Net },
+    #[error(
+        "nodes {a} and {b} both take slice {slot} of {subnet} (/{slice}: underlay address mod {count}); choose a longer nodeSlice or nodes whose addresses differ there"
+    )]
+    Collision {
+        a: Ipv4Addr,
+        b: Ipv4Addr,
+        slot: u32,
+        subnet: Ipv4Net,
+        slice: u8,
+        count: u32,
+    },
+    #[error("the ipam range {0} is not IPv4: nodeSlice cuts IPv4 ranges only")]
+    NotV4(String),
+    #[error("the ipam section has no range to cut (give \"subnet\" or \"ranges\")")]
+    NoRange,
+    #[error("range {range}: {reason}")]
+    BadRange { range: String, reason: String },
+    #[error("this node's slice {slice} of {subnet} lies outside its range {start}-{end}")]
+    Empty {
+        slice: Ipv4Net,
+        subnet: Ipv4Net,
+        start: Ipv4Addr,
+        end: Ipv4Addr,
+    },
+}
+
+/// The slot a node takes in `subnet` cut into `/slice` blocks.
+pub fn slot(node: Ipv4Addr, subnet: Ipv4Net, slice: u8) -> Result<(u32, u32), Error> {
+    if slice < subnet.prefix_len() {
+        return Err(Error::TooLarge { slice, subnet });
+    }
+    let count = 1u64 << (slice - subnet.prefix_len());
+    let slot = (u64::from(u32::from(node)) % count) as u32;
+    Ok((slot, count.min(u64::from(u32::MAX)) as u32))
+}
+
+/// The `/slice` block of `subnet` node `local` takes, after checking no other node of `nodes`
+/// takes the same one.
+pub fn block(
+    local: Ipv4Addr,
+    nodes: &[Ipv4Addr],
+    subnet: Ipv4Net,
+    slice: u8,
+) -> Result<Ipv4Net, Error> {
+    let (mine, count) = slot(local, subnet, slice)?;
+    for other in nodes.iter().filter(|n| **n != local) {
+        if slot(*other, subnet, slice)?.0 == mine {
+            return Err(Error::Collision {
+                a: local,
+                b: *other,
+                slot: mine,
+                subnet,
+                slice,
+                count,
+            });
+        }
+    }
+    let size = 1u64 << (32 - slice);
+    let start = u64::from(u32::from(subnet.network())) + u64::from(mine) * size;
+    Ipv4Net::new(Ipv4Addr::from(start as u32), slice).map_err(|_| Error::TooLarge { slice, subnet })
+}
+
+fn v4(range: &Value, key: &str) -> Result<Option<Ipv4Addr>, Error> {
+    match range.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_str().and_then(|s| s.parse::<IpAddr>().ok()) {
+            Some(IpAddr::V4(a)) => Ok(Some(a)),
+            _ => Err(Error::BadRange {
+                range: range.to_string(),
+                reason: format!("{key} {v} is not an IPv4 address"),
+            }),
+        },
+    }
+}
+
+/// One range cut to this node's slice.
+fn cut(range: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Result<Value, Error> {
+    let text = range
+        .get("subnet")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let subnet = match text.parse::<IpNet>() {
+        Ok(IpNet::V4(n)) => n.trunc(),
+        Ok(IpNet::V6(_)) => return Err(Error::NotV4(text.to_string())),
+        Err(_) => {
+            return Err(Error::BadRange {
+                range: range.to_string(),
+                reason: "\"subnet\" is not a CIDR".into(),
+            });
+        }
+    };
+    let b = block(local, nodes, subnet, slice)?;
+    let first = |n: Ipv4Net| {
+        if n.prefix_len() >= 31 {
+            n.network()
+        } else {
+            n.hosts().next().unwrap_or(n.network())
+        }
+    };
+    let last = |n: Ipv4Net| {
+        if n.prefix_len() >= 31 {
+            n.broadcast()
+        } else {
+            n.hosts().last().unwrap_or(n.broadcast())
+        }
+    };
+    let start = v4(range, "rangeStart")?
+        .unwrap_or(first(subnet))
+        .max(first(b));
+    let end = v4(range, "rangeEnd")?.unwrap_or(last(subnet)).min(last(b));
+    if start > end {
+        return Err(Error::Empty {
+            slice: b,
+            subnet,
+            start,
+            end,
+        });
+    }
+    let mut out = range.clone();
+    out["rangeStart"] = json!(start.to_string());
+    out["rangeEnd"] = json!(end.to_string());
+    Ok(out)
+}
+
+/// The config with its `ipam` ranges cut to this node's slice (the flat `subnet` form becomes
+/// one range set).
+pub fn apply(conf: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Result<Value, Error> {
+    let mut conf = conf.clone();
+    let ipam = &mut conf["ipam"];
+    let sets: Vec<Value> = match ipam.get("ranges").and_then(Value::as_array) {
+        Some(sets) if !sets.is_empty() => sets.clone(),
+        _ => {
+            let Some(obj) = ipam.as_object_mut() else {
+                return Err(Error::NoRange);
+            };
+            let mut range = serde_json::Map::new();
+            for key in ["subnet", "rangeStart", "rangeEnd", "gateway"] {
+                if let Some(v) = obj.remove(key) {
+                    range.insert(key.into(), v);
+                }
+            }
+            if !range.contains_key("subnet") {
+                return Err(Error::NoRange);
+            }
+            vec![json!([Value::Object(range)])]
+        }
+    };
+    let mut out = Vec::new();
+    for set in &sets {
+        let ranges = set.as_array().ok_or_else(|| Error::BadRange {
+            range: set.to_string(),
+            reason: "a range set must be a list of ranges".into(),
+        })?;
+        let cut_set: Result<Vec<Value>, Error> =
+            ranges.iter().map(|r| cut(r, local, nodes, slice)).collect();
+        out.push(Value::Array(cut_set?));
+    }
+    ipam["ranges"] = Value::Array(out);
+    Ok(conf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn slot_follows_the_node_address_only() {
+        let subnet: Ipv4Net = "192.168.11.0/24".parse().unwrap();
+        let nodes = [ip("192.0.2.1"), ip("192.0.2.2"), ip("192.0.2.3")];
+        let b = block(nodes[0], &nodes, subnet, 27).unwrap();
+        assert_eq!(b.to_string(), "192.168.11.32/27");
+        // A node added (or removed) elsewhere never moves this node's slice.
+        let more = [nodes[0], nodes[1], nodes[2], ip("192.0.2.6")];
+        assert_eq!(block(nodes[0], &more, subnet, 27).unwrap(), b);
+        assert_eq!(block(nodes[0], &nodes[..1], subnet, 27).unwrap(), b);
+        // 192.0.2.9 = 1 mod 8: the same slot as 192.0.2.1.
+        let clash = [nodes[0], ip("192.0.2.9")];
+        assert!(matches!(
+            block(nodes[0], &clash, subnet, 27),
+            Err(Error::Collision { slot: 1, .. })
+        ));
+        assert!(matches!(
+            block(nodes[0], &nodes, subnet, 23),
+            Err(Error::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn slices_of_all_nodes_are_disjoint_and_inside_the_range() {
+        let conf = json!({"ipam": {"type": "sticky-ipam", "subnet": "192.168.11.0/24",
+                                   "rangeStart": "192.168.11.40"}});
+        let nodes: Vec<Ipv4Addr> = (1..=6).map(|n| ip(&format!("192.0.2.{n}"))).collect();
+        let mut seen = Vec::new();
+        for n in &nodes[1..] {
+            let out = apply(&conf, *n, &nodes, 27).unwrap();
+            let r = &out["ipam"]["ranges"][0][0];
+            assert_eq!(r["subnet"], "192.168.11.0/24", "pods keep the whole subnet");
+            let s: Ipv4Addr = r["rangeStart"].as_str().unwrap().parse().unwrap();
+            let e: Ipv4Addr = r["rangeEnd"].as_str().unwrap().parse().unwrap();
+            assert!(s >= ip("192.168.11.40") && s <= e);
+            for (a, b) in &seen {
+                assert!(e < *a || s > *b, "{s}-{e} overlaps {a}-{b}");
+            }
+            seen.push((s, e));
+            assert!(out["ipam"].get("subnet").is_none());
+        }
+        // Node 1's slice (.32/27) ends below rangeStart .40? No: .33-.62 ∩ .40- = .40-.62.
+        let one = apply(&conf, nodes[0], &nodes, 27).unwrap();
+        assert_eq!(one["ipam"]["ranges"][0][0]["rangeStart"], "192.168.11.40");
+        let low = json!({"ipam": {"type": "sticky-ipam", "subnet": "192.168.11.0/24",
+                                  "rangeEnd": "192.168.11.20"}});
+        assert!(matches!(
+            apply(&low, nodes[0], &nodes, 27),
+            Err(Error::Empty { .. })
+        ));
+        let v6 = json!({"ipam": {"type": "sticky-ipam", "ranges": [[{"subnet": "fd00::/64"}]]}});
+        assert!(matches!(
+            apply(&v6, nodes[0], &nodes, 27),
+            Err(Error::NotV4(_))
+        ));
+        let none = json!({"ipam": {"type": "sticky-ipam"}});
+        assert_eq!(apply(&none, nodes[0], &nodes, 27), Err(Error::NoRange));
+    }
+}

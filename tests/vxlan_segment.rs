@@ -1,0 +1,583 @@
+//! Segment mode (`"mode": "segment"`) on real kernels: kube-vxlan-controller's own example on
+//! three nodes, a pod recreated on its static address, two segments and the main mode on one
+//! node and port, flood entries following the peers file, and the ownership rule.
+
+mod vxlan_support;
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use vxlan_support::*;
+
+/// kubelet's CNI_ARGS for pod `name` in namespace `default`.
+fn k8s(name: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID=u-{name}")
+}
+
+fn all_peers() -> Value {
+    json!([
+        Topo::peer(1, false),
+        Topo::peer(2, false),
+        Topo::peer(3, false)
+    ])
+}
+
+/// A segment network for node `n`; `extra` keys are merged in.
+fn segment(dir: &Path, name: &str, vni: u32, n: u8, extra: Value) -> Value {
+    let mut c = json!({
+        "cniVersion": "1.1.0",
+        "name": name,
+        "type": "sticky-vxlan",
+        "mode": "segment",
+        "vni": vni,
+        "peers": all_peers(),
+        "stateDir": dir.join(format!("state-{n}")),
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        c[k] = v.clone();
+    }
+    c
+}
+
+/// The pod `pod` seen through another interface (a second segment of the same pod).
+fn iface(pod: &Pod, ifname: &str) -> Pod {
+    Pod {
+        ns: pod.ns.clone(),
+        id: pod.id.clone(),
+        node: pod.node,
+        ifname: ifname.into(),
+    }
+}
+
+fn with_ifname(mut pod: Pod, ifname: &str) -> Pod {
+    pod.ifname = ifname.into();
+    pod
+}
+
+fn sysctl(topo: &Topo, ns: &str, kv: &str) {
+    let out = topo.in_ns(ns, &["sysctl", "-qw", kv]);
+    assert!(out.status.success(), "sysctl {kv} in {ns}");
+}
+
+/// A packet capture on one interface of a namespace, running until [`Capture::frames`].
+struct Capture {
+    child: std::process::Child,
+    file: std::path::PathBuf,
+}
+
+impl Capture {
+    /// Starts tcpdump and returns once it listens.
+    fn start(ns: &str, dev: &str, file: std::path::PathBuf) -> Capture {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "tcpdump", "-i", dev, "-nn", "-U", "-w"])
+            .arg(&file)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("tcpdump (apt install tcpdump)");
+        let mut line = String::new();
+        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        err.read_line(&mut line).expect("tcpdump stderr");
+        assert!(line.contains("listening on"), "tcpdump: {line}");
+        Capture { child, file }
+    }
+
+    /// Stops the capture and returns every frame it saw, one line each (with MACs).
+    fn frames(mut self) -> String {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("stop tcpdump");
+        self.child.wait().expect("wait tcpdump");
+        ok(&["tcpdump", "-r", self.file.to_str().unwrap(), "-nn", "-e"])
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The flood (all-zero MAC) entries on node `n`'s segment device `dev`.
+fn flood(topo: &Topo, n: u8, dev: &str) -> Vec<String> {
+    let out = ok(&[
+        "ip",
+        "netns",
+        "exec",
+        &topo.node_ns(n),
+        "bridge",
+        "-j",
+        "fdb",
+        "show",
+        "dev",
+        dev,
+    ]);
+    let v: Value = serde_json::from_str(&out).expect("bridge -j");
+    let mut dsts: Vec<String> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["mac"] == "00:00:00:00:00:00")
+        .filter_map(|e| e["dst"].as_str().map(str::to_string))
+        .collect();
+    dsts.sort();
+    dsts
+}
+
+#[test]
+fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers_broadcasts() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    let dir = topo.dir.path().to_path_buf();
+    for n in 1..=3 {
+        topo.add_node(n, 1500);
+    }
+    // The README's example: one NetworkAttachmentDefinition per segment, the per-pod
+    // annotation's `ip=` and `route=` as the attachments table.
+    let vxeth1 = |n| {
+        segment(
+            &dir,
+            "vxeth1",
+            101,
+            n,
+            json!({"attachments": [
+                {"pod": "a-*", "ips": ["192.168.11.2/29"],
+                 "routes": [{"dst": "192.168.12.0/29", "gw": "192.168.11.1"}]},
+                {"pod": "gw-*", "ips": ["192.168.11.1/29"]},
+                {"pod": "d-*", "ips": ["192.168.11.3/29"]}
+            ]}),
+        )
+    };
+    let vxeth2 = |n| {
+        segment(
+            &dir,
+            "vxeth2",
+            102,
+            n,
+            json!({"attachments": [
+                {"pod": "b-*", "ips": ["192.168.12.2/29"],
+                 "routes": [{"dst": "192.168.11.0/29", "gw": "192.168.12.1"}]},
+                {"pod": "gw-*", "ips": ["192.168.12.1/29"]}
+            ]}),
+        )
+    };
+    let a = with_ifname(topo.new_pod(1, "a"), "vxeth1");
+    let b = with_ifname(topo.new_pod(2, "b"), "vxeth2");
+    let gw = with_ifname(topo.new_pod(3, "gw"), "vxeth1");
+    let gw2 = iface(&gw, "vxeth2");
+    let d = with_ifname(topo.new_pod(2, "d"), "vxeth1");
+    sysctl(&topo, &gw.ns, "net.ipv4.ip_forward=1");
+    sysctl(&topo, &d.ns, "net.ipv4.icmp_echo_ignore_broadcasts=0");
+    let ra = topo.add_args(&a, &vxeth1(1), &k8s("a-5cd8c6ccb8-kkvwt"));
+    topo.add_args(&b, &vxeth2(2), &k8s("b-cf894dbfd-t657f"));
+    topo.add_args(&gw, &vxeth1(3), &k8s("gw-f87979b47-5p57h"));
+    topo.add_args(&gw2, &vxeth2(3), &k8s("gw-f87979b47-5p57h"));
+    topo.add_args(&d, &vxeth1(2), &k8s("d-1"));
+    assert_eq!(ra["ips"][0]["address"], "192.168.11.2/29");
+    assert_eq!(
+        ra["interfaces"][2]["mac"], "0e:01:c0:a8:0b:02",
+        "MAC from the IPv4"
+    );
+    assert_eq!(ra["routes"][0]["dst"], "192.168.12.0/29");
+
+    for (from, to) in [(&a, "192.168.12.2"), (&b, "192.168.11.2")] {
+        let out = topo.in_ns(&from.ns, &["ping", "-c", "3", "-W", "2", to]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("{} $ ping -c 3 {to}\n{text}", from.ns);
+        assert!(
+            out.status.success(),
+            "{} cannot reach {to} through gw: {text}",
+            from.ns
+        );
+        assert!(text.contains("ttl=63"), "one hop through gw: {text}");
+    }
+
+    // d, on vxeth1 on node 2, answers a's ARP and a broadcast ping.
+    assert!(topo.reaches(&a, "192.168.11.3"));
+    let neigh = ok(&["ip", "-n", &a.ns, "neigh", "show", "192.168.11.3"]);
+    assert!(
+        neigh.contains("0e:01:c0:a8:0b:03"),
+        "ARP answered with d's MAC: {neigh}"
+    );
+    let out = topo.in_ns(&a.ns, &["ping", "-b", "-c", "2", "-W", "2", "192.168.11.7"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{} $ ping -b -c 2 192.168.11.7\n{text}", a.ns);
+    assert!(
+        text.contains("from 192.168.11.3"),
+        "broadcast answered by d: {text}"
+    );
+
+    // CHECK with the ADD result passes; `show` lists both segments and their members.
+    let mut check = vxeth1(1);
+    check["prevResult"] = ra.clone();
+    let out = topo.cni(
+        1,
+        "CHECK",
+        &a,
+        &a.path(),
+        &check,
+        &k8s("a-5cd8c6ccb8-kkvwt"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let show = String::from_utf8_lossy(&topo.tool(3, &["show"]).stdout).into_owned();
+    assert!(
+        show.contains("segment vxeth1 vni 101 bridge segbr101 vxlan segvx101 mtu 1450 up"),
+        "{show}"
+    );
+    assert!(
+        show.contains("segment vxeth2 vni 102 bridge segbr102"),
+        "{show}"
+    );
+    assert!(show.contains("  flood 192.0.2.1 192.0.2.2"), "{show}");
+    assert!(
+        show.contains(&format!("  member {} vxeth2 host sv", gw.id)),
+        "{show}"
+    );
+
+    // GC of vxeth1 on node 3 with no valid attachment removes gw's vxeth1 veth only.
+    let mut gc = vxeth1(3);
+    gc["cni.dev/valid-attachments"] = json!([]);
+    let out = topo.cni(3, "GC", &gw, "", &gc, "");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let left = ok(&[
+        "ip",
+        "-n",
+        &topo.node_ns(3),
+        "-o",
+        "link",
+        "show",
+        "master",
+        "segbr101",
+    ]);
+    assert!(!left.contains(": sv"), "gw's vxeth1 veth is gone: {left}");
+    let kept = ok(&[
+        "ip",
+        "-n",
+        &topo.node_ns(3),
+        "-o",
+        "link",
+        "show",
+        "master",
+        "segbr102",
+    ]);
+    assert!(kept.contains(": sv"), "gw's vxeth2 veth stays: {kept}");
+
+    // DEL, twice, succeeds and leaves the shared devices.
+    for _ in 0..2 {
+        let out = topo.cni(
+            1,
+            "DEL",
+            &a,
+            &a.path(),
+            &vxeth1(1),
+            &k8s("a-5cd8c6ccb8-kkvwt"),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    assert!(
+        topo.in_ns(&a.ns, &["ip", "link", "show", "vxeth1"])
+            .status
+            .code()
+            != Some(0)
+    );
+    ok(&["ip", "-n", &topo.node_ns(1), "link", "show", "segvx101"]);
+}
+
+#[test]
+fn a_pod_recreated_on_its_static_address_keeps_its_mac_and_is_reached_with_nothing_run_elsewhere() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    let dir = topo.dir.path().to_path_buf();
+    for n in 1..=2 {
+        topo.add_node(n, 1500);
+    }
+    std::os::unix::fs::symlink("/usr/lib/cni/static", topo.cni_path.join("static")).unwrap();
+    // The reference `static` IPAM with the `ips` capability, as Multus passes it.
+    let conf = |n: u8, ip: &str| {
+        segment(
+            &dir,
+            "seg13",
+            103,
+            n,
+            json!({
+                // Debian's static (plugins 1.1.1) speaks up to 1.0.0.
+                "cniVersion": "1.0.0",
+                "capabilities": {"ips": true, "mac": true},
+                "ipam": {"type": "static"},
+                "runtimeConfig": {"ips": [ip]},
+            }),
+        )
+    };
+    let p = with_ifname(topo.new_pod(1, "p"), "net1");
+    topo.add_args(&p, &conf(1, "192.168.13.1/24"), &k8s("p"));
+    let q = with_ifname(topo.new_pod(2, "q"), "net1");
+    let first = topo.add_args(&q, &conf(2, "192.168.13.2/24"), &k8s("q"));
+    assert_eq!(first["ips"][0]["address"], "192.168.13.2/24");
+    let mac = topo.link_mac(&q.ns, "net1");
+    assert_eq!(mac, "0e:01:c0:a8:0d:02");
+    assert!(topo.reaches(&p, "192.168.13.2"));
+
+    let out = topo.del(&q, &q.path(), &conf(2, "192.168.13.2/24"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let ns = q.ns.clone();
+    topo.drop_ns(&ns);
+    assert!(!topo.ping(&p, "192.168.13.2"));
+    let q2 = with_ifname(topo.new_pod(2, "q2"), "net1");
+    topo.add_args(&q2, &conf(2, "192.168.13.2/24"), &k8s("q"));
+    assert_eq!(topo.link_mac(&q2.ns, "net1"), mac, "same address, same MAC");
+    // Node 1 is never touched: its neighbour and learned FDB entries still hold.
+    assert!(
+        topo.ping(&p, "192.168.13.2"),
+        "reached at once, no retry needed"
+    );
+
+    // An L2-only pod (no address) gets a MAC stable per (pod, segment); the runtime's `mac`
+    // capability wins over it.
+    let mut l2 = segment(&dir, "seg14", 104, 1, json!({}));
+    let r = with_ifname(topo.new_pod(1, "r"), "net2");
+    let first = topo.add_args(&r, &l2, &k8s("r"));
+    let stable = first["interfaces"][2]["mac"].as_str().unwrap().to_string();
+    assert!(stable.starts_with("0e:02:"), "{stable}");
+    assert!(first["ips"].as_array().is_none_or(Vec::is_empty));
+    assert!(topo.del(&r, &r.path(), &l2).status.success());
+    assert_eq!(
+        topo.add_args(&r, &l2, &k8s("r"))["interfaces"][2]["mac"],
+        stable
+    );
+    assert!(topo.del(&r, &r.path(), &l2).status.success());
+    l2["runtimeConfig"] = json!({"mac": "02:00:00:00:00:42"});
+    topo.add_args(&r, &l2, &k8s("r"));
+    assert_eq!(topo.link_mac(&r.ns, "net2"), "02:00:00:00:00:42");
+}
+
+#[test]
+fn two_segments_never_see_each_others_frames_and_share_node_and_port_with_the_main_mode() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    let dir = topo.dir.path().to_path_buf();
+    let mains = topo.three_nodes();
+    // The same address plan on two segments: only the VNI keeps them apart.
+    let seg = |name: &str, vni: u32, n: u8| segment(&dir, name, vni, n, json!({}));
+    let mut pods = Vec::new();
+    for (name, vni, host) in [
+        ("sega", 201, 1),
+        ("sega", 201, 2),
+        ("segb", 202, 1),
+        ("segb", 202, 2),
+    ] {
+        let pod = with_ifname(topo.new_pod(host, &format!("{name}{host}")), "net1");
+        // No IPv6 chatter (router solicitations, MLD) to blur the counters.
+        sysctl(&topo, &pod.ns, "net.ipv6.conf.all.disable_ipv6=1");
+        sysctl(&topo, &pod.ns, "net.ipv6.conf.default.disable_ipv6=1");
+        sysctl(&topo, &pod.ns, "net.ipv4.icmp_echo_ignore_broadcasts=0");
+        let ip = if name == "sega" {
+            format!("10.99.0.{host}/24")
+        } else {
+            format!("10.99.0.1{host}/24")
+        };
+        let mut conf = seg(name, vni, host);
+        conf["runtimeConfig"] = json!({"ips": [ip]});
+        topo.add_args(&pod, &conf, &k8s(&format!("{name}-{host}")));
+        pods.push(pod);
+    }
+    // Main-mode pods on the same nodes, same UDP port (8472).
+    let m1 = topo.new_pod(1, "m1");
+    let m2 = topo.new_pod(2, "m2");
+    topo.add(&m1, &mains[0]);
+    let ip_m2 = ip_of(&topo.add(&m2, &mains[1]), false);
+    let udp = |n: u8, dev: &str| {
+        let out = ok(&[
+            "ip",
+            "-n",
+            &topo.node_ns(n),
+            "-d",
+            "-j",
+            "link",
+            "show",
+            "dev",
+            dev,
+        ]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v[0]["linkinfo"]["info_data"]["port"].as_u64()
+    };
+    assert_eq!(udp(1, "segvx201"), Some(8472));
+    assert_eq!(udp(1, "sticky.1"), Some(8472));
+
+    let captures: Vec<Capture> = pods[2..]
+        .iter()
+        .map(|p| Capture::start(&p.ns, "net1", dir.join(format!("{}.pcap", p.ns))))
+        .collect();
+    assert!(topo.reaches(&pods[0], "10.99.0.2"));
+    let out = topo.in_ns(
+        &pods[0].ns,
+        &["ping", "-b", "-c", "3", "-W", "2", "10.99.0.255"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("from 10.99.0.2"), "{text}");
+    assert!(
+        !text.contains("from 10.99.0.11") && !text.contains("from 10.99.0.12"),
+        "{text}"
+    );
+    assert!(
+        topo.reaches(&m1, &ip_m2),
+        "the main mode works beside the segments"
+    );
+    // Segment a's frames carry its pods' MACs (0e:01:0a:63:00:01, ...:02) and addresses;
+    // the main mode's pods are in 10.244.0.0/16.
+    for c in captures {
+        let seen = c.frames();
+        println!("segment b saw:\n{seen}");
+        for foreign in [
+            "0e:01:0a:63:00:01",
+            "0e:01:0a:63:00:02",
+            "10.99.0.1 ",
+            "10.99.0.2 ",
+            "10.99.0.1:",
+            "10.99.0.2:",
+            "10.244.",
+        ] {
+            assert!(!seen.contains(foreign), "segment b saw {foreign}: {seen}");
+        }
+    }
+    // And segment b works on its own.
+    assert!(topo.reaches(&pods[2], "10.99.0.12"));
+    assert!(!topo.ping(&pods[2], "10.99.0.2"));
+}
+
+#[test]
+fn flood_entries_follow_the_peers_file() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    let dir = topo.dir.path().to_path_buf();
+    for n in 1..=3 {
+        topo.add_node(n, 1500);
+    }
+    let file = topo.write_peers_file("peers.json", &all_peers());
+    let conf = |n: u8| {
+        let mut c = segment(&dir, "segf", 301, n, json!({"peersFile": file}));
+        c.as_object_mut().unwrap().remove("peers");
+        c
+    };
+    let mut n = 0;
+    let mut add_on_1 = |topo: &mut Topo| {
+        n += 1;
+        let pod = with_ifname(topo.new_pod(1, &format!("f{n}")), "net1");
+        topo.add_args(&pod, &conf(1), &k8s(&format!("f{n}")));
+    };
+    add_on_1(&mut topo);
+    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2", "192.0.2.3"]);
+    topo.write_peers_file(
+        "peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+    add_on_1(&mut topo);
+    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2"], "node 3 left");
+    // A broken file removes nothing.
+    std::fs::write(&file, "[{\"ip\": ").unwrap();
+    add_on_1(&mut topo);
+    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2"]);
+    topo.write_peers_file("peers.json", &all_peers());
+    add_on_1(&mut topo);
+    assert_eq!(
+        flood(&topo, 1, "segvx301"),
+        ["192.0.2.2", "192.0.2.3"],
+        "node 3 is back"
+    );
+    // `nodes` narrows the segment to a subset of the peers.
+    let mut narrow = conf(1);
+    narrow["nodes"] = json!(["192.0.2.1", "192.0.2.3"]);
+    let pod = with_ifname(topo.new_pod(1, "narrow"), "net1");
+    topo.add_args(&pod, &narrow, &k8s("narrow"));
+    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.3"]);
+}
+
+#[test]
+fn a_device_that_is_not_ours_is_refused_and_bad_config_changes_nothing() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    let dir = topo.dir.path().to_path_buf();
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    let node = topo.node_ns(1);
+    ok(&[
+        "ip", "-n", &node, "link", "add", "segbr401", "type", "bridge",
+    ]);
+    let pod = with_ifname(topo.new_pod(1, "x"), "net1");
+    let conf = segment(&dir, "seg401", 401, 1, json!({}));
+    let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, &k8s("x"));
+    expect_error(&out, 121, "was not made by this network");
+    let links = ok(&["ip", "-n", &node, "-o", "link"]);
+    assert!(
+        !links.contains("segvx401") && !links.contains(": sv"),
+        "{links}"
+    );
+    // Another network's segment device is not adopted either.
+    ok(&["ip", "-n", &node, "link", "del", "segbr401"]);
+    topo.add_args(&pod, &conf, &k8s("x"));
+    let other = with_ifname(topo.new_pod(1, "y"), "net1");
+    let thief = segment(&dir, "other", 401, 1, json!({}));
+    let out = topo.cni(1, "ADD", &other, &other.path(), &thief, &k8s("y"));
+    expect_error(&out, 121, "segbr401");
+
+    for (key, value, says) in [
+        ("mode", json!("l2"), "\"mode\""),
+        ("vni", json!(0), "vni"),
+        ("bridge", json!("br0"), "main mode"),
+        (
+            "attachments",
+            json!([{"pod": "x", "ips": ["10.0.0.1"]}]),
+            "attachments",
+        ),
+        (
+            "runtimeConfig",
+            json!({"mac": "01:00:5e:00:00:01"}),
+            "runtimeConfig.mac",
+        ),
+        (
+            "runtimeConfig",
+            json!({"ips": ["10.0.0.1"]}),
+            "runtimeConfig.ips",
+        ),
+    ] {
+        let mut bad = conf.clone();
+        bad[key] = value;
+        let fresh = with_ifname(topo.new_pod(1, &format!("bad{}", key.len())), "net9");
+        let out = topo.cni(1, "ADD", &fresh, &fresh.path(), &bad, &k8s("bad"));
+        expect_error(&out, 7, says);
+        assert!(
+            topo.in_ns(&fresh.ns, &["ip", "link", "show", "net9"])
+                .status
+                .code()
+                != Some(0)
+        );
+        let ns = fresh.ns.clone();
+        topo.drop_ns(&ns);
+    }
+}
