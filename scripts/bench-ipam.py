@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Benchmark: sticky-ipam vs Debian's host-local, sequential ADD and DEL.
+"""Benchmark: sticky-ipam vs Debian's host-local, sequential ADD and DEL, and a plot.
 
 Runs both plugins side by side in one run, exactly as a runtime calls them (CNI_* env, the
-network config on stdin), at several occupancies of a /16 (0, 1,000 and 10,000 existing records
-by default, seeded by writing record files directly in each plugin's own layout), and prints
-per-call medians in milliseconds, the ratio sticky/host-local, and the do-nothing spawn time
-(/bin/true) as the floor. Then checks the targets of issue 2:
+network config on stdin), at several occupancies of a /16 (0, 1,000, 10,000 and 60,000 existing
+records by default, seeded by writing record files directly). sticky-ipam's data dir gets a
+realistic mix: Kubernetes leases attached and released, released leases under podman-style
+generated names (`adjective_surname`, no namespace), and host-local `<ip>` records; host-local's
+gets the same number of `<ip>` records (its only layout). Prints per-call medians in
+milliseconds, the ratios, and the do-nothing spawn time (/bin/true) as the floor, checks the
+targets of issue 10, and draws docs/bench-ipam.svg (median latency vs record count, log x):
 
-  - at 1,000 records, sticky-ipam's ADD and DEL medians are <= 0.25x host-local's
-  - at 1,000 records, they are <= 1.5x sticky-ipam's own medians at 0 records
-  - at 0 records, they are <= 0.5x host-local's
+  - ADD and DEL at 10,000 and 60,000 records <= 1.5x their own medians at 0
+  - <= 0.5x host-local at 0 records, <= 0.1x at 10,000
+  - at 0 records <= 3x spawning /bin/true
 
 Data dirs live under target/bench (on disk, not tmpfs) so fsync costs are real. The two
 plugins' calls are interleaved one by one, so load from other processes weighs on both alike;
-still, run it on an otherwise idle machine.
+still, run it on an otherwise idle machine. Needs only python3 (the plot is plain SVG).
 
     python3 scripts/bench-ipam.py                 # builds the release binary first
     python3 scripts/bench-ipam.py --calls 100 --sizes 0,1000
@@ -28,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = "bench"
@@ -69,25 +74,49 @@ def conf(data_dir, ipam_type):
     }).encode()
 
 
+ADJECTIVES = ["happy", "brave", "eager", "quirky", "zen", "vibrant", "stoic", "sleepy"]
+SURNAMES = ["turing", "hopper", "lovelace", "ritchie", "thompson", "knuth", "liskov", "kare"]
+
+
+def encode(text):
+    """sticky-ipam's file-name encoding: bytes outside [a-z0-9.-] as %XX."""
+    return "".join(c if (c.islower() and c.isascii()) or c.isdigit() or c in ".-"
+                   else "%%%02X" % ord(c) for c in text)
+
+
 def seed(net_dir, layout, count):
-    """Writes `count` attached records in the plugin's own layout, plus the round-robin hint."""
+    """Writes `count` records in the plugin's own layout, plus the round-robin hint.
+
+    sticky-ipam: of every 10 records, 4 attached Kubernetes leases, 2 released Kubernetes
+    leases, 3 released leases of podman containers with generated names, 1 host-local `<ip>`.
+    """
     os.makedirs(net_dir, exist_ok=True)
     boot = boot_id()
+    seq = 0
     for i in range(count):
         ip = ip_at(i)
         cid = "seed%06d" % i
-        if layout == "host-local":
+        kind = i % 10
+        if layout == "host-local" or kind == 9:
             with open(os.path.join(net_dir, ip), "w", newline="") as f:
                 f.write("%s\r\neth0" % cid)
+            continue
+        if kind < 6:
+            ns, pod = "bench", "seed-%06d" % i
         else:
-            pod = "seed-%06d" % i
-            body = json.dumps({
-                "format": "sticky-ipam/v1", "containerId": cid, "ifname": "eth0",
-                "namespace": "bench", "pod": pod, "podUid": "uid-" + pod, "boot": boot,
-                "state": "attached", "releaseSeq": 0, "releasedAt": 0,
-            }, separators=(",", ":"))
-            with open(os.path.join(net_dir, "%s_bench_%s" % (ip, pod)), "w") as f:
-                f.write(body + "\n")
+            ns = ""
+            pod = "%s_%s%d" % (ADJECTIVES[i % 8], SURNAMES[(i // 8) % 8], i)
+        released = kind >= 4
+        if released:
+            seq += 1
+        body = json.dumps({
+            "format": "sticky-ipam/v1", "containerId": cid, "ifname": "eth0",
+            "namespace": ns, "pod": pod, "podUid": "uid-%d" % i if ns else "", "boot": boot,
+            "state": "released" if released else "attached",
+            "releaseSeq": seq if released else 0, "releasedAt": 0,
+        }, separators=(",", ":"))
+        with open(os.path.join(net_dir, "%s_%s_%s" % (ip, encode(ns), encode(pod))), "w") as f:
+            f.write(body + "\n")
     if count:
         with open(os.path.join(net_dir, "last_reserved_ip.0"), "w") as f:
             f.write(ip_at(count - 1))
@@ -96,7 +125,7 @@ def seed(net_dir, layout, count):
         with open(os.path.join(net_dir, "boot_id"), "w") as f:
             f.write(boot)
         with open(os.path.join(net_dir, "release_seq"), "w") as f:
-            f.write("0")
+            f.write(str(seq))
 
 
 def call(binary, command, cid, stdin, args):
@@ -154,7 +183,10 @@ def floor(calls):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=200, help="ADDs (then DELs) per size")
-    ap.add_argument("--sizes", default="0,1000,10000", help="existing records, comma-separated")
+    ap.add_argument("--sizes", default="0,1000,10000,60000",
+                    help="existing records, comma-separated")
+    ap.add_argument("--plot", default=os.path.join(ROOT, "docs/bench-ipam.svg"),
+                    help="SVG file to draw ('' for none)")
     ap.add_argument("--sticky", default=os.path.join(ROOT, "target/release/sticky-ipam"))
     ap.add_argument("--host-local", default="/usr/lib/cni/host-local")
     ap.add_argument("--workdir", default=os.path.join(ROOT, "target/bench"))
@@ -212,11 +244,25 @@ def bench(opts, sizes, work):
         if 0 in res:
             s, h = res[0][op]
             target("%s at 0 records <= 0.5x host-local" % op, s, 0.5 * h)
-        if 1000 in res:
-            s, h = res[1000][op]
-            target("%s at 1,000 records <= 0.25x host-local" % op, s, 0.25 * h)
-            if 0 in res:
-                target("%s at 1,000 records <= 1.5x its own at 0" % op, s, 1.5 * res[0][op][0])
+            target("%s at 0 records <= 3x spawning /bin/true" % op, s, 3 * spawn)
+        if 10000 in res:
+            s, h = res[10000][op]
+            target("%s at 10,000 records <= 0.1x host-local" % op, s, 0.1 * h)
+        for size in (10000, 60000):
+            if size in res and 0 in res:
+                target("%s at %s records <= 1.5x its own at 0" % (op, "{:,}".format(size)),
+                       res[size][op][0], 1.5 * res[0][op][0])
+    if opts.plot:
+        import benchplot
+        benchplot.plot(
+            opts.plot, "sticky-ipam vs host-local: median per call (%d calls, %s)" %
+            (opts.calls, fstype), "records in the data dir (log scale)",
+            [("sticky ADD", "#1f77b4", "", [(k, v["ADD"][0]) for k, v in res.items()]),
+             ("sticky DEL", "#1f77b4", "6,3", [(k, v["DEL"][0]) for k, v in res.items()]),
+             ("host-local ADD", "#d62728", "", [(k, v["ADD"][1]) for k, v in res.items()]),
+             ("host-local DEL", "#d62728", "6,3", [(k, v["DEL"][1]) for k, v in res.items()])],
+            [("exec /bin/true", "#555", spawn)])
+        print("plot: %s" % opts.plot)
     if opts.strict and missed:
         sys.exit(1)
 

@@ -253,7 +253,7 @@ if [[ $EUID -ne 0 || $ipam_only -eq 1 ]]; then
   if ((ipam_only)); then
     ipam_demo "--ipam-only was given"
   else
-    ipam_demo "network namespaces need root; run: sudo scripts/demo.sh"
+    ipam_demo "network namespaces need root; run scripts/demo.sh as root"
   fi
   printf '\n%sSummary%s\n' "$B" "$N"
   printf '    %s\n' "${summary[@]}"
@@ -264,9 +264,18 @@ fi
 # =============================================================================================
 # With root: two nodes, a VXLAN overlay, sticky-vxlan + sticky-ipam.
 
-for tool in ip ping od awk; do
-  command -v "$tool" >/dev/null || die "'$tool' is needed (apt-get install iproute2 iputils-ping)"
+# A fresh Debian box may lack ping (and has no sudo): install what is missing, as root.
+missing=()
+for tool in ip:iproute2 ping:iputils-ping od:coreutils awk:mawk; do
+  command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
+if ((${#missing[@]})); then
+  command -v apt-get >/dev/null || die "needed: ${missing[*]} (install them, then run again)"
+  say "Installing ${missing[*]} (apt-get)."
+  { apt-get install -y --no-install-recommends "${missing[@]}" ||
+      { apt-get update && apt-get install -y --no-install-recommends "${missing[@]}"; }
+  } >"$tmp/apt.log" 2>&1 || die "apt-get install ${missing[*]} failed: see $tmp/apt.log"
+fi
 
 n1="node-1-$tag" n2="node-2-$tag" ul="underlay-$tag"
 net=demo

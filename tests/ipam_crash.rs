@@ -1,6 +1,7 @@
 //! Crash safety. With the `crash-points` feature the process aborts at the n-th crash point of
 //! a call (`STICKY_CRASH_AT=n`); every step of ADD and DEL is hit in turn, and after each death
-//! the data dir parses, no address is recorded twice, and the next call succeeds and converges.
+//! the data dir parses, no address is recorded twice, the name index is either not trusted or
+//! exactly right, and the next call succeeds and converges.
 //! Then random SIGKILLs of concurrent ADD/DEL processes, with the same checks.
 //!
 //! The crash-points binary is built once per test run into `target/crash` (or taken from
@@ -291,9 +292,15 @@ fn every_crash_point_of_add_and_del_leaves_a_recoverable_data_dir() {
                     ..AFTER_KILL
                 };
                 check_dir_named(&net, after_kill, &what);
+                // The name index, if it would be trusted, names exactly the records.
+                check_index(&net);
                 // The same call again succeeds and converges.
                 let r = normal.run(&call).ok();
                 check_dir_named(&net, COMPLETED, &format!("{what}, after recovery"));
+                assert!(
+                    check_index(&net),
+                    "{what}: index not restamped after recovery"
+                );
                 let before = snapshot(tmp.path());
                 let again = normal.run(&call).ok();
                 assert_eq!(again, r, "{what}: repeated call differs");
@@ -420,6 +427,7 @@ fn random_sigkills_of_concurrent_adds_and_dels() {
             }
         }
         let st = check_dir_named(&net, AFTER_KILL, &format!("after round {rounds}"));
+        check_index(&net);
         let mut seen = BTreeSet::new();
         for (name, (_, r)) in &st.records {
             let key = match r {

@@ -28,8 +28,9 @@ use std::net::IpAddr;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use super::index;
 use super::record::Record;
-use super::store::{Index, Note, Store, StoreError};
+use super::store::{self, Index, Note, Store, StoreError};
 use crate::{crash, nofollow};
 
 /// Bookkeeping file names, beside the records.
@@ -47,6 +48,10 @@ pub struct DiskStore {
     index: Index,
     /// Whether a rename or unlink still needs the directory fsynced.
     dirty: bool,
+    /// Whether this call wrote anything in the directory: the index is stamped anew.
+    wrote: bool,
+    /// The index was removed (`downgrade`): not saved again.
+    no_index: bool,
 }
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -83,18 +88,22 @@ impl DiskStore {
         }
     }
 
+    /// Trusts the stored index when its stamp holds; else lists the directory.
     fn scan(dir: &Path, lock: File) -> Result<DiskStore, StoreError> {
         let mut store = DiskStore {
             dir: dir.to_path_buf(),
             _lock: lock,
             index: Index::default(),
             dirty: false,
+            wrote: false,
+            no_index: false,
         };
-        for entry in fs::read_dir(dir).map_err(io("listing", dir))? {
-            let entry = entry.map_err(io("listing", dir))?;
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
+        if let Some(stored) = index::Stored::open(dir) {
+            store.index = Index::stored(stored, dir);
+            return Ok(store);
+        }
+        store.index.mark_rebuilt();
+        for name in store::list(dir)? {
             if name.starts_with(TEMP_PREFIX) {
                 // Under the lock no other writer exists: this is a killed process's leftover.
                 store.unlink(&name)?;
@@ -120,10 +129,25 @@ impl DiskStore {
         Ok(())
     }
 
+    /// Removes the derived name index for good (the way back to host-local's layout).
+    pub fn remove_index(&mut self) -> Result<(), StoreError> {
+        self.no_index = true;
+        let path = self.dir.join(index::DIR);
+        match fs::remove_dir_all(&path) {
+            Ok(()) => {
+                self.dirty = true;
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("removing", &path)(e)),
+        }
+    }
+
     /// Proves the directory takes a new record (STATUS): a temp file of one block (more than
     /// any record) written, fsynced and removed. An empty file would fit in a full
     /// filesystem.
     pub fn probe_writable(&mut self) -> Result<(), StoreError> {
+        self.wrote = true;
         let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
             .map_err(io("creating a temp file in", &self.dir))?;
         let written = file
@@ -163,6 +187,7 @@ impl DiskStore {
             return Err(io("renaming into", &target)(e));
         }
         self.dirty = true;
+        self.wrote = true;
         crash::point("renamed");
         Ok(())
     }
@@ -172,6 +197,7 @@ impl DiskStore {
         match fs::remove_file(&path) {
             Ok(()) => {
                 self.dirty = true;
+                self.wrote = true;
                 crash::point("unlinked");
                 Ok(())
             }
@@ -184,6 +210,8 @@ impl DiskStore {
     fn write_hint(&mut self, name: &str, text: &str) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         let path = self.dir.join(name);
+        // It may create the file: a change of the directory.
+        self.wrote = true;
         let written = nofollow::open_for_rewrite(&path, 0o644).and_then(|f| {
             f.write_all_at(text.as_bytes(), 0)?;
             f.set_len(text.len() as u64)
@@ -222,6 +250,25 @@ impl DiskStore {
             .ok()
             .flatten()
             .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+    }
+}
+
+impl Drop for DiskStore {
+    /// Brings the stored index up to date, still under the lock. It is derived data: a
+    /// failure costs the next call a listing, never an answer, so it is only logged.
+    fn drop(&mut self) {
+        if self.no_index {
+            return;
+        }
+        let Some((known, changed)) = self.index.to_save() else {
+            return;
+        };
+        if known.is_some() && changed.is_empty() && !self.wrote {
+            return;
+        }
+        if let Err(e) = index::save(&self.dir, known.as_deref(), &changed) {
+            eprintln!("sticky-ipam: index not saved (the next call lists the directory): {e}");
+        }
     }
 }
 
@@ -288,6 +335,7 @@ impl Store for DiskStore {
         nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
         fs::rename(self.dir.join(from), &target).map_err(io("renaming into", &target))?;
         self.dirty = true;
+        self.wrote = true;
         self.index.remove(from);
         self.index.insert(to);
         crash::point("renamed");

@@ -4,7 +4,8 @@
 //! - [`identity`] names pods safely in file names; [`record`] is one file's format.
 //! - [`allocator`] (ADD), [`release`] (DEL, CHECK), [`group`] (crash leftovers) and
 //!   [`lifecycle`] (boots, expiry, GC) are the policy, over the [`store::Store`] trait;
-//!   [`disk`] is the only code that touches the data dir.
+//!   [`disk`] is the only code that touches the data dir; [`index`] is its derived name
+//!   index, so a call reads what it asks about, not the whole directory.
 //! - [`plugin`] wires the CNI commands to them; [`cli`] is the operator's tool; [`metrics`]
 //!   writes the node_exporter textfile.
 
@@ -14,6 +15,7 @@ pub mod config;
 pub mod disk;
 pub mod group;
 pub mod identity;
+pub mod index;
 pub mod lifecycle;
 pub mod metrics;
 pub mod plugin;

@@ -5,12 +5,14 @@
 //! record file names, read once per call: which addresses are taken and which files belong to a
 //! pod is known without opening a file.
 
+use std::cell::RefCell;
 #[cfg(test)]
 use std::collections::BTreeMap;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use super::index::{Bucket, Family, Stored};
 use super::record::{Record, parse_name};
 
 #[derive(Debug, thiserror::Error)]
@@ -32,24 +34,172 @@ struct Files {
     named: Vec<String>,
 }
 
-/// Record file names by address.
+/// Record file names by address and by pod suffix.
+///
+/// Complete in memory (built from a listing, or in tests), or backed by the persistent
+/// [`index`](super::index): then a bucket is read the first time a question needs it, and a
+/// bucket that fails its check makes the index list the directory instead. Either way every
+/// answer is exact. Changes are made after the file operation succeeded and mark their
+/// buckets for rewriting.
 #[derive(Debug, Clone, Default)]
 pub struct Index {
-    by_ip: HashMap<IpAddr, Files>,
+    names: RefCell<Names>,
 }
 
-impl Index {
-    /// Adds a name if it is a record name; returns whether it was.
-    pub fn insert(&mut self, name: &str) -> bool {
-        let Some((ip, suffix)) = parse_name(name) else {
-            return false;
-        };
+#[derive(Debug, Clone, Default)]
+struct Names {
+    by_ip: HashMap<IpAddr, Files>,
+    by_suffix: HashMap<String, BTreeSet<IpAddr>>,
+    /// `None`: complete. Else the stored index and the buckets read so far.
+    backing: Option<Backing>,
+    /// Buckets whose stored copy is out of date.
+    dirty: BTreeSet<Bucket>,
+    /// Rebuilt from a listing: every bucket must be rewritten.
+    rebuilt: bool,
+    /// A damaged bucket was met and the directory could not be listed.
+    unlistable: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Backing {
+    stored: Stored,
+    /// Where to list names when a bucket fails its check.
+    dir: PathBuf,
+    loaded: HashSet<Bucket>,
+}
+
+impl Names {
+    fn add(&mut self, name: &str) -> Option<(IpAddr, Option<String>)> {
+        let (ip, suffix) = parse_name(name)?;
         let files = self.by_ip.entry(ip).or_default();
         match suffix {
             None => files.plain = true,
             Some(_) if !files.named.iter().any(|n| n == name) => files.named.push(name.to_string()),
             Some(_) => {}
         }
+        if let Some(s) = suffix {
+            self.by_suffix.entry(s.to_string()).or_default().insert(ip);
+        }
+        Some((ip, suffix.map(str::to_string)))
+    }
+
+    /// Makes `bucket` known; on a failed check, lists the directory instead.
+    fn ensure(&mut self, bucket: Bucket) {
+        let Some(backing) = &mut self.backing else {
+            return;
+        };
+        if !backing.loaded.insert(bucket) {
+            return;
+        }
+        let Some(names) = backing.stored.load(bucket) else {
+            let dir = backing.dir.clone();
+            self.relist(&dir);
+            return;
+        };
+        for name in &names {
+            let Some((ip, suffix)) = parse_name(name) else {
+                continue;
+            };
+            // A bucket feeds only its own map: the other is complete only for buckets read.
+            match bucket.0 {
+                Family::Ip => {
+                    let files = self.by_ip.entry(ip).or_default();
+                    match suffix {
+                        None => files.plain = true,
+                        Some(_) if !files.named.contains(name) => files.named.push(name.clone()),
+                        Some(_) => {}
+                    }
+                }
+                Family::Pod => {
+                    if let Some(s) = suffix {
+                        self.by_suffix.entry(s.to_string()).or_default().insert(ip);
+                    }
+                }
+            }
+        }
+    }
+
+    fn ensure_all_ips(&mut self) {
+        for n in 0..=255u8 {
+            self.ensure(Bucket(Family::Ip, n));
+        }
+    }
+
+    /// Replaces everything by the names listed in `dir` (a damaged or missing bucket).
+    fn relist(&mut self, dir: &Path) {
+        *self = match list(dir) {
+            Ok(listed) => {
+                let mut names = Names {
+                    rebuilt: true,
+                    ..Names::default()
+                };
+                for name in listed {
+                    names.add(&name);
+                }
+                names
+            }
+            Err(e) => {
+                // Unlistable after it was opened: every address counts as taken rather than
+                // guessed free, and nothing is saved.
+                eprintln!("sticky-ipam: {e}");
+                Names {
+                    unlistable: true,
+                    ..Names::default()
+                }
+            }
+        };
+    }
+}
+
+/// Every record name and everything else in `dir` (temp files included).
+pub fn list(dir: &Path) -> Result<Vec<String>, StoreError> {
+    let err = |source| StoreError::Io {
+        action: "listing",
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(err)? {
+        if let Some(name) = entry.map_err(err)?.file_name().to_str() {
+            out.push(name.to_string());
+        }
+    }
+    Ok(out)
+}
+
+impl Index {
+    /// An index backed by a verified stored index of `dir`.
+    pub fn stored(stored: Stored, dir: &Path) -> Index {
+        Index {
+            names: RefCell::new(Names {
+                backing: Some(Backing {
+                    stored,
+                    dir: dir.to_path_buf(),
+                    loaded: HashSet::new(),
+                }),
+                ..Names::default()
+            }),
+        }
+    }
+
+    /// Marks a complete index built from a listing: the stored copy is rewritten whole.
+    pub fn mark_rebuilt(&mut self) {
+        self.names.get_mut().rebuilt = true;
+    }
+
+    /// Adds a name if it is a record name; returns whether it was.
+    pub fn insert(&mut self, name: &str) -> bool {
+        let Some((ip, suffix)) = parse_name(name) else {
+            return false;
+        };
+        let names = self.names.get_mut();
+        let mut touched = vec![Bucket::of_ip(ip)];
+        touched.extend(suffix.map(Bucket::of_suffix));
+        for b in &touched {
+            names.ensure(*b);
+        }
+        names.add(name);
+        names.dirty.extend(touched);
         true
     }
 
@@ -57,24 +207,49 @@ impl Index {
         let Some((ip, suffix)) = parse_name(name) else {
             return;
         };
-        if let Some(files) = self.by_ip.get_mut(&ip) {
+        let names = self.names.get_mut();
+        let mut touched = vec![Bucket::of_ip(ip)];
+        touched.extend(suffix.map(Bucket::of_suffix));
+        for b in &touched {
+            names.ensure(*b);
+        }
+        if let Some(files) = names.by_ip.get_mut(&ip) {
             match suffix {
                 None => files.plain = false,
                 Some(_) => files.named.retain(|n| n != name),
             }
             if !files.plain && files.named.is_empty() {
-                self.by_ip.remove(&ip);
+                names.by_ip.remove(&ip);
             }
         }
+        if let Some(s) = suffix
+            && let Some(ips) = names.by_suffix.get_mut(s)
+        {
+            let still = names
+                .by_ip
+                .get(&ip)
+                .is_some_and(|f| f.named.iter().any(|n| n.ends_with(s)));
+            if !still {
+                ips.remove(&ip);
+            }
+            if ips.is_empty() {
+                names.by_suffix.remove(s);
+            }
+        }
+        names.dirty.extend(touched);
     }
 
     /// Whether any record, of any kind, holds `ip`.
     pub fn is_taken(&self, ip: IpAddr) -> bool {
-        self.by_ip.contains_key(&ip)
+        let mut names = self.names.borrow_mut();
+        names.ensure(Bucket::of_ip(ip));
+        names.unlistable || names.by_ip.contains_key(&ip)
     }
 
     pub fn names(&self, ip: IpAddr) -> Vec<String> {
-        let Some(files) = self.by_ip.get(&ip) else {
+        let mut names = self.names.borrow_mut();
+        names.ensure(Bucket::of_ip(ip));
+        let Some(files) = names.by_ip.get(&ip) else {
             return Vec::new();
         };
         let plain = files.plain.then(|| ip.to_string());
@@ -85,7 +260,9 @@ impl Index {
     }
 
     fn sorted_ips(&self, keep: impl Fn(&Files) -> bool) -> Vec<IpAddr> {
-        let mut ips: Vec<IpAddr> = self
+        let mut names = self.names.borrow_mut();
+        names.ensure_all_ips();
+        let mut ips: Vec<IpAddr> = names
             .by_ip
             .iter()
             .filter(|(_, f)| keep(f))
@@ -100,11 +277,15 @@ impl Index {
         self.sorted_ips(|_| true).into_iter()
     }
 
-    /// Addresses with a file named `<ip><suffix>`.
+    /// Addresses with a file named `<ip><suffix>`: one bucket read, however many records.
     pub fn ips_with_suffix(&self, suffix: &str) -> Vec<IpAddr> {
-        // Indexed names hold exactly two '_', as does a suffix: a name ending in the
-        // suffix is `<ip><suffix>`.
-        self.sorted_ips(|f| f.named.iter().any(|n| n.ends_with(suffix)))
+        let mut names = self.names.borrow_mut();
+        names.ensure(Bucket::of_suffix(suffix));
+        names
+            .by_suffix
+            .get(suffix)
+            .map(|ips| ips.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Addresses with a plain `<ip>` file (host-local's format).
@@ -115,6 +296,52 @@ impl Index {
     /// Addresses with at least one `<ip>_<ns>_<pod>` file.
     pub fn ips_with_identity(&self) -> Vec<IpAddr> {
         self.sorted_ips(|f| !f.named.is_empty())
+    }
+
+    /// What the stored index needs: the hashes of buckets kept (`None`: rewrite all), and
+    /// the buckets to rewrite with their names. `None` when nothing changed.
+    #[allow(clippy::type_complexity)]
+    pub fn to_save(&self) -> Option<(Option<Vec<u64>>, Vec<(Bucket, Vec<String>)>)> {
+        let names = self.names.borrow();
+        if names.unlistable {
+            return None;
+        }
+        let known = match (&names.backing, names.rebuilt) {
+            (Some(b), false) => Some(b.stored.hashes().to_vec()),
+            _ => None,
+        };
+        if known.is_some() && names.dirty.is_empty() {
+            return Some((known, Vec::new()));
+        }
+        let mut out: HashMap<Bucket, Vec<String>> = HashMap::new();
+        let wanted = |b: &Bucket| known.is_none() || names.dirty.contains(b);
+        for (ip, files) in &names.by_ip {
+            let b = Bucket::of_ip(*ip);
+            if wanted(&b) {
+                let list = out.entry(b).or_default();
+                list.extend(files.plain.then(|| ip.to_string()));
+                list.extend(files.named.iter().cloned());
+            }
+        }
+        for (suffix, ips) in &names.by_suffix {
+            let b = Bucket::of_suffix(suffix);
+            if wanted(&b) {
+                out.entry(b)
+                    .or_default()
+                    .extend(ips.iter().map(|ip| format!("{ip}{suffix}")));
+            }
+        }
+        if known.is_some() {
+            for b in &names.dirty {
+                out.entry(*b).or_default();
+            }
+        }
+        let mut changed: Vec<(Bucket, Vec<String>)> = out.into_iter().collect();
+        for (_, list) in &mut changed {
+            list.sort_unstable();
+        }
+        changed.sort_unstable_by_key(|(b, _)| *b);
+        Some((known, changed))
     }
 }
 

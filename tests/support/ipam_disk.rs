@@ -43,6 +43,9 @@ pub struct StickyRecord {
     pub released_at: u64,
 }
 
+/// sticky-ipam's derived name index, inside a network's directory.
+pub const INDEX_DIR: &str = "sticky-index";
+
 /// sticky-ipam's own bookkeeping files beside the records (not in host-local's layout).
 pub const BOOKKEEPING: &[&str] = &["release_seq", "boot_id", "lease_clock", "sticky_counters"];
 
@@ -149,6 +152,13 @@ pub fn check_dir(net_dir: &Path, rules: Rules) -> State {
         let entry = entry.unwrap();
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
+        if name == INDEX_DIR {
+            assert!(
+                entry.file_type().unwrap().is_dir(),
+                "{name} is not a directory"
+            );
+            continue;
+        }
         assert!(
             entry.file_type().unwrap().is_file(),
             "{}: unexpected non-file {name:?}",
@@ -376,6 +386,82 @@ pub fn sticky_body(rec: &StickyRecord) -> String {
         "releasedAt": rec.released_at,
     });
     format!("{v}\n")
+}
+
+/// FNV-1a 64, as the index uses it.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Whether the stored name index of `net_dir` would be trusted now (its stamp parses, its sum
+/// holds, it names the directory's device, inode, mtime and ctime), and if so asserts that
+/// its buckets hold exactly the record names in the directory: a trusted index that is wrong
+/// is the one thing that could hand out an address a record holds.
+pub fn check_index(net_dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let index = net_dir.join(INDEX_DIR);
+    let Ok(stamp) = std::fs::read_to_string(index.join("stamp")) else {
+        return false;
+    };
+    let Some((body, sum)) = stamp.rsplit_once("sum ") else {
+        return false;
+    };
+    if format!("{:016x}", fnv(body.as_bytes())) != sum.trim_end() {
+        return false;
+    }
+    let mut lines = body.lines();
+    let head: Vec<&str> = lines.next().unwrap_or_default().split(' ').collect();
+    let m = std::fs::metadata(net_dir).unwrap();
+    let now = [
+        m.dev() as i64,
+        m.ino() as i64,
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    ];
+    let stamped: Vec<i64> = head[1..].iter().map(|t| t.parse().unwrap()).collect();
+    if head[0] != "sticky-index/1" || stamped != now {
+        return false;
+    }
+    let hashes: Vec<&str> = lines.next().unwrap().split(' ').collect();
+    let mut by_ip = BTreeSet::new();
+    let mut by_pod = BTreeSet::new();
+    for (i, hash) in hashes.iter().enumerate() {
+        let file = if i < 256 {
+            format!("ip.{i:02x}")
+        } else {
+            format!("pod.{:02x}", i - 256)
+        };
+        let bytes = std::fs::read(index.join(&file)).unwrap_or_default();
+        if format!("{:016x}", fnv(&bytes)) != *hash {
+            // The call that reads this bucket lists the directory instead.
+            return false;
+        }
+        let names = String::from_utf8(bytes).unwrap();
+        let set = if i < 256 { &mut by_ip } else { &mut by_pod };
+        set.extend(names.lines().map(str::to_string));
+    }
+    let records: BTreeSet<String> = std::fs::read_dir(net_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            let ip_part = n.split('_').next().unwrap_or_default();
+            ip_part.parse::<IpAddr>().is_ok() && (!n.contains('_') || n.matches('_').count() == 2)
+        })
+        .collect();
+    assert_eq!(
+        by_ip, records,
+        "trusted index (by address) differs from the records"
+    );
+    let named: BTreeSet<String> = records.into_iter().filter(|n| n.contains('_')).collect();
+    assert_eq!(
+        by_pod, named,
+        "trusted index (by pod) differs from the records"
+    );
+    true
 }
 
 /// Writes a sticky record into `net_dir` (creating it), as a seed.

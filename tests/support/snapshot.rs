@@ -22,6 +22,10 @@ fn walk(root: &Path, dir: &Path, out: &mut Snapshot) {
         .collect();
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
+        // sticky-ipam's name index is derived data, restamped by every call that writes.
+        if e.file_name() == super::ipam_disk::INDEX_DIR {
+            continue;
+        }
         let path = e.path();
         let rel = path
             .strip_prefix(root)

@@ -5,8 +5,8 @@
 //! host-local's body (`<containerID>\r\n<ifname>`), and what host-local cannot express —
 //! released leases, OpenYurt markers — blocks the downgrade unless `--drop-leases` (then those
 //! addresses become free). sticky-ipam's bookkeeping (`release_seq`, `boot_id`,
-//! `lease_clock`, `sticky_counters`) is removed; `lock` and `last_reserved_ip.*` are
-//! host-local's own files and stay.
+//! `lease_clock`, `sticky_counters`) and its name index (`sticky-index/`) are removed; `lock`
+//! and `last_reserved_ip.*` are host-local's own files and stay.
 //!
 //! Crash-safe: per address, `<ip>` is created first and the lease removed second. A crash in
 //! between leaves both; [`group`] resolves that pair to the lease (as an interrupted
@@ -190,6 +190,7 @@ pub fn run(argv: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     for name in &removed {
         store.remove(name)?;
     }
+    store.remove_index()?;
     store.sync()?;
     drop(store);
 

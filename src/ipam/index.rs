@@ -1,0 +1,306 @@
+//! The persistent name index: `<network dir>/sticky-index/`, derived data that lets a call
+//! answer "is this address free?" and "which addresses does this pod hold?" without listing
+//! the network directory.
+//!
+//! Record names are split over [`BUCKETS`] files by address (`ip.XX`) and as many by pod
+//! suffix (`pod.XX`); a call reads only the buckets it asks about and rewrites only those it
+//! changed. `stamp` ties the buckets to the directory they describe:
+//!
+//! ```text
+//! sticky-index/1 <dev> <ino> <mtime s> <mtime ns> <ctime s> <ctime ns>
+//! <FNV-1a 64 of ip.00> … <of ip.ff> <of pod.00> … <of pod.ff>
+//! sum <FNV-1a 64 of the two lines above>
+//! ```
+//!
+//! **The rule.** The index is trusted only when the stamp parses, its sum holds, the network
+//! directory's device, inode, mtime and ctime equal the stamp's, and each bucket read matches
+//! its hash; otherwise the directory is listed and every bucket rewritten. Any create, rename
+//! or unlink in the directory — by host-local, an older sticky-ipam, OpenYurt, an operator, or
+//! a call of ours that died — changes its mtime, so it is seen. Timestamps are coarse (one
+//! clock tick) on kernels before 6.13, so a change in the same tick as our last one could
+//! leave the mtime equal; that is why [`save`] finally sets the directory's mtime itself to
+//! just *before* the current coarse clock: every later change, in any tick, writes a newer
+//! mtime. Only a directory whose mtime is set back to the stamp's exact nanosecond after its
+//! entries changed (a clock stepped back onto that nanosecond) could fool it.
+//!
+//! Bucket and stamp files are written in place without fsync: after a power cut, a bucket
+//! that did not reach the disk fails its hash, a stamp that did not fails its sum or names an
+//! older mtime, and the directory is listed again. Nothing is ever written through a symlink.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{Mode, futimens};
+use nix::sys::time::TimeSpec;
+use nix::time::{ClockId, clock_gettime};
+
+use crate::crash;
+
+/// The index directory, inside the network directory.
+pub const DIR: &str = "sticky-index";
+const STAMP: &str = "stamp";
+const MAGIC: &str = "sticky-index/1";
+/// Buckets per family.
+pub const BUCKETS: usize = 256;
+
+/// What a bucket is keyed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// Names by address: every record of an address is in one bucket.
+    Ip,
+    /// Pod record names by their `_<ns>_<pod>` suffix.
+    Pod,
+}
+
+/// One bucket file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Bucket(pub Family, pub u8);
+
+impl Bucket {
+    pub fn of_ip(ip: std::net::IpAddr) -> Bucket {
+        let bytes = match ip {
+            std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+            std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+        };
+        Bucket(Family::Ip, fnv(&bytes) as u8)
+    }
+
+    pub fn of_suffix(suffix: &str) -> Bucket {
+        Bucket(Family::Pod, fnv(suffix.as_bytes()) as u8)
+    }
+
+    /// Every bucket, in stamp order.
+    pub fn all() -> impl Iterator<Item = Bucket> {
+        [Family::Ip, Family::Pod]
+            .into_iter()
+            .flat_map(|f| (0..=255u8).map(move |n| Bucket(f, n)))
+    }
+
+    fn slot(self) -> usize {
+        match self.0 {
+            Family::Ip => self.1 as usize,
+            Family::Pod => BUCKETS + self.1 as usize,
+        }
+    }
+
+    fn file_name(self) -> String {
+        match self.0 {
+            Family::Ip => format!("ip.{:02x}", self.1),
+            Family::Pod => format!("pod.{:02x}", self.1),
+        }
+    }
+}
+
+/// FNV-1a, 64 bit: a checksum against torn and lost writes, not against an adversary.
+pub fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} changed while it was being stamped")]
+    Raced { path: PathBuf },
+}
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> IndexError {
+    let path = path.to_path_buf();
+    move |source| IndexError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// The directory's identity and times: what a stamp must match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DirState([i64; 6]);
+
+impl DirState {
+    fn of(meta: &fs::Metadata) -> DirState {
+        DirState([
+            meta.dev() as i64,
+            meta.ino() as i64,
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+        ])
+    }
+}
+
+/// A verified stamp: the buckets' expected hashes.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    index_dir: PathBuf,
+    hashes: Vec<u64>,
+}
+
+fn open_index_dir(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags(OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW))
+        .open(path)
+}
+
+fn libc_flags(flags: OFlag) -> i32 {
+    flags.bits()
+}
+
+fn read_in(dir: &File, name: &str) -> Option<Vec<u8>> {
+    let fd = openat(
+        dir.as_fd(),
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let mut bytes = Vec::new();
+    File::from(fd).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+fn write_in(dir: &File, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let fd = openat(
+        dir.as_fd(),
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )?;
+    let file = File::from(fd);
+    file.write_all_at(bytes, 0)?;
+    file.set_len(bytes.len() as u64)
+}
+
+impl Stored {
+    /// The index of `net_dir`, if its stamp holds for the directory as it is now.
+    pub fn open(net_dir: &Path) -> Option<Stored> {
+        let index_dir = net_dir.join(DIR);
+        let dir = open_index_dir(&index_dir).ok()?;
+        let text = String::from_utf8(read_in(&dir, STAMP)?).ok()?;
+        let (body, sum) = text.rsplit_once("sum ")?;
+        if format!("{:016x}", fnv(body.as_bytes())) != sum.trim_end() {
+            return None;
+        }
+        let mut lines = body.lines();
+        let mut head = lines.next()?.split(' ');
+        if head.next()? != MAGIC {
+            return None;
+        }
+        let mut state = [0i64; 6];
+        for slot in &mut state {
+            *slot = head.next()?.parse().ok()?;
+        }
+        if DirState(state) != DirState::of(&fs::metadata(net_dir).ok()?) {
+            return None;
+        }
+        let hashes: Vec<u64> = lines
+            .next()?
+            .split(' ')
+            .map(|h| u64::from_str_radix(h, 16).ok())
+            .collect::<Option<_>>()?;
+        (hashes.len() == 2 * BUCKETS).then_some(Stored { index_dir, hashes })
+    }
+
+    /// A bucket's names, when its file matches the stamp.
+    pub fn load(&self, bucket: Bucket) -> Option<Vec<String>> {
+        let dir = open_index_dir(&self.index_dir).ok()?;
+        let bytes = read_in(&dir, &bucket.file_name())?;
+        if fnv(&bytes) != self.hashes[bucket.slot()] {
+            return None;
+        }
+        let text = String::from_utf8(bytes).ok()?;
+        Some(text.lines().map(str::to_string).collect())
+    }
+
+    pub fn hashes(&self) -> &[u64] {
+        &self.hashes
+    }
+}
+
+/// Writes `changed` buckets (each a list of names), then stamps the directory: its mtime set
+/// just before the coarse clock, the stamp naming it and every bucket's hash. `known` are the
+/// hashes of the buckets not rewritten; without them every bucket must be in `changed`.
+pub fn save(
+    net_dir: &Path,
+    known: Option<&[u64]>,
+    changed: &[(Bucket, Vec<String>)],
+) -> Result<(), IndexError> {
+    let index_dir = net_dir.join(DIR);
+    match DirBuilder::new().mode(0o755).create(&index_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_err("creating", &index_dir)(e)),
+    }
+    let dir = open_index_dir(&index_dir).map_err(io_err("opening", &index_dir))?;
+    let mut hashes = match known {
+        Some(h) => h.to_vec(),
+        None => vec![fnv(b""); 2 * BUCKETS],
+    };
+    for (bucket, names) in changed {
+        let mut text = String::new();
+        for name in names {
+            text.push_str(name);
+            text.push('\n');
+        }
+        let path = index_dir.join(bucket.file_name());
+        write_in(&dir, &bucket.file_name(), text.as_bytes()).map_err(io_err("writing", &path))?;
+        hashes[bucket.slot()] = fnv(text.as_bytes());
+        crash::point("index bucket written");
+    }
+    if known.is_none() {
+        // Buckets not in `changed` are empty: their files must say so.
+        for bucket in Bucket::all() {
+            if !changed.iter().any(|(b, _)| *b == bucket) {
+                let path = index_dir.join(bucket.file_name());
+                write_in(&dir, &bucket.file_name(), b"").map_err(io_err("writing", &path))?;
+            }
+        }
+    }
+    let net = File::open(net_dir).map_err(io_err("opening", net_dir))?;
+    let before = stamp_time().map_err(|e| io_err("reading the clock for", net_dir)(e.into()))?;
+    futimens(&net, &TimeSpec::UTIME_OMIT, &before)
+        .map_err(|e| io_err("setting the mtime of", net_dir)(e.into()))?;
+    let state = DirState::of(&net.metadata().map_err(io_err("reading", net_dir))?);
+    if (state.0[2], state.0[3]) != (before.tv_sec(), before.tv_nsec()) {
+        return Err(IndexError::Raced {
+            path: net_dir.to_path_buf(),
+        });
+    }
+    let mut body = MAGIC.to_string();
+    for n in state.0 {
+        body.push_str(&format!(" {n}"));
+    }
+    body.push('\n');
+    let words: Vec<String> = hashes.iter().map(|h| format!("{h:016x}")).collect();
+    body.push_str(&words.join(" "));
+    body.push('\n');
+    let sum = fnv(body.as_bytes());
+    body.push_str(&format!("sum {sum:016x}\n"));
+    let path = index_dir.join(STAMP);
+    write_in(&dir, STAMP, body.as_bytes()).map_err(io_err("writing", &path))?;
+    crash::point("index stamped");
+    Ok(())
+}
+
+/// One nanosecond before the coarse clock: older than any timestamp a later change can get.
+fn stamp_time() -> Result<TimeSpec, nix::Error> {
+    let now = clock_gettime(ClockId::CLOCK_REALTIME_COARSE)?;
+    let ns = i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec()) - 1;
+    Ok(TimeSpec::new(
+        (ns.div_euclid(1_000_000_000)) as i64,
+        (ns.rem_euclid(1_000_000_000)) as i64,
+    ))
+}
