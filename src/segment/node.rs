@@ -10,6 +10,7 @@ use crate::netlink::link::{self, Link};
 use crate::netlink::{Socket, addr};
 use crate::vxlan::config::IPV4_OVERHEAD;
 use crate::vxlan::peers::{self, Peer};
+use crate::vxlan::state_dir;
 
 /// This node as the segment sees it.
 #[derive(Debug, Clone)]
@@ -42,15 +43,18 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
     let mut peers_file_error = None;
     let from_file = match &cfg.peers_file {
         None => Vec::new(),
-        Some(path) => match peers::load_and_keep(path, &cfg.last_good_peers_path()) {
-            Ok(list) => list,
+        Some(path) => match peers::read_file(path) {
+            Ok((list, text)) => {
+                state_dir::keep_last_good(&cfg.last_good_peers_path(), &text);
+                list
+            }
             Err(e) => {
                 eprintln!(
                     "sticky-vxlan: segment {}: {e}; using the last peers file that was valid and removing no flood entry",
                     cfg.name
                 );
                 peers_file_error = Some(e.to_string());
-                peers::load_last_good(&cfg.last_good_peers_path())
+                state_dir::last_good(&cfg.last_good_peers_path())
             }
         },
     };
@@ -80,11 +84,10 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
         .find(|(_, n)| n.addr() == IpAddr::V4(local_ip))
         .map(|(i, _)| *i)
         .unwrap_or_default();
-    let underlay = link::get_index(sock, index)?.ok_or_else(|| {
-        Error::Vxlan(crate::vxlan::Error::Underlay(format!(
-            "the device holding {local_ip} disappeared"
-        )))
-    })?;
+    let underlay =
+        link::get_index(sock, index)?.ok_or(Error::Vxlan(crate::vxlan::Error::LocalIpNotHere {
+            ip: local_ip,
+        }))?;
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
     let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
     let mtu = match cfg.mtu {
