@@ -152,10 +152,10 @@ pub fn peers_from(nodes: &BTreeMap<String, Node>) -> (Vec<Peer>, Vec<(String, St
                 continue;
             }
         };
-        match peers::check_entries(&[entry], &format!("node {name}")) {
+        match peers::check_entries(&[entry]) {
             Ok(mut p) if p.len() == 1 => checked.push((name.clone(), p.remove(0))),
             Ok(_) => skipped.push((name.clone(), "is not one peer".into())),
-            Err(why) => skipped.push((name.clone(), why)),
+            Err(why) => skipped.push((name.clone(), why.to_string())),
         }
     }
     let all: Vec<Peer> = checked.iter().map(|(_, p)| p.clone()).collect();
@@ -167,7 +167,7 @@ pub fn peers_from(nodes: &BTreeMap<String, Node>) -> (Vec<Peer>, Vec<(String, St
     for (name, p) in checked {
         match peers::merge(&kept, std::slice::from_ref(&p)) {
             Ok(m) => kept = m,
-            Err(why) => skipped.push((name, why)),
+            Err(why) => skipped.push((name, why.to_string())),
         }
     }
     (kept, skipped)

@@ -1,8 +1,7 @@
 //! The one place the agent programs the node.
 
-use crate::netlink::Socket;
+use crate::vxlan::Error;
 use crate::vxlan::config::Config;
-use crate::vxlan::{Error, datapath};
 
 /// What one reconcile found, for the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,10 +14,9 @@ pub struct Reconciled {
 /// Reconciles this node exactly as `sticky-vxlan reconcile` does (VTEP, bridge, peers, under
 /// the network's lock, the same lock the plugin's ADD takes).
 pub fn reconcile_node(cfg: &Config) -> Result<Reconciled, Error> {
-    let mut sock = Socket::open()?;
-    let (node, _vtep, _bridge) = datapath::ensure_node(&mut sock, cfg)?;
+    let report = crate::vxlan::reconcile::node(cfg)?;
     Ok(Reconciled {
-        remote_peers: node.remote.len(),
-        peers_file_error: node.peers_file_error,
+        remote_peers: report.node.remote.len(),
+        peers_file_error: report.node.peers_file_error,
     })
 }
