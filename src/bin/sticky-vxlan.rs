@@ -13,6 +13,9 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("agent") {
         return sticky_cni::agent::main(&args[1..]);
     }
+    if let Some(code) = sticky_cni::segment::reconcile::run(&args) {
+        return code;
+    }
     match cli::run(&args) {
         Ok(out) => {
             print!("{out}");
