@@ -9,15 +9,5 @@ fn main() -> ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
         return sticky_cni::cni::skel::run(&ByMode);
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match cli::run(&args) {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("sticky-vxlan: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::main(std::env::args().skip(1).collect())
 }
