@@ -7,27 +7,14 @@ mod vxlan_support;
 use serde_json::{Value, json};
 use vxlan_support::*;
 
-fn reconcile(topo: &Topo, n: u8, conf: &Value) -> std::process::Output {
-    let file = topo.dir.path().join(format!("n{n}.conf"));
-    std::fs::write(&file, conf.to_string()).unwrap();
-    topo.tool(n, &["reconcile", "--config", file.to_str().unwrap()])
-}
-
 fn reconciled(topo: &Topo, n: u8, conf: &Value) {
-    let out = reconcile(topo, n, conf);
+    let out = topo.reconcile(n, conf);
     assert!(
         out.status.success(),
         "reconcile on node {n}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn ip(topo: &Topo, n: u8, args: &[&str]) -> String {
-    let ns = topo.node_ns(n);
-    let mut full = vec!["ip", "-n", &ns];
-    full.extend_from_slice(args);
-    ok(&full)
 }
 
 /// A config whose IPAM ranges come from the node's own peer entry.
@@ -68,17 +55,17 @@ fn own_subnet_moved_and_taken_by_a_new_peer() {
         ]),
     );
     reconciled(&topo, 1, &conf);
-    let vtep = ip(&topo, 1, &["addr", "show", "sticky.1"]);
+    let vtep = topo.ip(1, &["addr", "show", "sticky.1"]);
     assert!(
         vtep.contains("10.244.5.0/32") && !vtep.contains("10.244.1.0/32"),
         "{vtep}"
     );
-    let bridge = ip(&topo, 1, &["addr", "show", "stickybr0"]);
+    let bridge = topo.ip(1, &["addr", "show", "stickybr0"]);
     assert!(
         bridge.contains("10.244.5.1/24") && !bridge.contains("10.244.1.1/24"),
         "{bridge}"
     );
-    let routes = ip(&topo, 1, &["route", "show", "10.244.1.0/24"]);
+    let routes = topo.ip(1, &["route", "show", "10.244.1.0/24"]);
     assert!(
         routes.contains("via 10.244.1.0 dev sticky.1") && routes.contains("onlink"),
         "{routes}"
@@ -121,7 +108,11 @@ fn subnets_swapped_between_two_nodes_and_a_node_removed_and_readded() {
     // Node 2 leaves the list, then comes back with a new subnet.
     topo.write_peers_file("peers.json", &json!([entry(1, "10.244.2.0/24")]));
     reconciled(&topo, 1, &confs[0]);
-    assert!(!ip(&topo, 1, &["route", "show", "proto", "118"]).contains("10.244.1.0"));
+    assert!(
+        !topo
+            .ip(1, &["route", "show", "proto", "118"])
+            .contains("10.244.1.0")
+    );
     topo.write_peers_file("peers.json", &both("10.244.2.0/24", "10.244.7.0/24"));
     reconciled(&topo, 1, &confs[0]);
     reconciled(&topo, 2, &confs[1]);
@@ -129,7 +120,7 @@ fn subnets_swapped_between_two_nodes_and_a_node_removed_and_readded() {
     let rb2 = topo.add(&b2, &confs[1]);
     assert!(ip_of(&rb2, false).starts_with("10.244.7."), "{rb2}");
     assert!(topo.reaches(&a, &ip_of(&rb2, false)));
-    let bridge = ip(&topo, 2, &["addr", "show", "stickybr0"]);
+    let bridge = topo.ip(2, &["addr", "show", "stickybr0"]);
     assert!(!bridge.contains("10.244.1.1/24"), "{bridge}");
 }
 
@@ -138,15 +129,13 @@ fn lowered_underlay_mtu_is_followed_by_vtep_bridge_and_new_pods() {
     if !can_run() {
         return;
     }
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
-    ip(&topo, 1, &["link", "set", "eth0", "mtu", "1400"]);
+    topo.ip(1, &["link", "set", "eth0", "mtu", "1400"]);
     reconciled(&topo, 1, &conf);
     for dev in ["sticky.1", "stickybr0"] {
-        let shown = ip(&topo, 1, &["link", "show", dev]);
+        let shown = topo.ip(1, &["link", "show", dev]);
         assert!(shown.contains("mtu 1350 "), "{dev}: {shown}");
     }
     let b = topo.new_pod(1, "b");

@@ -7,22 +7,8 @@ mod vxlan_support;
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use vxlan_support::*;
-
-fn ip(topo: &Topo, n: u8, args: &[&str]) -> String {
-    let ns = topo.node_ns(n);
-    let mut full = vec!["ip", "-n", &ns];
-    full.extend_from_slice(args);
-    ok(&full)
-}
-
-fn one_node() -> (Topo, Value) {
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
-    (topo, conf)
-}
 
 #[test]
 fn a_foreign_route_on_a_peer_subnet_is_an_error_naming_it_and_is_left_alone() {
@@ -30,22 +16,21 @@ fn a_foreign_route_on_a_peer_subnet_is_an_error_naming_it_and_is_left_alone() {
         return;
     }
     let (mut topo, _) = one_node();
-    ip(
-        &topo,
+    topo.ip(
         1,
         &["route", "add", "198.51.100.0/24", "via", "192.0.2.254"],
     );
-    let before = ip(&topo, 1, &["route", "show", "198.51.100.0/24"]);
+    let before = topo.ip(1, &["route", "show", "198.51.100.0/24"]);
     let peers = json!([Topo::peer(1, false), {"ip": "192.0.2.2", "subnets": ["198.51.100.0/24"]}]);
     let conf = topo.conf(1, json!({"peers": peers}));
     let a = topo.new_pod(1, "a");
     let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
     expect_error(&out, 121, "198.51.100.0/24 via 192.0.2.254");
-    assert_eq!(ip(&topo, 1, &["route", "show", "198.51.100.0/24"]), before);
+    assert_eq!(topo.ip(1, &["route", "show", "198.51.100.0/24"]), before);
     // The peer goes away: the route is still not ours to delete.
     let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
     topo.add(&a, &conf);
-    assert_eq!(ip(&topo, 1, &["route", "show", "198.51.100.0/24"]), before);
+    assert_eq!(topo.ip(1, &["route", "show", "198.51.100.0/24"]), before);
 }
 
 #[test]
@@ -55,19 +40,18 @@ fn a_bridge_or_vtep_we_did_not_make_is_refused_and_left_as_it_was() {
     }
     let (mut topo, conf) = one_node();
     // Another plugin's bridge.
-    ip(&topo, 1, &["link", "add", "cni0", "type", "bridge"]);
-    let before = ip(&topo, 1, &["addr", "show", "cni0"]);
+    topo.ip(1, &["link", "add", "cni0", "type", "bridge"]);
+    let before = topo.ip(1, &["addr", "show", "cni0"]);
     let mut c = conf.clone();
     c["bridge"] = json!("cni0");
     let a = topo.new_pod(1, "a");
     let out = topo.cni(1, "ADD", &a, &a.path(), &c, "");
     expect_error(&out, 121, "cni0");
-    assert_eq!(ip(&topo, 1, &["addr", "show", "cni0"]), before);
+    assert_eq!(topo.ip(1, &["addr", "show", "cni0"]), before);
     assert_eq!(topo.pod_veths(1), 0);
 
     // A VXLAN device of the VTEP's name with another VNI: refused, not recreated.
-    ip(
-        &topo,
+    topo.ip(
         1,
         &[
             "link",
@@ -83,10 +67,10 @@ fn a_bridge_or_vtep_we_did_not_make_is_refused_and_left_as_it_was() {
             "192.0.2.1",
         ],
     );
-    let before = ip(&topo, 1, &["-d", "link", "show", "sticky.1"]);
+    let before = topo.ip(1, &["-d", "link", "show", "sticky.1"]);
     let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
     expect_error(&out, 121, "sticky.1");
-    assert_eq!(ip(&topo, 1, &["-d", "link", "show", "sticky.1"]), before);
+    assert_eq!(topo.ip(1, &["-d", "link", "show", "sticky.1"]), before);
 }
 
 #[test]
@@ -97,10 +81,10 @@ fn the_uplink_bridge_holding_the_underlay_address_is_never_used() {
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     // The node's uplink is a bridge holding the underlay address, as on many hosts.
-    ip(&topo, 1, &["link", "add", "br0", "type", "bridge"]);
-    ip(&topo, 1, &["addr", "add", "198.51.100.1/24", "dev", "br0"]);
-    ip(&topo, 1, &["link", "set", "br0", "up"]);
-    let before = ip(&topo, 1, &["addr", "show", "br0"]);
+    topo.ip(1, &["link", "add", "br0", "type", "bridge"]);
+    topo.ip(1, &["addr", "add", "198.51.100.1/24", "dev", "br0"]);
+    topo.ip(1, &["link", "set", "br0", "up"]);
+    let before = topo.ip(1, &["addr", "show", "br0"]);
     let conf = topo.conf(
         1,
         json!({"bridge": "br0", "localIp": "198.51.100.1",
@@ -109,7 +93,7 @@ fn the_uplink_bridge_holding_the_underlay_address_is_never_used() {
     let a = topo.new_pod(1, "a");
     let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
     expect_error(&out, 121, "br0");
-    assert_eq!(ip(&topo, 1, &["addr", "show", "br0"]), before);
+    assert_eq!(topo.ip(1, &["addr", "show", "br0"]), before);
 }
 
 #[test]
@@ -121,18 +105,18 @@ fn devices_we_make_carry_a_marker_and_a_previous_release_node_is_adopted() {
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
     for dev in ["sticky.1", "stickybr0"] {
-        let shown = ip(&topo, 1, &["-d", "link", "show", dev]);
+        let shown = topo.ip(1, &["-d", "link", "show", dev]);
         assert!(shown.contains("alias sticky-vxlan"), "{dev}: {shown}");
         assert!(shown.contains(&topo.net), "{dev}: {shown}");
     }
     // A node set up by the previous release: the same devices without the marker.
     for dev in ["sticky.1", "stickybr0"] {
-        ip(&topo, 1, &["link", "set", dev, "alias", ""]);
+        topo.ip(1, &["link", "set", dev, "alias", ""]);
     }
     let b = topo.new_pod(1, "b");
     topo.add(&b, &conf);
     for dev in ["sticky.1", "stickybr0"] {
-        let shown = ip(&topo, 1, &["-d", "link", "show", dev]);
+        let shown = topo.ip(1, &["-d", "link", "show", dev]);
         assert!(shown.contains(&topo.net), "{dev} adopted: {shown}");
     }
 }
@@ -145,8 +129,7 @@ fn the_add_result_reports_the_mac_the_bridge_really_has() {
     let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
-    ip(
-        &topo,
+    topo.ip(
         1,
         &["link", "set", "stickybr0", "address", "02:00:00:00:00:99"],
     );
@@ -223,7 +206,7 @@ fn an_ipam_gateway_outside_the_nodes_subnets_is_not_put_on_the_bridge() {
     let a = topo.new_pod(1, "a");
     let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
     expect_error(&out, 120, "10.244.2.1");
-    let bridge = ip(&topo, 1, &["addr", "show", "stickybr0"]);
+    let bridge = topo.ip(1, &["addr", "show", "stickybr0"]);
     assert!(!bridge.contains("10.244.2."), "{bridge}");
 }
 
@@ -236,7 +219,7 @@ fn a_peer_entry_cannot_make_the_node_mistake_who_it_is() {
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
     let n1 = topo.node_ns(1);
-    let identity = |topo: &Topo| ip(topo, 1, &["-d", "link", "show", "sticky.1"]);
+    let identity = |topo: &Topo| topo.ip(1, &["-d", "link", "show", "sticky.1"]);
     let before = identity(&topo);
     for (i, bad) in [
         json!({"ip": "127.0.0.1", "subnets": ["10.244.9.0/24"]}),
@@ -360,7 +343,7 @@ fn two_networks_on_one_vtep_are_refused_and_the_first_keeps_its_peers() {
     );
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
-    let routes = |topo: &Topo| ip(topo, 1, &["route", "show", "proto", "118"]);
+    let routes = |topo: &Topo| topo.ip(1, &["route", "show", "proto", "118"]);
     let before = routes(&topo);
     assert!(before.contains("10.244.2.0/24"), "{before}");
     let mut other = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));

@@ -10,7 +10,6 @@ use crate::netlink::link::{self, Link};
 use crate::netlink::{Socket, addr};
 use crate::vxlan::config::IPV4_OVERHEAD;
 use crate::vxlan::peers::{self, Peer};
-use crate::vxlan::state_dir;
 
 /// This node as the segment sees it.
 #[derive(Debug, Clone)]
@@ -40,26 +39,19 @@ pub fn members(all: &[Peer], nodes: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
 }
 
 pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
-    let mut peers_file_error = None;
-    let from_file = match &cfg.peers_file {
-        None => Vec::new(),
-        Some(path) => match peers::read_file(path) {
-            Ok((list, text)) => {
-                state_dir::keep_last_good(&cfg.last_good_peers_path(), &text);
-                list
-            }
-            Err(e) => {
-                eprintln!(
-                    "sticky-vxlan: segment {}: {e}; using the last peers file that was valid and removing no flood entry",
-                    cfg.name
-                );
-                peers_file_error = Some(e.to_string());
-                state_dir::last_good(&cfg.last_good_peers_path())
-            }
-        },
-    };
-    let all = peers::merge(&cfg.peers, &from_file)
-        .map_err(|e| Error::Vxlan(crate::vxlan::Error::Peers(e)))?;
+    let (all, file_error) = peers::gather(
+        &cfg.peers,
+        cfg.peers_file.as_deref(),
+        &cfg.last_good_peers_path(),
+    )
+    .map_err(|e| Error::Vxlan(crate::vxlan::Error::Peers(e)))?;
+    let peers_file_error = file_error.map(|e| {
+        eprintln!(
+            "sticky-vxlan: segment {}: {e}; using the last peers file that was valid and removing no flood entry",
+            cfg.name
+        );
+        e.to_string()
+    });
     let addrs = addr::list_all(sock)?;
     let is_local = |ip: Ipv4Addr| addrs.iter().any(|(_, n)| n.addr() == IpAddr::V4(ip));
     let local_ip = all

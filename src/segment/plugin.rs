@@ -28,7 +28,7 @@ use crate::netlink::Socket;
 use crate::netlink::link::{self, format_mac, parse_mac};
 use crate::vxlan::delegate::Ipam;
 use crate::vxlan::plugin::remove_stale_veths;
-use crate::vxlan::pod::{check_container, host_alias, host_veth_name};
+use crate::vxlan::pod::{host_alias, host_veth_name};
 
 pub struct Segment;
 
@@ -271,31 +271,7 @@ impl Plugin for Segment {
 
     fn check(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
-        let check = |msg: String| Error::Vxlan(crate::vxlan::Error::Check(msg));
-        let prev = call
-            .conf
-            .prev_result
-            .as_ref()
-            .ok_or_else(|| check("prevResult is missing".into()))?;
-        let container = prev
-            .interfaces
-            .iter()
-            .find(|i| i.name == call.env.ifname && i.sandbox.is_some());
-        check_container(
-            Path::new(&call.env.netns),
-            &call.env.ifname,
-            container.and_then(|i| i.mac.as_deref()),
-            prev,
-        )?;
-        let mut sock = Socket::open()?;
-        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        let Some(host_link) = link::get(&mut sock, &host)? else {
-            return Err(check(format!("host interface {host} is missing")));
-        };
-        let bridge = link::require(&mut sock, &cfg.bridge())?;
-        if host_link.master != Some(bridge.index) {
-            return Err(check(format!("{host} is not on bridge {}", bridge.name)));
-        }
+        crate::vxlan::pod::check_attachment(call, &cfg.bridge())?;
         if let Addressing::Ipam(ipam) = addressing_late(call, &cfg)? {
             ipam.run(&Process, call, "CHECK")?;
         }

@@ -121,6 +121,20 @@ fn repairs(dev: Dev, l: &Link, network: &str, mac: Option<[u8; 6]>, mtu: u32) ->
     steps
 }
 
+/// What follows creating `dev`: its marker (a creating message cannot carry an alias), then up.
+fn after_creating(dev: Dev, network: &str) -> [Step; 2] {
+    [
+        Step::Change {
+            dev,
+            change: LinkChange::Alias(marker(dev, network)),
+        },
+        Step::Change {
+            dev,
+            change: LinkChange::Up,
+        },
+    ]
+}
+
 /// The VTEP's steps; returns the existing VTEP when it is kept (its entries stay).
 pub fn vtep<'a>(
     cfg: &Config,
@@ -162,14 +176,7 @@ pub fn vtep<'a>(
         });
     }
     steps.push(Step::CreateVtep(want));
-    steps.push(Step::Change {
-        dev: Dev::Vtep,
-        change: LinkChange::Alias(marker(Dev::Vtep, &cfg.name)),
-    });
-    steps.push(Step::Change {
-        dev: Dev::Vtep,
-        change: LinkChange::Up,
-    });
+    steps.extend(after_creating(Dev::Vtep, &cfg.name));
     Ok(None)
 }
 
@@ -196,14 +203,7 @@ pub fn bridge<'a>(
             mtu: node.mtu,
             mac,
         });
-        steps.push(Step::Change {
-            dev: Dev::Bridge,
-            change: LinkChange::Alias(marker(Dev::Bridge, &cfg.name)),
-        });
-        steps.push(Step::Change {
-            dev: Dev::Bridge,
-            change: LinkChange::Up,
-        });
+        steps.extend(after_creating(Dev::Bridge, &cfg.name));
         return Ok(None);
     };
     let addrs = seen.addresses_of(b.index);

@@ -6,10 +6,10 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::{IpNet, Ipv4Net};
 
+use super::Error;
 use super::config::{Config, IPV4_OVERHEAD};
 use super::kernel::Kernel;
 use super::peers::{self, Peer};
-use super::{Error, state_dir};
 use crate::netlink::link::Link;
 use crate::netlink::neigh::{Fdb, Neighbour};
 use crate::netlink::route::Route;
@@ -138,24 +138,15 @@ pub fn gateway_of(subnet: &IpNet) -> Option<IpAddr> {
 /// The peers of the config and the peers file, merged; and why the file could not be used,
 /// if it could not (then its last good copy stands in for it).
 pub fn peer_list(cfg: &Config) -> Result<(Vec<Peer>, Option<String>), Error> {
-    let mut file_error = None;
-    let from_file = match &cfg.peers_file {
-        None => Vec::new(),
-        Some(path) => match peers::read_file(path) {
-            Ok((list, text)) => {
-                state_dir::keep_last_good(&cfg.last_good_peers_path(), &text);
-                list
-            }
-            Err(e) => {
-                eprintln!(
-                    "sticky-vxlan: {e}; using the last peers file that was valid and removing no peer"
-                );
-                file_error = Some(e.to_string());
-                state_dir::last_good(&cfg.last_good_peers_path())
-            }
-        },
-    };
-    Ok((peers::merge(&cfg.peers, &from_file)?, file_error))
+    let copy = cfg.last_good_peers_path();
+    let (all, file_error) = peers::gather(&cfg.peers, cfg.peers_file.as_deref(), &copy)?;
+    let file_error = file_error.map(|e| {
+        eprintln!(
+            "sticky-vxlan: {e}; using the last peers file that was valid and removing no peer"
+        );
+        e.to_string()
+    });
+    Ok((all, file_error))
 }
 
 /// Works out the underlay, the MTU and the peers from config, peers file and the host.

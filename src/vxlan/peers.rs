@@ -290,6 +290,25 @@ fn read_owned_by(path: &Path, owner: u32) -> Result<(Vec<Peer>, Vec<u8>), FileEr
     Ok((peers, text))
 }
 
+/// The peers listed in a config merged with those of its peers file; and why the file could
+/// not be used, if it could not. A usable file is kept as the last good copy `copy`; an
+/// unusable one is replaced by that copy, so a broken file never removes a peer.
+pub fn gather(
+    listed: &[Peer],
+    file: Option<&Path>,
+    copy: &Path,
+) -> Result<(Vec<Peer>, Option<FileError>), Error> {
+    let (from_file, file_error) = match file.map(read_file) {
+        None => (Vec::new(), None),
+        Some(Ok((list, text))) => {
+            super::state_dir::keep_last_good(copy, &text);
+            (list, None)
+        }
+        Some(Err(e)) => (super::state_dir::last_good(copy), Some(e)),
+    };
+    Ok((merge(listed, &from_file)?, file_error))
+}
+
 /// Why the text of a peers file is not a peer list.
 #[derive(Debug)]
 pub enum ParseError {

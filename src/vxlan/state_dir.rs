@@ -9,13 +9,13 @@
 //! CNI name pattern: no `/`, no `..`).
 
 use std::fs::File;
-use std::hash::{BuildHasher, Hasher};
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::config::Config;
 use super::peers::{self, Peer};
+use crate::nofollow;
 
 #[derive(Debug, thiserror::Error)]
 #[error("lock {path}: {source}")]
@@ -32,8 +32,11 @@ pub struct Lock {
     _file: File,
 }
 
-fn no_follow() -> i32 {
-    nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 /// Takes the network's lock, `<stateDir>/<name>.lock`, waiting for it.
@@ -43,77 +46,35 @@ pub fn lock(cfg: &Config) -> Result<Lock, LockError> {
         path: path.clone(),
         source,
     };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&cfg.state_dir)
-        .map_err(err)?;
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(no_follow())
-        .open(&path)
-        .map_err(err)?;
+    create_dir(&cfg.state_dir).map_err(err)?;
+    let file = nofollow::open_for_rewrite(&path, 0o600).map_err(err)?;
     file.lock().map_err(err)?;
     Ok(Lock { _file: file })
-}
-
-fn read_no_follow(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut file = File::options()
-        .read(true)
-        .custom_flags(no_follow() | nix::libc::O_NONBLOCK)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut text = Vec::new();
-    file.read_to_end(&mut text)?;
-    Ok(text)
-}
-
-/// A name nobody can guess in advance: the standard library's per-process random hash keys,
-/// mixed with the pid.
-fn unpredictable() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish()
 }
 
 /// Keeps `text`, a peers file that just parsed, as the last good copy (temp file + rename, so
 /// the copy is always whole). Best effort: failing to keep it only weakens the fallback, so
 /// it is logged.
 pub fn keep_last_good(copy: &Path, text: &[u8]) {
-    if read_no_follow(copy).is_ok_and(|old| old == text) {
+    if nofollow::read(copy).is_ok_and(|old| old.as_deref() == Some(text)) {
         return;
     }
-    let name = copy
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = copy.with_file_name(format!(".{name}.{:016x}.tmp", unpredictable()));
-    let write_new = || {
-        File::options()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(no_follow())
-            .open(&tmp)?
-            .write_all(text)
+    let (Some(dir), Some(name)) = (copy.parent(), copy.file_name()) else {
+        return;
     };
-    let saved = copy
-        .parent()
-        .map_or(Ok(()), |dir| {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-        })
-        .and_then(|()| write_new())
-        .and_then(|()| std::fs::rename(&tmp, copy));
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let mut tmp = None;
+    let saved = create_dir(dir)
+        .and_then(|()| nofollow::create_temp(dir, &prefix, 0o600))
+        .and_then(|(mut file, path)| {
+            let written = file.write_all(text);
+            tmp = Some(path.clone());
+            written.and_then(|()| std::fs::rename(&path, copy))
+        });
     if let Err(e) = saved {
-        let _ = std::fs::remove_file(&tmp);
+        if let Some(tmp) = tmp {
+            let _ = std::fs::remove_file(tmp);
+        }
         eprintln!(
             "sticky-vxlan: keeping a copy of the peers file in {}: {e}",
             copy.display()
@@ -123,8 +84,9 @@ pub fn keep_last_good(copy: &Path, text: &[u8]) {
 
 /// The last valid peers list, or none.
 pub fn last_good(copy: &Path) -> Vec<Peer> {
-    read_no_follow(copy)
+    nofollow::read(copy)
         .ok()
+        .flatten()
         .and_then(|text| peers::parse_file(&text).ok())
         .unwrap_or_default()
 }
@@ -151,11 +113,6 @@ mod tests {
             .filter(|n| n.ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
-    }
-
-    #[test]
-    fn temp_names_are_not_predictable() {
-        assert_ne!(unpredictable(), unpredictable());
     }
 
     #[test]
