@@ -9,5 +9,9 @@ fn main() -> ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
         return sticky_cni::cni::skel::run(&ByMode);
     }
-    cli::main(std::env::args().skip(1).collect())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("agent") {
+        return sticky_cni::agent::main(&args[1..]);
+    }
+    cli::main(args)
 }
