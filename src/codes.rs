@@ -75,8 +75,11 @@ impl From<crate::ipam::Error> for CniError {
 // ---- sticky-vxlan ----
 
 /// sticky-vxlan plugin codes:
-/// 120 underlay/node cannot be worked out (no local entry, no underlay, MTU too large),
-/// 121 a device is in the way (VNI+port taken, wrong kind), 122 netlink/sysctl refused,
+/// 120 underlay/node cannot be worked out (no local entry, no underlay, MTU too large, an
+/// IPAM address or gateway outside the node's subnets),
+/// 121 something not ours is in the way (VNI+port taken, wrong kind, a device without our
+/// marker or with another network's, the uplink as bridge, a foreign route on a peer subnet),
+/// 122 netlink/sysctl refused,
 /// 123 the pod's network namespace cannot be used, 124 peers invalid or peers file unsafe,
 /// 125 the IPAM plugin cannot be run or printed garbage (an IPAM error keeps its own code),
 /// 126 nftables rules refused, 127 CHECK found a difference, 128 the peer lock failed.
@@ -97,26 +100,41 @@ impl From<crate::vxlan::Error> for CniError {
         use crate::vxlan::Error as E;
         use vxlan_code::*;
         let code = match &err {
-            E::Ipam {
+            E::Ipam(crate::cni::delegate::Error::Failed {
                 code, msg, details, ..
-            } => {
+            }) => {
                 return CniError::new(*code, format!("IPAM: {msg}")).with_details(details.clone());
             }
             E::Config(_) | E::ConfigFile { .. } | E::Usage(_) | E::Attachments(_) => {
                 code::INVALID_CONFIG
             }
             E::Peers(_) | E::PeersFile(_) => PEERS,
-            E::Underlay(_)
+            E::NoDevice { .. }
+            | E::DeviceWithoutIpv4 { .. }
+            | E::LocalIpNotHere { .. }
+            | E::NoRemotePeer
+            | E::NoRouteToPeer { .. }
+            | E::UnderlayNotNamed { .. }
             | E::NoLocalEntry { .. }
             | E::MtuTooLarge { .. }
-            | E::ForeignAddress { .. } => NODE,
-            E::VniTaken { .. } | E::WrongKind { .. } => IN_THE_WAY,
-            E::Socket(_) | E::Link(_) | E::Addr(_) | E::Route(_) | E::Neigh(_) | E::Sysctl(_) => {
-                NETLINK
-            }
+            | E::ForeignAddress { .. }
+            | E::ForeignGateway { .. } => NODE,
+            E::VniTaken { .. }
+            | E::WrongKind { .. }
+            | E::NotOurs { .. }
+            | E::OtherNetwork { .. }
+            | E::UnderlayBridge { .. }
+            | E::ForeignRoute { .. } => IN_THE_WAY,
+            E::Socket(_)
+            | E::Link(_)
+            | E::Addr(_)
+            | E::Route(_)
+            | E::Neigh(_)
+            | E::Sysctl(_)
+            | E::Vanished { .. } => NETLINK,
             E::Netns(_) => NETNS,
-            E::Lock { .. } => LOCK,
-            E::IpamNotFound { .. } | E::IpamExec { .. } | E::IpamOutput { .. } => IPAM_EXEC,
+            E::Lock(_) => LOCK,
+            E::Ipam(_) => IPAM_EXEC,
             E::Firewall(_) => FIREWALL,
             E::Check(_) => CHECK,
             E::NotReady(_) => code::NOT_AVAILABLE,

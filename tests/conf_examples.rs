@@ -84,7 +84,9 @@ fn cluster_vxlan_conflist_example_gets_its_ranges_from_the_node() {
     let doc = load("11-sticky-vxlan-cluster.conflist");
     let e = entries(&doc);
     assert_eq!(e[0]["type"], "sticky-vxlan");
-    assert!(sticky_cni::vxlan::delegate::needs_ranges(&e[0]));
+    assert!(
+        sticky_cni::vxlan::config::Config::from_json("n", &e[0]).is_ok_and(|c| c.ranges_from_peers)
+    );
     let mut entry = e[0].clone();
     entry["ipam"]["ranges"] = json!([[{"subnet": "10.244.7.0/24"}]]);
     let ips = exercise("11-sticky-vxlan-cluster.conflist", entry, 1);

@@ -540,7 +540,9 @@ fn every_file_in_conf_examples_is_exercised() {
             continue;
         }
         assert!(
-            sticky_cni::vxlan::delegate::needs_ranges(first) || !ranges(&doc).is_empty(),
+            sticky_cni::vxlan::config::Config::from_json("n", first)
+                .is_ok_and(|c| c.ranges_from_peers)
+                || !ranges(&doc).is_empty(),
             "{file}: no ranges"
         );
     }

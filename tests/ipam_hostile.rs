@@ -452,3 +452,156 @@ fn a_full_data_dir_never_blocks_teardown_and_status_says_so() {
     assert_eq!(back, ip_a, "the lease released on a full disk was not kept");
     check_dir(&s.dir(), COMPLETED);
 }
+
+#[test]
+fn list_show_and_gc_dry_run_write_nothing() {
+    let s = Scene::new();
+    let pod = Pod::new("ns", "a", "uid-a");
+    Plugin::sticky()
+        .run(&Call::add("c1", &s.conf).pod(&pod))
+        .ok();
+    Plugin::sticky().run(&Call::add("c2", &s.conf)).ok();
+    // No lock (a data dir copied from a backup), and a killed writer's temp file.
+    fs::remove_file(s.dir().join("lock")).unwrap();
+    fs::write(s.dir().join(".tmp.0123456789abcdef"), b"half").unwrap();
+    let data = s.data.to_str().unwrap();
+    let before = snapshot(s.tmp.path());
+    for argv in [
+        &["list", "--data-dir", data][..],
+        &["list", "--json", "--data-dir", data],
+        &["--data-dir", data, "show", "ns/a"],
+        &["--data-dir", data, "show", "ns/a", "--json"],
+        &["--data-dir", data, "gc", "--dry-run"],
+    ] {
+        let (code, out, err) = tool(argv);
+        assert_eq!(code, 0, "{argv:?}: {out}{err}");
+        assert_same_strict(&before, &snapshot(s.tmp.path()), &format!("{argv:?}"));
+    }
+}
+
+#[test]
+fn list_and_show_work_on_a_read_only_data_dir() {
+    if !require_root("a read-only bind mount") {
+        return;
+    }
+    let s = Scene::new();
+    let pod = Pod::new("ns", "a", "uid-a");
+    Plugin::sticky()
+        .run(&Call::add("c1", &s.conf).pod(&pod))
+        .ok();
+    let data = s.data.to_str().unwrap();
+    sh(&["mount", "--bind", data, data]);
+    struct Unmount<'a>(&'a str);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(data);
+    sh(&["mount", "-o", "remount,ro,bind", data]);
+    for argv in [
+        &["list", "--data-dir", data][..],
+        &["--data-dir", data, "show", "ns/a"],
+        &["--data-dir", data, "gc", "--dry-run"],
+    ] {
+        let (code, out, err) = tool(argv);
+        assert_eq!(code, 0, "{argv:?} on a read-only data dir: {out}{err}");
+    }
+}
+
+#[test]
+fn list_and_show_take_a_pod_name_longer_than_a_format_width() {
+    let s = Scene::new();
+    let long = "p".repeat(70_000);
+    let pod = Pod::new("ns", &long, "uid-long");
+    Plugin::sticky()
+        .run(&Call::add("c1", &s.conf).pod(&pod))
+        .ok();
+    let data = s.data.to_str().unwrap();
+    let (code, out, err) = tool(&["list", "--data-dir", data]);
+    assert_eq!(code, 0, "list: {err}");
+    assert!(out.contains(&long), "list shows the whole name");
+    let who = format!("ns/{long}");
+    let (code, _, err) = tool(&["--data-dir", data, "show", &who]);
+    assert_eq!(code, 0, "show: {err}");
+}
+
+/// Runs the operator's tool in a new network namespace whose only address is `addr` on a
+/// veth: a node of the cluster, without touching the host's addresses.
+fn tool_on_node(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let script = format!(
+        "ip link add d0 type veth peer name d1 && ip addr add {addr} dev d0 && ip link set d0 up && exec \"$0\" \"$@\""
+    );
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["-n", "sh", "-c", &script])
+        .arg(sticky_bin())
+        .args(args);
+    for var in [
+        "CNI_COMMAND",
+        "CNI_CONTAINERID",
+        "CNI_NETNS",
+        "CNI_IFNAME",
+        "CNI_ARGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = cmd.output().expect("run unshare");
+    (
+        out.status.code().expect("exited"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_tool_reads_the_cluster_conflist_as_the_plugin_does() {
+    if !require_root("a network namespace standing in for a node") {
+        return;
+    }
+    let s = Scene::new();
+    let peers = s.tmp.path().join("peers.json");
+    fs::write(
+        &peers,
+        r#"{"peers": [{"ip": "192.0.2.10", "subnets": ["10.244.1.0/24"]},
+                      {"ip": "192.0.2.11", "subnets": ["10.244.2.0/24"]}]}"#,
+    )
+    .unwrap();
+    // The DaemonSet's conflist: ipam without ranges, this test's paths.
+    let mut list: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("conf-examples/11-sticky-vxlan-cluster.conflist"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let net = list["name"].as_str().unwrap().to_string();
+    list["plugins"][0]["peersFile"] = json!(peers);
+    list["plugins"][0]["stateDir"] = json!(s.tmp.path().join("state"));
+    list["plugins"][0]["ipam"]["dataDir"] = json!(s.data);
+    let conflist = s.tmp.path().join("11-sticky-vxlan-cluster.conflist");
+    fs::write(&conflist, list.to_string()).unwrap();
+    // What the plugin holds on node 192.0.2.10: the ranges sticky-vxlan filled in.
+    let conf = Conf::v4(&net, &s.data, "10.244.1.0/24");
+    let pod = Pod::new("ns", "a", "uid-a");
+    let got = result_ip(&Plugin::sticky().run(&Call::add("c1", &conf).pod(&pod)).ok());
+    let config = conflist.to_str().unwrap();
+    let (code, out, err) = tool_on_node("192.0.2.10/24", &["--config", config, "show", "ns/a"]);
+    assert_eq!(code, 0, "show: {out}{err}");
+    assert!(
+        out.contains("10.244.1.1-10.244.1.254") && out.contains(&got.to_string()),
+        "{out}"
+    );
+    let (code, out, err) = tool_on_node("192.0.2.10/24", &["--config", config, "gc", "--dry-run"]);
+    assert_eq!(code, 0, "gc --dry-run: {out}{err}");
+    // On a node the peers do not name, the tool says so (a usage error, nothing written).
+    let (code, _, err) = tool_on_node("192.0.2.99/24", &["--config", config, "show", "ns/a"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no peer entry names this node"), "{err}");
+    let (code, out, err) = tool_on_node("192.0.2.10/24", &["--config", config, "downgrade"]);
+    assert_eq!(code, 0, "downgrade: {out}{err}");
+    assert!(
+        s.data.join(&net).join(got.to_string()).exists(),
+        "downgrade converted the lease"
+    );
+}

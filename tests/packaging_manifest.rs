@@ -261,7 +261,8 @@ fn configmap_carries_the_conf_example_verbatim() {
     assert_eq!(conf["plugins"][0]["ipam"]["type"], "sticky-ipam");
     // One conflist for every node: no range here, each node's come from the peers file.
     assert!(
-        sticky_cni::vxlan::delegate::needs_ranges(&conf["plugins"][0]),
+        sticky_cni::vxlan::config::Config::from_json("n", &conf["plugins"][0])
+            .is_ok_and(|c| c.ranges_from_peers),
         "the DaemonSet's conflist must not pin one node's subnet"
     );
 

@@ -204,11 +204,15 @@ fn gc_removes_only_this_networks_veths_missing_from_the_valid_list() {
     let b = topo.new_pod(1, "b");
     let ra = topo.add(&a, &conf);
     let rb = topo.add(&b, &conf);
-    // A veth of another network on the same bridge: GC of this network must leave it alone.
+    // A veth of another network on the same node: GC of this network must leave it alone.
+    // (Two networks never share a VTEP or bridge: each would remove the other's peers.)
     let mut other = conf.clone();
     other["name"] = json!(format!("{}-other", topo.net));
+    other["vni"] = json!(2);
+    other["bridge"] = json!("stickybr1");
+    other["peers"] = json!([{"ip": Topo::node_ip(1), "subnets": ["10.245.1.0/24"]}]);
     other["ipam"]["dataDir"] = json!(topo.dir.path().join("ipam-other"));
-    other["ipam"]["ranges"] = json!([[{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.200"}]]);
+    other["ipam"]["ranges"] = json!([[{"subnet": "10.245.1.0/24"}]]);
     let c = topo.new_pod(1, "c");
     let rc = topo.add(&c, &other);
     assert_eq!(topo.pod_veths(1), 3);

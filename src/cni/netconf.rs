@@ -38,7 +38,7 @@ pub enum NetConfError {
         "network name {0:?} is invalid: it must start with a letter or digit, followed by letters, digits, '_', '.' or '-'"
     )]
     BadName(String),
-    #[error("{0}")]
+    #[error("prevResult is not a valid CNI result: {0}")]
     PrevResult(#[from] ResultError),
 }
 

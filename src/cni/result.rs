@@ -87,8 +87,10 @@ pub struct CniResult {
     pub dns: Dns,
 }
 
+/// Why a JSON value is not a CNI result (a `prevResult`, or a delegated plugin's ADD output:
+/// the caller says which).
 #[derive(Debug, thiserror::Error)]
-#[error("prevResult is not a valid CNI result: {0}")]
+#[error("{0}")]
 pub struct ResultError(String);
 
 impl CniResult {

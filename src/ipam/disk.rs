@@ -43,8 +43,11 @@ pub const TEMP_PREFIX: &str = ".tmp.";
 #[derive(Debug)]
 pub struct DiskStore {
     dir: PathBuf,
-    /// Held for the store's life; closing it releases the flock.
-    _lock: File,
+    /// Held for the store's life; closing it releases the flock. `None` only for a read-only
+    /// store of a data dir without a `lock` (which is not created for a look).
+    _lock: Option<File>,
+    /// Opened by [`DiskStore::open_read_only`]: every write is refused.
+    read_only: bool,
     index: Index,
     /// Whether a rename or unlink still needs the directory fsynced.
     dirty: bool,
@@ -76,11 +79,12 @@ impl DiskStore {
         let lock =
             nofollow::open_for_rewrite(&lock_path, 0o644).map_err(io("opening", &lock_path))?;
         lock.lock().map_err(io("locking", &lock_path))?;
-        Self::scan(dir, lock)
+        Self::scan(dir, Some(lock), false)
     }
 
-    /// Opens an existing data dir for reading (the operator's tool); `None` if it is absent.
-    pub fn open_existing(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
+    /// Locks an existing data dir for writing, as [`DiskStore::open`] (the operator's writing
+    /// verbs); `None` if it is absent, which is never created.
+    pub fn open_if_present(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
         match fs::symlink_metadata(dir) {
             Ok(_) => Self::open(dir).map(Some),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
@@ -88,13 +92,37 @@ impl DiskStore {
         }
     }
 
+    /// Opens an existing data dir only to look (the operator's `list`, `show`, `gc
+    /// --dry-run`): a shared lock on `lock` when there is one (so no ADD or DEL is seen half
+    /// done), nothing created, killed writers' temp files left alone, every write refused.
+    /// Works on a read-only filesystem. `None` if the directory is absent.
+    pub fn open_read_only(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
+        match fs::symlink_metadata(dir) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("reading", dir)(e)),
+        }
+        nofollow::ensure_real_dir(dir).map_err(io("opening", dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = match nofollow::open(&lock_path, fs::OpenOptions::new().read(true)) {
+            Ok(lock) => {
+                lock.lock_shared().map_err(io("locking", &lock_path))?;
+                Some(lock)
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(io("opening", &lock_path)(e)),
+        };
+        Self::scan(dir, lock, true).map(Some)
+    }
+
     /// Trusts the stored index when its stamp holds; else lists the directory.
-    fn scan(dir: &Path, lock: File) -> Result<DiskStore, StoreError> {
+    fn scan(dir: &Path, lock: Option<File>, read_only: bool) -> Result<DiskStore, StoreError> {
         let mut store = DiskStore {
             dir: dir.to_path_buf(),
             _lock: lock,
             index: Index::default(),
             dirty: false,
+            read_only,
             wrote: false,
             no_index: false,
         };
@@ -106,12 +134,25 @@ impl DiskStore {
         for name in store::list(dir)? {
             if name.starts_with(TEMP_PREFIX) {
                 // Under the lock no other writer exists: this is a killed process's leftover.
-                store.unlink(&name)?;
+                if !read_only {
+                    store.unlink(&name)?;
+                }
             } else {
                 store.index.insert(&name);
             }
         }
         Ok(store)
+    }
+
+    /// Refuses a write to `name` through a read-only store.
+    fn writable(&self, name: &str) -> Result<(), StoreError> {
+        match self.read_only {
+            false => Ok(()),
+            true => Err(io("writing", &self.dir.join(name))(std::io::Error::new(
+                ErrorKind::PermissionDenied,
+                "the data dir was opened only to look",
+            ))),
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -166,6 +207,7 @@ impl DiskStore {
 
     /// temp file, write, fsync, rename over `name`.
     fn replace(&mut self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.writable(name)?;
         let target = self.dir.join(name);
         nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
         let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
@@ -193,6 +235,7 @@ impl DiskStore {
     }
 
     fn unlink(&mut self, name: &str) -> Result<(), StoreError> {
+        self.writable(name)?;
         let path = self.dir.join(name);
         match fs::remove_file(&path) {
             Ok(()) => {
@@ -208,6 +251,7 @@ impl DiskStore {
 
     /// Rewrites a hint in place: no temp file, no fsync, never truncated to zero first.
     fn write_hint(&mut self, name: &str, text: &str) -> Result<(), StoreError> {
+        self.writable(name)?;
         use std::os::unix::fs::FileExt;
         let path = self.dir.join(name);
         // It may create the file: a change of the directory.
@@ -257,7 +301,8 @@ impl Drop for DiskStore {
     /// Brings the stored index up to date, still under the lock. It is derived data: a
     /// failure costs the next call a listing, never an answer, so it is only logged.
     fn drop(&mut self) {
-        if self.no_index {
+        // A look writes nothing, not even derived data.
+        if self.no_index || self.read_only {
             return;
         }
         let Some((known, changed)) = self.index.to_save() else {
@@ -331,6 +376,7 @@ impl Store for DiskStore {
     }
 
     fn rename(&mut self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.writable(to)?;
         let target = self.dir.join(to);
         nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
         fs::rename(self.dir.join(from), &target).map_err(io("renaming into", &target))?;

@@ -25,18 +25,6 @@ pub enum Error {
     Panicked { path: PathBuf },
 }
 
-impl Error {
-    /// The namespace does not exist (any more): what DEL treats as success.
-    pub fn is_gone(&self) -> bool {
-        match self {
-            Error::Open { source, .. } => source.kind() == io::ErrorKind::NotFound,
-            // Not a namespace file (e.g. a bind mount that was unmounted).
-            Error::Enter { errno, .. } => *errno == Errno::EINVAL,
-            Error::Panicked { .. } => false,
-        }
-    }
-}
-
 /// Opens a namespace file (`/var/run/netns/x`, `/proc/<pid>/ns/net`).
 pub fn open(path: &Path) -> Result<File, Error> {
     File::open(path).map_err(|source| Error::Open {
@@ -78,7 +66,10 @@ mod tests {
     #[test]
     fn a_missing_namespace_is_gone() {
         let err = run_in(Path::new("/nonexistent/netns"), || ()).unwrap_err();
-        assert!(err.is_gone(), "{err}");
+        assert!(
+            matches!(&err, Error::Open { source, .. } if source.kind() == io::ErrorKind::NotFound),
+            "{err}"
+        );
     }
 
     #[test]

@@ -332,27 +332,4 @@ mod tests {
             Some(Outcome::Interrupted)
         ));
     }
-
-    #[test]
-    fn error_keeps_errno() {
-        let mut header = NetlinkHeader::default();
-        header.sequence_number = 1;
-        let mut err = ErrorMessage::default();
-        err.code = NonZeroI32::new(-17);
-        let mut msg =
-            NetlinkMessage::<RouteNetlinkMessage>::new(header, NetlinkPayload::Error(err));
-        msg.finalize();
-        let mut bytes = vec![0; msg.buffer_len()];
-        msg.serialize(&mut bytes);
-        let parsed = decode_all(&bytes).unwrap();
-        let NetlinkPayload::Error(e) = &parsed[0].payload else {
-            panic!("not an error")
-        };
-        assert_eq!(e.code.map(|c| c.get()), Some(-17));
-        let kernel = Error::Kernel {
-            what: "x",
-            errno: 17,
-        };
-        assert!(kernel.is(nix::errno::Errno::EEXIST));
-    }
 }

@@ -189,8 +189,8 @@ impl Config {
             "a list of {\"ip\", \"subnets\", \"mac\"?} objects",
         )?
         .unwrap_or_default();
-        let peers =
-            crate::vxlan::peers::check_entries(&entries, "peers").map_err(|e| bad("peers", e))?;
+        let peers = crate::vxlan::peers::check_entries(&entries)
+            .map_err(|e| bad("peers", e.to_string()))?;
         let peers_file: Option<PathBuf> = get(obj, "peersFile", "a file path")?;
         if let Some(p) = &peers_file
             && !p.is_absolute()

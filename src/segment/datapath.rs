@@ -32,10 +32,12 @@ pub struct Lock {
 pub fn lock(cfg: &Config) -> Result<Lock, Error> {
     let path = cfg.lock_path();
     let err = |source| {
-        Error::Vxlan(crate::vxlan::Error::Lock {
-            path: path.clone(),
-            source,
-        })
+        Error::Vxlan(crate::vxlan::Error::Lock(
+            crate::vxlan::state_dir::LockError {
+                path: path.clone(),
+                source,
+            },
+        ))
     };
     std::fs::create_dir_all(&cfg.state_dir).map_err(err)?;
     let file = File::options()

@@ -39,23 +39,19 @@ pub fn members(all: &[Peer], nodes: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
 }
 
 pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
-    let mut peers_file_error = None;
-    let from_file = match &cfg.peers_file {
-        None => Vec::new(),
-        Some(path) => match peers::load_and_keep(path, &cfg.last_good_peers_path()) {
-            Ok(list) => list,
-            Err(e) => {
-                eprintln!(
-                    "sticky-vxlan: segment {}: {e}; using the last peers file that was valid and removing no flood entry",
-                    cfg.name
-                );
-                peers_file_error = Some(e.to_string());
-                peers::load_last_good(&cfg.last_good_peers_path())
-            }
-        },
-    };
-    let all = peers::merge(&cfg.peers, &from_file)
-        .map_err(|e| Error::Vxlan(crate::vxlan::Error::Peers(e)))?;
+    let (all, file_error) = peers::gather(
+        &cfg.peers,
+        cfg.peers_file.as_deref(),
+        &cfg.last_good_peers_path(),
+    )
+    .map_err(|e| Error::Vxlan(crate::vxlan::Error::Peers(e)))?;
+    let peers_file_error = file_error.map(|e| {
+        eprintln!(
+            "sticky-vxlan: segment {}: {e}; using the last peers file that was valid and removing no flood entry",
+            cfg.name
+        );
+        e.to_string()
+    });
     let addrs = addr::list_all(sock)?;
     let is_local = |ip: Ipv4Addr| addrs.iter().any(|(_, n)| n.addr() == IpAddr::V4(ip));
     let local_ip = all
@@ -80,11 +76,10 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
         .find(|(_, n)| n.addr() == IpAddr::V4(local_ip))
         .map(|(i, _)| *i)
         .unwrap_or_default();
-    let underlay = link::get_index(sock, index)?.ok_or_else(|| {
-        Error::Vxlan(crate::vxlan::Error::Underlay(format!(
-            "the device holding {local_ip} disappeared"
-        )))
-    })?;
+    let underlay =
+        link::get_index(sock, index)?.ok_or(Error::Vxlan(crate::vxlan::Error::LocalIpNotHere {
+            ip: local_ip,
+        }))?;
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
     let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
     let mtu = match cfg.mtu {

@@ -22,10 +22,11 @@ use super::config::Config;
 use super::node::{self, Node};
 use super::pod::{self, Iface};
 use super::{Error, datapath, slice};
+use crate::cni::delegate::Process;
 use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin, Route};
 use crate::netlink::Socket;
 use crate::netlink::link::{self, format_mac, parse_mac};
-use crate::vxlan::delegate::{self, Ipam};
+use crate::vxlan::delegate::Ipam;
 use crate::vxlan::plugin::remove_stale_veths;
 use crate::vxlan::pod::{check_container, host_alias, host_veth_name};
 
@@ -199,7 +200,10 @@ impl Plugin for Segment {
                 (None, configs, Vec::new(), Default::default())
             }
             Addressing::Ipam(ipam) => {
-                let r = delegate::spawn(call, &ipam, "ADD")?.result()?;
+                let r = ipam
+                    .start(&Process, call, "ADD")?
+                    .result()
+                    .map_err(crate::vxlan::Error::from)?;
                 (Some(ipam), r.ips, r.routes, r.dns)
             }
         };
@@ -230,7 +234,7 @@ impl Plugin for Segment {
                     eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
                 }
                 if let Some(ipam) = &ipam
-                    && let Err(e) = delegate::run(call, ipam, "DEL")
+                    && let Err(e) = ipam.run(&Process, call, "DEL")
                 {
                     eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
                 }
@@ -253,7 +257,8 @@ impl Plugin for Segment {
         // failed; a config or IPAM error is reported before a netlink one.
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
         let released = config(call).and_then(|cfg| match addressing_late(call, &cfg)? {
-            Addressing::Ipam(ipam) => delegate::run(call, &ipam, "DEL")
+            Addressing::Ipam(ipam) => ipam
+                .run(&Process, call, "DEL")
                 .map(drop)
                 .map_err(Error::from),
             Addressing::Fixed(_) => Ok(()),
@@ -292,7 +297,7 @@ impl Plugin for Segment {
             return Err(check(format!("{host} is not on bridge {}", bridge.name)));
         }
         if let Addressing::Ipam(ipam) = addressing_late(call, &cfg)? {
-            delegate::run(call, &ipam, "CHECK")?;
+            ipam.run(&Process, call, "CHECK")?;
         }
         Ok(())
     }
@@ -313,7 +318,7 @@ impl Plugin for Segment {
                     Addressing::Ipam(ipam) => ipam,
                     Addressing::Fixed(_) => Ipam::verbatim(call, t),
                 };
-                delegate::run(call, &ipam, "GC")
+                ipam.run(&Process, call, "GC")
                     .map(drop)
                     .map_err(Error::from)
             }
@@ -323,7 +328,7 @@ impl Plugin for Segment {
     }
 
     fn status(&self, call: &Call) -> Result<(), Error> {
-        let not_ready = |e: Error| Error::Vxlan(crate::vxlan::Error::NotReady(e.to_string()));
+        let not_ready = |e: Error| Error::Vxlan(crate::vxlan::Error::NotReady(Box::new(e)));
         let cfg = config(call).map_err(not_ready)?;
         let node = Socket::open()
             .map_err(Error::from)
@@ -341,7 +346,7 @@ impl Plugin for Segment {
                 plugin_type: t.clone(),
                 stdin,
             };
-            delegate::run(call, &ipam, "STATUS")?;
+            ipam.run(&Process, call, "STATUS")?;
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::config::Config;
 use super::mac::vtep_mac;
-use super::{Error, ROUTE_PROTOCOL, datapath, pod};
+use super::{Error, ROUTE_PROTOCOL, pod};
 use crate::netlink::link::format_mac;
 use crate::netlink::{Socket, addr, link, neigh, route};
 
@@ -54,8 +54,8 @@ pub fn run(args: &[String]) -> Result<String, Error> {
             let path =
                 flag(args, "--config").ok_or_else(|| usage("reconcile needs --config <file>"))?;
             let cfg = load(Path::new(path))?;
-            let mut sock = Socket::open()?;
-            let (node, vtep, bridge) = datapath::ensure_node(&mut sock, &cfg)?;
+            let report = super::reconcile::node(&cfg)?;
+            let (node, vtep, bridge) = (&report.node, &report.vtep, &report.bridge);
             let mut out = format!(
                 "{} up with MAC {} (local {}, vni {}, port {}), bridge {}, {} remote peer(s)\n",
                 vtep.name,
@@ -66,7 +66,7 @@ pub fn run(args: &[String]) -> Result<String, Error> {
                 bridge.name,
                 node.remote.len()
             );
-            if let Some(e) = node.peers_file_error {
+            if let Some(e) = report.peers_file_error() {
                 let _ = writeln!(out, "warning: {e}; programmed peers were left as they are");
             }
             Ok(out)

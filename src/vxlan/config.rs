@@ -93,7 +93,32 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// `ipam.type`: the IPAM plugin executed from `CNI_PATH`.
     pub ipam_type: String,
+    /// Whether this node's subnets (from its peer entry) are filled in as the IPAM ranges:
+    /// the IPAM plugin reads host-local's schema (`sticky-ipam`, `host-local`) and nothing
+    /// names a range, neither the section (`ranges`, `subnet`) nor the runtime
+    /// (`runtimeConfig.ipRanges`, the ipRanges capability).
+    pub ranges_from_peers: bool,
 }
+
+/// IPAM plugins whose config is host-local's schema, the ones ranges may be filled in for.
+const RANGE_SCHEMA: [&str; 2] = ["sticky-ipam", "host-local"];
+
+/// See [`Config::ranges_from_peers`].
+fn ranges_from_peers(ipam_type: &str, ipam: &Map<String, Value>, raw: &Value) -> bool {
+    let named = |v: Option<&Value>| match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    };
+    RANGE_SCHEMA.contains(&ipam_type)
+        && !named(ipam.get("ranges"))
+        && !named(ipam.get("subnet"))
+        && !named(raw.get("runtimeConfig").and_then(|r| r.get("ipRanges")))
+}
+
+/// The longest network name: the devices' marker (`sticky-vxlan:bridge <name>`) must fit in
+/// an interface alias (255 bytes).
+const MAX_NAME: usize = 230;
 
 fn get<T: DeserializeOwned>(
     obj: &Map<String, Value>,
@@ -124,6 +149,16 @@ impl Config {
     /// Reads the plugin's keys from a parsed network config (`name` comes from it too).
     pub fn from_json(name: &str, raw: &Value) -> Result<Config, Error> {
         let obj = raw.as_object().ok_or(Error::NotAnObject)?;
+        // The name is part of paths in stateDir and of the devices' marker: the CNI pattern
+        // keeps it a single path component (no '/', no "..").
+        if crate::cni::env::validate_container_id(name).is_err() || name.len() > MAX_NAME {
+            return Err(bad(
+                "name",
+                format!(
+                    "{name:?} is not a network name (letters, digits, '_', '.', '-', starting with a letter or digit, at most {MAX_NAME} bytes)"
+                ),
+            ));
+        }
         // Runtimes add keys of their own (`cni.dev/valid-attachments`, capabilities...), so
         // other keys are left alone; a known key spelled in another case is a typo, refused.
         for key in obj.keys() {
@@ -209,7 +244,8 @@ impl Config {
             "a list of {\"ip\", \"subnets\", \"mac\"?} objects",
         )?
         .unwrap_or_default();
-        let peers = super::peers::check_entries(&entries, "peers").map_err(|e| bad("peers", e))?;
+        let peers =
+            super::peers::check_entries(&entries).map_err(|e| bad("peers", e.to_string()))?;
         let peers_file: Option<PathBuf> = get(obj, "peersFile", "a file path")?;
         if let Some(p) = &peers_file
             && !p.is_absolute()
@@ -262,6 +298,7 @@ impl Config {
             peers,
             peers_file,
             state_dir,
+            ranges_from_peers: ranges_from_peers(&ipam_type, ipam, raw),
             ipam_type,
         })
     }
@@ -356,6 +393,55 @@ mod tests {
         let mut v = base();
         v.as_object_mut().unwrap().remove("ipam");
         assert_eq!(Config::from_json("edge", &v), Err(Error::Missing("ipam")));
+    }
+
+    #[test]
+    fn ranges_come_from_peers_only_when_nothing_names_them() {
+        let from_peers = |ipam: Value, runtime: Option<Value>| {
+            let mut v = base();
+            v["ipam"] = ipam;
+            if let Some(r) = runtime {
+                v["runtimeConfig"] = r;
+            }
+            Config::from_json("edge", &v).unwrap().ranges_from_peers
+        };
+        assert!(from_peers(json!({"type": "sticky-ipam"}), None));
+        assert!(from_peers(
+            json!({"type": "host-local", "ranges": []}),
+            None
+        ));
+        assert!(from_peers(
+            json!({"type": "sticky-ipam"}),
+            Some(json!({"ipRanges": []}))
+        ));
+        assert!(!from_peers(
+            json!({"type": "sticky-ipam", "subnet": "10.0.0.0/24"}),
+            None
+        ));
+        assert!(!from_peers(
+            json!({"type": "sticky-ipam", "ranges": [[{"subnet": "10.0.0.0/24"}]]}),
+            None
+        ));
+        assert!(!from_peers(json!({"type": "dhcp"}), None));
+        // The ipRanges capability: the runtime's ranges, never the node's on top of them.
+        assert!(!from_peers(
+            json!({"type": "sticky-ipam"}),
+            Some(json!({"ipRanges": [[{"subnet": "10.9.0.0/24"}]]}))
+        ));
+    }
+
+    #[test]
+    fn network_names_that_could_leave_the_state_dir_are_refused() {
+        for name in ["../../x", "a/b", "", ".hidden", &"n".repeat(231)] {
+            assert!(
+                matches!(
+                    Config::from_json(name, &base()),
+                    Err(Error::Key { key: "name", .. })
+                ),
+                "{name}"
+            );
+        }
+        assert!(Config::from_json("edge_1.a-b", &base()).is_ok());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Optional nftables rules, in one table of their own per network (`ip sticky_vxlan_<name>`):
+//! Optional nftables rules, in one table of their own per network (`ip sticky_vxlan_<name>`,
+//! see [`table_name`]):
 //!
 //! - `ipMasq`: pods' IPv4 traffic leaving the cluster CIDR is masqueraded:
 //!   `ip saddr <node subnet> ip daddr != <clusterCIDR> masquerade` (postrouting, srcnat);
@@ -16,13 +17,60 @@ use std::io::Write;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
-use super::Error;
-use super::config::Config;
-use super::node::Node;
+use ipnet::IpNet;
 
-/// The table name: `sticky_vxlan_` + the network name with anything but letters, digits and
-/// `_` turned into `_`.
+use super::config::Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("running nft (needed by ipMasq/peerOnlyPort): {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("writing the rules to nft: {0}")]
+    Write(#[source] std::io::Error),
+    #[error("nft refused the rules ({status}): {stderr}")]
+    Refused { status: String, stderr: String },
+}
+
+/// The table name: `sticky_vxlan_` + the network name with ASCII letters and digits kept and
+/// every other byte written `_` + two hex digits (`edge-1` → `edge_2d1`, `edge_1` →
+/// `edge_5f1`), so two networks never share a table.
 pub fn table_name(network: &str) -> String {
+    let mut name = String::from("sticky_vxlan_");
+    for b in network.bytes() {
+        if b.is_ascii_alphanumeric() {
+            name.push(char::from(b));
+        } else {
+            name.push_str(&format!("_{b:02x}"));
+        }
+    }
+    name
+}
+
+/// Whether `table` is [`table_name`] of some network (after each `_` of the name part come
+/// two lower-case hex digits).
+fn is_current_name(table: &str) -> bool {
+    let Some(rest) = table.strip_prefix("sticky_vxlan_") else {
+        return false;
+    };
+    let mut bytes = rest.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'_' {
+            let hex =
+                |c: Option<u8>| c.is_some_and(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
+            if !(hex(bytes.next()) && hex(bytes.next())) {
+                return false;
+            }
+        } else if !b.is_ascii_alphanumeric() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The name earlier releases gave the table (every other character became `_`, so `edge-1`
+/// and `edge_1` shared one). It is removed on upgrade when it cannot be another network's
+/// current table ([`is_current_name`]), so an upgraded node keeps no stale rule.
+fn legacy_table_name(network: &str) -> String {
     let clean: String = network
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -30,17 +78,25 @@ pub fn table_name(network: &str) -> String {
     format!("sticky_vxlan_{clean}")
 }
 
-/// The nft script for this config, or `None` when no rule is wanted. `kept` are underlay
-/// addresses allowed besides the remote peers (the peers still programmed while the peers file
-/// cannot be used).
-pub fn script(cfg: &Config, node: &Node, kept: &[Ipv4Addr]) -> Option<String> {
+/// The nft script for this config, or `None` when no rule is wanted. `subnet` is the node's
+/// IPv4 pod subnet, `allowed` the underlay addresses the VXLAN port accepts.
+pub fn script(cfg: &Config, subnet: Option<IpNet>, allowed: &[Ipv4Addr]) -> Option<String> {
     if !cfg.ip_masq && !cfg.peer_only_port {
         return None;
     }
     let table = table_name(&cfg.name);
-    let mut s = format!("table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{\n");
+    let mut s = String::new();
+    let legacy = legacy_table_name(&cfg.name);
+    if legacy != table && !is_current_name(&legacy) {
+        s.push_str(&format!(
+            "table ip {legacy} {{}}\ndelete table ip {legacy}\n"
+        ));
+    }
+    s.push_str(&format!(
+        "table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{\n"
+    ));
     if cfg.ip_masq
-        && let (Some(subnet), Some(cluster)) = (node.subnet_v4(), cfg.cluster_cidr)
+        && let (Some(subnet), Some(cluster)) = (subnet, cfg.cluster_cidr)
         && cluster.addr().is_ipv4()
     {
         s.push_str(&format!(
@@ -48,12 +104,7 @@ pub fn script(cfg: &Config, node: &Node, kept: &[Ipv4Addr]) -> Option<String> {
                 ));
     }
     if cfg.peer_only_port {
-        let allowed: BTreeSet<Ipv4Addr> = node
-            .remote
-            .iter()
-            .map(|p| p.ip)
-            .chain(kept.iter().copied())
-            .collect();
+        let allowed: BTreeSet<Ipv4Addr> = allowed.iter().copied().collect();
         let peers: Vec<String> = allowed.iter().map(ToString::to_string).collect();
         let rule = if peers.is_empty() {
             format!("udp dport {} counter drop", cfg.port)
@@ -72,34 +123,24 @@ pub fn script(cfg: &Config, node: &Node, kept: &[Ipv4Addr]) -> Option<String> {
     Some(s)
 }
 
-/// Installs the rules with `nft -f -`; `kept` as in [`script`].
-pub fn apply(cfg: &Config, node: &Node, kept: &[Ipv4Addr]) -> Result<(), Error> {
-    let Some(script) = script(cfg, node, kept) else {
-        return Ok(());
-    };
+/// Runs `script` with `nft -f -` (one transaction).
+pub fn run(script: &str) -> Result<(), Error> {
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| {
-            Error::Firewall(format!("running nft (needed by ipMasq/peerOnlyPort): {e}"))
-        })?;
+        .map_err(Error::Spawn)?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .map_err(|e| Error::Firewall(format!("writing to nft: {e}")))?;
+        stdin.write_all(script.as_bytes()).map_err(Error::Write)?;
     }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| Error::Firewall(format!("waiting for nft: {e}")))?;
+    let out = child.wait_with_output().map_err(Error::Write)?;
     if !out.status.success() {
-        return Err(Error::Firewall(format!(
-            "nft refused the rules ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(Error::Refused {
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(())
 }
@@ -107,8 +148,6 @@ pub fn apply(cfg: &Config, node: &Node, kept: &[Ipv4Addr]) -> Result<(), Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netlink::link::Link;
-    use crate::vxlan::peers::Peer;
     use serde_json::json;
 
     #[test]
@@ -119,21 +158,10 @@ mod tests {
                     "peerOnlyPort": true, "ipam": {"type": "host-local"}}),
         )
         .unwrap();
-        let peer = |ip: &str, s: &str| Peer {
-            ip: ip.parse().unwrap(),
-            subnets: vec![s.parse().unwrap()],
-            mac: None,
-        };
-        let node = Node {
-            local_ip: "192.0.2.1".parse().unwrap(),
-            underlay: Link::default(),
-            mtu: 1450,
-            local: peer("192.0.2.1", "10.244.1.0/24"),
-            remote: vec![peer("192.0.2.2", "10.244.2.0/24")],
-            peers_file_error: None,
-        };
-        let s = script(&cfg, &node, &[]).unwrap();
-        assert!(s.contains("table ip sticky_vxlan_edge_1 {"), "{s}");
+        let subnet = Some("10.244.1.0/24".parse().unwrap());
+        let s = script(&cfg, subnet, &["192.0.2.2".parse().unwrap()]).unwrap();
+        assert!(s.contains("table ip sticky_vxlan_edge_2d1 {"), "{s}");
+        assert!(s.contains("delete table ip sticky_vxlan_edge_1\n"), "{s}");
         assert!(
             s.contains("ip saddr 10.244.1.0/24 ip daddr != 10.244.0.0/16 masquerade"),
             "{s}"
@@ -142,11 +170,38 @@ mod tests {
             s.contains("udp dport 8472 ip saddr != { 192.0.2.2 } counter drop"),
             "{s}"
         );
-        let kept = ["192.0.2.3".parse().unwrap(), "192.0.2.2".parse().unwrap()];
-        let s = script(&cfg, &node, &kept).unwrap();
+        let allowed = [
+            "192.0.2.3".parse().unwrap(),
+            "192.0.2.2".parse().unwrap(),
+            "192.0.2.2".parse().unwrap(),
+        ];
+        let s = script(&cfg, subnet, &allowed).unwrap();
         assert!(
             s.contains("udp dport 8472 ip saddr != { 192.0.2.2, 192.0.2.3 } counter drop"),
-            "programmed peers stay allowed while the peers file is broken: {s}"
+            "{s}"
         );
+    }
+
+    #[test]
+    fn table_names_are_injective_and_plain_names_keep_theirs() {
+        assert_eq!(table_name("edge"), "sticky_vxlan_edge");
+        let names = ["edge-1", "edge_1", "edge.1", "edge_2d1", "edge1"];
+        let tables: BTreeSet<String> = names.iter().map(|n| table_name(n)).collect();
+        assert_eq!(tables.len(), names.len(), "{tables:?}");
+        for n in names {
+            assert!(is_current_name(&table_name(n)), "{n}");
+        }
+        // A legacy name is only removed when no network has it as its current table.
+        assert!(!is_current_name(&legacy_table_name("edge-1")));
+        assert!(is_current_name(&legacy_table_name("edge_2d1")));
+        let cfg = |name: &str| {
+            Config::from_json(
+                name,
+                &json!({"vni": 1, "peerOnlyPort": true, "ipam": {"type": "x"}}),
+            )
+            .unwrap()
+        };
+        let s = script(&cfg("edge_2d1"), None, &[]).unwrap();
+        assert!(!s.contains("delete table ip sticky_vxlan_edge_2d1"), "{s}");
     }
 }

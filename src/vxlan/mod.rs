@@ -6,22 +6,32 @@
 //! underlay address ([`mac`]), so it survives any restart and every node can compute its
 //! peers' MACs offline; and peers come from local config ([`peers`]), not an API server.
 //!
-//! [`config`] reads the network config, [`node`] works out the underlay and peers,
-//! [`datapath`] programs the node (VTEP, bridge, peers),
+//! [`config`] reads the network config, [`node`] works out the underlay and peers from what
+//! the kernel shows, [`plan`] (with [`devices`] for the VTEP and bridge) decides as pure data
+//! what the node needs, [`apply`] carries it out through the [`kernel`] seam, and
+//! [`reconcile`] ties those together under the lock of [`state_dir`]: the one entry point for
+//! `sticky-vxlan reconcile`, every ADD and the node agent.
 //! [`pod`] does one pod's veth, [`delegate`] runs the IPAM plugin, [`plugin`] ties them to the
 //! CNI commands, [`firewall`] holds the optional nftables rules and [`cli`] the operator's
 //! entry points.
 
+pub mod apply;
 pub mod cli;
 pub mod config;
-pub mod datapath;
 pub mod delegate;
+pub mod devices;
+#[cfg(test)]
+pub mod fake;
 pub mod firewall;
+pub mod kernel;
 pub mod mac;
 pub mod node;
 pub mod peers;
+pub mod plan;
 pub mod plugin;
 pub mod pod;
+pub mod reconcile;
+pub mod state_dir;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -37,13 +47,27 @@ pub enum Error {
     #[error("invalid sticky-vxlan config: {0}")]
     Config(#[from] config::Error),
     #[error("invalid peer list: {0}")]
-    Peers(String),
+    Peers(#[from] peers::Error),
     #[error(transparent)]
     PeersFile(#[from] peers::FileError),
     #[error(transparent)]
     Attachments(#[from] crate::cni::AttachmentsError),
-    #[error("cannot tell which underlay to use: {0}")]
-    Underlay(String),
+    #[error("underlay device {name:?} does not exist")]
+    NoDevice { name: String },
+    #[error("underlay device {name:?} has no IPv4 address (set localIp)")]
+    DeviceWithoutIpv4 { name: String },
+    #[error("localIp {ip} is not an address of this node")]
+    LocalIpNotHere { ip: Ipv4Addr },
+    #[error("cannot tell which underlay to use: no remote peer to route to: set localIp or device")]
+    NoRemotePeer,
+    #[error(
+        "cannot tell which underlay to use: no route with a source address towards peer {peer}: set localIp or device"
+    )]
+    NoRouteToPeer { peer: Ipv4Addr },
+    #[error(
+        "the VTEP would use {underlay} (from localIp/device) but this node's peer entry names {entry}: peers send to {entry} and compute this node's VTEP MAC from it; set localIp/device to match the entry"
+    )]
+    UnderlayNotNamed { underlay: Ipv4Addr, entry: Ipv4Addr },
     #[error(
         "no peer entry names this node: none of the peers' ips is a local address (underlay {local}); add {{\"ip\": \"{local}\", \"subnets\": [<this node's pod subnet>]}} to peers or the peers file"
     )]
@@ -59,6 +83,34 @@ pub enum Error {
         name: String,
         kind: String,
         expected: &'static str,
+    },
+    #[error(
+        "device {device:?} exists but sticky-vxlan did not make it (no \"sticky-vxlan:{role} <network>\" alias, and it is not what an earlier release would have made): it is left alone; choose another {role} name, or remove it if it is a leftover"
+    )]
+    NotOurs { device: String, role: &'static str },
+    #[error(
+        "device {device:?} belongs to sticky-vxlan network {network:?} (its alias says so): two networks cannot share a VTEP or bridge, each would remove the other's peers; give this network its own vni/vtepName/bridge"
+    )]
+    OtherNetwork { device: String, network: String },
+    #[error(
+        "device {device:?} holds the underlay address {underlay}: it is the node's uplink, never the pods' bridge; choose another bridge name"
+    )]
+    UnderlayBridge { device: String, underlay: Ipv4Addr },
+    #[error(
+        "route {route}{} is not sticky-vxlan's and a peer's subnet {} needs it: it is left as it is; remove it or change the peer's subnet", device.as_ref().map(|d| format!(" (dev {d})")).unwrap_or_default(), route.dst
+    )]
+    ForeignRoute {
+        route: netlink::route::Route,
+        device: Option<String>,
+    },
+    #[error("device {device:?} disappeared while the node was being reconciled")]
+    Vanished { device: String },
+    #[error(
+        "the IPAM plugin handed out gateway {gateway}, outside this node's pod subnets ({subnets}): it is another node's, and putting it on the bridge would pull that node's subnet here"
+    )]
+    ForeignGateway {
+        gateway: std::net::IpAddr,
+        subnets: String,
     },
     #[error(
         "the IPAM plugin handed out {address}, outside this node's pod subnets ({subnets}): other nodes route it elsewhere; give the IPAM section this node's ranges (or none, to have them filled in from its peer entry)"
@@ -90,35 +142,18 @@ pub enum Error {
     Netns(#[from] netlink::netns::Error),
     #[error(transparent)]
     Sysctl(#[from] netlink::sysctl::Error),
-    #[error("lock {path}: {source}")]
-    Lock {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("IPAM plugin {plugin:?} was not found in CNI_PATH ({path})")]
-    IpamNotFound { plugin: String, path: String },
-    #[error("running IPAM plugin {plugin}: {source}")]
-    IpamExec {
-        plugin: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("IPAM plugin {plugin} failed: {msg}")]
-    Ipam {
-        plugin: PathBuf,
-        code: u32,
-        msg: String,
-        details: String,
-    },
-    #[error("IPAM plugin {plugin} printed something that is not a CNI result: {reason}")]
-    IpamOutput { plugin: PathBuf, reason: String },
+    #[error(transparent)]
+    Lock(#[from] state_dir::LockError),
+    /// The IPAM plugin could not be run, failed (its CNI error is kept), or printed garbage.
+    #[error(transparent)]
+    Ipam(#[from] crate::cni::delegate::Error),
     #[error("nftables: {0}")]
-    Firewall(String),
+    Firewall(#[from] firewall::Error),
     #[error("CHECK: {0}")]
     Check(String),
+    /// STATUS: the plugin cannot work, because of this error.
     #[error("not ready: {0}")]
-    NotReady(String),
+    NotReady(Box<dyn std::error::Error + Send + Sync>),
     #[error("config file {path}: {reason}")]
     ConfigFile { path: PathBuf, reason: String },
     /// A command-line mistake; the text includes the help.

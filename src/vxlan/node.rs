@@ -1,16 +1,87 @@
 //! This node as the overlay sees it: underlay address and device, MTU, its own subnets
-//! and the remote peers, worked out from config, the peers file and the host's addresses.
+//! and the remote peers, worked out from config, the peers file and what the kernel shows
+//! ([`Observed`], read once per call).
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net};
 
 use super::Error;
 use super::config::{Config, IPV4_OVERHEAD};
+use super::kernel::Kernel;
 use super::peers::{self, Peer};
-use crate::netlink::link::{self, Link};
-use crate::netlink::route;
-use crate::netlink::{Socket, addr};
+use crate::netlink::link::Link;
+use crate::netlink::neigh::{Fdb, Neighbour};
+use crate::netlink::route::Route;
+
+/// What the node's kernel holds, read once: every link, address and main-table route, and
+/// the entries on the VTEP (when a link of its name exists).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub links: Vec<Link>,
+    pub addresses: Vec<(u32, IpNet)>,
+    pub routes: Vec<Route>,
+    pub vtep_fdb: Vec<Fdb>,
+    pub vtep_neighbours: Vec<Neighbour>,
+}
+
+impl Observed {
+    pub fn read(k: &mut impl Kernel, vtep_name: &str) -> Result<Observed, Error> {
+        let links = k.links()?;
+        let vtep = links.iter().find(|l| l.name == vtep_name).map(|l| l.index);
+        let (vtep_fdb, vtep_neighbours) = match vtep {
+            Some(i) => (k.fdb(i)?, k.neighbours(i)?),
+            None => Default::default(),
+        };
+        Ok(Observed {
+            addresses: k.addresses()?,
+            routes: k.routes()?,
+            links,
+            vtep_fdb,
+            vtep_neighbours,
+        })
+    }
+
+    /// Only what working out the node needs (links and addresses): for the commands that
+    /// do not program the node (DEL, CHECK, GC, STATUS).
+    pub fn read_for_node(k: &mut impl Kernel) -> Result<Observed, Error> {
+        Ok(Observed {
+            links: k.links()?,
+            addresses: k.addresses()?,
+            ..Observed::default()
+        })
+    }
+
+    pub fn link(&self, name: &str) -> Option<&Link> {
+        self.links.iter().find(|l| l.name == name)
+    }
+
+    pub fn link_index(&self, index: u32) -> Option<&Link> {
+        self.links.iter().find(|l| l.index == index)
+    }
+
+    /// The addresses on interface `index`.
+    pub fn addresses_of(&self, index: u32) -> Vec<IpNet> {
+        self.addresses
+            .iter()
+            .filter(|(i, _)| *i == index)
+            .map(|(_, n)| *n)
+            .collect()
+    }
+
+    /// This node's addresses that could be an underlay address (not loopback, not
+    /// link-local: a peer entry naming one of those would make every node "this node").
+    fn node_addresses(&self) -> Vec<IpAddr> {
+        self.addresses
+            .iter()
+            .map(|(_, n)| n.addr())
+            .filter(|a| match a {
+                IpAddr::V4(a) => !a.is_loopback() && !a.is_link_local(),
+                IpAddr::V6(_) => false,
+            })
+            .collect()
+    }
+}
 
 /// This node, as far as the overlay is concerned.
 #[derive(Debug, Clone)]
@@ -33,12 +104,12 @@ impl Node {
     /// its own. DEL, CHECK and GC only need the local subnets and do not ask.
     pub fn check(&self, vni: u32) -> Result<(), Error> {
         if self.local.ip != self.local_ip {
-            return Err(Error::Underlay(format!(
-                "the VTEP would use {} (from localIp/device) but this node's peer entry names {}: peers send to {} and compute this node's VTEP MAC from it; set localIp/device to match the entry",
-                self.local_ip, self.local.ip, self.local.ip
-            )));
+            return Err(Error::UnderlayNotNamed {
+                underlay: self.local_ip,
+                entry: self.local.ip,
+            });
         }
-        peers::check_macs(vni, self.local_ip, &self.remote).map_err(Error::Peers)
+        Ok(peers::check_macs(vni, self.local_ip, &self.remote)?)
     }
 
     /// The node's IPv4 pod subnet (every entry has exactly one).
@@ -64,39 +135,51 @@ pub fn gateway_of(subnet: &IpNet) -> Option<IpAddr> {
         })
 }
 
-/// Works out the underlay, the MTU and the peers from config, peers file and the host.
-pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
-    let mut peers_file_error = None;
-    let from_file = match &cfg.peers_file {
-        None => Vec::new(),
-        Some(path) => match peers::load_and_keep(path, &cfg.last_good_peers_path()) {
-            Ok(list) => list,
-            Err(e) => {
-                eprintln!(
-                    "sticky-vxlan: {e}; using the last peers file that was valid and removing no peer"
-                );
-                peers_file_error = Some(e.to_string());
-                peers::load_last_good(&cfg.last_good_peers_path())
-            }
-        },
-    };
-    let all = peers::merge(&cfg.peers, &from_file).map_err(Error::Peers)?;
-    let addrs = addr::list_all(sock)?;
-    let local_addrs: Vec<IpAddr> = addrs.iter().map(|(_, n)| n.addr()).collect();
+/// The peers of the config and the peers file, merged; and why the file could not be used,
+/// if it could not (then its last good copy stands in for it).
+pub fn peer_list(cfg: &Config) -> Result<(Vec<Peer>, Option<String>), Error> {
+    let copy = cfg.last_good_peers_path();
+    let (all, file_error) = peers::gather(&cfg.peers, cfg.peers_file.as_deref(), &copy)?;
+    let file_error = file_error.map(|e| {
+        eprintln!(
+            "sticky-vxlan: {e}; using the last peers file that was valid and removing no peer"
+        );
+        e.to_string()
+    });
+    Ok((all, file_error))
+}
 
-    let (local_ip, underlay) = underlay(sock, cfg, &addrs, &all, &local_addrs)?;
+/// Works out the underlay, the MTU and the peers from config, peers file and the host.
+pub fn resolve(k: &mut impl Kernel, cfg: &Config, seen: &Observed) -> Result<Node, Error> {
+    let (all, peers_file_error) = peer_list(cfg)?;
+    identify(k, cfg, seen, &all, peers_file_error)
+}
+
+/// [`resolve`] once the peer list is known.
+pub fn identify(
+    k: &mut impl Kernel,
+    cfg: &Config,
+    seen: &Observed,
+    all: &[Peer],
+    peers_file_error: Option<String>,
+) -> Result<Node, Error> {
+    let node_addrs = seen.node_addresses();
+    let (local_ip, underlay) = underlay(k, cfg, seen, all, &node_addrs)?;
     let (local, remote) = match cfg.local_ip {
-        Some(ip) => peers::split_local(&all, &[IpAddr::V4(ip)]),
-        None => peers::split_local(&all, &[IpAddr::V4(local_ip)]),
+        Some(ip) => peers::split_local(all, &[IpAddr::V4(ip)])?,
+        None => peers::split_local(all, &[IpAddr::V4(local_ip)])?,
     };
     let local = match local {
         Some(l) => l,
         None => {
-            let (l, _) = peers::split_local(&all, &local_addrs);
+            let (l, _) = peers::split_local(all, &node_addrs)?;
             l.ok_or(Error::NoLocalEntry { local: local_ip })?
         }
     };
     let remote: Vec<Peer> = remote.into_iter().filter(|p| p.ip != local.ip).collect();
+    // Every other entry matching one of this node's addresses would also be "this node".
+    peers::split_local(all, &node_addrs)?;
+    check_underlay_edges(seen, &underlay, &remote)?;
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
     let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
     let mtu = match cfg.mtu {
@@ -121,85 +204,101 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
     })
 }
 
+/// A remote peer at the network or broadcast address of an underlay subnet is not a node:
+/// its FDB entry would send pod traffic to every host of the underlay.
+fn check_underlay_edges(seen: &Observed, underlay: &Link, remote: &[Peer]) -> Result<(), Error> {
+    for net in seen.addresses_of(underlay.index) {
+        let IpNet::V4(net) = net else { continue };
+        if net.prefix_len() >= 31 {
+            continue;
+        }
+        let edges = [
+            (Ipv4Net::network(&net), "network"),
+            (net.broadcast(), "broadcast"),
+        ];
+        for p in remote {
+            if let Some((_, what)) = edges.iter().find(|(a, _)| *a == p.ip) {
+                return Err(peers::Error::UnderlayEdge {
+                    ip: p.ip,
+                    what,
+                    subnet: IpNet::V4(net.trunc()),
+                }
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The underlay address and device: `localIp` and/or `device` if given, else the address of
 /// the peer entry naming this node, else the device (and its source address) that routes to
 /// the first remote peer.
 fn underlay(
-    sock: &mut Socket,
+    k: &mut impl Kernel,
     cfg: &Config,
-    addrs: &[(u32, IpNet)],
+    seen: &Observed,
     all: &[Peer],
-    local_addrs: &[IpAddr],
+    node_addrs: &[IpAddr],
 ) -> Result<(Ipv4Addr, Link), Error> {
     let v4_on = |index: u32| {
-        addrs.iter().find_map(|(i, n)| match n.addr() {
+        seen.addresses.iter().find_map(|(i, n)| match n.addr() {
             IpAddr::V4(a) if *i == index => Some(a),
             _ => None,
         })
     };
+    let holder = |ip: Ipv4Addr| {
+        seen.addresses
+            .iter()
+            .find(|(_, n)| n.addr() == IpAddr::V4(ip))
+            .and_then(|(i, _)| seen.link_index(*i))
+            .cloned()
+    };
     if let Some(name) = &cfg.device {
-        let dev = link::require(sock, name)?;
+        let dev = seen
+            .link(name)
+            .cloned()
+            .ok_or_else(|| Error::NoDevice { name: name.clone() })?;
         // Of the device's addresses, the one this node's peer entry names: the others' FDB
         // entries point at it and their MAC for this node is computed from it.
-        let named = addrs.iter().find_map(|(i, n)| match n.addr() {
+        let named = seen.addresses.iter().find_map(|(i, n)| match n.addr() {
             IpAddr::V4(a) if *i == dev.index && all.iter().any(|p| p.ip == a) => Some(a),
             _ => None,
         });
-        let ip = match cfg.local_ip.or(named) {
+        let ip = match cfg.local_ip.or(named).or_else(|| v4_on(dev.index)) {
             Some(ip) => ip,
-            None => v4_on(dev.index).ok_or_else(|| {
-                Error::Underlay(format!("device {name:?} has no IPv4 address (set localIp)"))
-            })?,
+            None => return Err(Error::DeviceWithoutIpv4 { name: name.clone() }),
         };
         return Ok((ip, dev));
     }
     if let Some(ip) = cfg.local_ip {
-        let index = addrs
-            .iter()
-            .find(|(_, n)| n.addr() == IpAddr::V4(ip))
-            .map(|(i, _)| *i)
-            .ok_or_else(|| {
-                Error::Underlay(format!("localIp {ip} is not an address of this node"))
-            })?;
-        let dev = link::get_index(sock, index)?
-            .ok_or_else(|| Error::Underlay(format!("the device holding {ip} disappeared")))?;
+        let dev = holder(ip).ok_or(Error::LocalIpNotHere { ip })?;
         return Ok((ip, dev));
     }
     // The entry naming this node gives its underlay address directly.
-    if let Some(own) = all.iter().find(|p| local_addrs.contains(&IpAddr::V4(p.ip))) {
-        let index = addrs
-            .iter()
-            .find(|(_, n)| n.addr() == IpAddr::V4(own.ip))
-            .map(|(i, _)| *i);
-        if let Some(dev) = match index {
-            Some(i) => link::get_index(sock, i)?,
-            None => None,
-        } {
-            return Ok((own.ip, dev));
-        }
+    if let Some(own) = all.iter().find(|p| node_addrs.contains(&IpAddr::V4(p.ip)))
+        && let Some(dev) = holder(own.ip)
+    {
+        return Ok((own.ip, dev));
     }
     let target = all
         .iter()
-        .find(|p| !local_addrs.contains(&IpAddr::V4(p.ip)))
-        .ok_or_else(|| {
-            Error::Underlay("no remote peer to route to: set localIp or device".into())
-        })?;
-    let (oif, src) = route::lookup(sock, IpAddr::V4(target.ip))?;
+        .find(|p| !node_addrs.contains(&IpAddr::V4(p.ip)))
+        .ok_or(Error::NoRemotePeer)?;
+    let (oif, src) = k.route_to(IpAddr::V4(target.ip))?;
     let (Some(oif), Some(IpAddr::V4(src))) = (oif, src) else {
-        return Err(Error::Underlay(format!(
-            "no route with a source address towards peer {}: set localIp or device",
-            target.ip
-        )));
+        return Err(Error::NoRouteToPeer { peer: target.ip });
     };
-    let dev = link::get_index(sock, oif)?.ok_or_else(|| {
-        Error::Underlay(format!("the device routing to {} disappeared", target.ip))
-    })?;
+    let dev = seen
+        .link_index(oif)
+        .cloned()
+        .ok_or(Error::NoRouteToPeer { peer: target.ip })?;
     Ok((src, dev))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vxlan::fake::{Fake, conf, peer};
 
     #[test]
     fn gateways() {
@@ -211,5 +310,92 @@ mod tests {
             gateway_of(&"fd00:1::/64".parse().unwrap()),
             Some("fd00:1::1".parse().unwrap())
         );
+    }
+
+    fn identify_on(k: &mut Fake, cfg: &Config, all: &[Peer]) -> Result<Node, Error> {
+        let seen = Observed::read(k, &cfg.vtep_name).unwrap();
+        identify(k, cfg, &seen, all, None)
+    }
+
+    #[test]
+    fn underlay_is_the_address_this_nodes_entry_names() {
+        let mut k = Fake::node("192.0.2.1/24");
+        k.add_address("eth0", "198.51.100.7/24");
+        let cfg = conf(serde_json::json!({}));
+        let all = [
+            peer("192.0.2.2", "10.244.2.0/24"),
+            peer("198.51.100.7", "10.244.7.0/24"),
+        ];
+        let node = identify_on(&mut k, &cfg, &all).unwrap();
+        assert_eq!(node.local_ip, "198.51.100.7".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(node.underlay.name, "eth0");
+        assert_eq!(node.mtu, 1450);
+        assert_eq!(node.remote.len(), 1);
+    }
+
+    #[test]
+    fn without_an_own_entry_the_route_to_the_first_peer_picks_the_underlay() {
+        let mut k = Fake::node("192.0.2.1/24");
+        let cfg = conf(serde_json::json!({}));
+        let err = identify_on(&mut k, &cfg, &[peer("192.0.2.2", "10.244.2.0/24")]).unwrap_err();
+        assert!(
+            matches!(err, Error::NoLocalEntry { local } if local == Ipv4Addr::new(192, 0, 2, 1)),
+            "{err}"
+        );
+        assert!(
+            k.queries.iter().any(|q| q == "route to 192.0.2.2"),
+            "{:?}",
+            k.queries
+        );
+    }
+
+    #[test]
+    fn loopback_and_second_own_entries_never_become_this_node() {
+        let mut k = Fake::node("192.0.2.1/24");
+        k.add_link("lo", "loopback");
+        k.add_address("lo", "127.0.0.1/8");
+        k.add_address("eth0", "192.0.2.101/24");
+        let cfg = conf(serde_json::json!({}));
+        let lo = Peer {
+            ip: Ipv4Addr::LOCALHOST,
+            ..peer("192.0.2.9", "10.244.9.0/24")
+        };
+        // (check_entries refuses it in any list; even if it got here it is not this node.)
+        let node = identify_on(&mut k, &cfg, &[peer("192.0.2.1", "10.244.1.0/24"), lo]).unwrap();
+        assert_eq!(node.local_ip, Ipv4Addr::new(192, 0, 2, 1));
+        let two = [
+            peer("192.0.2.1", "10.244.1.0/24"),
+            peer("192.0.2.101", "10.244.9.0/24"),
+        ];
+        let err = identify_on(&mut k, &cfg, &two).unwrap_err();
+        assert!(
+            matches!(err, Error::Peers(peers::Error::ManyLocal { .. })),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn underlay_network_and_broadcast_addresses_are_not_peers() {
+        let mut k = Fake::node("192.0.2.1/24");
+        let cfg = conf(serde_json::json!({}));
+        for ip in ["192.0.2.255", "192.0.2.0"] {
+            let all = [
+                peer("192.0.2.1", "10.244.1.0/24"),
+                peer(ip, "10.244.9.0/24"),
+            ];
+            let err = identify_on(&mut k, &cfg, &all).unwrap_err();
+            assert!(
+                matches!(err, Error::Peers(peers::Error::UnderlayEdge { .. })),
+                "{ip}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn mtu_above_the_underlay_is_refused() {
+        let mut k = Fake::node("192.0.2.1/24");
+        let cfg = conf(serde_json::json!({"mtu": 1460}));
+        let err = identify_on(&mut k, &cfg, &[peer("192.0.2.1", "10.244.1.0/24")]).unwrap_err();
+        assert!(matches!(err, Error::MtuTooLarge { max: 1450, .. }), "{err}");
     }
 }

@@ -1,13 +1,24 @@
 //! The CNI commands of `sticky-vxlan`.
+//!
+//! ADD reads the config once ([`Config`]), opens one netlink socket for the host namespace
+//! and keeps it for the node ([`reconcile::node_with`]), the veth and any rollback; the pod's
+//! namespace gets one socket of its own ([`pod::configure_container`]). What to do when IPAM
+//! or the node fails is one pure decision, [`after_ipam`].
 
+use std::net::IpAddr;
 use std::path::Path;
 
+use ipnet::IpNet;
+
+use super::Error;
 use super::config::Config;
-use super::datapath;
 use super::delegate::Ipam;
-use super::node::{self, gateway_of};
+use super::devices::{self, Dev};
+use super::kernel::Live;
+use super::node::{self, Observed, gateway_of};
 use super::pod::{self, host_veth_name};
-use super::{Error, delegate};
+use super::reconcile::{self, Report};
+use crate::cni::delegate::{Exec, Process};
 use crate::cni::{Attachment, Call, CniResult, Interface, IpConfig, Plugin, attachments};
 use crate::netlink::link::{self, format_mac};
 use crate::netlink::{Socket, addr};
@@ -18,53 +29,38 @@ fn config(call: &Call) -> Result<Config, Error> {
     Config::from_json(&call.conf.name, &call.conf.raw).map_err(Error::from)
 }
 
+/// What ADD does once IPAM has answered and the node is reconciled (or failed).
+#[derive(Debug)]
+pub enum AfterIpam<N> {
+    /// Both worked: attach the pod.
+    Attach(N, CniResult),
+    /// IPAM may have allocated: give it back (IPAM DEL), then report this error.
+    RollBack(Error),
+    /// IPAM allocated nothing: report this error.
+    Fail(Error),
+}
+
+/// Pure: the node's outcome and IPAM's, to what ADD does next. The node's problem, if any,
+/// is the one reported (it is the one to fix first).
+pub fn after_ipam<N>(node: Result<N, Error>, ipam: Result<CniResult, Error>) -> AfterIpam<N> {
+    use crate::cni::delegate::Error as Delegate;
+    match (node, ipam) {
+        (Ok(n), Ok(result)) => AfterIpam::Attach(n, result),
+        (Err(e), Ok(_)) => AfterIpam::RollBack(e),
+        // IPAM exited 0, so it may have allocated, but its answer cannot be used.
+        (node, Err(e @ Error::Ipam(Delegate::Output { .. }))) => {
+            AfterIpam::RollBack(node.err().unwrap_or(e))
+        }
+        (Err(e), Err(_)) | (Ok(_), Err(e)) => AfterIpam::Fail(e),
+    }
+}
+
 impl Plugin for StickyVxlan {
     type Error = Error;
 
     fn add(&self, call: &Call) -> Result<CniResult, Error> {
         let cfg = config(call)?;
-        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        let node_work = || {
-            Socket::open().map_err(Error::from).and_then(|mut sock| {
-                let (node, _vtep, bridge) = datapath::ensure_node(&mut sock, &cfg)?;
-                // A leftover from an earlier, interrupted ADD of the same attachment.
-                link::delete(&mut sock, &host)?;
-                Ok((sock, node, bridge))
-            })
-        };
-        let (ipam, pending, node) = if delegate::needs_ranges(&call.conf.raw) {
-            // The node's own subnets are the IPAM ranges: the node first.
-            let node = node_work()?;
-            let ipam = Ipam::with_ranges(call, &cfg.ipam_type, &node.1.local.subnets);
-            let pending = delegate::spawn(call, &ipam, "ADD")?;
-            (ipam, pending, Ok(node))
-        } else {
-            // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
-            let ipam = Ipam::verbatim(call, &cfg.ipam_type);
-            let pending = delegate::spawn(call, &ipam, "ADD")?;
-            (ipam, pending, node_work())
-        };
-        crate::crash::point("vxlan add: node ready");
-        let result = pending.result();
-        let ((mut sock, node, bridge), result) = match (node, result) {
-            (Ok(n), Ok(result)) => (n, result),
-            (Err(e), Ok(_)) => {
-                rollback(call, &ipam, None, &host);
-                return Err(e);
-            }
-            // IPAM exited 0, so it may have allocated, but its answer cannot be used: give it
-            // back. The node's problem, if any, is the one to fix first.
-            (node, Err(e @ Error::IpamOutput { .. })) => {
-                rollback(call, &ipam, None, &host);
-                return Err(node.err().unwrap_or(e));
-            }
-            // IPAM allocated nothing; the node's problem is the one to fix first.
-            (Err(e), Err(_)) => return Err(e),
-            (Ok(_), Err(e)) => return Err(e),
-        };
-        attach(&mut sock, call, &cfg, &node, &bridge, &host, &result).inspect_err(|_| {
-            rollback(call, &ipam, Some(&mut sock), &host);
-        })
+        add(&Process, call, &cfg)
     }
 
     fn del(&self, call: &Call) -> Result<(), Error> {
@@ -73,23 +69,26 @@ impl Plugin for StickyVxlan {
         // IPAM plugin is broken, and IPAM DEL runs even if removing the veth failed, so
         // nothing leaks; a config or IPAM error is reported before a netlink one.
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        let cfg = config(call);
-        let pending = cfg.as_ref().map_err(|_| ()).map(|cfg| {
+        let mut sock = Socket::open();
+        let pending = config(call).and_then(|cfg| {
             // When the node's subnets cannot be worked out any more, the section goes as it
             // is: DEL finds an allocation by container id and pod name (sticky-ipam accepts a
             // DEL without ranges), and a DEL that cannot succeed would block the pod forever.
-            let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, cfg))
+            let local = || match &mut sock {
+                Ok(sock) => subnets_for_del(sock, call, &cfg),
+                Err(_) => Err(Error::NoRemotePeer),
+            };
+            let ipam = Ipam::for_call(call, &cfg, local)
                 .unwrap_or_else(|_| Ipam::verbatim(call, &cfg.ipam_type));
-            delegate::spawn(call, &ipam, "DEL")
+            ipam.start(&Process, call, "DEL")
         });
-        let removed = Socket::open()
-            .map_err(Error::from)
-            .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
-        let released = match pending {
-            Ok(Ok(p)) => p.wait().map(drop),
-            Ok(Err(e)) => Err(e),
-            Err(()) => cfg.map(drop),
+        let removed = match &mut sock {
+            Ok(sock) => link::delete(sock, &host).map_err(Error::from),
+            Err(_) => Socket::open()
+                .map_err(Error::from)
+                .and_then(|mut s| link::delete(&mut s, &host).map_err(Error::from)),
         };
+        let released = pending.and_then(|p| Ok(p.wait().map(drop)?));
         released.and(removed)
     }
 
@@ -122,8 +121,8 @@ impl Plugin for StickyVxlan {
                 cfg.bridge
             )));
         }
-        let ipam = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))?;
-        delegate::run(call, &ipam, "CHECK")?;
+        let ipam = Ipam::for_call(call, &cfg, || local_subnets(&mut sock, call, &cfg))?;
+        ipam.run(&Process, call, "CHECK")?;
         Ok(())
     }
 
@@ -138,8 +137,9 @@ impl Plugin for StickyVxlan {
             Some(valid) => remove_stale_veths(&cfg.name, &valid),
             None => Ok(()),
         };
-        let released = Ipam::for_call(call, &cfg.ipam_type, || local_subnets(call, &cfg))
-            .and_then(|ipam| delegate::run(call, &ipam, "GC"))
+        let mut sock = Socket::open()?;
+        let released = Ipam::for_call(call, &cfg, || local_subnets(&mut sock, call, &cfg))
+            .and_then(|ipam| ipam.run(&Process, call, "GC"))
             .map(drop);
         removed.and(released)
     }
@@ -148,17 +148,65 @@ impl Plugin for StickyVxlan {
         // A plugin that cannot work says so with 50, as the spec asks; an IPAM answer keeps
         // its own code. The node must be workable (underlay, this node's peer entry): every
         // ADD needs it, whether or not the IPAM ranges come from it.
-        let not_ready = |e: Error| Error::NotReady(e.to_string());
+        let not_ready = |e: Error| Error::NotReady(Box::new(e));
         let cfg = config(call).map_err(not_ready)?;
         let node = Socket::open()
             .map_err(Error::from)
-            .and_then(|mut sock| node::resolve(&mut sock, &cfg))
+            .and_then(|mut sock| {
+                let mut k = Live { sock: &mut sock };
+                let seen = Observed::read_for_node(&mut k)?;
+                node::resolve(&mut k, &cfg, &seen)
+            })
             .and_then(|node| node.check(cfg.vni).map(|()| node))
             .map_err(not_ready)?;
-        let ipam = Ipam::for_call(call, &cfg.ipam_type, || Ok(node.local.subnets.clone()))
-            .map_err(not_ready)?;
-        delegate::run(call, &ipam, "STATUS")?;
+        let ipam =
+            Ipam::for_call(call, &cfg, || Ok(node.local.subnets.clone())).map_err(not_ready)?;
+        ipam.run(&Process, call, "STATUS")?;
         Ok(())
+    }
+}
+
+/// ADD: the node and IPAM (concurrently when IPAM does not need the node's subnets), then the
+/// pod; any failure after IPAM may have allocated rolls back.
+fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error> {
+    let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+    let mut sock = Socket::open()?;
+    let node_work = |sock: &mut Socket| -> Result<Report, Error> {
+        let report = reconcile::node_with(&mut Live { sock }, cfg)?;
+        // A leftover from an earlier, interrupted ADD of the same attachment.
+        link::delete(sock, &host)?;
+        Ok(report)
+    };
+    let (ipam, node, result) = if cfg.ranges_from_peers {
+        // The node's own subnets are the IPAM ranges: the node first.
+        let report = node_work(&mut sock)?;
+        let ipam = Ipam::with_ranges(call, &cfg.ipam_type, &report.node.local.subnets);
+        let pending = ipam.start(exec, call, "ADD")?;
+        crate::crash::point("vxlan add: node ready");
+        let result = pending.result().map_err(Error::from);
+        (ipam, Ok(report), result)
+    } else {
+        // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
+        let ipam = Ipam::verbatim(call, &cfg.ipam_type);
+        let pending = ipam.start(exec, call, "ADD")?;
+        let node = node_work(&mut sock);
+        crate::crash::point("vxlan add: node ready");
+        (ipam, node, pending.result().map_err(Error::from))
+    };
+    let roll_back = |sock: &mut Socket, e: Error| {
+        if let Err(err) = link::delete(sock, &host) {
+            eprintln!("sticky-vxlan: rollback: removing {host}: {err}");
+        }
+        if let Err(err) = ipam.run(exec, call, "DEL") {
+            eprintln!("sticky-vxlan: rollback: IPAM DEL: {err}");
+        }
+        e
+    };
+    match after_ipam(node, result) {
+        AfterIpam::Attach(report, result) => attach(&mut sock, call, cfg, &report, &host, &result)
+            .map_err(|e| roll_back(&mut sock, e)),
+        AfterIpam::RollBack(e) => Err(roll_back(&mut sock, e)),
+        AfterIpam::Fail(e) => Err(e),
     }
 }
 
@@ -188,34 +236,50 @@ pub fn remove_stale_veths(network: &str, valid: &[Attachment]) -> Result<(), Err
 /// This node's pod subnets, for an IPAM section without ranges: from the peer list, or, when
 /// the node cannot be worked out (a DEL after the underlay went away), from the addresses of
 /// the previous result.
-fn local_subnets(call: &Call, cfg: &Config) -> Result<Vec<ipnet::IpNet>, Error> {
-    let resolved = Socket::open()
-        .map_err(Error::from)
-        .and_then(|mut sock| node::resolve(&mut sock, cfg))
+fn local_subnets(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpNet>, Error> {
+    let mut k = Live { sock };
+    let resolved = Observed::read_for_node(&mut k)
+        .and_then(|seen| node::resolve(&mut k, cfg, &seen))
         .map(|node| node.local.subnets);
-    let from_prev = || -> Option<Vec<ipnet::IpNet>> {
+    let from_prev = || -> Option<Vec<IpNet>> {
         let prev = call.conf.prev_result.as_ref()?;
-        let nets: Vec<ipnet::IpNet> = prev.ips.iter().map(|ip| ip.address.trunc()).collect();
+        let nets: Vec<IpNet> = prev.ips.iter().map(|ip| ip.address.trunc()).collect();
         (!nets.is_empty()).then_some(nets)
     };
     resolved.or_else(|e| from_prev().ok_or(e))
 }
 
-/// Undoes an ADD after IPAM allocated: the veth, then IPAM DEL. Keeps going after errors
-/// (logged): the error that caused the rollback is the one reported.
-fn rollback(call: &Call, ipam: &Ipam, sock: Option<&mut Socket>, host: &str) {
-    let removed = match sock {
-        Some(sock) => link::delete(sock, host).map_err(Error::from),
-        None => Socket::open()
-            .map_err(Error::from)
-            .and_then(|mut s| link::delete(&mut s, host).map_err(Error::from)),
-    };
-    if let Err(e) = removed {
-        eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
-    }
-    if let Err(e) = delegate::run(call, ipam, "DEL") {
-        eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
-    }
+/// [`local_subnets`], and for a DEL after this node's peer entry went away without a
+/// `prevResult`, the subnets this network's bridge still serves: some IPAM plugins
+/// (host-local) refuse a DEL without ranges, which would block the pod's teardown forever.
+fn subnets_for_del(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpNet>, Error> {
+    local_subnets(sock, call, cfg).or_else(|e| {
+        let seen = Observed::read_for_node(&mut Live { sock })?;
+        let bridge = seen.link(&cfg.bridge).filter(|b| {
+            b.alias
+                .as_deref()
+                .and_then(|a| devices::marked_for(Dev::Bridge, a))
+                == Some(cfg.name.as_str())
+        });
+        let nets: Vec<IpNet> = bridge
+            .map(|b| seen.addresses_of(b.index))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| match n.addr() {
+                IpAddr::V4(a) => !a.is_link_local(),
+                IpAddr::V6(a) => a.segments()[0] & 0xffc0 != 0xfe80,
+            })
+            .map(|n| n.trunc())
+            .collect();
+        if nets.is_empty() { Err(e) } else { Ok(nets) }
+    })
+}
+
+fn joined(nets: &[IpNet]) -> String {
+    nets.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Everything after IPAM ADD; on error the caller rolls back.
@@ -223,31 +287,33 @@ fn attach(
     sock: &mut Socket,
     call: &Call,
     cfg: &Config,
-    node: &node::Node,
-    bridge: &link::Link,
+    report: &Report,
     host: &str,
     ipam: &CniResult,
 ) -> Result<CniResult, Error> {
+    let node = &report.node;
+    let bridge = &report.bridge;
     let mtu = node.mtu;
+    let own = &node.local.subnets;
+    let in_own = |ip: &IpAddr| own.iter().any(|s| s.contains(ip));
     // Other nodes route only this node's subnets here: an address from anywhere else (a
     // conflist copied from another node unchanged) would be another node's, and its gateway on
     // the bridge would pull that node's whole subnet onto this one.
-    if let Some(ip) = ipam.ips.iter().find(|ip| {
-        !node
-            .local
-            .subnets
-            .iter()
-            .any(|s| s.contains(&ip.address.addr()))
-    }) {
+    if let Some(ip) = ipam.ips.iter().find(|ip| !in_own(&ip.address.addr())) {
         return Err(Error::ForeignAddress {
             address: ip.address,
-            subnets: node
-                .local
-                .subnets
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
+            subnets: joined(own),
+        });
+    }
+    if let Some(gw) = ipam
+        .ips
+        .iter()
+        .filter_map(|ip| ip.gateway)
+        .find(|gw| !in_own(gw))
+    {
+        return Err(Error::ForeignGateway {
+            gateway: gw,
+            subnets: joined(own),
         });
     }
     let netns = Path::new(&call.env.netns);
@@ -256,23 +322,24 @@ fn attach(
     for ip in &ipam.ips {
         let subnet = ip.address.trunc();
         if let Some(gw) = ip.gateway.filter(|gw| Some(*gw) != gateway_of(&subnet))
-            && let Ok(net) = ipnet::IpNet::new(gw, subnet.prefix_len())
+            && let Ok(net) = IpNet::new(gw, subnet.prefix_len())
             && !have.contains(&net)
         {
             addr::add(sock, bridge.index, net)?;
         }
     }
-    let alias = pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname);
     let host_link = pod::create_veth(
         sock,
-        netns,
-        host,
-        &alias,
-        &call.env.ifname,
-        &ipam.ips,
-        mtu,
-        bridge,
-        cfg.hairpin_mode,
+        &pod::Veth {
+            netns,
+            host,
+            alias: pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname),
+            ifname: &call.env.ifname,
+            ips: &ipam.ips,
+            mtu,
+            bridge: bridge.index,
+            hairpin: cfg.hairpin_mode,
+        },
     )?;
     crate::crash::point("vxlan add: veth created");
     let routes = pod::pod_routes(&ipam.ips, &ipam.routes, cfg.is_default_gateway);
@@ -310,4 +377,57 @@ fn attach(
         routes,
         dns: ipam.dns.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cni::delegate::Error as Delegate;
+    use std::path::PathBuf;
+
+    fn output() -> Error {
+        Error::Ipam(Delegate::Output {
+            plugin: PathBuf::from("/x"),
+            reason: "garbage".into(),
+        })
+    }
+
+    fn failed() -> Error {
+        Error::Ipam(Delegate::Failed {
+            plugin: PathBuf::from("/x"),
+            code: 100,
+            msg: "full".into(),
+            details: String::new(),
+        })
+    }
+
+    #[test]
+    fn rollback_only_when_ipam_may_have_allocated() {
+        let ok = || Ok(CniResult::default());
+        let node_err = || Err::<(), _>(Error::NoRemotePeer);
+        assert!(matches!(after_ipam(Ok(()), ok()), AfterIpam::Attach((), _)));
+        assert!(matches!(
+            after_ipam(node_err(), ok()),
+            AfterIpam::RollBack(Error::NoRemotePeer)
+        ));
+        assert!(matches!(
+            after_ipam(Ok(()), Err(output())),
+            AfterIpam::RollBack(Error::Ipam(Delegate::Output { .. }))
+        ));
+        assert!(
+            matches!(
+                after_ipam(node_err(), Err(output())),
+                AfterIpam::RollBack(Error::NoRemotePeer)
+            ),
+            "the node's problem is the one reported"
+        );
+        assert!(matches!(
+            after_ipam(Ok(()), Err(failed())),
+            AfterIpam::Fail(Error::Ipam(Delegate::Failed { code: 100, .. }))
+        ));
+        assert!(matches!(
+            after_ipam(node_err(), Err(failed())),
+            AfterIpam::Fail(Error::NoRemotePeer)
+        ));
+    }
 }

@@ -77,44 +77,51 @@ pub fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
     parts.next().is_none().then_some(found)
 }
 
+/// One pod's veth pair, as [`create_veth`] makes it.
+#[derive(Debug, Clone)]
+pub struct Veth<'a> {
+    /// The pod's network namespace, where the container end is created.
+    pub netns: &'a Path,
+    /// The host end's name ([`host_veth_name`]) and alias ([`host_alias`]).
+    pub host: &'a str,
+    pub alias: String,
+    /// The container end's name (`CNI_IFNAME`).
+    pub ifname: &'a str,
+    /// The pod's addresses: the first IPv4 one gives the container end its kept MAC.
+    pub ips: &'a [IpConfig],
+    pub mtu: u32,
+    /// The bridge's index.
+    pub bridge: u32,
+    pub hairpin: bool,
+}
+
 /// Creates the veth pair and puts the host end on the bridge. Returns the host end.
-#[allow(clippy::too_many_arguments)]
-pub fn create_veth(
-    sock: &mut Socket,
-    netns_path: &Path,
-    host: &str,
-    alias: &str,
-    ifname: &str,
-    ips: &[IpConfig],
-    mtu: u32,
-    bridge: &Link,
-    hairpin: bool,
-) -> Result<Link, Error> {
-    let ns = netns::open(netns_path)?;
-    let mac = ips.iter().find_map(|ip| match ip.address.addr() {
+pub fn create_veth(sock: &mut Socket, v: &Veth<'_>) -> Result<Link, Error> {
+    let ns = netns::open(v.netns)?;
+    let mac = v.ips.iter().find_map(|ip| match ip.address.addr() {
         IpAddr::V4(a) => Some(pod_mac(a)),
         IpAddr::V6(_) => None,
     });
     link::add_veth(
         sock,
         &link::VethSpec {
-            host,
-            peer: ifname,
+            host: v.host,
+            peer: v.ifname,
             peer_netns: std::os::fd::AsFd::as_fd(&ns),
             peer_mac: mac,
-            mtu,
+            mtu: v.mtu,
         },
     )?;
-    let host_link = link::require(sock, host)?;
-    if alias.len() < MAX_ALIAS {
-        link::set_alias(sock, &host_link, alias)?;
+    let host_link = link::require(sock, v.host)?;
+    if v.alias.len() < MAX_ALIAS {
+        link::set_alias(sock, &host_link, &v.alias)?;
     }
-    link::set_master(sock, &host_link, bridge.index)?;
+    link::set_master(sock, &host_link, v.bridge)?;
     link::set_up(sock, &host_link)?;
-    if hairpin {
-        link::set_hairpin(host)?;
+    if v.hairpin {
+        link::set_hairpin(v.host)?;
     }
-    link::require(sock, host).map_err(Error::from)
+    link::require(sock, v.host).map_err(Error::from)
 }
 
 /// Inside the pod's namespace: `arp_notify`, addresses, link up, routes. Returns the

@@ -389,6 +389,34 @@ impl Topo {
     }
 }
 
+/// One node with a config naming only itself: what most single-node tests start from.
+pub fn one_node() -> (Topo, Value) {
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    (topo, conf)
+}
+
+impl Topo {
+    /// `ip -n <node n> <args>`, which must succeed; its output.
+    pub fn ip(&self, n: u8, args: &[&str]) -> String {
+        let ns = self.node_ns(n);
+        let mut full = vec!["ip", "-n", &ns];
+        full.extend_from_slice(args);
+        ok(&full)
+    }
+
+    /// `sticky-vxlan reconcile --config <conf written to a file>` on node `n`.
+    pub fn reconcile(&self, n: u8, conf: &Value) -> Output {
+        let file = self.dir.path().join(format!("n{n}.conf"));
+        std::fs::write(&file, conf.to_string()).expect("write conf");
+        self.tool(
+            n,
+            &["reconcile", "--config", file.to_str().expect("utf-8 path")],
+        )
+    }
+}
+
 /// The first address of a family from an ADD result, without the prefix.
 pub fn ip_of(result: &Value, v6: bool) -> String {
     result["ips"]

@@ -102,7 +102,7 @@ pub fn run(argv: &[String], out: &mut dyn Write) -> Result<(), CliError> {
         .map(|d| d.as_secs());
     let boot = current_boot();
 
-    let mut store = target.open(&network)?;
+    let mut store = target.open_read_only(&network)?;
     let mut clock = LeaseClock::advance(&store, wall_clock());
     let mut view = DryRun::new(&mut store);
     let mut planned = Vec::new();

@@ -2,11 +2,11 @@
 //!
 //! An operator on an edge node needs to see what the plugin holds and fix it without a
 //! control plane. Every verb opens the network's data dir through [`DiskStore`], so it holds
-//! the same `flock` as the plugin for its whole run: it never sees half of an ADD and never
-//! corrupts state when run alongside ADD/DEL. Verbs that only look (`list`, `show`,
-//! `gc --dry-run`) work on a [`dryrun::DryRun`] overlay, so not even crash leftovers are
-//! resolved behind the operator's back (opening the store still removes the `.tmp.*` files
-//! of killed writers, which the lock proves dead, and creates a missing `lock`).
+//! the plugin's `flock` for its whole run: it never sees half of an ADD and never corrupts
+//! state when run alongside ADD/DEL. Verbs that only look (`list`, `show`, `gc --dry-run`)
+//! open it read-only ([`DiskStore::open_read_only`]: a shared lock, no `lock` created, temp
+//! files left alone, works on a read-only filesystem) and work on a [`dryrun::DryRun`]
+//! overlay, so not even crash leftovers are resolved behind the operator's back.
 //!
 //! One verb per file: [`list`], [`show`], [`release`], [`gc`], [`downgrade`]. [`entry`] turns
 //! record files into rows; [`args`] is the parser. Exit codes: see [`EXIT_CODES`].
@@ -32,6 +32,7 @@ use super::config::{ConfigError, DEFAULT_DATA_DIR, IpamConfig};
 use super::disk::DiskStore;
 use super::identity::Pod;
 use super::store::StoreError;
+use crate::cli::{conflist, node_ranges};
 use crate::cni::{Args, NetConf};
 
 /// Success.
@@ -89,21 +90,8 @@ pub enum CliError {
     UnknownVerb(String),
     #[error("no command given (expected list, show, release, gc or downgrade)")]
     NoVerb,
-    #[error("unknown option {option:?} for `{verb}`")]
-    UnknownOption { verb: &'static str, option: String },
-    #[error("option {0} needs a value")]
-    MissingValue(&'static str),
-    #[error("option {0} is given twice")]
-    Repeated(&'static str),
-    #[error("{0:?}: this option takes no value")]
-    FlagWithValue(String),
-    #[error("unexpected argument {arg:?} for `{verb}`")]
-    ExtraArgument { verb: &'static str, arg: String },
-    #[error("`{verb}` needs {what}")]
-    MissingArgument {
-        verb: &'static str,
-        what: &'static str,
-    },
+    #[error(transparent)]
+    Args(#[from] crate::cli::args::ArgsError),
     #[error("{0:?} is not a pod: expected <namespace>/<pod>, /<name> or <name>")]
     BadPod(String),
     #[error("{0:?} is not a valid network name")]
@@ -120,13 +108,13 @@ pub enum CliError {
         "`gc` only previews (--dry-run): a real GC needs the runtime's list of live attachments, which only CNI GC carries"
     )]
     GcNeedsDryRun,
-    #[error("reading --config {path}: {source}")]
-    ReadConfig {
+    #[error("--config {0}")]
+    Conflist(#[from] conflist::ConflistError),
+    #[error("--config {path}: this node's ranges: {source}")]
+    NodeRanges {
         path: PathBuf,
-        source: std::io::Error,
+        source: node_ranges::NodeRangesError,
     },
-    #[error("--config {path}: {why}")]
-    BadConfig { path: PathBuf, why: String },
     #[error("--config {path}: {source}")]
     Config { path: PathBuf, source: ConfigError },
     #[error("listing {path}: {source}")]
@@ -317,45 +305,56 @@ impl Target {
         }
     }
 
-    /// Locks the network's data dir; a missing one is "not found".
+    /// Locks the network's data dir for writing; a missing one is "not found".
     pub fn open(&self, network: &str) -> Result<DiskStore, CliError> {
-        DiskStore::open_existing(&self.data_dir.join(network))?.ok_or_else(|| CliError::NoNetwork {
+        let store = DiskStore::open_if_present(&self.data_dir.join(network))?;
+        store.ok_or_else(|| self.no_network(network))
+    }
+
+    /// Opens the network's data dir only to look (nothing is written, not even `lock`); a
+    /// missing one is "not found".
+    pub fn open_read_only(&self, network: &str) -> Result<DiskStore, CliError> {
+        let store = DiskStore::open_read_only(&self.data_dir.join(network))?;
+        store.ok_or_else(|| self.no_network(network))
+    }
+
+    fn no_network(&self, network: &str) -> CliError {
+        CliError::NoNetwork {
             network: network.to_string(),
             data_dir: self.data_dir.clone(),
-        })
+        }
     }
 }
 
-/// Reads a `.conf` or `.conflist` and the ipam section of its sticky-ipam plugin.
+/// Reads a `.conf` or `.conflist` ([`crate::cli::conflist`]) and the ipam section of its
+/// sticky-ipam plugin. A sticky-vxlan entry whose ipam section names no range (the cluster
+/// conflist) gets this node's ranges from the peers, as the plugin fills them in
+/// ([`crate::cli::node_ranges`]).
 pub fn load_config(path: &Path) -> Result<IpamConfig, CliError> {
-    let bad = |why: String| CliError::BadConfig {
-        path: path.to_path_buf(),
-        why,
-    };
-    let bytes = fs::read(path).map_err(|source| CliError::ReadConfig {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let doc: Value =
-        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let entries: Vec<Value> = match doc.get("plugins") {
-        Some(Value::Array(plugins)) => plugins.clone(),
-        Some(_) => return Err(bad("\"plugins\" must be an array".into())),
-        None => vec![doc.clone()],
-    };
     let is_sticky = |v: Option<&Value>| v.and_then(Value::as_str) == Some("sticky-ipam");
-    let mut entry = entries
-        .into_iter()
-        .find(|p| is_sticky(p.get("type")) || is_sticky(p.pointer("/ipam/type")))
-        .ok_or_else(|| bad("no plugin has type or ipam.type \"sticky-ipam\"".into()))?;
-    // libcni injects the list's name and version into each plugin's config.
-    for key in ["name", "cniVersion"] {
-        if let (Some(v), Value::Object(map)) = (doc.get(key), &mut entry) {
-            map.insert(key.to_string(), v.clone());
-        }
-    }
-    let bytes = serde_json::to_vec(&entry).map_err(|e| bad(e.to_string()))?;
-    let conf = NetConf::parse(&bytes).map_err(|e| bad(e.to_string()))?;
+    let loaded = conflist::load(path, "with type or ipam.type \"sticky-ipam\"", |p| {
+        is_sticky(p.get("type")) || is_sticky(p.pointer("/ipam/type"))
+    })?;
+    let conf = match conflist::has_type(&loaded.entry, "sticky-vxlan") {
+        true => match node_ranges::fill(&loaded.entry, &loaded.conf.name) {
+            Ok(Some(filled)) => {
+                NetConf::parse(filled.to_string().as_bytes()).map_err(|source| {
+                    conflist::ConflistError::Invalid {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                })?
+            }
+            Ok(None) => loaded.conf,
+            Err(source) => {
+                return Err(CliError::NodeRanges {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        },
+        false => loaded.conf,
+    };
     IpamConfig::from_netconf(&conf, &Args::default()).map_err(|source| CliError::Config {
         path: path.to_path_buf(),
         source,

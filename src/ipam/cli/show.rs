@@ -85,7 +85,7 @@ pub fn run(argv: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     let ifname = ifname_filter.unwrap_or("eth0");
     let network = target.network()?;
 
-    let mut store = target.open(&network)?;
+    let mut store = target.open_read_only(&network)?;
     let mut clock = LeaseClock::advance(&store, wall_clock());
     let now = entry::lease_clock(&store);
     let mut view = DryRun::new(&mut store);

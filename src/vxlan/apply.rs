@@ -1,0 +1,152 @@
+//! Carries out a [`Plan`] through a [`Kernel`], step by step, stopping at the first error.
+//! No decision is made here: the indexes of the two devices are the only thing it works out
+//! (from what was observed, or by looking the device up once it was created).
+
+use super::Error;
+use super::config::Config;
+use super::devices::Dev;
+use super::kernel::Kernel;
+use super::node::Observed;
+use super::plan::{Plan, Step, route_for};
+use crate::netlink::link::Link;
+use crate::netlink::neigh::{Fdb, Neighbour};
+
+/// The node's two devices as they are after the plan.
+#[derive(Debug, Clone)]
+pub struct Devices {
+    pub vtep: Link,
+    pub bridge: Link,
+}
+
+struct Resolved<'a> {
+    cfg: &'a Config,
+    vtep: Option<Link>,
+    bridge: Option<Link>,
+    /// A device changed since it was read: read it again at the end.
+    stale: [bool; 2],
+}
+
+impl Resolved<'_> {
+    fn name(&self, dev: Dev) -> &str {
+        match dev {
+            Dev::Vtep => &self.cfg.vtep_name,
+            Dev::Bridge => &self.cfg.bridge,
+        }
+    }
+
+    fn slot(&mut self, dev: Dev) -> &mut Option<Link> {
+        match dev {
+            Dev::Vtep => &mut self.vtep,
+            Dev::Bridge => &mut self.bridge,
+        }
+    }
+
+    fn get(&mut self, k: &mut impl Kernel, dev: Dev) -> Result<Link, Error> {
+        if let Some(l) = self.slot(dev) {
+            return Ok(l.clone());
+        }
+        let name = self.name(dev).to_string();
+        let l = k.link(&name)?.ok_or(Error::Vanished { device: name })?;
+        *self.slot(dev) = Some(l.clone());
+        Ok(l)
+    }
+
+    fn changed(&mut self, dev: Dev) {
+        self.stale[dev as usize] = true;
+    }
+}
+
+/// Applies `plan`; `seen` is what it was computed from.
+pub fn apply(
+    k: &mut impl Kernel,
+    cfg: &Config,
+    plan: &Plan,
+    seen: &Observed,
+) -> Result<Devices, Error> {
+    let mut r = Resolved {
+        cfg,
+        vtep: seen.link(&cfg.vtep_name).cloned(),
+        bridge: seen.link(&cfg.bridge).cloned(),
+        stale: [false; 2],
+    };
+    for step in &plan.steps {
+        match step {
+            Step::DeleteLink { name } => {
+                k.delete_link(name)?;
+                r.vtep = None;
+            }
+            Step::CreateVtep(spec) => {
+                k.create_vxlan(spec)?;
+                r.vtep = None;
+            }
+            Step::CreateBridge { name, mtu, mac } => {
+                k.create_bridge(name, *mtu, *mac)?;
+                r.bridge = None;
+            }
+            Step::Change { dev, change } => {
+                let l = r.get(k, *dev)?;
+                k.change_link(&l, change)?;
+                r.changed(*dev);
+            }
+            Step::AddAddress { dev, net } => {
+                let l = r.get(k, *dev)?;
+                k.add_address(l.index, *net)?;
+            }
+            Step::DeleteAddress { dev, net } => {
+                let l = r.get(k, *dev)?;
+                k.delete_address(l.index, *net)?;
+            }
+            Step::AddFdb { mac, dst } => {
+                let index = r.get(k, Dev::Vtep)?.index;
+                k.add_fdb(&fdb(index, *mac, *dst))?;
+            }
+            Step::DeleteFdb { mac, dst } => {
+                let index = r.get(k, Dev::Vtep)?.index;
+                k.delete_fdb(&fdb(index, *mac, *dst))?;
+            }
+            Step::ReplaceNeighbour { ip, mac } => {
+                let index = r.get(k, Dev::Vtep)?.index;
+                k.replace_neighbour(&neighbour(index, *ip, *mac))?;
+            }
+            Step::DeleteNeighbour { ip, mac } => {
+                let index = r.get(k, Dev::Vtep)?.index;
+                k.delete_neighbour(&neighbour(index, *ip, *mac))?;
+            }
+            Step::ReplaceRoute { dst } => {
+                let index = r.get(k, Dev::Vtep)?.index;
+                let route = route_for(*dst, index);
+                k.replace_route(&route)?;
+            }
+            Step::DeleteRoute(route) => k.delete_route(route)?,
+            Step::Sysctl { key, value } => k.sysctl(key, value)?,
+            Step::Firewall { script } => k.nft(script)?,
+        }
+    }
+    for dev in [Dev::Vtep, Dev::Bridge] {
+        if r.stale[dev as usize] {
+            *r.slot(dev) = None;
+        }
+    }
+    Ok(Devices {
+        vtep: r.get(k, Dev::Vtep)?,
+        bridge: r.get(k, Dev::Bridge)?,
+    })
+}
+
+fn fdb(index: u32, mac: [u8; 6], dst: std::net::Ipv4Addr) -> Fdb {
+    Fdb {
+        index,
+        mac,
+        dst,
+        permanent: true,
+    }
+}
+
+fn neighbour(index: u32, ip: std::net::IpAddr, mac: [u8; 6]) -> Neighbour {
+    Neighbour {
+        index,
+        ip,
+        mac,
+        permanent: true,
+    }
+}

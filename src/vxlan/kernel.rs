@@ -1,0 +1,132 @@
+//! The node's kernel as the overlay needs it: a few reads, a few writes, nothing else.
+//!
+//! [`Kernel`] is the seam between deciding and doing (as youki's `Syscall` trait): the plan
+//! ([`super::plan`]) is computed from what [`Kernel`] reads and applied through what it
+//! writes. [`Live`] is the real thing (one rtnetlink socket, `/proc/sys`, `nft`); the tests
+//! use a recording fake (`super::fake`), so every decision is tested without root.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::{Error, firewall};
+use crate::netlink::link::{self, Link, VxlanSpec};
+use crate::netlink::neigh::{self, Fdb, Neighbour};
+use crate::netlink::route::{self, Route};
+use crate::netlink::{Socket, addr, sysctl};
+
+/// One change to a link, by index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkChange {
+    Mac([u8; 6]),
+    Mtu(u32),
+    Alias(String),
+    Up,
+}
+
+/// What sticky-vxlan reads from and writes to the node's kernel.
+pub trait Kernel {
+    fn links(&mut self) -> Result<Vec<Link>, Error>;
+    fn link(&mut self, name: &str) -> Result<Option<Link>, Error>;
+    /// Every address of the namespace, with the index of the interface holding it.
+    fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error>;
+    /// Every unicast route of the main table.
+    fn routes(&mut self) -> Result<Vec<Route>, Error>;
+    fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>, Error>;
+    fn fdb(&mut self, index: u32) -> Result<Vec<Fdb>, Error>;
+    /// `ip route get`: the outgoing interface and source address towards `ip`.
+    fn route_to(&mut self, ip: IpAddr) -> Result<(Option<u32>, Option<IpAddr>), Error>;
+
+    fn create_vxlan(&mut self, spec: &VxlanSpec) -> Result<(), Error>;
+    fn create_bridge(&mut self, name: &str, mtu: u32, mac: Option<[u8; 6]>) -> Result<(), Error>;
+    fn delete_link(&mut self, name: &str) -> Result<(), Error>;
+    fn change_link(&mut self, link: &Link, change: &LinkChange) -> Result<(), Error>;
+    fn add_address(&mut self, index: u32, net: IpNet) -> Result<(), Error>;
+    fn delete_address(&mut self, index: u32, net: IpNet) -> Result<(), Error>;
+    fn add_fdb(&mut self, fdb: &Fdb) -> Result<(), Error>;
+    fn delete_fdb(&mut self, fdb: &Fdb) -> Result<(), Error>;
+    fn replace_neighbour(&mut self, n: &Neighbour) -> Result<(), Error>;
+    fn delete_neighbour(&mut self, n: &Neighbour) -> Result<(), Error>;
+    fn replace_route(&mut self, r: &Route) -> Result<(), Error>;
+    fn delete_route(&mut self, r: &Route) -> Result<(), Error>;
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error>;
+    /// Runs an `nft -f -` script.
+    fn nft(&mut self, script: &str) -> Result<(), Error>;
+}
+
+/// The real kernel of the namespace the socket was opened in.
+pub struct Live<'a> {
+    pub sock: &'a mut Socket,
+}
+
+impl Kernel for Live<'_> {
+    fn links(&mut self) -> Result<Vec<Link>, Error> {
+        Ok(link::list(self.sock)?)
+    }
+    fn link(&mut self, name: &str) -> Result<Option<Link>, Error> {
+        Ok(link::get(self.sock, name)?)
+    }
+    fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error> {
+        Ok(addr::list_all(self.sock)?)
+    }
+    fn routes(&mut self) -> Result<Vec<Route>, Error> {
+        Ok(route::list(self.sock)?)
+    }
+    fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>, Error> {
+        Ok(neigh::list(self.sock, index)?)
+    }
+    fn fdb(&mut self, index: u32) -> Result<Vec<Fdb>, Error> {
+        Ok(neigh::list_fdb(self.sock, index)?)
+    }
+    fn route_to(&mut self, ip: IpAddr) -> Result<(Option<u32>, Option<IpAddr>), Error> {
+        Ok(route::lookup(self.sock, ip)?)
+    }
+    fn create_vxlan(&mut self, spec: &VxlanSpec) -> Result<(), Error> {
+        Ok(link::add_vxlan(self.sock, spec)?)
+    }
+    fn create_bridge(&mut self, name: &str, mtu: u32, mac: Option<[u8; 6]>) -> Result<(), Error> {
+        Ok(link::add_bridge(self.sock, name, Some(mtu), mac)?)
+    }
+    fn delete_link(&mut self, name: &str) -> Result<(), Error> {
+        Ok(link::delete(self.sock, name)?)
+    }
+    fn change_link(&mut self, l: &Link, change: &LinkChange) -> Result<(), Error> {
+        match change {
+            LinkChange::Mac(mac) => link::set_mac(self.sock, l, *mac)?,
+            LinkChange::Mtu(mtu) => link::set_mtu(self.sock, l, *mtu)?,
+            LinkChange::Alias(alias) => link::set_alias(self.sock, l, alias)?,
+            LinkChange::Up => link::set_up(self.sock, l)?,
+        }
+        Ok(())
+    }
+    fn add_address(&mut self, index: u32, net: IpNet) -> Result<(), Error> {
+        Ok(addr::add(self.sock, index, net)?)
+    }
+    fn delete_address(&mut self, index: u32, net: IpNet) -> Result<(), Error> {
+        Ok(addr::delete(self.sock, index, net)?)
+    }
+    fn add_fdb(&mut self, fdb: &Fdb) -> Result<(), Error> {
+        Ok(neigh::add_fdb(self.sock, fdb)?)
+    }
+    fn delete_fdb(&mut self, fdb: &Fdb) -> Result<(), Error> {
+        Ok(neigh::delete_fdb(self.sock, fdb)?)
+    }
+    fn replace_neighbour(&mut self, n: &Neighbour) -> Result<(), Error> {
+        Ok(neigh::replace(self.sock, n)?)
+    }
+    fn delete_neighbour(&mut self, n: &Neighbour) -> Result<(), Error> {
+        Ok(neigh::delete(self.sock, n)?)
+    }
+    fn replace_route(&mut self, r: &Route) -> Result<(), Error> {
+        Ok(route::replace(self.sock, r)?)
+    }
+    fn delete_route(&mut self, r: &Route) -> Result<(), Error> {
+        Ok(route::delete(self.sock, r)?)
+    }
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error> {
+        Ok(sysctl::write(key, value)?)
+    }
+    fn nft(&mut self, script: &str) -> Result<(), Error> {
+        Ok(firewall::run(script)?)
+    }
+}

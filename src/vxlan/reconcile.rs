@@ -1,0 +1,58 @@
+//! Reconciling a node: the one entry point that brings the VTEP, the bridge, the peers, the
+//! sysctls and the nftables rules to what a config says. `sticky-vxlan reconcile`, every ADD
+//! and the node agent all go through [`node`] (or [`node_with`] with a kernel of their own).
+//!
+//! Read once ([`Observed`]), decide ([`plan::plan`], pure), apply ([`apply::apply`]); all of
+//! it under the network's lock in `stateDir`, so parallel ADDs never race to create the VTEP
+//! and reconcile peers one at a time.
+
+use super::apply::{self, Devices};
+use super::config::Config;
+use super::kernel::{Kernel, Live};
+use super::node::{self, Node, Observed};
+use super::plan::{self, Plan};
+use super::{Error, state_dir};
+use crate::netlink::Socket;
+use crate::netlink::link::Link;
+
+/// What a reconcile did and found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub node: Node,
+    /// The VTEP and the bridge as they are now (MAC, MTU, index).
+    pub vtep: Link,
+    pub bridge: Link,
+    /// What was changed (empty when the node was already as configured).
+    pub plan: Plan,
+}
+
+impl Report {
+    /// Why the peers file could not be used, if it could not (then nothing was removed).
+    pub fn peers_file_error(&self) -> Option<&str> {
+        self.node.peers_file_error.as_deref()
+    }
+}
+
+/// Reconciles the node (the network namespace of the calling thread) exactly as
+/// `sticky-vxlan reconcile --config` does: this is the stable entry point for callers outside
+/// the CNI path (the node agent).
+pub fn node(cfg: &Config) -> Result<Report, Error> {
+    let mut sock = Socket::open()?;
+    node_with(&mut Live { sock: &mut sock }, cfg)
+}
+
+/// [`node`] through a given kernel (ADD passes the socket it keeps using for the pod).
+pub fn node_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
+    let _guard = state_dir::lock(cfg)?;
+    let seen = Observed::read(k, &cfg.vtep_name)?;
+    let node = node::resolve(k, cfg, &seen)?;
+    node.check(cfg.vni)?;
+    let plan = plan::plan(cfg, &node, &seen)?;
+    let Devices { vtep, bridge } = apply::apply(k, cfg, &plan, &seen)?;
+    Ok(Report {
+        node,
+        vtep,
+        bridge,
+        plan,
+    })
+}

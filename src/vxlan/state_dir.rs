@@ -1,0 +1,131 @@
+//! `stateDir`: the per-network lock and the copy of the last valid peers file.
+//!
+//! Security model: the directory is root's (created 0700 when missing). Nothing here is ever
+//! written through a link someone planted: the lock is opened `O_NOFOLLOW` (a link at its
+//! name is an error, never followed to create or truncate its target), the copy is written to
+//! a temp file created `O_EXCL | O_NOFOLLOW` under an unpredictable name and renamed over the
+//! copy (a rename replaces a link, it never writes through it), and the copy is read
+//! `O_NOFOLLOW`. The network name in every path is checked by [`super::config::Config`] (the
+//! CNI name pattern: no `/`, no `..`).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use super::config::Config;
+use super::peers::{self, Peer};
+use crate::nofollow;
+
+#[derive(Debug, thiserror::Error)]
+#[error("lock {path}: {source}")]
+pub struct LockError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Holds the per-network lock that serializes node reconciliation (parallel ADDs all
+/// reconcile, one at a time). Released when dropped.
+#[derive(Debug)]
+pub struct Lock {
+    _file: File,
+}
+
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Takes the network's lock, `<stateDir>/<name>.lock`, waiting for it.
+pub fn lock(cfg: &Config) -> Result<Lock, LockError> {
+    let path = cfg.lock_path();
+    let err = |source| LockError {
+        path: path.clone(),
+        source,
+    };
+    create_dir(&cfg.state_dir).map_err(err)?;
+    let file = nofollow::open_for_rewrite(&path, 0o600).map_err(err)?;
+    file.lock().map_err(err)?;
+    Ok(Lock { _file: file })
+}
+
+/// Keeps `text`, a peers file that just parsed, as the last good copy (temp file + rename, so
+/// the copy is always whole). Best effort: failing to keep it only weakens the fallback, so
+/// it is logged.
+pub fn keep_last_good(copy: &Path, text: &[u8]) {
+    if nofollow::read(copy).is_ok_and(|old| old.as_deref() == Some(text)) {
+        return;
+    }
+    let (Some(dir), Some(name)) = (copy.parent(), copy.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let mut tmp = None;
+    let saved = create_dir(dir)
+        .and_then(|()| nofollow::create_temp(dir, &prefix, 0o600))
+        .and_then(|(mut file, path)| {
+            let written = file.write_all(text);
+            tmp = Some(path.clone());
+            written.and_then(|()| std::fs::rename(&path, copy))
+        });
+    if let Err(e) = saved {
+        if let Some(tmp) = tmp {
+            let _ = std::fs::remove_file(tmp);
+        }
+        eprintln!(
+            "sticky-vxlan: keeping a copy of the peers file in {}: {e}",
+            copy.display()
+        );
+    }
+}
+
+/// The last valid peers list, or none.
+pub fn last_good(copy: &Path) -> Vec<Peer> {
+    nofollow::read(copy)
+        .ok()
+        .flatten()
+        .and_then(|text| peers::parse_file(&text).ok())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeping_the_copy_never_writes_through_a_planted_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("net.peers.json");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        // A link at the copy itself is replaced, never written through.
+        std::os::unix::fs::symlink(&victim, &copy).unwrap();
+        keep_last_good(&copy, b"[]");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read(&copy).unwrap(), b"[]");
+        assert!(!std::fs::symlink_metadata(&copy).unwrap().is_symlink());
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn a_link_at_the_copy_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("elsewhere.json");
+        std::fs::write(
+            &real,
+            br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"]}]"#,
+        )
+        .unwrap();
+        let copy = dir.path().join("net.peers.json");
+        std::os::unix::fs::symlink(&real, &copy).unwrap();
+        assert!(last_good(&copy).is_empty());
+    }
+}
