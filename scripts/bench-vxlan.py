@@ -10,7 +10,11 @@ bridge + host-local; DEL <= the floor + 2 ms) and draws docs/bench-vxlan.svg. Ne
 only python3.
 
     scripts/bench-vxlan.py [--runs 50] [--bin target/release/sticky-vxlan]
-                           [--ipam target/release/sticky-ipam] [--plot docs/bench-vxlan.svg]
+                           [--ipam target/release/sticky-ipam] [--segment]
+                           [--plot docs/bench-vxlan.svg]
+
+With --segment, a third kind runs interleaved with the two: a sticky-vxlan segment interface
+("mode": "segment", same IPAM plugin over its own subnet), the extra interface of a pod.
 
 Every namespace and temp file it makes is removed at the end, also on failure.
 """
@@ -68,6 +72,7 @@ def main():
     )
     parser.add_argument("--plot", default=os.path.join(here, "..", "docs", "bench-vxlan.svg"),
                         help="SVG file to draw ('' for none)")
+    parser.add_argument("--segment", action="store_true", help="also time a segment-mode interface")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-vxlan: needs root (it creates network namespaces)")
@@ -130,6 +135,22 @@ def main():
             },
         }
         binaries = {"sticky-vxlan": sticky, "bridge": os.path.join(CNI_DIR, "bridge")}
+        if args.segment:
+            confs["segment"] = {
+                "cniVersion": "1.0.0",
+                "name": "bench-segment",
+                "type": "sticky-vxlan",
+                "mode": "segment",
+                "vni": 101,
+                "stateDir": os.path.join(tmp, "state"),
+                "peers": confs["sticky-vxlan"]["peers"],
+                "ipam": {
+                    "type": ipam_type,
+                    "dataDir": os.path.join(tmp, "ipam"),
+                    "ranges": [[{"subnet": "192.168.10.0/24"}]],
+                },
+            }
+            binaries["segment"] = sticky
         times = {k: [] for k in confs}
         adds = {k: [] for k in confs}
         dels = {k: [] for k in confs}
@@ -137,10 +158,10 @@ def main():
         # One warm-up round each (creates the shared bridge/VTEP), then interleaved runs.
         for i in range(args.runs + 1):
             for kind in confs:
-                pod = f"{tag}-{kind[:2]}{i}"
+                pod = f"{tag}-{kind[:3]}{i}"
                 sh("ip", "netns", "add", pod)
                 namespaces.append(pod)
-                cid = f"{tag}{kind[:2]}{i}"
+                cid = f"{tag}{kind[:3]}{i}"
                 netns = f"/run/netns/{pod}"
                 start = time.perf_counter()
                 cni(node, binaries[kind], "ADD", cid, netns, confs[kind], bindir)
@@ -171,7 +192,9 @@ def main():
             return statistics.median(values) * 1000
 
         print(f"runs: {args.runs} ADD+DEL each, interleaved, same netns node")
-        labels = (("sticky-vxlan", f"sticky-vxlan + {ipam_type}"), ("bridge", "bridge + host-local"))
+        labels = [("sticky-vxlan", f"sticky-vxlan + {ipam_type}"), ("bridge", "bridge + host-local")]
+        if args.segment:
+            labels.append(("segment", f"segment + {ipam_type}"))
         for kind, label in labels:
             print(
                 f"{label:26} median ADD+DEL {ms(times[kind]):6.1f} ms"

@@ -150,7 +150,7 @@ pub enum Error {
     #[error("nftables: {0}")]
     Firewall(#[from] firewall::Error),
     #[error("CHECK: {0}")]
-    Check(String),
+    Check(#[from] pod::Mismatch),
     /// STATUS: the plugin cannot work, because of this error.
     #[error("not ready: {0}")]
     NotReady(Box<dyn std::error::Error + Send + Sync>),

@@ -94,33 +94,8 @@ impl Plugin for StickyVxlan {
 
     fn check(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
-        let prev = call
-            .conf
-            .prev_result
-            .as_ref()
-            .ok_or_else(|| Error::Check("prevResult is missing".into()))?;
-        let container = prev
-            .interfaces
-            .iter()
-            .find(|i| i.name == call.env.ifname && i.sandbox.is_some());
-        pod::check_container(
-            Path::new(&call.env.netns),
-            &call.env.ifname,
-            container.and_then(|i| i.mac.as_deref()),
-            prev,
-        )?;
+        pod::check_attachment(call, &cfg.bridge)?;
         let mut sock = Socket::open()?;
-        let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        let Some(host_link) = link::get(&mut sock, &host)? else {
-            return Err(Error::Check(format!("host interface {host} is missing")));
-        };
-        let bridge = link::require(&mut sock, &cfg.bridge)?;
-        if host_link.master != Some(bridge.index) {
-            return Err(Error::Check(format!(
-                "{host} is not on bridge {}",
-                cfg.bridge
-            )));
-        }
         let ipam = Ipam::for_call(call, &cfg, || local_subnets(&mut sock, call, &cfg))?;
         ipam.run(&Process, call, "CHECK")?;
         Ok(())

@@ -2,7 +2,7 @@
 //! created directly in the pod's namespace, carries a MAC derived from the pod's IPv4.
 
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use super::Error;
 use super::mac::pod_mac;
 use super::node::gateway_of;
-use crate::cni::{CniResult, IpConfig, Route};
+use crate::cni::{Call, CniResult, IpConfig, Route};
 use crate::netlink::link::{self, Link};
 use crate::netlink::route::{self as nlroute};
 use crate::netlink::{Socket, addr, netns, sysctl};
@@ -157,6 +157,67 @@ pub fn configure_container(
     })?
 }
 
+/// What CHECK found different from `prevResult`.
+#[derive(Debug, thiserror::Error)]
+pub enum Mismatch {
+    #[error("prevResult is missing")]
+    NoPrevResult,
+    #[error("interface {ifname} is missing in {}", netns.display())]
+    NoInterface { ifname: String, netns: PathBuf },
+    #[error(
+        "{ifname} has MAC {}, expected {}",
+        link::format_mac(have),
+        link::format_mac(want)
+    )]
+    Mac {
+        ifname: String,
+        have: [u8; 6],
+        want: [u8; 6],
+    },
+    #[error("{ifname} lacks address {address}")]
+    Address { ifname: String, address: IpNet },
+    #[error("route to {dst} via {ifname} is missing")]
+    Route { ifname: String, dst: IpNet },
+    #[error("host interface {host} is missing")]
+    NoHostEnd { host: String },
+    #[error("{host} is not on bridge {bridge}")]
+    NotOnBridge { host: String, bridge: String },
+}
+
+/// CHECK of one attachment: the container side ([`check_container`]) against the call's
+/// `prevResult`, then the host end on `bridge`. Both modes (main and segment) use it.
+pub fn check_attachment(call: &Call, bridge: &str) -> Result<(), Error> {
+    let prev = call
+        .conf
+        .prev_result
+        .as_ref()
+        .ok_or(Mismatch::NoPrevResult)?;
+    let container = prev
+        .interfaces
+        .iter()
+        .find(|i| i.name == call.env.ifname && i.sandbox.is_some());
+    check_container(
+        Path::new(&call.env.netns),
+        &call.env.ifname,
+        container.and_then(|i| i.mac.as_deref()),
+        prev,
+    )?;
+    let mut sock = Socket::open()?;
+    let host = host_veth_name(&call.env.container_id, &call.env.ifname);
+    let Some(host_link) = link::get(&mut sock, &host)? else {
+        return Err(Mismatch::NoHostEnd { host }.into());
+    };
+    let bridge = link::require(&mut sock, bridge)?;
+    if host_link.master != Some(bridge.index) {
+        return Err(Mismatch::NotOnBridge {
+            host,
+            bridge: bridge.name,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// CHECK inside the pod's namespace: the interface, its MAC, addresses and routes.
 pub fn check_container(
     netns_path: &Path,
@@ -164,31 +225,30 @@ pub fn check_container(
     mac: Option<&str>,
     prev: &CniResult,
 ) -> Result<(), Error> {
+    let differs = |m: Mismatch| Err(Error::Check(m));
     netns::run_in(netns_path, || -> Result<(), Error> {
         let mut sock = Socket::open()?;
         let Some(link) = link::get(&mut sock, ifname)? else {
-            return Err(Error::Check(format!(
-                "interface {ifname} is missing in {}",
-                netns_path.display()
-            )));
+            return differs(Mismatch::NoInterface {
+                ifname: ifname.to_string(),
+                netns: netns_path.to_path_buf(),
+            });
         };
         if let (Some(want), Some(have)) = (mac.and_then(link::parse_mac), link.mac)
             && want != have
         {
-            return Err(Error::Check(format!(
-                "{ifname} has MAC {}, expected {}",
-                link::format_mac(&have),
-                link::format_mac(&want)
-            )));
+            return differs(Mismatch::Mac {
+                ifname: ifname.to_string(),
+                have,
+                want,
+            });
         }
         let have = addr::list(&mut sock, link.index)?;
-        for ip in &prev.ips {
-            if !have.contains(&ip.address) {
-                return Err(Error::Check(format!(
-                    "{ifname} lacks address {}",
-                    ip.address
-                )));
-            }
+        if let Some(ip) = prev.ips.iter().find(|ip| !have.contains(&ip.address)) {
+            return differs(Mismatch::Address {
+                ifname: ifname.to_string(),
+                address: ip.address,
+            });
         }
         let routes = nlroute::list(&mut sock)?;
         for r in &prev.routes {
@@ -197,10 +257,10 @@ pub fn check_container(
                 .iter()
                 .any(|have| have.dst == dst && have.oif == Some(link.index))
             {
-                return Err(Error::Check(format!(
-                    "route to {} via {ifname} is missing",
-                    r.dst
-                )));
+                return differs(Mismatch::Route {
+                    ifname: ifname.to_string(),
+                    dst: r.dst,
+                });
             }
         }
         Ok(())
