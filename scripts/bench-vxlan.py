@@ -6,7 +6,10 @@ address on 192.0.2.0/24), each call executed inside it with `ip netns exec`, as 
 that node would. Prints the median ADD+DEL time of each, and the ratio. Needs root.
 
     sudo scripts/bench-vxlan.py [--runs 50] [--bin target/release/sticky-vxlan]
-                                [--ipam target/release/sticky-ipam]
+                                [--ipam target/release/sticky-ipam] [--segment]
+
+With --segment, a third kind runs interleaved with the two: a sticky-vxlan segment interface
+("mode": "segment", same IPAM plugin over its own subnet), the extra interface of a pod.
 
 Every namespace and temp file it makes is removed at the end, also on failure.
 """
@@ -60,6 +63,7 @@ def main():
         default=os.path.join(CNI_DIR, "host-local"),
         help="IPAM plugin for sticky-vxlan (e.g. target/release/sticky-ipam); bridge always uses host-local",
     )
+    parser.add_argument("--segment", action="store_true", help="also time a segment-mode interface")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-vxlan: needs root (it creates network namespaces)")
@@ -122,16 +126,32 @@ def main():
             },
         }
         binaries = {"sticky-vxlan": sticky, "bridge": os.path.join(CNI_DIR, "bridge")}
+        if args.segment:
+            confs["segment"] = {
+                "cniVersion": "1.0.0",
+                "name": "bench-segment",
+                "type": "sticky-vxlan",
+                "mode": "segment",
+                "vni": 101,
+                "stateDir": os.path.join(tmp, "state"),
+                "peers": confs["sticky-vxlan"]["peers"],
+                "ipam": {
+                    "type": ipam_type,
+                    "dataDir": os.path.join(tmp, "ipam"),
+                    "ranges": [[{"subnet": "192.168.10.0/24"}]],
+                },
+            }
+            binaries["segment"] = sticky
         times = {k: [] for k in confs}
         adds = {k: [] for k in confs}
         dels = {k: [] for k in confs}
         # One warm-up round each (creates the shared bridge/VTEP), then interleaved runs.
         for i in range(args.runs + 1):
             for kind in confs:
-                pod = f"{tag}-{kind[:2]}{i}"
+                pod = f"{tag}-{kind[:3]}{i}"
                 sh("ip", "netns", "add", pod)
                 namespaces.append(pod)
-                cid = f"{tag}{kind[:2]}{i}"
+                cid = f"{tag}{kind[:3]}{i}"
                 netns = f"/run/netns/{pod}"
                 start = time.perf_counter()
                 cni(node, binaries[kind], "ADD", cid, netns, confs[kind], bindir)
@@ -148,7 +168,9 @@ def main():
             return statistics.median(values) * 1000
 
         print(f"runs: {args.runs} ADD+DEL each, interleaved, same netns node")
-        labels = (("sticky-vxlan", f"sticky-vxlan + {ipam_type}"), ("bridge", "bridge + host-local"))
+        labels = [("sticky-vxlan", f"sticky-vxlan + {ipam_type}"), ("bridge", "bridge + host-local")]
+        if args.segment:
+            labels.append(("segment", f"segment + {ipam_type}"))
         for kind, label in labels:
             print(
                 f"{label:26} median ADD+DEL {ms(times[kind]):6.1f} ms"

@@ -11,6 +11,7 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod agent;
 pub mod cli;
 pub mod cni;
 pub mod codes;

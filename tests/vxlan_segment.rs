@@ -581,3 +581,49 @@ fn a_device_that_is_not_ours_is_refused_and_bad_config_changes_nothing() {
         topo.drop_ns(&ns);
     }
 }
+
+#[test]
+fn a_failed_add_gives_the_address_back_and_leaves_no_veth() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    let dir = topo.dir.path().to_path_buf();
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    let data = dir.join("seg-ipam");
+    let conf = segment(
+        &dir,
+        "segr",
+        501,
+        1,
+        json!({
+            "cniVersion": "1.0.0",
+            "ipam": {"type": "host-local", "dataDir": data, "ranges": [[{"subnet": "192.168.20.0/24"}]]}
+        }),
+    );
+    let pod = with_ifname(topo.new_pod(1, "r"), "net1");
+    // The pod's namespace is gone by the time the veth is made: IPAM had allocated.
+    let out = topo.cni(1, "ADD", &pod, "/run/netns/no-such-netns", &conf, &k8s("r"));
+    expect_error(&out, 123, "");
+    let held: Vec<_> = std::fs::read_dir(data.join("segr"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        !held.iter().any(|f: &String| f.starts_with("192.168.")),
+        "{held:?}"
+    );
+    let links = ok(&["ip", "-n", &topo.node_ns(1), "-o", "link"]);
+    assert!(!links.contains(": sv"), "{links}");
+    // The same ADD into the real namespace then works (host-local moves on round-robin).
+    let r = topo.add_args(&pod, &conf, &k8s("r"));
+    assert!(
+        r["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .starts_with("192.168.20.")
+    );
+}

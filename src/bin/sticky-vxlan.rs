@@ -10,6 +10,9 @@ fn main() -> ExitCode {
         return sticky_cni::cni::skel::run(&ByMode);
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("agent") {
+        return sticky_cni::agent::main(&args[1..]);
+    }
     match cli::run(&args) {
         Ok(out) => {
             print!("{out}");

@@ -22,7 +22,7 @@ use super::config::Config;
 use super::node::{self, Node};
 use super::pod::{self, Iface};
 use super::{Error, datapath, slice};
-use crate::cni::delegate::Process;
+use crate::cni::delegate::{Error as Delegate, Process};
 use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin, Route};
 use crate::netlink::Socket;
 use crate::netlink::link::{self, format_mac, parse_mac};
@@ -183,12 +183,30 @@ impl Plugin for Segment {
         let mut sock = Socket::open()?;
         let node = node::resolve(&mut sock, &cfg)?;
         let addressing = addressing(call, &cfg, Some(&node))?;
-        let bridge = datapath::ensure(&mut sock, &cfg, &node)?;
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        // A leftover from an earlier, interrupted ADD of the same attachment.
-        link::delete(&mut sock, &host)?;
-        let (ipam, ip_configs, ipam_routes, dns) = match addressing {
-            Addressing::Fixed(ips) => {
+        // IPAM runs while the segment's devices and flood entries are brought up to date.
+        let (ipam, pending) = match addressing {
+            Addressing::Fixed(ips) => (None, Err(ips)),
+            Addressing::Ipam(ipam) => {
+                let pending = ipam.start(&Process, call, "ADD")?;
+                (Some(ipam), Ok(pending))
+            }
+        };
+        let ready = datapath::ensure(&mut sock, &cfg, &node).and_then(|bridge| {
+            // A leftover from an earlier, interrupted ADD of the same attachment.
+            link::delete(&mut sock, &host)?;
+            Ok(bridge)
+        });
+        let allocated = pending.map(|p| p.result().map_err(|e| Error::Vxlan(e.into())));
+        let give_back = || {
+            if let Some(ipam) = &ipam
+                && let Err(e) = ipam.run(&Process, call, "DEL")
+            {
+                eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
+            }
+        };
+        let (bridge, ip_configs, ipam_routes, dns) = match (ready, allocated) {
+            (Ok(bridge), Err(ips)) => {
                 let configs = ips
                     .into_iter()
                     .map(|address| IpConfig {
@@ -197,15 +215,23 @@ impl Plugin for Segment {
                         interface: Some(2),
                     })
                     .collect();
-                (None, configs, Vec::new(), Default::default())
+                (bridge, configs, Vec::new(), Default::default())
             }
-            Addressing::Ipam(ipam) => {
-                let r = ipam
-                    .start(&Process, call, "ADD")?
-                    .result()
-                    .map_err(crate::vxlan::Error::from)?;
-                (Some(ipam), r.ips, r.routes, r.dns)
+            (Ok(bridge), Ok(Ok(r))) => (bridge, r.ips, r.routes, r.dns),
+            // IPAM exited 0, so it may have allocated, but its answer cannot be used.
+            (
+                ready,
+                Ok(Err(e @ Error::Vxlan(crate::vxlan::Error::Ipam(Delegate::Output { .. })))),
+            ) => {
+                give_back();
+                return Err(ready.err().unwrap_or(e));
             }
+            (Err(e), Ok(Ok(_))) => {
+                give_back();
+                return Err(e);
+            }
+            // IPAM allocated nothing; the node's problem, if any, is the one to fix first.
+            (Err(e), _) | (Ok(_), Ok(Err(e))) => return Err(e),
         };
         let ips: Vec<IpNet> = ip_configs.iter().map(|ip| ip.address).collect();
         let entry = attachment(call, &cfg);
@@ -233,11 +259,7 @@ impl Plugin for Segment {
                 if let Err(e) = link::delete(&mut sock, &host) {
                     eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
                 }
-                if let Some(ipam) = &ipam
-                    && let Err(e) = ipam.run(&Process, call, "DEL")
-                {
-                    eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
-                }
+                give_back();
             })
             .map(|mut r| {
                 r.ips = ip_configs
@@ -256,16 +278,18 @@ impl Plugin for Segment {
         // The veth goes even if the config is broken; IPAM DEL runs even if removing the veth
         // failed; a config or IPAM error is reported before a netlink one.
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        let released = config(call).and_then(|cfg| match addressing_late(call, &cfg)? {
-            Addressing::Ipam(ipam) => ipam
-                .run(&Process, call, "DEL")
-                .map(drop)
-                .map_err(Error::from),
-            Addressing::Fixed(_) => Ok(()),
+        // IPAM DEL runs while the veth is removed.
+        let pending = config(call).and_then(|cfg| match addressing_late(call, &cfg)? {
+            Addressing::Ipam(ipam) => Ok(Some(ipam.start(&Process, call, "DEL")?)),
+            Addressing::Fixed(_) => Ok(None),
         });
         let removed = Socket::open()
             .map_err(Error::from)
             .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
+        let released = pending.and_then(|p| match p {
+            Some(p) => p.wait().map(drop).map_err(|e| Error::Vxlan(e.into())),
+            None => Ok(()),
+        });
         released.and(removed)
     }
 

@@ -23,9 +23,11 @@ STATUS, VERSION). Run by hand:
   sticky-vxlan reconcile --config <file.conflist|file.conf>
       create/repair the VTEP and bridge and program the peers, without a pod
       (for a boot-time unit, before kubelet starts)
-  sticky-vxlan show
+  sticky-vxlan show [--state-dir /run/sticky-vxlan]
       print every VXLAN device of this namespace, its MAC, the programmed peers,
-      and the pods attached by sticky-vxlan
+      the pods attached by sticky-vxlan, and where the agent got the peers from
+  sticky-vxlan agent --config <file.conflist> ...   (see sticky-vxlan agent --help)
+      keep the peers file current from the Kubernetes API and reconcile on every change
   sticky-vxlan --help | --version
 ";
 
@@ -71,7 +73,9 @@ pub fn run(args: &[String]) -> Result<String, Error> {
             }
             Ok(out)
         }
-        Some("show") => show(),
+        Some("show") => show(Path::new(
+            flag(args, "--state-dir").unwrap_or(super::config::DEFAULT_STATE_DIR),
+        )),
         Some(other) => Err(usage(&format!("unknown command {other:?}"))),
     }
 }
@@ -113,7 +117,7 @@ pub fn load(path: &Path) -> Result<Config, Error> {
 }
 
 /// Every VXLAN device with its MAC (and whether it is the kept one) and the peers on it.
-fn show() -> Result<String, Error> {
+fn show(state_dir: &Path) -> Result<String, Error> {
     let mut sock = Socket::open()?;
     let links = link::list(&mut sock)?;
     let mut out = String::new();
@@ -183,6 +187,7 @@ fn show() -> Result<String, Error> {
         out.push_str("no VXLAN device in this network namespace\n");
     }
     out.push_str(&crate::segment::show::segments(&mut sock, &links)?);
+    out.push_str(&crate::agent::state::describe(state_dir));
     for l in &links {
         if let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) {
             let _ = writeln!(

@@ -11,18 +11,18 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::mac::vtep_mac;
 use crate::netlink::link::{format_mac, parse_mac};
 
 /// One entry as written in JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerEntry {
     pub ip: IpAddr,
     pub subnets: Vec<IpNet>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
 }
 

@@ -1,0 +1,213 @@
+//! The agent's command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const HELP: &str = "\
+sticky-vxlan agent: keep this node's peers file and data path current.
+
+  sticky-vxlan agent --config <file.conflist> [options]
+
+Learns the peers from the Kubernetes API's Node objects when it answers (list + watch), writes
+them to the conflist's peersFile when they change, and reconciles this node (as
+`sticky-vxlan reconcile` does) after every change of that file, its own or by hand, and
+periodically. Offline, the last good file stays and the node is programmed from it.
+
+Where the API is (the first that applies):
+  --kubeconfig <file>           kubectl's format: server, CA, token/tokenFile or client cert
+  --server <url>                e.g. http://127.0.0.1:10261 (YurtHub); with https, --ca-file
+      [--ca-file <pem>] [--token-file <file>]
+  in a pod                      KUBERNETES_SERVICE_HOST/PORT and the service account
+  --no-api                      no API: only watch the peers file (edited by hand)
+
+Options:
+  --node-name <name>            this node's Node name (default: $NODE_NAME)
+  --resync <seconds>            reconcile at least this often (default 60)
+  --max-remove-fraction <f>     refuse a node list that would remove more than this fraction
+                                of the current peers at once (default 0.5; 1 turns it off)
+  --metrics-addr <addr:port>    serve /metrics and /healthz (default: off)
+  --publish-flannel-annotations set flannel's annotations on this node's Node object
+                                (needs --node-name and patch on nodes)
+";
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    Kubeconfig(PathBuf),
+    Server {
+        url: String,
+        ca_file: Option<PathBuf>,
+        token_file: Option<PathBuf>,
+    },
+    InCluster {
+        host: String,
+        port: String,
+    },
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub config: PathBuf,
+    pub source: Source,
+    pub node_name: Option<String>,
+    pub resync: Duration,
+    pub max_remove_fraction: f64,
+    pub metrics_addr: Option<SocketAddr>,
+    pub publish: bool,
+}
+
+/// Parses the arguments after `agent`; `env` looks up environment variables.
+pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Options, String> {
+    let mut config = None;
+    let mut kubeconfig = None;
+    let mut server = None;
+    let mut ca_file = None;
+    let mut token_file = None;
+    let mut no_api = false;
+    let mut node_name = env("NODE_NAME").filter(|n| !n.is_empty());
+    let mut resync = Duration::from_secs(60);
+    let mut max_remove_fraction = 0.5;
+    let mut metrics_addr = None;
+    let mut publish = false;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--config" => config = Some(PathBuf::from(value()?)),
+            "--kubeconfig" => kubeconfig = Some(PathBuf::from(value()?)),
+            "--server" => server = Some(value()?),
+            "--ca-file" => ca_file = Some(PathBuf::from(value()?)),
+            "--token-file" => token_file = Some(PathBuf::from(value()?)),
+            "--no-api" => no_api = true,
+            "--node-name" => node_name = Some(value()?),
+            "--resync" => {
+                let v = value()?;
+                resync = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| *s >= 0.1 && *s <= 86400.0)
+                    .map(Duration::from_secs_f64)
+                    .ok_or_else(|| format!("--resync {v:?}: expected seconds from 0.1 to 86400"))?;
+            }
+            "--max-remove-fraction" => {
+                let v = value()?;
+                max_remove_fraction = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| (0.0..=1.0).contains(f))
+                    .ok_or_else(|| {
+                        format!("--max-remove-fraction {v:?}: expected a number from 0 to 1")
+                    })?;
+            }
+            "--metrics-addr" => {
+                let v = value()?;
+                metrics_addr = Some(v.parse().map_err(|_| {
+                    format!("--metrics-addr {v:?}: expected an address:port like 127.0.0.1:9767")
+                })?);
+            }
+            "--publish-flannel-annotations" => publish = true,
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    let config = config.ok_or("agent needs --config <file.conflist>")?;
+    let source = match (no_api, kubeconfig, server) {
+        (true, None, None) => Source::None,
+        (true, _, _) => return Err("--no-api excludes --kubeconfig and --server".into()),
+        (false, Some(_), Some(_)) => {
+            return Err("give --kubeconfig or --server, not both".into());
+        }
+        (false, Some(k), None) => Source::Kubeconfig(k),
+        (false, None, Some(url)) => Source::Server {
+            url,
+            ca_file,
+            token_file,
+        },
+        (false, None, None) => match (
+            env("KUBERNETES_SERVICE_HOST").filter(|h| !h.is_empty()),
+            env("KUBERNETES_SERVICE_PORT").filter(|p| !p.is_empty()),
+        ) {
+            (Some(host), Some(port)) => Source::InCluster { host, port },
+            _ => {
+                return Err(
+                    "no API given: use --kubeconfig, --server, run in a pod, or --no-api to only watch the peers file".into(),
+                );
+            }
+        },
+    };
+    if publish && (node_name.is_none() || source == Source::None) {
+        return Err(
+            "--publish-flannel-annotations needs the API and this node's name (--node-name or NODE_NAME)".into(),
+        );
+    }
+    Ok(Options {
+        config,
+        source,
+        node_name,
+        resync,
+        max_remove_fraction,
+        metrics_addr,
+        publish,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn sources_and_defaults() {
+        let none = |_: &str| None;
+        let o = parse(&args(&["--config", "/c", "--no-api"]), none).unwrap();
+        assert_eq!(
+            (o.source, o.resync.as_secs(), o.max_remove_fraction),
+            (Source::None, 60, 0.5)
+        );
+        let pod = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("10.96.0.1".to_string()),
+            "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
+            "NODE_NAME" => Some("n1".to_string()),
+            _ => None,
+        };
+        let o = parse(
+            &args(&["--config", "/c", "--publish-flannel-annotations"]),
+            pod,
+        )
+        .unwrap();
+        assert!(matches!(o.source, Source::InCluster { .. }));
+        assert_eq!(o.node_name.as_deref(), Some("n1"));
+        let o = parse(
+            &args(&["--config", "/c", "--server", "http://127.0.0.1:10261"]),
+            pod,
+        )
+        .unwrap();
+        assert!(
+            matches!(o.source, Source::Server { .. }),
+            "a flag beats the pod's env"
+        );
+        for bad in [
+            &["--no-api"][..],
+            &["--config", "/c"],
+            &["--config", "/c", "--no-api", "--server", "http://x"],
+            &[
+                "--config",
+                "/c",
+                "--no-api",
+                "--publish-flannel-annotations",
+            ],
+            &["--config", "/c", "--no-api", "--max-remove-fraction", "2"],
+            &["--config", "/c", "--no-api", "--metrics-addr", "9767"],
+            &["--config", "/c", "--no-api", "--frob"],
+        ] {
+            assert!(parse(&args(bad), none).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! `sticky-vxlan agent`: a long-running node agent that learns the peers from the
+//! Kubernetes API's Node objects when it answers, writes them to the peers file the plugin
+//! reads, and reconciles the node whenever that file changes.
+//!
+//! The exec path (ADD/DEL/CHECK/GC/STATUS, `reconcile`) never talks to an API server: it reads
+//! the peers file. The agent only writes that file, so the data path survives any outage of
+//! the control plane: offline, the last good file stays and the node is programmed from it.
+//!
+//! [`flags`] is the command line, [`endpoint`] finds the API and its credentials, [`http`] is
+//! a small blocking HTTP/1.1 client over rustls, [`client`] the three API calls, [`objects`]
+//! the typed subset of the Node object, [`mapping`] turns nodes into peers and guards removals,
+//! [`sync`] is the list/watch thread, [`files`] writes the peers file, [`reconcile`] programs
+//! the node, [`state`] and [`serve`] are the metrics, `/healthz` and the status file, and
+//! [`publish`] sets flannel's annotations on the agent's own Node.
+
+pub mod client;
+pub mod endpoint;
+pub mod files;
+pub mod flags;
+pub mod http;
+pub mod mapping;
+pub mod objects;
+pub mod publish;
+pub mod reconcile;
+pub mod serve;
+pub mod state;
+pub mod sync;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use flags::{Options, Source};
+use state::{Shared, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A command-line mistake; the text includes the help.
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Config(#[from] crate::vxlan::Error),
+    #[error("{path}: the agent needs \"peersFile\" in the sticky-vxlan config (the file it keeps)")]
+    NoPeersFile { path: PathBuf },
+    #[error(transparent)]
+    Endpoint(#[from] endpoint::Error),
+    #[error("--metrics-addr {addr}: {source}")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn log(msg: &str) {
+    eprintln!("sticky-vxlan agent: {msg}");
+}
+
+/// `sticky-vxlan agent ...`: runs until killed; returns only on a fatal error.
+pub fn main(args: &[String]) -> ExitCode {
+    if args
+        .iter()
+        .any(|a| matches!(a.as_str(), "--help" | "-h" | "help"))
+    {
+        print!("{}", flags::HELP);
+        return ExitCode::SUCCESS;
+    }
+    let result = flags::parse(args, |k| std::env::var(k).ok())
+        .map_err(|e| Error::Usage(format!("{e}\n\n{}", flags::HELP)))
+        .and_then(run);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sticky-vxlan agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(opts: Options) -> Result<(), Error> {
+    let cfg = crate::vxlan::cli::load(&opts.config)?;
+    let peers_file = cfg.peers_file.clone().ok_or_else(|| Error::NoPeersFile {
+        path: opts.config.clone(),
+    })?;
+    let endpoint = match &opts.source {
+        Source::None => None,
+        Source::Kubeconfig(p) => Some(endpoint::from_kubeconfig(p)?),
+        Source::Server {
+            url,
+            ca_file,
+            token_file,
+        } => Some(endpoint::from_server(
+            url,
+            ca_file.as_deref(),
+            token_file.as_deref(),
+        )?),
+        Source::InCluster { host, port } => Some(endpoint::in_cluster(host, port)?),
+    };
+    let shared = Shared::new(Status {
+        network: cfg.name.clone(),
+        peers_file: peers_file.clone(),
+        source: match &endpoint {
+            None => "the peers file only (--no-api)".into(),
+            Some(e) => format!("the Kubernetes API at {}", e.url),
+        },
+        peers: files::current_peers(&peers_file).map_or(0, |p| p.len()),
+        pid: std::process::id(),
+        ..Status::default()
+    });
+    if let Some(addr) = opts.metrics_addr {
+        let bound =
+            serve::start(addr, shared.clone()).map_err(|source| Error::Metrics { addr, source })?;
+        log(&format!("serving /metrics and /healthz on {bound}"));
+    }
+    let (tx, rx) = mpsc::channel();
+    match endpoint {
+        None => log(&format!(
+            "no API: watching {} for hand edits",
+            peers_file.display()
+        )),
+        Some(e) => {
+            log(&format!(
+                "peers from the Kubernetes API at {}, kept in {}",
+                e.url,
+                peers_file.display()
+            ));
+            let publisher = match (&opts.node_name, opts.publish) {
+                (Some(name), true) => Some(publish::Publisher {
+                    node_name: name.clone(),
+                    vni: cfg.vni,
+                }),
+                _ => None,
+            };
+            let sync = sync::Sync::new(
+                client::Client::new(e),
+                peers_file.clone(),
+                opts.max_remove_fraction,
+                shared.clone(),
+                tx,
+                publisher,
+            );
+            std::thread::spawn(move || sync.run());
+        }
+    }
+    main_loop(&opts, &cfg.state_dir, &peers_file, &shared, &rx);
+    Ok(())
+}
+
+/// Reconciles at once (from the file as it is: offline, that is the last good one), then
+/// after every change of the peers file and every `--resync`; writes the status file.
+fn main_loop(
+    opts: &Options,
+    state_dir: &Path,
+    peers_file: &Path,
+    shared: &Shared,
+    rx: &mpsc::Receiver<()>,
+) {
+    const POLL: Duration = Duration::from_millis(500);
+    const RETRY: Duration = Duration::from_secs(5);
+    let mut seen = files::fingerprint(peers_file);
+    let mut last: Option<Instant> = None;
+    let mut failing = false;
+    let mut last_outcome: Option<Result<reconcile::Reconciled, String>> = None;
+    let mut written_status = None;
+    let mut why = "start";
+    loop {
+        let due = match last {
+            None => true,
+            Some(t) if failing => t.elapsed() >= RETRY,
+            Some(t) => t.elapsed() >= opts.resync,
+        };
+        if seen.is_none() && (!why.is_empty() || due) {
+            // Nothing to program from yet (a first start with the API away): wait for the
+            // agent's first write or an operator's file.
+            if last.is_none() {
+                log(&format!(
+                    "{} does not exist yet: waiting for the API or a hand-written file",
+                    peers_file.display()
+                ));
+            }
+            last = Some(Instant::now());
+        } else if !why.is_empty() || due {
+            if why.is_empty() {
+                why = if failing { "retry" } else { "periodic resync" };
+            }
+            let outcome = reconcile_once(opts, shared);
+            failing = outcome.is_err();
+            if last_outcome.as_ref() != Some(&outcome) {
+                match &outcome {
+                    Ok(r) => log(&format!(
+                        "reconciled ({why}): {} remote peer(s){}",
+                        r.remote_peers,
+                        r.peers_file_error
+                            .as_deref()
+                            .map(|e| format!("; {e}: programmed peers left as they are"))
+                            .unwrap_or_default()
+                    )),
+                    Err(e) => log(&format!("reconcile ({why}) failed: {e}; retrying")),
+                }
+                last_outcome = Some(outcome);
+            }
+            last = Some(Instant::now());
+        }
+        let status = {
+            let mut s = shared.lock();
+            s.alive = Instant::now();
+            s.status.clone()
+        };
+        if written_status.as_ref() != Some(&status) {
+            let text = serde_json::to_vec(&status).unwrap_or_default();
+            let path = state::status_path(state_dir, &status.network);
+            if let Err(e) = std::fs::create_dir_all(state_dir)
+                .map_err(|source| files::Error::Write {
+                    path: path.clone(),
+                    source,
+                })
+                .and_then(|()| files::write_atomic(&path, &text))
+            {
+                log(&format!("status file: {e}"));
+            }
+            written_status = Some(status);
+        }
+        why = "";
+        let told = rx.recv_timeout(POLL).is_ok();
+        while rx.try_recv().is_ok() {}
+        let now = files::fingerprint(peers_file);
+        if now != seen || told {
+            seen = now;
+            let own = shared.lock().own_write == now;
+            why = if own {
+                "the agent wrote the peers file"
+            } else {
+                "the peers file was changed by hand"
+            };
+            shared.lock().status.peers = files::current_peers(peers_file).map_or(0, |p| p.len());
+        }
+    }
+}
+
+fn reconcile_once(opts: &Options, shared: &Shared) -> Result<reconcile::Reconciled, String> {
+    let result = crate::vxlan::cli::load(&opts.config)
+        .and_then(|cfg| reconcile::reconcile_node(&cfg))
+        .map_err(|e| e.to_string());
+    let mut s = shared.lock();
+    s.counters.reconciles += 1;
+    if result.is_err() {
+        s.counters.reconcile_errors += 1;
+    }
+    result
+}

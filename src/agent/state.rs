@@ -1,0 +1,194 @@
+//! What the agent knows about itself, shared between its threads: served as Prometheus
+//! metrics, and written to a small status file that `sticky-vxlan show` reads.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The status file's content (also what `show` prints from).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub network: String,
+    pub peers_file: PathBuf,
+    /// "kubernetes API <url>" or "peers file only (--no-api)".
+    pub source: String,
+    pub api_reachable: bool,
+    /// Unix seconds of the API's last answer (a list page, an event, a bookmark).
+    pub last_api_answer: Option<u64>,
+    /// Unix seconds of the last complete list.
+    pub last_sync: Option<u64>,
+    pub peers: usize,
+    /// Set while the removal guard keeps the old peers.
+    pub refused: Option<String>,
+    pub pid: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub reconciles: u64,
+    pub reconcile_errors: u64,
+    pub file_writes: u64,
+    pub removals_refused: u64,
+}
+
+#[derive(Debug)]
+pub struct Inner {
+    pub status: Status,
+    pub counters: Counters,
+    /// When the main loop last went round (for /healthz).
+    pub alive: Instant,
+    /// The peers file as the agent last wrote it (to tell its own writes from hand edits).
+    pub own_write: Option<super::files::Fingerprint>,
+}
+
+/// Shared by the threads.
+#[derive(Clone, Debug)]
+pub struct Shared(Arc<Mutex<Inner>>);
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Shared {
+    pub fn new(status: Status) -> Shared {
+        Shared(Arc::new(Mutex::new(Inner {
+            status,
+            counters: Counters::default(),
+            alive: Instant::now(),
+            own_write: None,
+        })))
+    }
+
+    /// The state; a thread that panicked while holding it left plain data, still usable.
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn api_answered(&self) {
+        let mut s = self.lock();
+        s.status.api_reachable = true;
+        s.status.last_api_answer = Some(now_unix());
+    }
+
+    /// Prometheus text format.
+    pub fn metrics(&self) -> String {
+        let s = self.lock();
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        };
+        metric(
+            "sticky_vxlan_agent_peers",
+            "gauge",
+            "Peers in the peers file the agent keeps.",
+            s.status.peers as f64,
+        );
+        metric(
+            "sticky_vxlan_agent_last_sync_timestamp_seconds",
+            "gauge",
+            "Unix time of the last complete node list from the API (0: never).",
+            s.status.last_sync.unwrap_or(0) as f64,
+        );
+        metric(
+            "sticky_vxlan_agent_last_api_answer_timestamp_seconds",
+            "gauge",
+            "Unix time the API last answered (0: never).",
+            s.status.last_api_answer.unwrap_or(0) as f64,
+        );
+        metric(
+            "sticky_vxlan_agent_api_reachable",
+            "gauge",
+            "1 while the API answers, 0 while it does not.",
+            f64::from(u8::from(s.status.api_reachable)),
+        );
+        metric(
+            "sticky_vxlan_agent_reconciles_total",
+            "counter",
+            "Node reconciles run.",
+            s.counters.reconciles as f64,
+        );
+        metric(
+            "sticky_vxlan_agent_reconcile_errors_total",
+            "counter",
+            "Node reconciles that failed.",
+            s.counters.reconcile_errors as f64,
+        );
+        metric(
+            "sticky_vxlan_agent_peers_file_writes_total",
+            "counter",
+            "Times the agent rewrote the peers file.",
+            s.counters.file_writes as f64,
+        );
+        metric(
+            "sticky_vxlan_agent_removals_refused_total",
+            "counter",
+            "Node lists refused because they would remove too many peers at once.",
+            s.counters.removals_refused as f64,
+        );
+        out
+    }
+}
+
+/// Where the agent of network `network` writes its status.
+pub fn status_path(state_dir: &Path, network: &str) -> PathBuf {
+    state_dir.join(format!("{network}.agent.json"))
+}
+
+fn ago(t: Option<u64>) -> String {
+    match t {
+        None => "never".into(),
+        Some(t) => format!("{}s ago", now_unix().saturating_sub(t)),
+    }
+}
+
+/// One paragraph per agent status file in `state_dir`, for `sticky-vxlan show`.
+pub fn describe(state_dir: &Path) -> String {
+    let mut out = String::new();
+    let Ok(dir) = std::fs::read_dir(state_dir) else {
+        return out;
+    };
+    let mut files: Vec<PathBuf> = dir
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".agent.json"))
+        .collect();
+    files.sort();
+    for f in files {
+        let Some(s) = std::fs::read(&f)
+            .ok()
+            .and_then(|t| serde_json::from_slice::<Status>(&t).ok())
+        else {
+            continue;
+        };
+        let running = Path::new(&format!("/proc/{}", s.pid)).exists();
+        let _ = writeln!(
+            out,
+            "agent for network {} (pid {}{}): {} peers in {} from {}; API {}, last answered {}, last complete list {}",
+            s.network,
+            s.pid,
+            if running { "" } else { ", not running" },
+            s.peers,
+            s.peers_file.display(),
+            s.source,
+            if s.api_reachable {
+                "reachable"
+            } else {
+                "unreachable"
+            },
+            ago(s.last_api_answer),
+            ago(s.last_sync),
+        );
+        if let Some(r) = &s.refused {
+            let _ = writeln!(out, "  REFUSED: {r}");
+        }
+    }
+    out
+}

@@ -1,0 +1,812 @@
+//! A test Kubernetes API server, written for the tests: it speaks the part of the real
+//! protocol the agent uses, over TLS with a CA made at test time, with a bearer token.
+//!
+//! - `GET /api/v1/nodes?limit=&continue=`: a NodeList with `metadata.resourceVersion`, paged;
+//!   an expired `continue` is `410 Gone`.
+//! - `GET /api/v1/nodes?watch=1&resourceVersion=&allowWatchBookmarks=true&timeoutSeconds=`:
+//!   a chunked stream of `ADDED/MODIFIED/DELETED/BOOKMARK` events after that version; a
+//!   version older than the kept history is an `ERROR` event with a 410 Status, as the real
+//!   server sends it.
+//! - `PATCH /api/v1/nodes/<name>` with a JSON merge patch of annotations.
+//! - Misbehaviour on demand: close every watch stream ([`ApiServer::close_watches`]), cut the
+//!   next lists half-way ([`ApiServer::cut_lists`]), stop listening altogether and come back
+//!   on the same address ([`ApiServer::stop`], [`ApiServer::start`]), forget the history
+//!   (a restore, [`ApiServer::restore`]).
+//!
+//! Node objects are full Node JSON as a real API server returns them ([`node_json`]).
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A Node as a real API server returns it (kubeadm worker): metadata with labels,
+/// annotations and managedFields, spec with podCIDR(s) and taints, status with capacity,
+/// conditions, addresses, daemonEndpoints and nodeInfo.
+pub fn node_json(name: &str, internal_ip: &str, cidrs: &[&str], annotations: Value) -> Value {
+    let mut spec = json!({"providerID": format!("kind://docker/edge/{name}")});
+    if let Some(first) = cidrs.first() {
+        spec["podCIDR"] = json!(first);
+        spec["podCIDRs"] = json!(cidrs);
+    }
+    let mut annotations = annotations;
+    for (k, v) in [
+        (
+            "kubeadm.alpha.kubernetes.io/cri-socket",
+            "unix:///run/containerd/containerd.sock",
+        ),
+        ("node.alpha.kubernetes.io/ttl", "0"),
+        (
+            "volumes.kubernetes.io/controller-managed-attach-detach",
+            "true",
+        ),
+    ] {
+        annotations[k] = json!(v);
+    }
+    json!({
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "uid": format!("6f1c7a52-9d7e-4c1e-9a51-{:012x}", name.len() * 7919),
+            "resourceVersion": "0",
+            "creationTimestamp": "2026-11-20T10:00:00Z",
+            "labels": {
+                "beta.kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux"
+            },
+            "annotations": annotations,
+            "managedFields": [{
+                "manager": "kubelet",
+                "operation": "Update",
+                "apiVersion": "v1",
+                "time": "2026-11-25T01:00:00Z",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:status": {"f:conditions": {}}},
+                "subresource": "status"
+            }]
+        },
+        "spec": spec,
+        "status": {
+            "capacity": {"cpu": "2", "ephemeral-storage": "20134592Ki", "memory": "4026372Ki", "pods": "110"},
+            "allocatable": {"cpu": "2", "ephemeral-storage": "18556039957", "memory": "3923972Ki", "pods": "110"},
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False", "lastHeartbeatTime": "2026-11-25T01:00:00Z", "lastTransitionTime": "2026-11-20T10:00:00Z", "reason": "KubeletHasSufficientMemory", "message": "kubelet has sufficient memory available"},
+                {"type": "DiskPressure", "status": "False", "lastHeartbeatTime": "2026-11-25T01:00:00Z", "lastTransitionTime": "2026-11-20T10:00:00Z", "reason": "KubeletHasNoDiskPressure", "message": "kubelet has no disk pressure"},
+                {"type": "PIDPressure", "status": "False", "lastHeartbeatTime": "2026-11-25T01:00:00Z", "lastTransitionTime": "2026-11-20T10:00:00Z", "reason": "KubeletHasSufficientPID", "message": "kubelet has sufficient PID available"},
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-11-25T01:00:00Z", "lastTransitionTime": "2026-11-20T10:01:00Z", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": internal_ip},
+                {"type": "Hostname", "address": name}
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "machineID": "0c9d3c2a5b4e4f5d8a7b6c5d4e3f2a1b",
+                "systemUUID": "0c9d3c2a-5b4e-4f5d-8a7b-6c5d4e3f2a1b",
+                "bootID": "b1a2c3d4-e5f6-4711-8899-aabbccddeeff",
+                "kernelVersion": "6.1.0-27-amd64",
+                "osImage": "Debian GNU/Linux 12 (bookworm)",
+                "containerRuntimeVersion": "containerd://1.7.24",
+                "kubeletVersion": "v1.31.4",
+                "kubeProxyVersion": "v1.31.4",
+                "operatingSystem": "linux",
+                "architecture": "amd64"
+            },
+            "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 320368}]
+        }
+    })
+}
+
+/// The test CA and the server's certificate, made at test time.
+pub struct Pki {
+    pub ca_pem: String,
+    server_cert: String,
+    server_key: String,
+}
+
+impl Pki {
+    pub fn new(server_ip: &str) -> Pki {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "sticky-cni test CA");
+        let ca = rcgen::CertifiedIssuer::self_signed(
+            ca_params,
+            rcgen::KeyPair::generate().expect("key"),
+        )
+        .expect("CA");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec![server_ip.to_string()])
+            .expect("params")
+            .signed_by(&key, &ca)
+            .expect("server cert");
+        Pki {
+            ca_pem: ca.pem(),
+            server_cert: cert.pem(),
+            server_key: key.serialize_pem(),
+        }
+    }
+
+    fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        use rustls::pki_types::pem::PemObject;
+        let chain: Vec<_> =
+            rustls::pki_types::CertificateDer::pem_slice_iter(self.server_cert.as_bytes())
+                .collect::<Result<_, _>>()
+                .expect("cert");
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(self.server_key.as_bytes())
+            .expect("key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .expect("server config"),
+        )
+    }
+}
+
+#[derive(Default)]
+struct State {
+    nodes: BTreeMap<String, Value>,
+    rv: u64,
+    /// Events after `oldest` (exclusive) are kept; a watch from before it is 410.
+    oldest: u64,
+    events: Vec<(u64, &'static str, Value)>,
+    /// Bumped to end every open watch stream.
+    watch_epoch: u64,
+    cut_lists: usize,
+    /// The most items the server puts in one page (it may return fewer than asked).
+    page_size: usize,
+    down: bool,
+    lists: usize,
+    watches: usize,
+    patches: Vec<(String, Value)>,
+    user_agents: Vec<String>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    pub addr: SocketAddr,
+    netns: Option<PathBuf>,
+    pub token: String,
+    pki: Pki,
+    stop: Arc<AtomicBool>,
+    accept: Option<std::thread::JoinHandle<()>>,
+    /// How often a bookmark is sent on an idle watch.
+    pub bookmark_every: Duration,
+}
+
+impl ApiServer {
+    /// A server on `ip` (port chosen by the kernel), in the network namespace at `netns`
+    /// (the test's own namespace if none).
+    pub fn new(ip: &str, netns: Option<&Path>) -> ApiServer {
+        let mut s = ApiServer {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    rv: 100,
+                    oldest: 100,
+                    page_size: usize::MAX,
+                    ..State::default()
+                }),
+                changed: Condvar::new(),
+            }),
+            addr: format!("{ip}:0").parse().expect("addr"),
+            netns: netns.map(Path::to_path_buf),
+            token: format!("test-token-{}", std::process::id()),
+            pki: Pki::new(ip),
+            stop: Arc::new(AtomicBool::new(false)),
+            accept: None,
+            bookmark_every: Duration::from_millis(500),
+        };
+        s.start();
+        s
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Writes the CA and the token for the agent; returns (ca file, token file).
+    pub fn credentials(&self, dir: &Path) -> (PathBuf, PathBuf) {
+        let ca = dir.join("api-ca.pem");
+        let token = dir.join("api-token");
+        std::fs::write(&ca, &self.pki.ca_pem).expect("ca");
+        std::fs::write(&token, format!("{}\n", self.token)).expect("token");
+        (ca, token)
+    }
+
+    /// A kubeconfig (YAML, CA inline as base64 would be; here by path) for the agent.
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let (ca, _) = self.credentials(dir);
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: edge\nclusters:\n- name: edge\n  cluster:\n    server: {}\n    certificate-authority: {}\ncontexts:\n- name: edge\n  context:\n    cluster: edge\n    user: agent\nusers:\n- name: agent\n  user:\n    token: {}\n",
+                self.url(),
+                ca.display(),
+                self.token
+            ),
+        )
+        .expect("kubeconfig");
+        path
+    }
+
+    fn bind(&self) -> TcpListener {
+        let addr = self.addr;
+        let Some(netns) = self.netns.clone() else {
+            return TcpListener::bind(addr).expect("bind");
+        };
+        // A socket belongs to the namespace it was made in: make it in a thread that entered
+        // the namespace, and use it from anywhere.
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&netns).expect("netns");
+            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            TcpListener::bind(addr).expect("bind in netns")
+        })
+        .join()
+        .expect("bind thread")
+    }
+
+    /// Listens (again, on the same address after [`stop`](Self::stop)).
+    pub fn start(&mut self) {
+        let listener = self.bind();
+        self.addr = listener.local_addr().expect("local addr");
+        listener.set_nonblocking(true).expect("nonblocking");
+        self.stop.store(false, Ordering::SeqCst);
+        self.shared.state.lock().unwrap().down = false;
+        let stop = self.stop.clone();
+        let shared = self.shared.clone();
+        let tls = self.pki.server_config();
+        let token = self.token.clone();
+        let bookmark_every = self.bookmark_every;
+        self.accept = Some(std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (shared, tls, token) = (shared.clone(), tls.clone(), token.clone());
+                        std::thread::spawn(move || {
+                            let _ = conn.set_nonblocking(false);
+                            serve(conn, &shared, tls, &token, bookmark_every);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }));
+    }
+
+    /// Stops listening and cuts every open connection: the API is unreachable.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        {
+            let mut s = self.shared.state.lock().unwrap();
+            s.down = true;
+            s.watch_epoch += 1;
+        }
+        self.shared.changed.notify_all();
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+
+    fn change(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.shared.state.lock().unwrap());
+        self.shared.changed.notify_all();
+    }
+
+    /// Creates or replaces a node (ADDED or MODIFIED).
+    pub fn put_node(&self, mut node: Value) {
+        self.change(|s| {
+            s.rv += 1;
+            let name = node["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            node["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+            let kind = if s.nodes.contains_key(&name) {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            };
+            s.events.push((s.rv, kind, node.clone()));
+            s.nodes.insert(name, node);
+        });
+    }
+
+    pub fn delete_node(&self, name: &str) {
+        self.change(|s| {
+            if let Some(mut node) = s.nodes.remove(name) {
+                s.rv += 1;
+                node["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+                s.events.push((s.rv, "DELETED", node));
+            }
+        });
+    }
+
+    /// Deletes a node and forgets the history in one step, so no watch sees the DELETED
+    /// event: every watcher gets 410 Gone and must list to learn of it.
+    pub fn delete_node_unwatched(&self, name: &str) {
+        self.change(|s| {
+            s.nodes.remove(name);
+            s.rv += 1;
+            s.oldest = s.rv;
+            s.events.clear();
+            s.watch_epoch += 1;
+        });
+    }
+
+    /// Forgets the event history: every watch from before now gets 410 Gone.
+    pub fn compact(&self) {
+        self.change(|s| {
+            s.rv += 1;
+            s.oldest = s.rv;
+            s.events.clear();
+            s.watch_epoch += 1;
+        });
+    }
+
+    /// An API restored from an old backup: these nodes, no history.
+    pub fn restore(&self, nodes: Vec<Value>) {
+        self.change(|s| {
+            s.nodes.clear();
+            s.rv += 1;
+            for mut n in nodes {
+                let name = n["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                n["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+                s.nodes.insert(name, n);
+            }
+            s.oldest = s.rv;
+            s.events.clear();
+            s.watch_epoch += 1;
+        });
+    }
+
+    /// Ends every open watch stream cleanly (as the server does at timeoutSeconds).
+    pub fn close_watches(&self) {
+        self.change(|s| s.watch_epoch += 1);
+    }
+
+    /// The next `n` lists are cut half-way through the body of their last page.
+    pub fn cut_lists(&self, n: usize) {
+        self.change(|s| s.cut_lists = n);
+    }
+
+    /// Lists come in pages of at most `n` nodes.
+    pub fn page_size(&self, n: usize) {
+        self.change(|s| s.page_size = n);
+    }
+
+    /// Lists started (first pages).
+    pub fn lists(&self) -> usize {
+        self.shared.state.lock().unwrap().lists
+    }
+
+    pub fn watches(&self) -> usize {
+        self.shared.state.lock().unwrap().watches
+    }
+
+    pub fn patches(&self) -> Vec<(String, Value)> {
+        self.shared.state.lock().unwrap().patches.clone()
+    }
+
+    pub fn user_agents(&self) -> Vec<String> {
+        self.shared.state.lock().unwrap().user_agents.clone()
+    }
+
+    pub fn node(&self, name: &str) -> Option<Value> {
+        self.shared.state.lock().unwrap().nodes.get(name).cloned()
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Req {
+    method: String,
+    path: String,
+    query: BTreeMap<String, String>,
+    headers: BTreeMap<String, String>,
+    body: Vec<u8>,
+}
+
+fn read_request(r: &mut impl BufRead) -> Option<Req> {
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next()?.to_string();
+    let target = parts.next()?.to_string();
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).ok()? == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let len: usize = headers
+        .get("content-length")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).ok()?;
+    let (path, q) = target.split_once('?').unwrap_or((&target, ""));
+    let query = q
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.replace("%3B", ";").replace("%3D", "=")))
+        .collect();
+    Some(Req {
+        method,
+        path: path.to_string(),
+        query,
+        headers,
+        body,
+    })
+}
+
+fn status_json(code: u16, reason: &str, message: &str) -> String {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+    .to_string()
+}
+
+fn respond(w: &mut impl Write, code: u16, body: &str) {
+    let text = match code {
+        200 => "OK",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        410 => "Gone",
+        _ => "Error",
+    };
+    let _ = write!(
+        w,
+        "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = w.flush();
+}
+
+fn serve(
+    conn: TcpStream,
+    shared: &Shared,
+    tls: Arc<rustls::ServerConfig>,
+    token: &str,
+    bookmark_every: Duration,
+) {
+    let Ok(session) = rustls::ServerConnection::new(tls) else {
+        return;
+    };
+    let stream = rustls::StreamOwned::new(session, conn);
+    let mut r = BufReader::new(stream);
+    let Some(req) = read_request(&mut r) else {
+        return;
+    };
+    let mut w = r.into_inner();
+    {
+        let mut s = shared.state.lock().unwrap();
+        if s.down {
+            return;
+        }
+        s.user_agents
+            .push(req.headers.get("user-agent").cloned().unwrap_or_default());
+    }
+    if req.headers.get("authorization") != Some(&format!("Bearer {token}")) {
+        respond(
+            &mut w,
+            401,
+            &status_json(401, "Unauthorized", "Unauthorized"),
+        );
+        return;
+    }
+    if req.method == "GET"
+        && req.path == "/api/v1/nodes"
+        && req
+            .query
+            .get("watch")
+            .is_some_and(|v| v == "1" || v == "true")
+    {
+        watch(&mut w, shared, &req, bookmark_every);
+    } else if req.method == "GET" && req.path == "/api/v1/nodes" {
+        list(&mut w, shared, &req);
+    } else if req.method == "PATCH" && req.path.starts_with("/api/v1/nodes/") {
+        patch(&mut w, shared, &req);
+    } else {
+        respond(
+            &mut w,
+            404,
+            &status_json(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
+        );
+    }
+}
+
+fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
+    let mut s = shared.state.lock().unwrap();
+    if !req.query.contains_key("continue") {
+        s.lists += 1;
+    }
+    let limit: usize = req
+        .query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(usize::MAX);
+    let (offset, rv) = match req.query.get("continue") {
+        None => (0, s.rv),
+        Some(t) => {
+            let mut parts = t.split(';');
+            let offset = parts.next().and_then(|o| o.parse().ok()).unwrap_or(0);
+            let rv: u64 = parts.next().and_then(|o| o.parse().ok()).unwrap_or(0);
+            if rv != s.rv {
+                let body = status_json(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list result.",
+                );
+                drop(s);
+                respond(w, 410, &body);
+                return;
+            }
+            (offset, rv)
+        }
+    };
+    let limit = limit.min(s.page_size);
+    let items: Vec<&Value> = s.nodes.values().skip(offset).take(limit).collect();
+    let last_page = offset + items.len() >= s.nodes.len();
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if offset + items.len() < s.nodes.len() {
+        metadata["continue"] = json!(format!("{};{}", offset + items.len(), rv));
+        metadata["remainingItemCount"] = json!(s.nodes.len() - offset - items.len());
+    }
+    let body =
+        json!({"kind": "NodeList", "apiVersion": "v1", "metadata": metadata, "items": items})
+            .to_string();
+    let cut = s.cut_lists > 0 && last_page;
+    if cut {
+        s.cut_lists -= 1;
+    }
+    drop(s);
+    if cut {
+        let _ = write!(
+            w,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+            body.len(),
+            &body[..body.len() / 2]
+        );
+        let _ = w.flush();
+        return;
+    }
+    respond(w, 200, &body);
+}
+
+fn chunk(w: &mut impl Write, line: &str) -> bool {
+    write!(w, "{:x}\r\n{line}\n\r\n", line.len() + 1)
+        .and_then(|()| w.flush())
+        .is_ok()
+}
+
+fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duration) {
+    let from: u64 = req
+        .query
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = Duration::from_secs(
+        req.query
+            .get("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1800),
+    );
+    let bookmarks = req
+        .query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
+    let _ = write!(
+        w,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    let _ = w.flush();
+    let started = Instant::now();
+    let mut s = shared.state.lock().unwrap();
+    s.watches += 1;
+    let epoch = s.watch_epoch;
+    if from < s.oldest {
+        let line = json!({"type": "ERROR", "object": serde_json::from_str::<Value>(&status_json(410, "Expired", &format!("too old resource version: {from} ({})", s.oldest))).unwrap()}).to_string();
+        drop(s);
+        chunk(w, &line);
+        let _ = write!(w, "0\r\n\r\n");
+        return;
+    }
+    let mut cursor = from;
+    let mut last_sent = Instant::now();
+    loop {
+        if s.down {
+            // The server died: the stream is cut, no last chunk.
+            return;
+        }
+        if s.watch_epoch != epoch || started.elapsed() >= timeout {
+            drop(s);
+            let _ = write!(w, "0\r\n\r\n");
+            let _ = w.flush();
+            return;
+        }
+        let lines: Vec<String> = s
+            .events
+            .iter()
+            .filter(|(rv, _, _)| *rv > cursor)
+            .map(|(_, kind, obj)| json!({"type": kind, "object": obj}).to_string())
+            .collect();
+        if let Some((rv, _, _)) = s.events.last() {
+            cursor = cursor.max(*rv);
+        }
+        let bookmark = (bookmarks && lines.is_empty() && last_sent.elapsed() >= bookmark_every).then(|| {
+            cursor = cursor.max(s.rv);
+            json!({"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": s.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "false"}}}}).to_string()
+        });
+        drop(s);
+        for line in lines.iter().chain(bookmark.iter()) {
+            if !chunk(w, line) {
+                return;
+            }
+            last_sent = Instant::now();
+        }
+        s = shared.state.lock().unwrap();
+        if !s.down && s.watch_epoch == epoch && !s.events.iter().any(|(rv, _, _)| *rv > cursor) {
+            s = shared
+                .changed
+                .wait_timeout(s, Duration::from_millis(100))
+                .unwrap()
+                .0;
+        }
+    }
+}
+
+fn patch(w: &mut impl Write, shared: &Shared, req: &Req) {
+    let name = req.path.trim_start_matches("/api/v1/nodes/").to_string();
+    let Ok(p) = serde_json::from_slice::<Value>(&req.body) else {
+        respond(w, 400, &status_json(400, "BadRequest", "not JSON"));
+        return;
+    };
+    if req.headers.get("content-type").map(String::as_str) != Some("application/merge-patch+json") {
+        respond(
+            w,
+            415,
+            &status_json(415, "UnsupportedMediaType", "want a merge patch"),
+        );
+        return;
+    }
+    let mut s = shared.state.lock().unwrap();
+    s.patches.push((name.clone(), p.clone()));
+    let Some(mut node) = s.nodes.get(&name).cloned() else {
+        drop(s);
+        respond(
+            w,
+            404,
+            &status_json(404, "NotFound", &format!("nodes \"{name}\" not found")),
+        );
+        return;
+    };
+    if let Some(a) = p["metadata"]["annotations"].as_object() {
+        for (k, v) in a {
+            node["metadata"]["annotations"][k] = v.clone();
+        }
+    }
+    s.rv += 1;
+    node["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+    let rv = s.rv;
+    s.events.push((rv, "MODIFIED", node.clone()));
+    s.nodes.insert(name, node.clone());
+    drop(s);
+    shared.changed.notify_all();
+    respond(w, 200, &node.to_string());
+}
+
+/// Polls `f` every 50 ms until it is true or `deadline` passes; returns how long it took.
+pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+/// `sticky-vxlan agent` running inside a node namespace, its stderr kept in a file; killed on
+/// drop.
+pub struct Agent {
+    child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    pub fn start(bin: &str, netns: &str, log: PathBuf, args: &[&str]) -> Agent {
+        let err = std::fs::File::create(&log).expect("agent log");
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", netns, bin, "agent"])
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("spawn agent");
+        Agent { child, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the agent (as a reboot or a crash would).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `GET path` from inside the network namespace at `netns` (a thread enters it): status line
+/// and body.
+pub fn get_in_netns(netns: &Path, addr: &str, path: &str) -> Option<String> {
+    let (netns, addr, path) = (netns.to_path_buf(), addr.to_string(), path.to_string());
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&netns).ok()?;
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+        let mut conn = TcpStream::connect(&addr).ok()?;
+        write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").ok()?;
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut conn, &mut out).ok()?;
+        Some(out)
+    })
+    .join()
+    .ok()
+    .flatten()
+}

@@ -1,0 +1,436 @@
+//! `sticky-vxlan agent` against a test API server (tests/kube_support: TLS with a test CA,
+//! bearer token, list + chunked watch): three node namespaces with an agent each, real packets
+//! between pods. A real Kubernetes API server is not run here.
+
+mod kube_support;
+mod vxlan_support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube_support::*;
+use serde_json::{Value, json};
+use vxlan_support::*;
+
+const API_IP: &str = "192.0.2.254";
+
+struct Cluster {
+    topo: Topo,
+    api: ApiServer,
+    confs: Vec<Value>,
+    conf_files: Vec<PathBuf>,
+    ca: PathBuf,
+    token: PathBuf,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let mut topo = Topo::new(1500);
+        for n in 1..=3 {
+            topo.add_node(n, 1500);
+        }
+        // The API server's address lives on the underlay bridge, in the test's namespace.
+        ok(&[
+            "ip",
+            "-n",
+            &topo.underlay,
+            "addr",
+            "add",
+            &format!("{API_IP}/24"),
+            "dev",
+            "br0",
+        ]);
+        let netns = PathBuf::from(format!("/run/netns/{}", topo.underlay));
+        let api = ApiServer::new(API_IP, Some(&netns));
+        let (ca, token) = api.credentials(topo.dir.path());
+        let mut confs = Vec::new();
+        let mut conf_files = Vec::new();
+        for n in 1..=3u8 {
+            let peers = topo.dir.path().join(format!("peers-{n}.json"));
+            let conf = topo.conf(n, json!({"peersFile": peers}));
+            let file = topo.dir.path().join(format!("node-{n}.conf"));
+            std::fs::write(&file, conf.to_string()).expect("conf");
+            confs.push(conf);
+            conf_files.push(file);
+        }
+        Cluster {
+            topo,
+            api,
+            confs,
+            conf_files,
+            ca,
+            token,
+        }
+    }
+
+    fn node(n: u8) -> Value {
+        node_json(
+            &format!("node-{n}"),
+            &Topo::node_ip(n),
+            &[&Topo::subnet(n)],
+            json!({}),
+        )
+    }
+
+    fn peers_file(&self, n: u8) -> PathBuf {
+        self.topo.dir.path().join(format!("peers-{n}.json"))
+    }
+
+    fn agent(&self, n: u8, extra: &[&str]) -> Agent {
+        let conf = self.conf_files[usize::from(n) - 1]
+            .to_string_lossy()
+            .into_owned();
+        let url = self.api.url();
+        let (ca, token) = (self.ca.to_string_lossy(), self.token.to_string_lossy());
+        let name = format!("node-{n}");
+        let mut args = vec![
+            "--config",
+            &conf,
+            "--server",
+            &url,
+            "--ca-file",
+            &ca,
+            "--token-file",
+            &token,
+            "--node-name",
+            &name,
+            "--resync",
+            "60",
+        ];
+        args.extend_from_slice(extra);
+        let log = self.topo.dir.path().join(format!("agent-{n}.log"));
+        Agent::start(BIN, &self.topo.node_ns(n), log, &args)
+    }
+
+    /// True when node `n` routes `subnet` through its VTEP.
+    fn routes(&self, n: u8, subnet: &str) -> bool {
+        let out = sh(&["ip", "-n", &self.topo.node_ns(n), "route", "show", subnet]);
+        String::from_utf8_lossy(&out.stdout).contains("dev sticky.1")
+    }
+
+    fn file_has(&self, n: u8, ip: &str) -> bool {
+        std::fs::read_to_string(self.peers_file(n)).is_ok_and(|t| t.contains(&format!("\"{ip}\"")))
+    }
+}
+
+#[test]
+fn agents_add_a_node_within_5s_survive_the_api_going_away_and_remove_deleted_nodes() {
+    if !can_run() {
+        return;
+    }
+    let mut c = Cluster::new();
+    c.api.put_node(Cluster::node(1));
+    c.api.put_node(Cluster::node(2));
+    let mut agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
+    wait_for(
+        "nodes 1 and 2 to program each other",
+        Duration::from_secs(10),
+        || c.routes(1, &Topo::subnet(2)) && c.routes(2, &Topo::subnet(1)),
+    );
+    let p1 = c.topo.new_pod(1, "a1");
+    let p2 = c.topo.new_pod(2, "a2");
+    let ip1 = ip_of(&c.topo.add(&p1, &c.confs[0]), false);
+    let ip2 = ip_of(&c.topo.add(&p2, &c.confs[1]), false);
+    assert!(c.topo.reaches(&p1, &ip2), "pods on nodes 1 and 2 ping");
+    assert!(c.topo.reaches(&p2, &ip1));
+
+    // Node 3's Node object appears with a pod CIDR: nodes 1 and 2 program it within 5 s,
+    // with no ADD on either.
+    let took = {
+        c.api.put_node(Cluster::node(3));
+        wait_for(
+            "nodes 1 and 2 to program node 3",
+            Duration::from_secs(5),
+            || c.routes(1, &Topo::subnet(3)) && c.routes(2, &Topo::subnet(3)),
+        )
+    };
+    eprintln!("node 3 programmed on nodes 1 and 2 after {took:?}");
+    wait_for("node 3 to program itself", Duration::from_secs(5), || {
+        c.routes(3, &Topo::subnet(1))
+    });
+    let p3 = c.topo.new_pod(3, "a3");
+    let ip3 = ip_of(&c.topo.add(&p3, &c.confs[2]), false);
+    assert!(c.topo.reaches(&p1, &ip3), "node 1 reaches node 3's pod");
+    assert!(c.topo.reaches(&p3, &ip2));
+    for a in &agents {
+        assert!(
+            a.log_text().contains("peer added: 192.0.2.3"),
+            "{}",
+            a.log_text()
+        );
+    }
+
+    // The API goes away; node 2 "reboots": agent gone, VTEP gone. Its new agent cannot reach
+    // the API and programs the node from the file it kept, with the same MAC.
+    c.api.stop();
+    let node2 = c.topo.node_ns(2);
+    let mac = c.topo.link_mac(&node2, "sticky.1");
+    agents[1].kill();
+    ok(&["ip", "-n", &node2, "link", "del", "sticky.1"]);
+    assert!(!c.topo.ping(&p1, &ip2), "node 2's VTEP is gone");
+    agents[1] = c.agent(2, &[]);
+    wait_for(
+        "node 2's VTEP back from the file",
+        Duration::from_secs(5),
+        || c.routes(2, &Topo::subnet(1)) && c.routes(2, &Topo::subnet(3)),
+    );
+    assert_eq!(c.topo.link_mac(&node2, "sticky.1"), mac, "the kept MAC");
+    assert!(
+        c.topo.reaches(&p1, &ip2),
+        "node 1 reaches node 2 again, nothing run on node 1"
+    );
+    assert!(c.topo.reaches(&p3, &ip2));
+    assert!(
+        c.file_has(1, "192.0.2.3") && c.file_has(2, "192.0.2.3"),
+        "offline removes nothing"
+    );
+
+    // The API comes back, and node 3 was deleted meanwhile (its history is gone: the agents
+    // get 410 and list again): node 3 is removed everywhere.
+    c.api.delete_node("node-3");
+    c.api.compact();
+    c.api.start();
+    wait_for(
+        "node 3 removed on nodes 1 and 2",
+        Duration::from_secs(20),
+        || !c.routes(1, &Topo::subnet(3)) && !c.routes(2, &Topo::subnet(3)),
+    );
+    assert!(!c.file_has(1, "192.0.2.3") && !c.file_has(2, "192.0.2.3"));
+    assert!(c.topo.reaches(&p1, &ip2), "nodes 1 and 2 still talk");
+    assert!(
+        agents[0].log_text().contains("410"),
+        "{}",
+        agents[0].log_text()
+    );
+
+    // An API restored from an empty backup answers an empty list: beyond the threshold,
+    // nothing is removed, and the agents say so.
+    c.api.restore(vec![]);
+    wait_for(
+        "the agents to refuse the empty list",
+        Duration::from_secs(20),
+        || agents[0].log_text().contains("REFUSED") && agents[1].log_text().contains("REFUSED"),
+    );
+    assert!(c.file_has(1, "192.0.2.2") && c.file_has(2, "192.0.2.1"));
+    assert!(c.routes(1, &Topo::subnet(2)) && c.routes(2, &Topo::subnet(1)));
+    assert!(c.topo.reaches(&p1, &ip2), "traffic goes on");
+    for a in &mut agents {
+        assert!(a.running(), "{}", a.log_text());
+        eprintln!("--- {}\n{}", a.log.display(), a.log_text());
+    }
+}
+
+fn count(text: &str, needle: &str) -> usize {
+    text.matches(needle).count()
+}
+
+#[test]
+fn list_cut_half_way_wrong_token_closed_watch_hand_edits_metrics_and_flannel_annotations() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new();
+    let flannel = node_json(
+        "flannel-9",
+        "192.0.2.9",
+        &["10.244.9.0/24"],
+        json!({
+            "flannel.alpha.coreos.com/backend-data": "{\"VNI\":1,\"VtepMAC\":\"6e:3c:8a:11:22:33\"}",
+            "flannel.alpha.coreos.com/backend-type": "vxlan",
+            "flannel.alpha.coreos.com/kube-subnet-manager": "true",
+            "flannel.alpha.coreos.com/public-ip": "192.0.2.9"
+        }),
+    );
+    for n in 1..=3 {
+        c.api.put_node(Cluster::node(n));
+    }
+    c.api.put_node(flannel);
+
+    // A wrong token: the API refuses, nothing is written.
+    let wrong = c.topo.dir.path().join("wrong-token");
+    std::fs::write(&wrong, "not-the-token\n").unwrap();
+    let conf1 = c.conf_files[0].to_string_lossy().into_owned();
+    let url = c.api.url();
+    let ca = c.ca.to_string_lossy().into_owned();
+    let log = c.topo.dir.path().join("agent-wrong.log");
+    let mut refused = Agent::start(
+        BIN,
+        &c.topo.node_ns(1),
+        log,
+        &[
+            "--config",
+            &conf1,
+            "--server",
+            &url,
+            "--ca-file",
+            &ca,
+            "--token-file",
+            wrong.to_str().unwrap(),
+        ],
+    );
+    wait_for("the 401 to be logged", Duration::from_secs(10), || {
+        refused.log_text().contains("HTTP 401")
+    });
+    assert!(
+        !c.peers_file(1).exists(),
+        "nothing written without the API's answer"
+    );
+    refused.kill();
+
+    // The right token, metrics on, publishing this node's flannel annotations.
+    let agent = c.agent(
+        1,
+        &[
+            "--metrics-addr",
+            "127.0.0.1:9767",
+            "--publish-flannel-annotations",
+            "--max-remove-fraction",
+            "1",
+        ],
+    );
+    wait_for("the peers file", Duration::from_secs(10), || {
+        c.file_has(1, "192.0.2.3") && c.routes(1, &Topo::subnet(3))
+    });
+    let text = std::fs::read_to_string(c.peers_file(1)).unwrap();
+    assert!(
+        text.contains(
+            r#"{"ip":"192.0.2.9","subnets":["10.244.9.0/24"],"mac":"6e:3c:8a:11:22:33"}"#
+        ),
+        "a flannel node keeps flannel's MAC: {text}"
+    );
+    wait_for(
+        "the flannel annotations on node-1",
+        Duration::from_secs(10),
+        || {
+            c.api.node("node-1").is_some_and(|n| {
+                n["metadata"]["annotations"]["flannel.alpha.coreos.com/backend-data"]
+                    == r#"{"VNI":1,"VtepMAC":"0a:01:c0:00:02:01"}"#
+            })
+        },
+    );
+    let n1 = c.api.node("node-1").unwrap();
+    assert_eq!(
+        n1["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ip"],
+        "192.0.2.1"
+    );
+    assert_eq!(
+        n1["metadata"]["annotations"]["flannel.alpha.coreos.com/kube-subnet-manager"],
+        "true"
+    );
+    assert_eq!(c.api.patches().len(), 1, "patched once, not on every event");
+    assert!(
+        !std::fs::read_to_string(c.peers_file(1))
+            .unwrap()
+            .contains("0a:01:c0:00:02:01"),
+        "its own published annotations do not turn node-1 into a flannel node"
+    );
+    assert!(
+        c.api
+            .user_agents()
+            .iter()
+            .all(|u| u.starts_with("sticky-vxlan-agent/"))
+    );
+
+    // The server ends the watch: the agent resumes it from its resourceVersion, no relist.
+    let lists = c.api.lists();
+    let watches = c.api.watches();
+    c.api.close_watches();
+    wait_for("a new watch", Duration::from_secs(10), || {
+        c.api.watches() > watches
+    });
+    c.api.put_node(Cluster::node(4));
+    wait_for(
+        "node 4 from the resumed watch",
+        Duration::from_secs(5),
+        || c.file_has(1, "192.0.2.4"),
+    );
+    assert_eq!(
+        c.api.lists(),
+        lists,
+        "a closed watch is resumed, not relisted"
+    );
+
+    // Lists cut half-way (their last page; the first pages were whole): however many,
+    // nothing is removed; the first whole list removes. The removal guard is off for this
+    // agent, so it is the list's own completeness that keeps the peers.
+    c.api.page_size(2);
+    c.api.cut_lists(usize::MAX);
+    c.api.delete_node_unwatched("node-4");
+    wait_for("two cut lists", Duration::from_secs(20), || {
+        c.api.lists() >= lists + 2
+    });
+    assert!(
+        c.file_has(1, "192.0.2.4"),
+        "a list cut half-way removed a peer"
+    );
+    assert!(c.routes(1, "10.244.4.0/24"));
+    c.api.cut_lists(0);
+    wait_for(
+        "node 4 removed by a whole list",
+        Duration::from_secs(40),
+        || !c.file_has(1, "192.0.2.4") && !c.routes(1, "10.244.4.0/24"),
+    );
+
+    // Metrics and healthz (inside node 1's namespace).
+    let netns = PathBuf::from(format!("/run/netns/{}", c.topo.node_ns(1)));
+    let metrics = get_in_netns(&netns, "127.0.0.1:9767", "/metrics").unwrap();
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(
+        metrics.contains("\nsticky_vxlan_agent_peers 4\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nsticky_vxlan_agent_api_reachable 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nsticky_vxlan_agent_last_sync_timestamp_seconds 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sticky_vxlan_agent_reconcile_errors_total"),
+        "{metrics}"
+    );
+    let health = get_in_netns(&netns, "127.0.0.1:9767", "/healthz").unwrap();
+    assert!(
+        health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
+        "{health}"
+    );
+
+    // `show` says where the peers came from and when the API last answered.
+    let state = c.topo.state_dir(1);
+    let out = c
+        .topo
+        .tool(1, &["show", "--state-dir", state.to_str().unwrap()]);
+    let show = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        show.contains("from the Kubernetes API at https://192.0.2.254"),
+        "{show}"
+    );
+    assert!(show.contains("API reachable, last answered"), "{show}");
+
+    // A hand edit of the file is programmed within 2 s (while the API has nothing new to say).
+    let mut hand = std::fs::read_to_string(c.peers_file(1)).unwrap();
+    hand = hand.replacen(
+        "[\n",
+        "[\n  {\"ip\":\"192.0.2.77\",\"subnets\":[\"10.244.77.0/24\"]},\n",
+        1,
+    );
+    let tmp = c.topo.dir.path().join("hand.tmp");
+    std::fs::write(&tmp, hand).unwrap();
+    std::fs::rename(&tmp, c.peers_file(1)).unwrap();
+    wait_for(
+        "the hand edit to be programmed",
+        Duration::from_secs(2),
+        || c.routes(1, "10.244.77.0/24"),
+    );
+    wait_for("the log line", Duration::from_secs(2), || {
+        agent.log_text().contains("changed by hand")
+    });
+    assert_eq!(
+        count(&agent.log_text(), "REFUSED"),
+        0,
+        "{}",
+        agent.log_text()
+    );
+}
