@@ -26,6 +26,7 @@ data_root=/var/lib/cni
 data_dir="$data_root/networks/$test_net"
 record="$data_dir/10.244.1.5_default_web"
 unit=/usr/lib/systemd/system/sticky-vxlan-reconcile.service
+agent_unit=/usr/lib/systemd/system/sticky-vxlan-agent.service
 
 passed=0
 failed=0
@@ -156,7 +157,9 @@ done
 for f in README.md install.md sticky-cni.default conf-examples/10-sticky-vxlan.conflist; do
     check "deb ships /usr/share/doc/$pkg/$f" grep -q " ./usr/share/doc/$pkg/$f\$" <<<"$deb_list"
 done
-check "deb ships the unit in $unit" grep -q " .${unit}\$" <<<"$deb_list"
+for u in "$unit" "$agent_unit"; do
+    check "deb ships the unit in $u" grep -q " .${u}\$" <<<"$deb_list"
+done
 check "deb writes nothing under /etc" bash -c "! grep -q ' ./etc/' <<<\"\$1\"" _ "$deb_list"
 check "deb ships nothing under /var/lib/cni" bash -c "! grep -q ' ./var/lib/cni' <<<\"\$1\"" _ "$deb_list"
 ctrl=$(mktemp -d)
@@ -182,14 +185,16 @@ version_reply_ok() {
 }
 check "sticky-ipam answers VERSION with supportedVersions incl. 1.0.0 (got: ${version_reply:-nothing})" \
     version_reply_ok
-check "unit installed at $unit" test -f "$unit"
-if command -v systemd-analyze >/dev/null; then
-    check "systemd-analyze verify accepts the installed unit" quiet systemd-analyze verify "$unit"
-else
-    echo "note: no systemd-analyze here, unit syntax not verified"
-fi
-check "unit not enabled by the install" \
-    bash -c "! ls /etc/systemd/system/*/sticky-vxlan-reconcile.service >/dev/null 2>&1"
+for u in "$unit" "$agent_unit"; do
+    check "unit installed at $u" test -f "$u"
+    if command -v systemd-analyze >/dev/null; then
+        check "systemd-analyze verify accepts $u" quiet systemd-analyze verify "$u"
+    else
+        echo "note: no systemd-analyze here, unit syntax not verified"
+    fi
+    check "$(basename "$u") not enabled by the install" \
+        bash -c "! ls /etc/systemd/system/*/$(basename "$u") >/dev/null 2>&1"
+done
 check "/etc/cni/net.d unchanged by the install" \
     test "$(ls -la /etc/cni/net.d 2>&1)" = "$net_d_before"
 
@@ -209,7 +214,7 @@ check "lease record survives purge unchanged" \
 
 # --- .rpm: file list and scriptlets ---------------------------------------------------------
 rpm_list=$(rpm -qlp "$rpm_file" 2>/dev/null)
-for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan "$unit" \
+for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan "$unit" "$agent_unit" \
     "/usr/share/doc/$pkg/README.md" "/usr/share/doc/$pkg/install.md" \
     "/usr/share/doc/$pkg/conf-examples/10-sticky-vxlan.conflist"; do
     check "rpm lists $f" grep -qx "$f" <<<"$rpm_list"

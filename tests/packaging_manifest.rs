@@ -1,10 +1,7 @@
 //! Checks of `packaging/kubernetes/`: the DaemonSet manifest and its image.
 //!
-//! YAML is read by Python's `yaml` module (Debian's `python3-yaml`), converted to JSON and
-//! checked with `serde_json`. That keeps a YAML crate out of the dependency tree for one test
-//! (serde_yaml is unmaintained, and no YAML crate is needed by the product itself), and PyYAML
-//! is a distribution package CI installs with apt. A missing `yaml` module fails the test with
-//! the command that fixes it: a manifest check that silently skips would prove nothing.
+//! YAML is read with `serde_yaml_ng` (the crate the agent reads kubeconfig files with) into
+//! `serde_json` values.
 //!
 //! The install script of the init container is not only inspected but run, with `sh`, against
 //! temporary directories standing in for the node's `/opt/cni/bin` and `/etc/cni/net.d`.
@@ -26,37 +23,11 @@ fn repo_file(rel: &str) -> PathBuf {
 
 /// Every YAML document of `rel`, as JSON values.
 fn yaml_documents(rel: &str) -> Vec<Value> {
-    const TO_JSON: &str =
-        "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))";
-    // Debian's interpreter first: that is where python3-yaml installs the module.
-    let pythons = ["/usr/bin/python3", "python3"];
-    let mut tried = Vec::new();
-    for python in pythons {
-        let out = match Command::new(python)
-            .args(["-c", TO_JSON])
-            .arg(repo_file(rel))
-            .output()
-        {
-            Ok(out) => out,
-            Err(e) => {
-                tried.push(format!("{python}: {e}"));
-                continue;
-            }
-        };
-        if out.status.success() {
-            return serde_json::from_slice(&out.stdout).expect("python printed invalid JSON");
-        }
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if stderr.contains("No module named 'yaml'") {
-            tried.push(format!("{python}: no yaml module"));
-            continue;
-        }
-        panic!("{rel} does not parse as YAML ({python}):\n{stderr}");
-    }
-    panic!(
-        "no python3 with the yaml module ({}); install it with: apt-get install -y python3-yaml",
-        tried.join("; ")
-    );
+    use serde::Deserialize;
+    let text = fs::read_to_string(repo_file(rel)).expect("manifest");
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}")))
+        .collect()
 }
 
 fn manifest() -> Vec<Value> {
@@ -87,6 +58,13 @@ fn install_container(pod: &Value) -> &Value {
         .as_array()
         .and_then(|c| c.iter().find(|c| c["name"] == "install-cni"))
         .expect("an init container named install-cni")
+}
+
+fn agent_container(pod: &Value) -> &Value {
+    pod["containers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "agent"))
+        .expect("a container named agent")
 }
 
 fn env_value<'a>(container: &'a Value, name: &str) -> &'a str {
@@ -169,24 +147,112 @@ fn image_pin_rule_rejects_floating_tags() {
 }
 
 #[test]
-fn manifest_is_a_configmap_and_a_daemonset_in_kube_system_without_rbac() {
+fn manifest_runs_the_agent_with_a_service_account_that_only_reads_nodes() {
     let docs = manifest();
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet"
+        ]
+    );
     for d in &docs {
-        let kind = d["kind"].as_str().unwrap_or("");
-        assert!(
-            kind == "ConfigMap" || kind == "DaemonSet",
-            "unexpected {kind}: the install needs no ServiceAccount or RBAC"
-        );
-        assert_eq!(
-            d["metadata"]["namespace"], "kube-system",
-            "{kind} namespace"
-        );
+        if !d["kind"].as_str().unwrap_or("").starts_with("ClusterRole") {
+            assert_eq!(d["metadata"]["namespace"], "kube-system", "{}", d["kind"]);
+        }
     }
     let pod = pod_spec(&docs);
     assert_eq!(pod["hostNetwork"], true);
     assert_eq!(pod["priorityClassName"], "system-node-critical");
-    assert_eq!(pod["automountServiceAccountToken"], false);
-    assert!(pod.get("serviceAccountName").is_none());
+    let sa = doc(&docs, "ServiceAccount")["metadata"]["name"].clone();
+    assert_eq!(pod["serviceAccountName"], sa);
+    assert_ne!(
+        pod["automountServiceAccountToken"], false,
+        "the agent needs its token"
+    );
+    let binding = doc(&docs, "ClusterRoleBinding");
+    assert_eq!(
+        binding["roleRef"]["name"],
+        doc(&docs, "ClusterRole")["metadata"]["name"]
+    );
+    assert_eq!(binding["subjects"][0]["name"], sa);
+    assert_eq!(binding["subjects"][0]["namespace"], "kube-system");
+
+    let agent = agent_container(pod);
+    let command: Vec<&str> = agent["command"]
+        .as_array()
+        .expect("agent command")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(&command[..2], ["/sticky-cni/bin/sticky-vxlan", "agent"]);
+    let config = command
+        .iter()
+        .position(|a| *a == "--config")
+        .and_then(|i| command.get(i + 1))
+        .expect("--config");
+    assert_eq!(*config, format!("/etc/cni/net.d/{CONFLIST_NAME}"));
+    // RBAC: get/list/watch on nodes; patch exactly when the agent publishes.
+    let rules = doc(&docs, "ClusterRole")["rules"]
+        .as_array()
+        .expect("rules")
+        .clone();
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(rules[0]["resources"], serde_json::json!(["nodes"]));
+    let verbs: Vec<&str> = rules[0]["verbs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let publishes = command.contains(&"--publish-flannel-annotations");
+    let mut want = vec!["get", "list", "watch"];
+    if publishes {
+        want.push("patch");
+    }
+    assert_eq!(verbs, want);
+    // Host network namespace, NET_ADMIN and nothing else, the node's /etc/cni (conflist in,
+    // peers file out) and the plugin's lock dir at the same paths.
+    assert_eq!(
+        agent["securityContext"]["capabilities"]["add"],
+        serde_json::json!(["NET_ADMIN"])
+    );
+    assert_eq!(
+        agent["securityContext"]["capabilities"]["drop"],
+        serde_json::json!(["ALL"])
+    );
+    assert_ne!(agent["securityContext"]["privileged"], true);
+    for dir in ["/etc/cni", "/run/sticky-vxlan"] {
+        let (host, _) = host_path_at(pod, agent, dir);
+        assert_eq!(host, dir);
+    }
+    let conf: Value =
+        serde_json::from_str(&fs::read_to_string(repo_file(CONFLIST)).unwrap()).unwrap();
+    let peers_file = conf["plugins"][0]["peersFile"].as_str().unwrap();
+    assert!(
+        peers_file.starts_with("/etc/cni/"),
+        "the agent writes {peers_file} through /etc/cni"
+    );
+    // Liveness on /healthz where --metrics-addr serves it.
+    let probe = &agent["livenessProbe"]["httpGet"];
+    assert_eq!(probe["path"], "/healthz");
+    let addr = command
+        .iter()
+        .position(|a| *a == "--metrics-addr")
+        .and_then(|i| command.get(i + 1))
+        .expect("--metrics-addr");
+    assert_eq!(
+        *addr,
+        format!("{}:{}", probe["host"].as_str().unwrap(), probe["port"])
+    );
+    assert_eq!(
+        agent["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName",
+        "NODE_NAME from the downward API"
+    );
     let tolerates_all = pod["tolerations"].as_array().is_some_and(|t| {
         t.iter().any(|t| {
             t["operator"] == "Exists" && t.get("key").is_none() && t.get("effect").is_none()
@@ -196,12 +262,6 @@ fn manifest_is_a_configmap_and_a_daemonset_in_kube_system_without_rbac() {
         tolerates_all,
         "needs a toleration {{operator: Exists}} for every taint"
     );
-    assert!(
-        pod["containers"]
-            .as_array()
-            .is_some_and(|c| c.iter().any(|c| c["name"] == "pause")),
-        "a pause container keeps the pod running"
-    );
 }
 
 #[test]
@@ -209,7 +269,7 @@ fn every_image_is_pinned_to_an_exact_version() {
     let docs = manifest();
     let pod = pod_spec(&docs);
     let all = containers(pod);
-    assert!(all.len() >= 2, "install-cni and pause at least");
+    assert!(all.len() >= 2, "install-cni and the agent at least");
     for c in &all {
         let image = c["image"].as_str().expect("every container names an image");
         if let Err(e) = check_pinned(image) {
@@ -227,6 +287,11 @@ fn every_image_is_pinned_to_an_exact_version() {
         tag,
         Some(env!("CARGO_PKG_VERSION")),
         "install-cni image {own}"
+    );
+    assert_eq!(
+        agent_container(pod)["image"],
+        own,
+        "the agent runs from the same image"
     );
 
     let dockerfile = fs::read_to_string(repo_file(DOCKERFILE)).expect("Dockerfile");

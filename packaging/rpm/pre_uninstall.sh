@@ -5,4 +5,6 @@
 # is never touched by any scriptlet of this package.
 if [ "$1" -eq 0 ] && command -v systemctl >/dev/null 2>&1; then
     systemctl --no-reload disable sticky-vxlan-reconcile.service >/dev/null 2>&1 || :
+    systemctl stop sticky-vxlan-agent.service >/dev/null 2>&1 || :
+    systemctl --no-reload disable sticky-vxlan-agent.service >/dev/null 2>&1 || :
 fi
