@@ -861,7 +861,7 @@ fn show_explains_reclaim_and_exhaustion() {
     assert!(
         t.code(4)
             .stdout
-            .contains("fails: no IP addresses available")
+            .contains("fails: failed to allocate for range 0: no IP addresses available")
     );
 }
 
