@@ -16,14 +16,5 @@ fn main() -> ExitCode {
     if let Some(code) = sticky_cni::segment::reconcile::run(&args) {
         return code;
     }
-    match cli::run(&args) {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("sticky-vxlan: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::main(args)
 }

@@ -10,6 +10,7 @@ use super::config::Config;
 use super::{datapath, node};
 use crate::cli::conflist;
 use crate::netlink::Socket;
+use crate::vxlan::cli;
 
 /// Runs the command when `args` is `reconcile --config <a segment network>`; `None` otherwise.
 pub fn run(args: &[String]) -> Option<ExitCode> {
@@ -46,11 +47,15 @@ pub fn run(args: &[String]) -> Option<ExitCode> {
     Some(match done {
         Ok(out) => {
             print!("{out}");
-            ExitCode::SUCCESS
+            ExitCode::from(cli::EXIT_OK)
         }
         Err(e) => {
             eprintln!("sticky-vxlan: {e}");
-            ExitCode::FAILURE
+            // The main mode's convention: an unusable `--config` is a usage error.
+            ExitCode::from(match e {
+                super::Error::Config(_) | super::Error::Mode(_) => cli::EXIT_USAGE,
+                _ => cli::EXIT_RUNTIME,
+            })
         }
     })
 }
