@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Pod ADD+DEL latency: sticky-vxlan + host-local vs Debian's bridge + host-local.
+"""Pod ADD and DEL latency: sticky-vxlan vs Debian's bridge + host-local, with the kernel's floor.
 
 Both run side by side, interleaved, on the same netns "node" (a namespace with an underlay
 address on 192.0.2.0/24), each call executed inside it with `ip netns exec`, as a runtime on
-that node would. Prints the median ADD+DEL time of each, and the ratio. Needs root.
+that node would. In the same rounds, a bare `ip link del` of a veth pair whose peer sits in a
+pod namespace (run the same way, with `ip netns exec`) measures what the kernel alone takes to
+tear a pod's veth down: DEL's floor. Prints medians, ratios and issue 10's targets (ADD <= 0.5x
+bridge + host-local; DEL <= the floor + 2 ms) and draws docs/bench-vxlan.svg. Needs root and
+only python3.
 
-    sudo scripts/bench-vxlan.py [--runs 50] [--bin target/release/sticky-vxlan]
-                                [--ipam target/release/sticky-ipam] [--segment]
+    scripts/bench-vxlan.py [--runs 50] [--bin target/release/sticky-vxlan]
+                           [--ipam target/release/sticky-ipam] [--segment]
+                           [--plot docs/bench-vxlan.svg]
 
 With --segment, a third kind runs interleaved with the two: a sticky-vxlan segment interface
 ("mode": "segment", same IPAM plugin over its own subnet), the extra interface of a pod.
@@ -23,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 CNI_DIR = "/usr/lib/cni"
 
@@ -63,6 +70,8 @@ def main():
         default=os.path.join(CNI_DIR, "host-local"),
         help="IPAM plugin for sticky-vxlan (e.g. target/release/sticky-ipam); bridge always uses host-local",
     )
+    parser.add_argument("--plot", default=os.path.join(here, "..", "docs", "bench-vxlan.svg"),
+                        help="SVG file to draw ('' for none)")
     parser.add_argument("--segment", action="store_true", help="also time a segment-mode interface")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -145,6 +154,7 @@ def main():
         times = {k: [] for k in confs}
         adds = {k: [] for k in confs}
         dels = {k: [] for k in confs}
+        floor = []
         # One warm-up round each (creates the shared bridge/VTEP), then interleaved runs.
         for i in range(args.runs + 1):
             for kind in confs:
@@ -164,6 +174,20 @@ def main():
                     times[kind].append(elapsed)
                     adds[kind].append(added - start)
                     dels[kind].append(elapsed - (added - start))
+            # The kernel's floor for DEL: a pod-like veth pair, deleted with nothing else.
+            pod = f"{tag}-fl{i}"
+            sh("ip", "netns", "add", pod)
+            namespaces.append(pod)
+            sh("ip", "-n", node, "link", "add", "flveth", "type", "veth", "peer", "name", "eth0",
+               "netns", pod)
+            sh("ip", "-n", node, "link", "set", "flveth", "up")
+            start = time.perf_counter()
+            sh("ip", "netns", "exec", node, "ip", "link", "del", "flveth")
+            elapsed = time.perf_counter() - start
+            sh("ip", "netns", "del", pod)
+            namespaces.remove(pod)
+            if i > 0:
+                floor.append(elapsed)
         def ms(values):
             return statistics.median(values) * 1000
 
@@ -176,7 +200,32 @@ def main():
                 f"{label:26} median ADD+DEL {ms(times[kind]):6.1f} ms"
                 f"  (ADD {ms(adds[kind]):5.1f} ms, DEL {ms(dels[kind]):5.1f} ms)"
             )
-        print(f"ratio sticky/bridge:       {ms(times['sticky-vxlan']) / ms(times['bridge']):.2f}")
+        print(f"{'ip link del (kernel floor)':26} DEL {ms(floor):5.1f} ms")
+        print(f"ratio sticky/bridge:       ADD+DEL {ms(times['sticky-vxlan']) / ms(times['bridge']):.2f}"
+              f", ADD {ms(adds['sticky-vxlan']) / ms(adds['bridge']):.2f}"
+              f", DEL {ms(dels['sticky-vxlan']) / ms(dels['bridge']):.2f}")
+        print()
+        for ok, label, value, limit in (
+            (ms(adds["sticky-vxlan"]) <= 0.5 * ms(adds["bridge"]), "ADD <= 0.5x bridge + host-local",
+             ms(adds["sticky-vxlan"]), 0.5 * ms(adds["bridge"])),
+            (ms(dels["sticky-vxlan"]) <= ms(floor) + 2, "DEL <= kernel floor + 2 ms",
+             ms(dels["sticky-vxlan"]), ms(floor) + 2),
+        ):
+            print(f"{'PASS' if ok else 'MISS'} {label}: {value:.2f} ms <= {limit:.2f} ms")
+        if args.plot:
+            import benchplot
+            sticky_label = f"sticky-vxlan + {ipam_type}"
+            benchplot.bars(
+                args.plot,
+                f"pod ADD and DEL, median of {args.runs} (netns node)",
+                [("ADD", [(sticky_label, ms(adds["sticky-vxlan"])),
+                          ("bridge + host-local", ms(adds["bridge"]))]),
+                 ("DEL", [(sticky_label, ms(dels["sticky-vxlan"])),
+                          ("bridge + host-local", ms(dels["bridge"])),
+                          ("ip link del (kernel floor)", ms(floor))])],
+                {sticky_label: "#1f77b4", "bridge + host-local": "#d62728",
+                 "ip link del (kernel floor)": "#888"})
+            print(f"plot: {os.path.abspath(args.plot)}")
     finally:
         for ns in reversed(namespaces):
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)

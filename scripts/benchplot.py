@@ -84,3 +84,53 @@ def plot(path, title, xlabel, series, lines=(), logx=True):
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
+
+
+def bars(path, title, groups, colours):
+    """A grouped bar chart: groups = [(group label, [(bar label, ms), ...])]; a bar label's
+    colour comes from `colours`, and each bar is labelled with its value."""
+    labels = []
+    for _, items in groups:
+        for label, _ in items:
+            if label not in labels:
+                labels.append(label)
+    ymax = _nice_max(max(v for _, items in groups for _, v in items) * 1.1)
+    pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+           'font-family="sans-serif" font-size="12">' % (W, H),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>' % (LEFT, title)]
+
+    def sy(y):
+        return TOP + ph * (1 - y / ymax)
+
+    for i in range(6):
+        y = ymax * i / 5
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>' %
+                   (LEFT, LEFT + pw, sy(y), sy(y)))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%g</text>' % (LEFT - 6, sy(y) + 4, y))
+    out.append('<text transform="translate(16,%d) rotate(-90)" text-anchor="middle">'
+               'median ms per call</text>' % (TOP + ph // 2))
+    gw = pw / len(groups)
+    bw = gw * 0.8 / len(labels)
+    for g, (group, items) in enumerate(groups):
+        x0 = LEFT + g * gw + gw * 0.1
+        for label, value in items:
+            x = x0 + labels.index(label) * bw
+            out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>' %
+                       (x, sy(value), bw - 4, TOP + ph - sy(value), colours[label]))
+            out.append('<text x="%.1f" y="%.1f" text-anchor="middle">%.1f</text>' %
+                       (x + (bw - 4) / 2, sy(value) - 4, value))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' %
+                   (LEFT + g * gw + gw / 2, TOP + ph + 18, group))
+    out.append('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#444"/>' %
+               (LEFT, TOP, pw, ph))
+    for i, label in enumerate(labels):
+        y = TOP + 10 + 18 * i
+        x = LEFT + pw + 12
+        out.append('<rect x="%d" y="%d" width="14" height="10" fill="%s"/>' %
+                   (x, y - 5, colours[label]))
+        out.append('<text x="%d" y="%d">%s</text>' % (x + 20, y + 4, label))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")

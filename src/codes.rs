@@ -8,7 +8,11 @@ use crate::cni::{CniError, EnvError, NetConfError};
 
 impl From<EnvError> for CniError {
     fn from(err: EnvError) -> CniError {
-        CniError::new(code::INVALID_ENV, err.to_string())
+        let error = CniError::new(code::INVALID_ENV, err.to_string());
+        match err.details() {
+            Some(details) => error.with_details(details),
+            None => error,
+        }
     }
 }
 
@@ -18,7 +22,13 @@ impl From<NetConfError> for CniError {
             NetConfError::Json(_) | NetConfError::NotAnObject | NetConfError::PrevResult(_) => {
                 code::DECODE
             }
-            NetConfError::UnsupportedVersion(_) => code::INCOMPATIBLE_VERSION,
+            NetConfError::UnsupportedVersion(v) => {
+                return CniError::new(code::INCOMPATIBLE_VERSION, err.to_string()).with_details(
+                    format!(
+                        "config is {v:?}, plugin supports [\"0.1.0\" \"0.2.0\" \"0.3.0\" \"0.3.1\" \"0.4.0\" \"1.0.0\" \"1.1.0\"]"
+                    ),
+                );
+            }
             NetConfError::NotAString { .. } | NetConfError::NoName | NetConfError::BadName(_) => {
                 code::INVALID_CONFIG
             }
@@ -47,7 +57,10 @@ impl From<crate::ipam::Error> for CniError {
             }
             Error::Alloc(AllocError::Exhausted { .. }) => RANGE_EXHAUSTED,
             Error::Alloc(
-                AllocError::RequestedUnavailable { .. } | AllocError::RequestedOutside(_),
+                AllocError::RequestedGateway { .. }
+                | AllocError::RequestedTaken { .. }
+                | AllocError::RequestedUnavailable { .. }
+                | AllocError::RequestedUnfulfilled(_),
             ) => REQUESTED_UNAVAILABLE,
             Error::Alloc(AllocError::NotRecorded { .. } | AllocError::NoAttachment { .. }) => {
                 NOT_RECORDED
@@ -92,9 +105,7 @@ impl From<crate::vxlan::Error> for CniError {
             }) => {
                 return CniError::new(*code, format!("IPAM: {msg}")).with_details(details.clone());
             }
-            E::Config(_) | E::ConfigFile { .. } | E::Usage(_) | E::Attachments(_) => {
-                code::INVALID_CONFIG
-            }
+            E::Config(_) | E::Attachments(_) => code::INVALID_CONFIG,
             E::Peers(_) | E::PeersFile(_) => PEERS,
             E::NoDevice { .. }
             | E::DeviceWithoutIpv4 { .. }

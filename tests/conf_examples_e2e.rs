@@ -259,6 +259,22 @@ fn exercise_in(name: &str, n: &mut Node, ranges: Vec<Range>) {
     );
 }
 
+/// Installs `doc` as `/etc/cni/net.d/<file>` with its `stateDir` moved into the sandbox (the
+/// default `/run/sticky-vxlan` is the machine's), and the peers file naming nodes 1 and 2 at
+/// the examples' path.
+fn install_with_state(n: &Node, file: &str, mut doc: Value) {
+    let entry = match doc.get_mut("plugins") {
+        Some(plugins) => &mut plugins[0],
+        None => &mut doc,
+    };
+    entry["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
+    n.rt.write_etc(&format!("net.d/{file}"), &doc);
+    n.rt.write_etc(
+        "sticky-peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+}
+
 /// Installs the example byte for byte as `/etc/cni/net.d/<name>`.
 fn install_unchanged(n: &Node, name: &str) {
     n.rt.write_etc_raw(&format!("net.d/{name}"), &example_bytes(name));
@@ -315,15 +331,9 @@ fn vxlan_cluster_example() {
     };
     let name = "11-sticky-vxlan-cluster.conflist";
     let mut n = node(&cnitool);
-    let mut list = example(name);
     // The only change: stateDir into the sandbox. The example names no range: node 1's subnet
     // comes from its entry in the peers file.
-    list["plugins"][0]["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
-    n.rt.write_etc(&format!("net.d/{name}"), &list);
-    n.rt.write_etc(
-        "sticky-peers.json",
-        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
-    );
+    install_with_state(&n, name, example(name));
     let node_range = Range {
         subnet: Topo::subnet(1).parse().unwrap(),
         start: None,
@@ -454,13 +464,7 @@ fn segment_example() {
     };
     let name = "40-sticky-vxlan-segment.conflist";
     let mut n = node(&cnitool);
-    let mut list = example(name);
-    list["plugins"][0]["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
-    n.rt.write_etc(&format!("net.d/{name}"), &list);
-    n.rt.write_etc(
-        "sticky-peers.json",
-        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
-    );
+    install_with_state(&n, name, example(name));
     // Node 192.0.2.1 takes slice 1 of 192.168.10.0/24 cut in /27s: .33 to .62.
     let slice = Range {
         subnet: "192.168.10.0/24".parse().unwrap(),
@@ -485,13 +489,8 @@ fn segment_nad_example() {
     };
     let name = "41-vxlan-segment-nad.yaml";
     let mut n = node(&cnitool);
-    let mut conf = support::nad_config(&String::from_utf8_lossy(&example_bytes(name)));
-    conf["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
-    n.rt.write_etc("net.d/vxeth1.conf", &conf);
-    n.rt.write_etc(
-        "sticky-peers.json",
-        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
-    );
+    let conf = support::nad_config(&String::from_utf8_lossy(&example_bytes(name)));
+    install_with_state(&n, "vxeth1.conf", conf);
     let a = new_pod(&mut n, "a-5cd8c6ccb8-kkvwt");
     let gw = new_pod(&mut n, "gw-f87979b47-5p57h");
     let ra = n.rt.add("vxeth1", &a.path, &env(&a));

@@ -10,6 +10,8 @@
 //!   except when `CI` is set: then it fails.
 //! - `ipam_part`: the part that runs without root — as root through `--ipam-only`, otherwise
 //!   the script's own non-root path, which must say what it skipped.
+//! - `demo_installs_what_a_fresh_box_lacks`: as root, with `ping` missing from `PATH` (a fresh
+//!   Debian box) the demo installs it with apt-get (a recording fake here) and runs through.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,11 @@ fn bin_dir() -> PathBuf {
 /// Runs the demo with `--no-build` and `args`; stops it (SIGTERM, its trap cleans up) after
 /// `LIMIT`.
 fn demo(args: &[&str]) -> Run {
+    demo_env(args, &[])
+}
+
+/// [`demo`] with extra environment variables.
+fn demo_env(args: &[&str], env: &[(&str, std::ffi::OsString)]) -> Run {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/demo.sh");
     assert!(
         Path::new(env!("CARGO_BIN_EXE_sticky-ipam")).exists(),
@@ -46,6 +53,7 @@ fn demo(args: &[&str]) -> Run {
         .arg("--no-build")
         .args(args)
         .env("STICKY_BIN_DIR", bin_dir())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(file.try_clone().expect("dup"))
         .stderr(file)
@@ -227,4 +235,61 @@ fn ipam_part() {
     } else {
         assert!(skipped[0].contains("need root"), "{}", skipped[0]);
     }
+}
+
+/// A fresh Debian box has no `ping`: the demo installs it (apt-get) instead of stopping. `PATH`
+/// is a mirror of the system's without `ping`, and `apt-get` a fake that records its arguments
+/// and then makes the real `ping` appear, so nothing is installed on this machine.
+#[test]
+fn demo_installs_what_a_fresh_box_lacks() {
+    if !is_root() {
+        eprintln!("SKIP: the full demo needs root (network namespaces)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir");
+    for sys in [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ] {
+        let Ok(entries) = std::fs::read_dir(sys) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if name == "ping" || name == "apt-get" || bin.join(&name).exists() {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(e.path(), bin.join(&name));
+        }
+    }
+    let real_ping = ["/usr/bin/ping", "/bin/ping"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("this test needs a real ping to hand out");
+    let calls = dir.path().join("apt-calls");
+    let fake = bin.join("apt-get");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {calls}\ncase \"$*\" in *iputils-ping*) ln -sf {real_ping} {bin}/ping;; esac\n",
+            calls = calls.display(),
+            bin = bin.display()
+        ),
+    )
+    .expect("fake apt-get");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let run = demo_env(&[], &[("PATH", bin.clone().into_os_string())]);
+    assert_clean(&run);
+    let recorded = std::fs::read_to_string(&calls).unwrap_or_default();
+    assert!(
+        recorded.contains("install") && recorded.contains("iputils-ping"),
+        "apt-get was not asked for iputils-ping: {recorded:?}"
+    );
 }

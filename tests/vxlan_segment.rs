@@ -4,7 +4,7 @@
 
 mod vxlan_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use vxlan_support::*;
@@ -20,6 +20,20 @@ fn all_peers() -> Value {
         Topo::peer(2, false),
         Topo::peer(3, false)
     ])
+}
+
+/// Nodes 1 to `count` on a 1500-byte underlay and the test's temp dir, or `None` when the
+/// test cannot run here.
+fn nodes(count: u8) -> Option<(Topo, PathBuf)> {
+    if !can_run() {
+        return None;
+    }
+    let mut topo = Topo::new(1500);
+    for n in 1..=count {
+        topo.add_node(n, 1500);
+    }
+    let dir = topo.dir.path().to_path_buf();
+    Some((topo, dir))
 }
 
 /// A segment network for node `n`; `extra` keys are merged in.
@@ -127,14 +141,9 @@ fn flood(topo: &Topo, n: u8, dev: &str) -> Vec<String> {
 
 #[test]
 fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers_broadcasts() {
-    if !can_run() {
+    let Some((mut topo, dir)) = nodes(3) else {
         return;
-    }
-    let mut topo = Topo::new(1500);
-    let dir = topo.dir.path().to_path_buf();
-    for n in 1..=3 {
-        topo.add_node(n, 1500);
-    }
+    };
     // The README's example: one NetworkAttachmentDefinition per segment, the per-pod
     // annotation's `ip=` and `route=` as the attachments table.
     let vxeth1 = |n| {
@@ -300,14 +309,9 @@ fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers
 
 #[test]
 fn a_pod_recreated_on_its_static_address_keeps_its_mac_and_is_reached_with_nothing_run_elsewhere() {
-    if !can_run() {
+    let Some((mut topo, dir)) = nodes(2) else {
         return;
-    }
-    let mut topo = Topo::new(1500);
-    let dir = topo.dir.path().to_path_buf();
-    for n in 1..=2 {
-        topo.add_node(n, 1500);
-    }
+    };
     std::os::unix::fs::symlink("/usr/lib/cni/static", topo.cni_path.join("static")).unwrap();
     // The reference `static` IPAM with the `ips` capability, as Multus passes it.
     let conf = |n: u8, ip: &str| {
@@ -469,14 +473,9 @@ fn two_segments_never_see_each_others_frames_and_share_node_and_port_with_the_ma
 
 #[test]
 fn flood_entries_follow_the_peers_file() {
-    if !can_run() {
+    let Some((mut topo, dir)) = nodes(3) else {
         return;
-    }
-    let mut topo = Topo::new(1500);
-    let dir = topo.dir.path().to_path_buf();
-    for n in 1..=3 {
-        topo.add_node(n, 1500);
-    }
+    };
     let file = topo.write_peers_file("peers.json", &all_peers());
     let conf = |n: u8| {
         let mut c = segment(&dir, "segf", 301, n, json!({"peersFile": file}));
@@ -518,13 +517,9 @@ fn flood_entries_follow_the_peers_file() {
 
 #[test]
 fn a_device_that_is_not_ours_is_refused_and_bad_config_changes_nothing() {
-    if !can_run() {
+    let Some((mut topo, dir)) = nodes(2) else {
         return;
-    }
-    let mut topo = Topo::new(1500);
-    let dir = topo.dir.path().to_path_buf();
-    topo.add_node(1, 1500);
-    topo.add_node(2, 1500);
+    };
     let node = topo.node_ns(1);
     ok(&[
         "ip", "-n", &node, "link", "add", "segbr401", "type", "bridge",
@@ -584,13 +579,9 @@ fn a_device_that_is_not_ours_is_refused_and_bad_config_changes_nothing() {
 
 #[test]
 fn a_failed_add_gives_the_address_back_and_leaves_no_veth() {
-    if !can_run() {
+    let Some((mut topo, dir)) = nodes(2) else {
         return;
-    }
-    let mut topo = Topo::new(1500);
-    let dir = topo.dir.path().to_path_buf();
-    topo.add_node(1, 1500);
-    topo.add_node(2, 1500);
+    };
     let data = dir.join("seg-ipam");
     let conf = segment(
         &dir,

@@ -13,14 +13,5 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("agent") {
         return sticky_cni::agent::main(&args[1..]);
     }
-    match cli::run(&args) {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("sticky-vxlan: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::main(args)
 }

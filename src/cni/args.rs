@@ -19,8 +19,9 @@ pub enum ArgsError {
     EmptyKey { item: String },
     #[error("CNI_ARGS sets {key} twice")]
     Repeated { key: String },
-    #[error("CNI_ARGS key {key:?} is unknown to this plugin (add IgnoreUnknown=1 to allow it)")]
-    Unknown { key: String },
+    /// The reference plugins' words (`types.LoadArgs`): `ARGS: unknown args ["FOO=bar"]`.
+    #[error("ARGS: unknown args [{}]", go_quoted(.pairs))]
+    Unknown { pairs: Vec<String> },
     #[error("CNI_ARGS IgnoreUnknown={value:?} is not a boolean (1, 0, true, false)")]
     BadBool { value: String },
 }
@@ -78,15 +79,26 @@ impl Args {
         if ignore {
             return Ok(());
         }
-        match self
+        let unknown: Vec<String> = self
             .pairs
             .iter()
-            .find(|(k, _)| k != "IgnoreUnknown" && !known.contains(&k.as_str()))
-        {
-            Some((key, _)) => Err(ArgsError::Unknown { key: key.clone() }),
-            None => Ok(()),
+            .filter(|(k, _)| k != "IgnoreUnknown" && !known.contains(&k.as_str()))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        match unknown.is_empty() {
+            true => Ok(()),
+            false => Err(ArgsError::Unknown { pairs: unknown }),
         }
     }
+}
+
+/// Go's `%q` of a string slice, for printable text: each quoted, separated by spaces.
+fn go_quoted(items: &[String]) -> String {
+    let quoted: Vec<String> = items
+        .iter()
+        .map(|s| serde_json::Value::String(s.clone()).to_string())
+        .collect();
+    quoted.join(" ")
 }
 
 #[cfg(test)]
@@ -131,7 +143,9 @@ mod tests {
         let a = Args::parse("FOO=1;IP=10.0.0.2").unwrap();
         assert_eq!(
             a.check_known(&["IP"]),
-            Err(ArgsError::Unknown { key: "FOO".into() })
+            Err(ArgsError::Unknown {
+                pairs: vec!["FOO=1".into()]
+            })
         );
         let a = Args::parse("FOO=1;IgnoreUnknown=true").unwrap();
         assert_eq!(a.check_known(&["IP"]), Ok(()));

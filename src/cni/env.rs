@@ -64,23 +64,47 @@ pub struct Env {
 pub enum EnvError {
     #[error("CNI_COMMAND is not set")]
     NoCommand,
-    #[error("CNI_COMMAND {0:?} is not one of ADD, DEL, CHECK, GC, STATUS, VERSION")]
+    // From here to `BadIfname`: the words of the reference plugins' skeleton (libcni 1.1), which
+    // scripts written against them grep for. The bad value goes in the error's details.
+    #[error("unknown CNI_COMMAND: {0}")]
     UnknownCommand(String),
-    #[error("{var} is required for {command}")]
+    #[error("required env variables [{var}] missing")]
     Missing {
         var: &'static str,
         command: &'static str,
     },
-    #[error(
-        "CNI_CONTAINERID {0:?} is invalid: it must start with a letter or digit, followed by letters, digits, '_', '.' or '-'"
-    )]
+    #[error("invalid characters in containerID")]
     BadContainerId(String),
-    #[error(
-        "CNI_IFNAME {0:?} is invalid: it must be 1 to 15 bytes, not '.' or '..', without '/', ':' or whitespace"
-    )]
+    #[error("{}", ifname_problem(.0))]
     BadIfname(String),
     #[error(transparent)]
     Args(#[from] ArgsError),
+}
+
+/// The skeleton's words for what is wrong with an interface name.
+fn ifname_problem(name: &str) -> &'static str {
+    if name.is_empty() {
+        "interface name is empty"
+    } else if name.len() > MAX_IFNAME {
+        "interface name is too long"
+    } else if name == "." || name == ".." {
+        "interface name is . or .."
+    } else {
+        "interface name contains / or : or whitespace characters"
+    }
+}
+
+impl EnvError {
+    /// The error's details, as the skeleton gives them.
+    pub fn details(&self) -> Option<String> {
+        match self {
+            EnvError::BadContainerId(id) => Some(id.clone()),
+            EnvError::BadIfname(name) if name.len() > MAX_IFNAME => {
+                Some("interface name should be less than 16 characters".into())
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Linux interface names are at most IFNAMSIZ - 1 bytes.

@@ -29,9 +29,8 @@ pub enum NetConfError {
     NotAnObject,
     #[error("{key} must be a string")]
     NotAString { key: &'static str },
-    #[error(
-        "cniVersion {0:?} is not supported (supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)"
-    )]
+    /// The skeleton's words; the details say which versions are supported.
+    #[error("incompatible CNI versions")]
     UnsupportedVersion(String),
     #[error("network name is missing")]
     NoName,

@@ -73,21 +73,36 @@ pub struct Allocation {
     pub kept: bool,
 }
 
+/// Where host-local refuses the same request, the words are host-local's (1.1.1): scripts and
+/// tests written against it grep for them. `index` is the range set's position.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocError {
-    #[error("no IP addresses available in range set {set}")]
-    Exhausted { set: String },
+    #[error("failed to allocate for range {index}: no IP addresses available in range set: {set}")]
+    Exhausted { index: usize, set: String },
+    #[error("failed to allocate for range {index}: requested ip {ip} is subnet's gateway")]
+    RequestedGateway { index: usize, ip: IpAddr },
+    #[error(
+        "failed to allocate for range {index}: requested IP address {ip} is not available in range set {set}"
+    )]
+    RequestedTaken {
+        index: usize,
+        ip: IpAddr,
+        set: String,
+    },
     #[error("requested IP address {ip} is not available: {why}")]
     RequestedUnavailable { ip: IpAddr, why: &'static str },
-    #[error("requested IP address {0} is not in any configured range")]
-    RequestedOutside(IpAddr),
+    /// Requested addresses no range set can serve: outside every range, or a second one for
+    /// the same range set.
+    #[error("failed to allocate all requested IPs:{}", list(.0))]
+    RequestedUnfulfilled(Vec<IpAddr>),
     #[error("{ip} is not recorded for container {container_id} interface {ifname}")]
     NotRecorded {
         ip: IpAddr,
         container_id: String,
         ifname: String,
     },
-    #[error("no address is recorded for container {container_id} interface {ifname}")]
+    // host-local says "host-local: Failed to find address added by container <id>".
+    #[error("sticky-ipam: Failed to find address added by container {container_id}")]
     NoAttachment {
         container_id: String,
         ifname: String,
@@ -96,31 +111,42 @@ pub enum AllocError {
     Store(#[from] StoreError),
 }
 
+fn list(ips: &[IpAddr]) -> String {
+    ips.iter().map(|ip| format!(" {ip}")).collect()
+}
+
 /// Matches requested addresses to range sets, before anything on disk is touched.
 pub fn assign_requested(config: &IpamConfig) -> Result<Vec<Option<IpAddr>>, AllocError> {
     let mut per_set = vec![None; config.range_sets.len()];
+    let mut unfulfilled = Vec::new();
     for &ip in &config.requested {
-        let (index, range) = config
+        let Some((index, range)) = config
             .range_sets
             .iter()
             .enumerate()
             .find_map(|(i, set)| set.range_for(ip).map(|r| (i, r)))
-            .ok_or(AllocError::RequestedOutside(ip))?;
+        else {
+            unfulfilled.push(ip);
+            continue;
+        };
+        if ip == range.gateway {
+            return Err(AllocError::RequestedGateway { index, ip });
+        }
         if range.is_reserved(ip) {
             return Err(AllocError::RequestedUnavailable {
                 ip,
-                why: "it is the gateway, network or broadcast address",
+                why: "it is the network or broadcast address",
             });
         }
-        if per_set[index].is_some() {
-            return Err(AllocError::RequestedUnavailable {
-                ip,
-                why: "another address was requested from the same range set",
-            });
+        match per_set[index] {
+            Some(_) => unfulfilled.push(ip),
+            None => per_set[index] = Some(ip),
         }
-        per_set[index] = Some(ip);
     }
-    Ok(per_set)
+    match unfulfilled.is_empty() {
+        true => Ok(per_set),
+        false => Err(AllocError::RequestedUnfulfilled(unfulfilled)),
+    }
 }
 
 /// A pod's hold on one address.
@@ -327,9 +353,10 @@ pub fn plan<S: Store>(
                 Some(h) => take(h),
                 None if !store.index().is_taken(ip) => Plan::New(ip),
                 None => {
-                    return Err(AllocError::RequestedUnavailable {
+                    return Err(AllocError::RequestedTaken {
+                        index,
                         ip,
-                        why: "another attachment or lease holds it",
+                        set: set.to_string(),
                     });
                 }
             }
@@ -346,12 +373,14 @@ pub fn plan<S: Store>(
                 Some((ip, victims)) => Plan::Reclaim { ip, victims },
                 None => {
                     return Err(AllocError::Exhausted {
+                        index,
                         set: set.to_string(),
                     });
                 }
             }
         } else {
             return Err(AllocError::Exhausted {
+                index,
                 set: set.to_string(),
             });
         };

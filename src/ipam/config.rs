@@ -48,20 +48,24 @@ pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("network config has no \"ipam\" object")]
+    // host-local's words (1.1.1) where it refuses the same input: scripts grep for them.
+    #[error("IPAM config missing 'ipam' key")]
     NoIpam,
     #[error("ipam config is malformed: {0}")]
     Shape(#[from] serde_json::Error),
-    #[error("no IP ranges specified (set ipam.ranges or ipam.subnet)")]
+    #[error("no IP ranges specified")]
     NoRanges,
-    #[error("invalid range set {index}: {source}")]
+    #[error("{}", range_message(*index, source))]
     Range { index: usize, source: RangeError },
-    #[error("range set {0} overlaps with range set {1}")]
+    #[error("range set {0} overlaps with {1}")]
     SetsOverlap(usize, usize),
-    #[error("cniVersion {0} does not support more than one address per family")]
+    #[error("CNI version {0} does not support more than 1 address per family")]
     TooManyForVersion(Version),
     #[error("requested IP {0:?} is not an IP address")]
     BadRequestedIp(String),
+    /// host-local's words for a bad CNI_ARGS `IP=`.
+    #[error("ARGS: error parsing value of pair \"IP={value}\": invalid IP address {text}")]
+    BadArgsIp { value: String, text: String },
     #[error("whenExhausted {0:?} must be \"reclaim\" or \"refuse\"")]
     BadWhenExhausted(String),
     #[error("leaseHold {0:?} is not a duration such as \"90s\", \"30m\", \"72h\" or \"7d\"")]
@@ -200,12 +204,36 @@ impl IpamConfig {
     }
 }
 
+/// One requested address; a prefix length is ignored.
+fn parse_requested(text: &str) -> Option<IpAddr> {
+    text.parse::<IpAddr>()
+        .or_else(|_| text.parse::<IpNet>().map(|n| n.addr()))
+        .ok()
+}
+
+/// host-local's words: "invalid range set N: <why>", except a subnet that does not parse,
+/// which its JSON decoder reports bare.
+fn range_message(index: usize, source: &RangeError) -> String {
+    match source {
+        RangeError::BadSubnet(_) => source.to_string(),
+        _ => format!("invalid range set {index}: {source}"),
+    }
+}
+
 /// Requested IPs, in host-local's order: CNI_ARGS `IP=` (comma separated), then `args.cni.ips`,
 /// then `runtimeConfig.ips`. Each may carry a prefix length, which is ignored.
 fn requested_ips(conf: &NetConf, args: &Args) -> Result<Vec<IpAddr>, ConfigError> {
     let mut texts: Vec<String> = Vec::new();
     if let Some(list) = args.non_empty("IP") {
-        texts.extend(list.split(',').map(|s| s.trim().to_string()));
+        for text in list.split(',').map(str::trim) {
+            if parse_requested(text).is_none() {
+                return Err(ConfigError::BadArgsIp {
+                    value: list.to_string(),
+                    text: text.to_string(),
+                });
+            }
+            texts.push(text.to_string());
+        }
     }
     let string_list = |v: Option<&Value>| -> Vec<String> {
         v.and_then(Value::as_array)
@@ -224,10 +252,7 @@ fn requested_ips(conf: &NetConf, args: &Args) -> Result<Vec<IpAddr>, ConfigError
     texts.extend(string_list(conf.runtime_config.get("ips")));
     let mut ips: Vec<IpAddr> = Vec::new();
     for text in texts {
-        let ip = text
-            .parse::<IpAddr>()
-            .or_else(|_| text.parse::<IpNet>().map(|n| n.addr()))
-            .map_err(|_| ConfigError::BadRequestedIp(text.clone()))?;
+        let ip = parse_requested(&text).ok_or(ConfigError::BadRequestedIp(text.clone()))?;
         if !ips.contains(&ip) {
             ips.push(ip);
         }
@@ -352,7 +377,7 @@ mod tests {
         ));
         assert!(matches!(
             load(&base(r#"{"subnet":"10.0.0.0/24"}"#), "IP=nope"),
-            Err(ConfigError::BadRequestedIp(_))
+            Err(ConfigError::BadArgsIp { .. })
         ));
         assert!(matches!(
             load(&base(r#"{"subnet":7}"#), ""),

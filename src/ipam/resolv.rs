@@ -5,11 +5,25 @@ use std::path::{Path, PathBuf};
 
 use crate::cni::Dns;
 
+/// In host-local's words (Go's `*PathError`): `open /etc/x: no such file or directory`.
 #[derive(Debug, thiserror::Error)]
-#[error("reading resolvConf {path}: {source}")]
+#[error("open {}: {}", path.display(), go_errno(source))]
 pub struct ResolvError {
     pub path: PathBuf,
     pub source: std::io::Error,
+}
+
+/// Go spells errno texts in lower case and without Rust's "(os error N)".
+fn go_errno(e: &std::io::Error) -> String {
+    let text = match e.raw_os_error() {
+        Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
+        None => e.to_string(),
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => text,
+    }
 }
 
 pub fn read(path: &Path) -> Result<Dns, ResolvError> {

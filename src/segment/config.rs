@@ -10,24 +10,8 @@ use serde_json::{Map, Value};
 
 use super::attachments::{self, Attachment};
 use crate::cni::Route;
-use crate::vxlan::config::{DEFAULT_PORT, DEFAULT_STATE_DIR, MAX_VNI};
-use crate::vxlan::peers::{Peer, PeerEntry};
-
-/// Keys every CNI config may carry (spec and libcni), accepted and left alone.
-const STANDARD_KEYS: &[&str] = &[
-    "cniVersion",
-    "cniVersions",
-    "name",
-    "type",
-    "ipam",
-    "dns",
-    "prevResult",
-    "runtimeConfig",
-    "args",
-    "capabilities",
-    "disableCheck",
-    "disableGC",
-];
+use crate::vxlan::config as shared;
+use crate::vxlan::peers::Peer;
 
 const OUR_KEYS: &[&str] = &[
     "mode",
@@ -64,27 +48,25 @@ pub const CAPABILITIES: &[&str] = &["mac", "ips"];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    #[error("segment config key {key:?}: {reason}")]
-    Key { key: &'static str, reason: String },
-    #[error("segment config key {key:?} is not known to sticky-vxlan: did you mean {meant:?}?")]
-    Misspelt { key: String, meant: &'static str },
-    #[error(
-        "segment config key {0:?} belongs to the main mode and has no meaning on a segment: remove it"
-    )]
+    /// What the main mode checks too (name, keys, vni, port, peers, mtu, stateDir, ipam).
+    #[error(transparent)]
+    Shared(#[from] shared::Error),
+    #[error("config key {0:?} belongs to the main mode and has no meaning on a segment: remove it")]
     MainOnly(String),
-    #[error("segment config key {0:?} is required")]
-    Missing(&'static str),
-    #[error("network config must be a JSON object")]
-    NotAnObject,
-    #[error("segment config key \"attachments\": {0}")]
+    #[error("config key \"attachments\": {0}")]
     Attachments(#[from] attachments::Error),
 }
 
 fn bad(key: &'static str, reason: impl Into<String>) -> Error {
-    Error::Key {
-        key,
-        reason: reason.into(),
-    }
+    Error::Shared(shared::bad(key, reason))
+}
+
+fn get<T: DeserializeOwned>(
+    obj: &Map<String, Value>,
+    key: &'static str,
+    expected: &str,
+) -> Result<Option<T>, Error> {
+    Ok(shared::get(obj, key, expected)?)
 }
 
 /// A checked segment config.
@@ -107,19 +89,6 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// `ipam.type`, or `None` for an L2-only segment (or one with fixed addresses).
     pub ipam_type: Option<String>,
-}
-
-pub(super) fn get<T: DeserializeOwned>(
-    obj: &Map<String, Value>,
-    key: &'static str,
-    expected: &str,
-) -> Result<Option<T>, Error> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => serde_json::from_value(v.clone())
-            .map(Some)
-            .map_err(|_| bad(key, format!("{v} is not {expected}"))),
-    }
 }
 
 /// Routes as the CNI spec writes them (`{"dst": CIDR, "gw"?: IP}`), checked.
@@ -158,48 +127,12 @@ pub fn parse_routes(value: &Value) -> Result<Vec<Route>, String> {
 
 impl Config {
     pub fn from_json(name: &str, raw: &Value) -> Result<Config, Error> {
-        let obj = raw.as_object().ok_or(Error::NotAnObject)?;
-        for key in obj.keys() {
-            if MAIN_ONLY_KEYS.contains(&key.as_str()) {
-                return Err(Error::MainOnly(key.clone()));
-            }
-            let ours = OUR_KEYS.contains(&key.as_str()) || STANDARD_KEYS.contains(&key.as_str());
-            if let Some(meant) = OUR_KEYS
-                .iter()
-                .find(|k| !ours && k.eq_ignore_ascii_case(key))
-            {
-                return Err(Error::Misspelt {
-                    key: key.clone(),
-                    meant,
-                });
-            }
+        let obj = raw.as_object().ok_or(shared::Error::NotAnObject)?;
+        if let Some(key) = obj.keys().find(|k| MAIN_ONLY_KEYS.contains(&k.as_str())) {
+            return Err(Error::MainOnly(key.clone()));
         }
-        let vni: u32 =
-            get(obj, "vni", "an integer from 1 to 16777215")?.ok_or(Error::Missing("vni"))?;
-        if !(1..=MAX_VNI).contains(&vni) {
-            return Err(bad("vni", format!("{vni} is not from 1 to {MAX_VNI}")));
-        }
-        let port: u16 = get(obj, "port", "a UDP port number")?.unwrap_or(DEFAULT_PORT);
-        if port == 0 {
-            return Err(bad("port", "0 is not a usable UDP port"));
-        }
-        let entries: Vec<PeerEntry> = get(
-            obj,
-            "peers",
-            "a list of {\"ip\", \"subnets\", \"mac\"?} objects",
-        )?
-        .unwrap_or_default();
-        let peers = crate::vxlan::peers::check_entries(&entries)
-            .map_err(|e| bad("peers", e.to_string()))?;
-        let peers_file: Option<PathBuf> = get(obj, "peersFile", "a file path")?;
-        if let Some(p) = &peers_file
-            && !p.is_absolute()
-        {
-            return Err(bad(
-                "peersFile",
-                format!("{} is not an absolute path", p.display()),
-            ));
-        }
+        let (vni, port) = shared::shared_head(name, obj, OUR_KEYS)?;
+        let (peers, peers_file) = shared::peer_sources(obj)?;
         if peers.is_empty() && peers_file.is_none() {
             return Err(bad(
                 "peers",
@@ -214,12 +147,7 @@ impl Config {
         {
             return Err(bad("nodes", format!("{n} is not a unicast address")));
         }
-        let mtu: Option<u32> = get(obj, "mtu", "an integer")?;
-        if let Some(m) = mtu
-            && !(576..=65_485).contains(&m)
-        {
-            return Err(bad("mtu", format!("{m} is not from 576 to 65485")));
-        }
+        let mtu = shared::mtu(obj)?;
         let up = get(obj, "up", "true or false")?.unwrap_or(true);
         let routes = match obj.get("routes") {
             None | Some(Value::Null) => Vec::new(),
@@ -230,31 +158,11 @@ impl Config {
             Some(v) => attachments::parse(v)?,
         };
         let node_slice: Option<u8> = get(obj, "nodeSlice", "a prefix length such as 26")?;
-        let state_dir: PathBuf = get(obj, "stateDir", "a directory path")?
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-        if !state_dir.is_absolute() {
-            return Err(bad(
-                "stateDir",
-                format!("{} is not an absolute path", state_dir.display()),
-            ));
-        }
+        let state_dir = shared::state_dir(obj)?;
         let ipam_type = match obj.get("ipam") {
             None | Some(Value::Null) => None,
             Some(Value::Object(ipam)) if ipam.is_empty() => None,
-            Some(Value::Object(ipam)) => match ipam.get("type") {
-                Some(Value::String(t))
-                    if !t.is_empty() && !t.contains('/') && t != "." && t != ".." =>
-                {
-                    Some(t.clone())
-                }
-                Some(v) => return Err(bad("ipam", format!("type {v} is not a plugin file name"))),
-                None => {
-                    return Err(bad(
-                        "ipam",
-                        "has no \"type\" (the IPAM plugin to run, e.g. \"static\" or \"sticky-ipam\"; leave \"ipam\" out for an L2-only segment)",
-                    ));
-                }
-            },
+            Some(Value::Object(ipam)) => Some(shared::ipam_type(ipam)?),
             Some(v) => return Err(bad("ipam", format!("{v} is not an object"))),
         };
         if let Some(p) = node_slice {
@@ -345,7 +253,7 @@ mod tests {
             ("segbr101".into(), "segvx101".into())
         );
         assert_eq!(c.marker(), "sticky-vxlan segment vxeth1 vni 101");
-        assert!(c.bridge().len() <= 15 && format!("segbr{MAX_VNI}").len() <= 15);
+        assert!(c.bridge().len() <= 15 && format!("segbr{}", shared::MAX_VNI).len() <= 15);
     }
 
     #[test]
@@ -383,7 +291,7 @@ mod tests {
         ];
         for (key, value, blamed) in cases {
             match with(key, value.clone()) {
-                Err(Error::Key { key: k, reason }) => {
+                Err(Error::Shared(shared::Error::Key { key: k, reason })) => {
                     assert_eq!(k, blamed, "{key}={value}: {reason}");
                 }
                 other => panic!("{key}={value}: {other:?}"),
@@ -391,10 +299,10 @@ mod tests {
         }
         assert!(matches!(
             with("peersfile", json!("/x")),
-            Err(Error::Misspelt {
+            Err(Error::Shared(shared::Error::Misspelt {
                 meant: "peersFile",
                 ..
-            })
+            }))
         ));
         assert_eq!(
             with("bridge", json!("br0")),
@@ -406,16 +314,19 @@ mod tests {
         ));
         let mut v = base();
         v.as_object_mut().unwrap().remove("vni");
-        assert_eq!(Config::from_json("n", &v), Err(Error::Missing("vni")));
+        assert_eq!(
+            Config::from_json("n", &v),
+            Err(Error::Shared(shared::Error::Missing("vni")))
+        );
         let mut v = base();
         v["ipam"] = json!({"type": "sticky-ipam", "subnet": "192.168.11.0/24"});
         v["nodeSlice"] = json!(31);
         assert!(matches!(
             Config::from_json("n", &v),
-            Err(Error::Key {
+            Err(Error::Shared(shared::Error::Key {
                 key: "nodeSlice",
                 ..
-            })
+            }))
         ));
     }
 

@@ -8,7 +8,6 @@ use super::Error;
 use super::config::Config;
 use crate::netlink::link::{self, Link};
 use crate::netlink::{Socket, addr};
-use crate::vxlan::config::IPV4_OVERHEAD;
 use crate::vxlan::peers::{self, Peer};
 
 /// This node as the segment sees it.
@@ -80,20 +79,7 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
         link::get_index(sock, index)?.ok_or(Error::Vxlan(crate::vxlan::Error::LocalIpNotHere {
             ip: local_ip,
         }))?;
-    let underlay_mtu = underlay.mtu.unwrap_or(1500);
-    let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
-    let mtu = match cfg.mtu {
-        Some(m) if m > max => {
-            return Err(Error::Vxlan(crate::vxlan::Error::MtuTooLarge {
-                mtu: m,
-                max,
-                underlay: underlay_mtu,
-                device: underlay.name.clone(),
-            }));
-        }
-        Some(m) => m,
-        None => max,
-    };
+    let mtu = crate::vxlan::node::mtu_for(&underlay, cfg.mtu)?;
     let remote = members
         .iter()
         .copied()

@@ -23,12 +23,12 @@ use super::node::{self, Node};
 use super::pod::{self, Iface};
 use super::{Error, datapath, slice};
 use crate::cni::delegate::{Error as Delegate, Process};
-use crate::cni::{Call, CniResult, Interface, IpConfig, Plugin, Route};
+use crate::cni::{Call, CniResult, IpConfig, Plugin};
 use crate::netlink::Socket;
-use crate::netlink::link::{self, format_mac, parse_mac};
+use crate::netlink::link::{self, parse_mac};
 use crate::vxlan::delegate::Ipam;
 use crate::vxlan::plugin::remove_stale_veths;
-use crate::vxlan::pod::{host_alias, host_veth_name};
+use crate::vxlan::pod::{host_alias, host_veth_name, result_interfaces};
 
 pub struct Segment;
 
@@ -372,31 +372,16 @@ fn attach(
         bridge,
     )?;
     let container = pod::configure_container(netns, &call.env.ifname, &iface)?;
-    let mac = |l: &link::Link| l.mac.as_ref().map(format_mac);
-    let routes: Vec<Route> = iface.routes.clone();
     Ok(CniResult {
-        interfaces: vec![
-            Interface {
-                name: bridge.name.clone(),
-                mac: mac(bridge),
-                sandbox: None,
-                mtu: None,
-            },
-            Interface {
-                name: host_link.name.clone(),
-                mac: mac(&host_link),
-                sandbox: None,
-                mtu: Some(iface.mtu),
-            },
-            Interface {
-                name: call.env.ifname.clone(),
-                mac: mac(&container),
-                sandbox: Some(call.env.netns.clone()),
-                mtu: Some(iface.mtu),
-            },
-        ],
+        interfaces: result_interfaces(
+            bridge,
+            &host_link,
+            &container,
+            (&call.env.ifname, &call.env.netns),
+            iface.mtu,
+        ),
         ips: Vec::new(),
-        routes,
+        routes: iface.routes,
         dns: Default::default(),
     })
 }

@@ -65,7 +65,7 @@ pub enum Error {
     NotAnObject,
 }
 
-fn bad(key: &'static str, reason: impl Into<String>) -> Error {
+pub(crate) fn bad(key: &'static str, reason: impl Into<String>) -> Error {
     Error::Key {
         key,
         reason: reason.into(),
@@ -120,7 +120,7 @@ fn ranges_from_peers(ipam_type: &str, ipam: &Map<String, Value>, raw: &Value) ->
 /// an interface alias (255 bytes).
 const MAX_NAME: usize = 230;
 
-fn get<T: DeserializeOwned>(
+pub(crate) fn get<T: DeserializeOwned>(
     obj: &Map<String, Value>,
     key: &'static str,
     expected: &str,
@@ -145,51 +145,129 @@ fn check_ifname(key: &'static str, name: &str) -> Result<(), Error> {
     })
 }
 
+/// The network name, misspelt keys (`ours` are the mode's own keys), `vni` and `port`: what
+/// every sticky-vxlan config checks first, whatever its mode. Runtimes add keys of their own
+/// (`cni.dev/valid-attachments`, capabilities...), so other keys are left alone; a known key
+/// spelled in another case is a typo, refused.
+pub(crate) fn shared_head(
+    name: &str,
+    obj: &Map<String, Value>,
+    ours: &[&'static str],
+) -> Result<(u32, u16), Error> {
+    // The name is part of paths in stateDir and of the devices' marker: the CNI pattern
+    // keeps it a single path component (no '/', no "..").
+    if crate::cni::env::validate_container_id(name).is_err() || name.len() > MAX_NAME {
+        return Err(bad(
+            "name",
+            format!(
+                "{name:?} is not a network name (letters, digits, '_', '.', '-', starting with a letter or digit, at most {MAX_NAME} bytes)"
+            ),
+        ));
+    }
+    for key in obj.keys() {
+        let known = ours.contains(&key.as_str()) || STANDARD_KEYS.contains(&key.as_str());
+        if let Some(meant) = ours.iter().find(|k| !known && k.eq_ignore_ascii_case(key)) {
+            return Err(Error::Misspelt {
+                key: key.clone(),
+                meant,
+            });
+        }
+    }
+    let vni: u32 =
+        get(obj, "vni", "an integer from 1 to 16777215")?.ok_or(Error::Missing("vni"))?;
+    if !(1..=MAX_VNI).contains(&vni) {
+        return Err(bad("vni", format!("{vni} is not from 1 to {MAX_VNI}")));
+    }
+    let port: u16 = get(obj, "port", "a UDP port number")?.unwrap_or(DEFAULT_PORT);
+    if port == 0 {
+        return Err(bad("port", "0 is not a usable UDP port"));
+    }
+    Ok((vni, port))
+}
+
+/// `mtu`, when set.
+pub(crate) fn mtu(obj: &Map<String, Value>) -> Result<Option<u32>, Error> {
+    let mtu: Option<u32> = get(obj, "mtu", "an integer")?;
+    if let Some(m) = mtu
+        && !(576..=65_485).contains(&m)
+    {
+        return Err(bad("mtu", format!("{m} is not from 576 to 65485")));
+    }
+    Ok(mtu)
+}
+
+/// `peers` (checked) and `peersFile` (absolute).
+pub(crate) fn peer_sources(
+    obj: &Map<String, Value>,
+) -> Result<(Vec<Peer>, Option<PathBuf>), Error> {
+    let entries: Vec<PeerEntry> = get(
+        obj,
+        "peers",
+        "a list of {\"ip\", \"subnets\", \"mac\"?} objects",
+    )?
+    .unwrap_or_default();
+    let peers = super::peers::check_entries(&entries).map_err(|e| bad("peers", e.to_string()))?;
+    let peers_file: Option<PathBuf> = get(obj, "peersFile", "a file path")?;
+    if let Some(p) = &peers_file
+        && !p.is_absolute()
+    {
+        return Err(bad(
+            "peersFile",
+            format!("{} is not an absolute path", p.display()),
+        ));
+    }
+    Ok((peers, peers_file))
+}
+
+/// `stateDir` (absolute), or its default.
+pub(crate) fn state_dir(obj: &Map<String, Value>) -> Result<PathBuf, Error> {
+    let state_dir: PathBuf = get(obj, "stateDir", "a directory path")?
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+    if !state_dir.is_absolute() {
+        return Err(bad(
+            "stateDir",
+            format!("{} is not an absolute path", state_dir.display()),
+        ));
+    }
+    Ok(state_dir)
+}
+
+/// `ipam.type`: a plugin file name looked up on `CNI_PATH`.
+pub(crate) fn ipam_type(ipam: &Map<String, Value>) -> Result<String, Error> {
+    match ipam.get("type") {
+        Some(Value::String(t)) if !t.is_empty() && !t.contains('/') && t != "." && t != ".." => {
+            Ok(t.clone())
+        }
+        Some(v) => Err(bad("ipam", format!("type {v} is not a plugin file name"))),
+        None => Err(bad(
+            "ipam",
+            "has no \"type\" (the IPAM plugin to run, e.g. \"sticky-ipam\")",
+        )),
+    }
+}
+
 impl Config {
     /// Reads the plugin's keys from a parsed network config (`name` comes from it too).
     pub fn from_json(name: &str, raw: &Value) -> Result<Config, Error> {
         let obj = raw.as_object().ok_or(Error::NotAnObject)?;
-        // The name is part of paths in stateDir and of the devices' marker: the CNI pattern
-        // keeps it a single path component (no '/', no "..").
-        if crate::cni::env::validate_container_id(name).is_err() || name.len() > MAX_NAME {
-            return Err(bad(
-                "name",
-                format!(
-                    "{name:?} is not a network name (letters, digits, '_', '.', '-', starting with a letter or digit, at most {MAX_NAME} bytes)"
-                ),
-            ));
-        }
-        // Runtimes add keys of their own (`cni.dev/valid-attachments`, capabilities...), so
-        // other keys are left alone; a known key spelled in another case is a typo, refused.
-        for key in obj.keys() {
-            let ours = OUR_KEYS.contains(&key.as_str()) || STANDARD_KEYS.contains(&key.as_str());
-            if let Some(meant) = OUR_KEYS
-                .iter()
-                .find(|k| !ours && k.eq_ignore_ascii_case(key))
-            {
-                return Err(Error::Misspelt {
-                    key: key.clone(),
-                    meant,
-                });
-            }
-        }
-        let vni: u32 =
-            get(obj, "vni", "an integer from 1 to 16777215")?.ok_or(Error::Missing("vni"))?;
-        if !(1..=MAX_VNI).contains(&vni) {
-            return Err(bad("vni", format!("{vni} is not from 1 to {MAX_VNI}")));
-        }
-        let port: u16 = get(obj, "port", "a UDP port number")?.unwrap_or(DEFAULT_PORT);
-        if port == 0 {
-            return Err(bad("port", "0 is not a usable UDP port"));
-        }
+        let (vni, port) = shared_head(name, obj, OUR_KEYS)?;
         let device: Option<String> = get(obj, "device", "an interface name")?;
         if let Some(d) = &device {
             check_ifname("device", d)?;
         }
         let local_ip = match get::<IpAddr>(obj, "localIp", "an IPv4 address")? {
             None => None,
-            Some(IpAddr::V4(a)) if a.is_unspecified() || a.is_multicast() || a.is_broadcast() => {
-                return Err(bad("localIp", format!("{a} is not a unicast address")));
+            Some(IpAddr::V4(a))
+                if a.is_unspecified()
+                    || a.is_multicast()
+                    || a.is_broadcast()
+                    || a.is_loopback()
+                    || a.is_link_local() =>
+            {
+                return Err(bad(
+                    "localIp",
+                    format!("{a} is not a unicast address other nodes can reach"),
+                ));
             }
             Some(IpAddr::V4(a)) => Some(a),
             Some(IpAddr::V6(a)) => {
@@ -210,12 +288,7 @@ impl Config {
         if bridge == vtep_name {
             return Err(bad("bridge", format!("{bridge:?} is also the VTEP's name")));
         }
-        let mtu: Option<u32> = get(obj, "mtu", "an integer")?;
-        if let Some(m) = mtu
-            && !(576..=65_485).contains(&m)
-        {
-            return Err(bad("mtu", format!("{m} is not from 576 to 65485")));
-        }
+        let mtu = mtu(obj)?;
         let flag = |key: &'static str| -> Result<bool, Error> {
             Ok(get(obj, key, "true or false")?.unwrap_or(false))
         };
@@ -238,49 +311,13 @@ impl Config {
                 format!("{c} has host bits set (did you mean {}?)", c.trunc()),
             ));
         }
-        let entries: Vec<PeerEntry> = get(
-            obj,
-            "peers",
-            "a list of {\"ip\", \"subnets\", \"mac\"?} objects",
-        )?
-        .unwrap_or_default();
-        let peers =
-            super::peers::check_entries(&entries).map_err(|e| bad("peers", e.to_string()))?;
-        let peers_file: Option<PathBuf> = get(obj, "peersFile", "a file path")?;
-        if let Some(p) = &peers_file
-            && !p.is_absolute()
-        {
-            return Err(bad(
-                "peersFile",
-                format!("{} is not an absolute path", p.display()),
-            ));
-        }
-        let state_dir: PathBuf = get(obj, "stateDir", "a directory path")?
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-        if !state_dir.is_absolute() {
-            return Err(bad(
-                "stateDir",
-                format!("{} is not an absolute path", state_dir.display()),
-            ));
-        }
+        let (peers, peers_file) = peer_sources(obj)?;
+        let state_dir = state_dir(obj)?;
         let ipam = obj
             .get("ipam")
             .and_then(Value::as_object)
             .ok_or(Error::Missing("ipam"))?;
-        let ipam_type = match ipam.get("type") {
-            Some(Value::String(t))
-                if !t.is_empty() && !t.contains('/') && t != "." && t != ".." =>
-            {
-                t.clone()
-            }
-            Some(v) => return Err(bad("ipam", format!("type {v} is not a plugin file name"))),
-            None => {
-                return Err(bad(
-                    "ipam",
-                    "has no \"type\" (the IPAM plugin to run, e.g. \"sticky-ipam\")",
-                ));
-            }
-        };
+        let ipam_type = ipam_type(ipam)?;
         Ok(Config {
             name: name.to_string(),
             vni,
@@ -356,6 +393,8 @@ mod tests {
             ("device", json!("a/b"), "device"),
             ("localIp", json!("2001:db8::1"), "localIp"),
             ("localIp", json!("0.0.0.0"), "localIp"),
+            ("localIp", json!("127.0.0.1"), "localIp"),
+            ("localIp", json!("169.254.0.1"), "localIp"),
             ("localIp", json!("nope"), "localIp"),
             ("vtepName", json!("much-too-long-name"), "vtepName"),
             ("bridge", json!(""), "bridge"),

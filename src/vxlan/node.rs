@@ -122,6 +122,23 @@ impl Node {
     }
 }
 
+/// The MTU of the overlay devices over `underlay`: `wanted`, or the underlay's MTU − 50 (an
+/// IPv4 VXLAN header); larger than that is an error.
+pub fn mtu_for(underlay: &Link, wanted: Option<u32>) -> Result<u32, Error> {
+    let underlay_mtu = underlay.mtu.unwrap_or(1500);
+    let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
+    match wanted {
+        Some(m) if m > max => Err(Error::MtuTooLarge {
+            mtu: m,
+            max,
+            underlay: underlay_mtu,
+            device: underlay.name.clone(),
+        }),
+        Some(m) => Ok(m),
+        None => Ok(max),
+    }
+}
+
 /// The gateway of a pod subnet: its first address (what host-local hands out by default).
 pub fn gateway_of(subnet: &IpNet) -> Option<IpAddr> {
     subnet
@@ -180,20 +197,7 @@ pub fn identify(
     // Every other entry matching one of this node's addresses would also be "this node".
     peers::split_local(all, &node_addrs)?;
     check_underlay_edges(seen, &underlay, &remote)?;
-    let underlay_mtu = underlay.mtu.unwrap_or(1500);
-    let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
-    let mtu = match cfg.mtu {
-        Some(m) if m > max => {
-            return Err(Error::MtuTooLarge {
-                mtu: m,
-                max,
-                underlay: underlay_mtu,
-                device: underlay.name.clone(),
-            });
-        }
-        Some(m) => m,
-        None => max,
-    };
+    let mtu = mtu_for(&underlay, cfg.mtu)?;
     Ok(Node {
         local_ip,
         underlay,

@@ -19,8 +19,8 @@ use super::node::{self, Observed, gateway_of};
 use super::pod::{self, host_veth_name};
 use super::reconcile::{self, Report};
 use crate::cni::delegate::{Exec, Process};
-use crate::cni::{Attachment, Call, CniResult, Interface, IpConfig, Plugin, attachments};
-use crate::netlink::link::{self, format_mac};
+use crate::cni::{Attachment, Call, CniResult, IpConfig, Plugin, attachments};
+use crate::netlink::link;
 use crate::netlink::{Socket, addr};
 
 pub struct StickyVxlan;
@@ -319,28 +319,14 @@ fn attach(
     crate::crash::point("vxlan add: veth created");
     let routes = pod::pod_routes(&ipam.ips, &ipam.routes, cfg.is_default_gateway);
     let container = pod::configure_container(netns, &call.env.ifname, &ipam.ips, &routes)?;
-    let mac = |l: &link::Link| l.mac.as_ref().map(format_mac);
     Ok(CniResult {
-        interfaces: vec![
-            Interface {
-                name: bridge.name.clone(),
-                mac: mac(bridge),
-                sandbox: None,
-                mtu: None,
-            },
-            Interface {
-                name: host_link.name.clone(),
-                mac: mac(&host_link),
-                sandbox: None,
-                mtu: Some(mtu),
-            },
-            Interface {
-                name: call.env.ifname.clone(),
-                mac: mac(&container),
-                sandbox: Some(call.env.netns.clone()),
-                mtu: Some(mtu),
-            },
-        ],
+        interfaces: pod::result_interfaces(
+            bridge,
+            &host_link,
+            &container,
+            (&call.env.ifname, &call.env.netns),
+            mtu,
+        ),
         ips: ipam
             .ips
             .iter()

@@ -70,6 +70,30 @@ pub fn host_alias(network: &str, container_id: &str, ifname: &str) -> String {
     format!("sticky-vxlan {network} {container_id} {ifname}")
 }
 
+/// The interfaces of an ADD result, in the order both modes report them: the bridge, the
+/// host end, the container end (index 2, which the result's `ips` point at).
+pub fn result_interfaces(
+    bridge: &Link,
+    host: &Link,
+    container: &Link,
+    (ifname, netns): (&str, &str),
+    mtu: u32,
+) -> Vec<crate::cni::Interface> {
+    let mac = |l: &Link| l.mac.as_ref().map(link::format_mac);
+    let iface =
+        |l: &Link, name: &str, sandbox: Option<&str>, mtu: Option<u32>| crate::cni::Interface {
+            name: name.to_string(),
+            mac: mac(l),
+            sandbox: sandbox.map(str::to_string),
+            mtu,
+        };
+    vec![
+        iface(bridge, &bridge.name, None, None),
+        iface(host, &host.name, None, Some(mtu)),
+        iface(container, ifname, Some(netns), Some(mtu)),
+    ]
+}
+
 /// Reads an alias written by [`host_alias`]: (network, container id, ifname).
 pub fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
     let mut parts = alias.strip_prefix("sticky-vxlan ")?.split(' ');

@@ -232,15 +232,15 @@ fn requested_addresses() {
     );
     assert!(matches!(
         add1(&mut s, &with(r#""10.0.0.5""#), &req("c2", None, "b")),
-        Err(AllocError::RequestedUnavailable { .. })
+        Err(AllocError::RequestedTaken { .. })
     ));
     assert!(matches!(
         assign_requested(&with(r#""10.0.0.1""#)),
-        Err(AllocError::RequestedUnavailable { .. })
+        Err(AllocError::RequestedGateway { .. })
     ));
     assert!(matches!(
         assign_requested(&with(r#""10.9.0.1""#)),
-        Err(AllocError::RequestedOutside(_))
+        Err(AllocError::RequestedUnfulfilled(_))
     ));
     // The pod's own lease may be requested.
     let p = pod("web", "u");

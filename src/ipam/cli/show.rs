@@ -177,8 +177,10 @@ fn preview<S: Store>(
         Ok(plan) => plan,
         Err(
             e @ (AllocError::Exhausted { .. }
+            | AllocError::RequestedGateway { .. }
+            | AllocError::RequestedTaken { .. }
             | AllocError::RequestedUnavailable { .. }
-            | AllocError::RequestedOutside(_)),
+            | AllocError::RequestedUnfulfilled(_)),
         ) => {
             return Ok(Next {
                 error: Some(e.to_string()),
