@@ -105,9 +105,7 @@ impl From<crate::vxlan::Error> for CniError {
             }) => {
                 return CniError::new(*code, format!("IPAM: {msg}")).with_details(details.clone());
             }
-            E::Config(_) | E::ConfigFile { .. } | E::Usage(_) | E::Attachments(_) => {
-                code::INVALID_CONFIG
-            }
+            E::Config(_) | E::Attachments(_) => code::INVALID_CONFIG,
             E::Peers(_) | E::PeersFile(_) => PEERS,
             E::NoDevice { .. }
             | E::DeviceWithoutIpv4 { .. }

@@ -34,7 +34,6 @@ pub mod reconcile;
 pub mod state_dir;
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 
 use crate::netlink;
 
@@ -164,9 +163,4 @@ pub enum Error {
     /// STATUS: the plugin cannot work, because of this error.
     #[error("not ready: {0}")]
     NotReady(Box<dyn std::error::Error + Send + Sync>),
-    #[error("config file {path}: {reason}")]
-    ConfigFile { path: PathBuf, reason: String },
-    /// A command-line mistake; the text includes the help.
-    #[error("{0}")]
-    Usage(String),
 }
