@@ -13,7 +13,6 @@ use ipnet::IpNet;
 use super::Error;
 use super::config::Config;
 use super::delegate::Ipam;
-use super::devices::{self, Dev};
 use super::kernel::Live;
 use super::node::{self, Observed, gateway_of};
 use super::pod::{self, host_veth_name};
@@ -71,15 +70,15 @@ impl Plugin for StickyVxlan {
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
         let mut sock = Socket::open();
         let pending = config(call).and_then(|cfg| {
-            // When the node's subnets cannot be worked out any more, the section goes as it
-            // is: DEL finds an allocation by container id and pod name (sticky-ipam accepts a
-            // DEL without ranges), and a DEL that cannot succeed would block the pod forever.
+            // When the node's subnets cannot be worked out any more (its peer entry removed,
+            // no prevResult), IPAM still gets what it needs to release:
+            // [`Ipam::for_release`]; a DEL that cannot succeed would block the pod forever.
             let local = || match &mut sock {
-                Ok(sock) => subnets_for_del(sock, call, &cfg),
+                Ok(sock) => local_subnets(sock, call, &cfg),
                 Err(_) => Err(Error::NoRemotePeer),
             };
-            let ipam = Ipam::for_call(call, &cfg, local)
-                .unwrap_or_else(|_| Ipam::verbatim(call, &cfg.ipam_type));
+            let ipam =
+                Ipam::for_call(call, &cfg, local).unwrap_or_else(|_| Ipam::for_release(call, &cfg));
             ipam.start(&Process, call, "DEL")
         });
         let removed = match &mut sock {
@@ -222,32 +221,6 @@ fn local_subnets(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpN
         (!nets.is_empty()).then_some(nets)
     };
     resolved.or_else(|e| from_prev().ok_or(e))
-}
-
-/// [`local_subnets`], and for a DEL after this node's peer entry went away without a
-/// `prevResult`, the subnets this network's bridge still serves: some IPAM plugins
-/// (host-local) refuse a DEL without ranges, which would block the pod's teardown forever.
-fn subnets_for_del(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpNet>, Error> {
-    local_subnets(sock, call, cfg).or_else(|e| {
-        let seen = Observed::read_for_node(&mut Live { sock })?;
-        let bridge = seen.link(&cfg.bridge).filter(|b| {
-            b.alias
-                .as_deref()
-                .and_then(|a| devices::marked_for(Dev::Bridge, a))
-                == Some(cfg.name.as_str())
-        });
-        let nets: Vec<IpNet> = bridge
-            .map(|b| seen.addresses_of(b.index))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|n| match n.addr() {
-                IpAddr::V4(a) => !a.is_link_local(),
-                IpAddr::V6(a) => a.segments()[0] & 0xffc0 != 0xfe80,
-            })
-            .map(|n| n.trunc())
-            .collect();
-        if nets.is_empty() { Err(e) } else { Ok(nets) }
-    })
 }
 
 /// Everything after IPAM ADD; on error the caller rolls back.
