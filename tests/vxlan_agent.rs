@@ -434,3 +434,153 @@ fn list_cut_half_way_wrong_token_closed_watch_hand_edits_metrics_and_flannel_ann
         agent.log_text()
     );
 }
+
+/// The figures of scripts/bench-agent.sh (run there in release mode; ignored otherwise): the
+/// time from a Node object change (an added node, then its deletion, alternating) to the
+/// change being programmed on both other nodes, over 20 changes.
+#[test]
+#[ignore = "benchmark: scripts/bench-agent.sh"]
+fn bench_node_change_to_programmed_peers() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new();
+    for n in 1..=3 {
+        c.api.put_node(Cluster::node(n));
+    }
+    let _agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
+    wait_for("the cluster to settle", Duration::from_secs(20), || {
+        (1..=3).all(|n| {
+            (1..=3)
+                .filter(|m| *m != n)
+                .all(|m| c.routes(n, &Topo::subnet(m)))
+        })
+    });
+    let mut times = Vec::new();
+    for i in 0..20u8 {
+        let k = 10 + i / 2;
+        let subnet = format!("10.244.{k}.0/24");
+        let added = i % 2 == 0;
+        let start = std::time::Instant::now();
+        if added {
+            c.api.put_node(node_json(
+                &format!("node-{k}"),
+                &Topo::node_ip(k),
+                &[&subnet],
+                json!({}),
+            ));
+        } else {
+            c.api.delete_node(&format!("node-{k}"));
+        }
+        let mut done = [false; 2];
+        while done.iter().any(|d| !d) {
+            for (j, n) in [1u8, 2].iter().enumerate() {
+                if !done[j] && c.routes(*n, &subnet) == added {
+                    done[j] = true;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "change {i} not programmed"
+            );
+        }
+        times.push(start.elapsed());
+    }
+    times.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "BENCH node change -> programmed on both other nodes, 20 changes (10 adds, 10 deletes): median {:.0} ms, min {:.0} ms, max {:.0} ms (polling `ip route` every few ms)",
+        ms((times[9] + times[10]) / 2),
+        ms(times[0]),
+        ms(times[19])
+    );
+}
+
+/// The agent's resident memory and CPU while idle with 500 nodes in the API: 60 s after it
+/// settled, with one MODIFIED heartbeat per node every 5 minutes (what kubelets send when
+/// nothing changes) and the periodic resync every 60 s.
+#[test]
+#[ignore = "benchmark: scripts/bench-agent.sh"]
+fn bench_idle_with_500_nodes() {
+    if !can_run() {
+        return;
+    }
+    let mut c = Cluster::new();
+    c.api.stop();
+    c.api.bookmark_every = Duration::from_secs(60);
+    c.api.start();
+    c.api.put_node(Cluster::node(1));
+    let mut names = vec!["node-1".to_string()];
+    for i in 1..500usize {
+        // Documentation ranges only: 198.51.100.2-250 and 203.0.113.2-251.
+        let underlay = if i < 250 {
+            format!("198.51.100.{}", i + 1)
+        } else {
+            format!("203.0.113.{}", i - 248)
+        };
+        let cidr = format!("10.{}.{}.0/24", 64 + i / 256, i % 256);
+        let name = format!("edge-{i:03}");
+        c.api
+            .put_node(node_json(&name, &underlay, &[&cidr], json!({})));
+        names.push(name);
+    }
+    let agent = c.agent(1, &[]);
+    wait_for("500 peers programmed", Duration::from_secs(120), || {
+        let out = sh(&[
+            "ip",
+            "-n",
+            &c.topo.node_ns(1),
+            "route",
+            "show",
+            "proto",
+            "118",
+        ]);
+        String::from_utf8_lossy(&out.stdout).lines().count() >= 499
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    let pid = agent.pid();
+    let ticks = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let rss = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+            .unwrap()
+    };
+    let hz = 100.0; // USER_HZ on Linux
+    let (t0, start) = (ticks(), std::time::Instant::now());
+    let window = Duration::from_secs(60);
+    let mut beats = 0;
+    while start.elapsed() < window {
+        // 500 nodes, one heartbeat each per 300 s: one every 0.6 s.
+        let name = &names[beats % names.len()];
+        if let Some(mut n) = c.api.node(name) {
+            n["status"]["conditions"][3]["lastHeartbeatTime"] =
+                json!(format!("2026-11-25T02:{:02}:00Z", beats % 60));
+            c.api.put_node(n);
+        }
+        beats += 1;
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    let cpu = (ticks() - t0) as f64 / hz / start.elapsed().as_secs_f64() * 100.0;
+    println!(
+        "BENCH idle with 500 nodes: RSS {} KiB, CPU {cpu:.2}% of one core over {:.0} s ({beats} heartbeat events, one 60 s resync)",
+        rss(),
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        agent.log_text().contains("peer added: 203.0.113"),
+        "{}",
+        agent.log_text()
+    );
+}
