@@ -102,6 +102,22 @@ impl Cluster {
         Agent::start(BIN, &self.topo.node_ns(n), log, &args)
     }
 
+    /// An agent that finds the API through a kubeconfig file (YAML, CA by path, token).
+    fn agent_kubeconfig(&self, n: u8) -> Agent {
+        let conf = self.conf_files[usize::from(n) - 1]
+            .to_string_lossy()
+            .into_owned();
+        let kubeconfig = self.api.kubeconfig(self.topo.dir.path());
+        let log = self.topo.dir.path().join(format!("agent-{n}.log"));
+        let args = [
+            "--config",
+            &conf,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ];
+        Agent::start(BIN, &self.topo.node_ns(n), log, &args)
+    }
+
     /// True when node `n` routes `subnet` through its VTEP.
     fn routes(&self, n: u8, subnet: &str) -> bool {
         let out = sh(&["ip", "-n", &self.topo.node_ns(n), "route", "show", subnet]);
@@ -121,7 +137,7 @@ fn agents_add_a_node_within_5s_survive_the_api_going_away_and_remove_deleted_nod
     let mut c = Cluster::new();
     c.api.put_node(Cluster::node(1));
     c.api.put_node(Cluster::node(2));
-    let mut agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
+    let mut agents = vec![c.agent(1, &[]), c.agent(2, &[]), c.agent_kubeconfig(3)];
     wait_for(
         "nodes 1 and 2 to program each other",
         Duration::from_secs(10),
@@ -583,4 +599,71 @@ fn bench_idle_with_500_nodes() {
         "{}",
         agent.log_text()
     );
+}
+
+#[test]
+fn without_kubernetes_the_agent_programs_the_hand_kept_file_and_heals_drift_every_resync() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new();
+    let conf = c.conf_files[0].to_string_lossy().into_owned();
+    let log = c.topo.dir.path().join("agent-noapi.log");
+    let node1 = c.topo.node_ns(1);
+    let agent = Agent::start(
+        BIN,
+        &node1,
+        log,
+        &["--config", &conf, "--no-api", "--resync", "1"],
+    );
+    wait_for(
+        "the wait for a file to be logged",
+        Duration::from_secs(5),
+        || agent.log_text().contains("does not exist yet"),
+    );
+    // The operator writes the file (atomically, as tools do): programmed within 2 s.
+    let write = |peers: Value| {
+        let tmp = c.topo.dir.path().join("peers-1.tmp");
+        std::fs::write(&tmp, peers.to_string()).unwrap();
+        std::fs::rename(&tmp, c.peers_file(1)).unwrap();
+    };
+    write(json!([Topo::peer(1, false), Topo::peer(2, false)]));
+    wait_for("node 2 programmed", Duration::from_secs(2), || {
+        c.routes(1, &Topo::subnet(2))
+    });
+    write(json!([
+        Topo::peer(1, false),
+        Topo::peer(2, false),
+        Topo::peer(3, false)
+    ]));
+    wait_for("node 3 programmed", Duration::from_secs(2), || {
+        c.routes(1, &Topo::subnet(3))
+    });
+    // Drift (the VTEP deleted under the agent) is healed by the next periodic resync, with
+    // the same MAC.
+    let mac = c.topo.link_mac(&node1, "sticky.1");
+    ok(&["ip", "-n", &node1, "link", "del", "sticky.1"]);
+    wait_for("the VTEP back", Duration::from_secs(3), || {
+        c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3))
+    });
+    assert_eq!(c.topo.link_mac(&node1, "sticky.1"), mac);
+    assert!(
+        agent.log_text().contains("changed by hand"),
+        "{}",
+        agent.log_text()
+    );
+    // A broken hand edit removes nothing (the plugin's last-good rule).
+    let tmp = c.topo.dir.path().join("peers-1.tmp");
+    std::fs::write(&tmp, "[{\"ip\": \"192.0.2.2\", \"subn").unwrap();
+    std::fs::rename(&tmp, c.peers_file(1)).unwrap();
+    wait_for(
+        "the broken file to be noticed",
+        Duration::from_secs(3),
+        || {
+            agent
+                .log_text()
+                .contains("programmed peers left as they are")
+        },
+    );
+    assert!(c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3)));
 }
