@@ -134,9 +134,13 @@ fn ensure_bridge(sock: &mut Socket, cfg: &Config, node: &Node) -> Result<Link, E
             owned(cfg, &b, "bridge")?;
             b
         }
-        None => make(sock, cfg, (&name, "bridge"), |s| {
-            link::add_bridge(s, &name, Some(node.mtu), None)
-        })?,
+        None => {
+            let bridge = make(sock, cfg, (&name, "bridge"), |s| {
+                link::add_bridge(s, &name, Some(node.mtu), None)
+            })?;
+            reattach(sock, cfg, &bridge)?;
+            bridge
+        }
     };
     if bridge.mtu != Some(node.mtu) {
         link::set_mtu(sock, &bridge, node.mtu)?;
@@ -146,6 +150,22 @@ fn ensure_bridge(sock: &mut Socket, cfg: &Config, node: &Node) -> Result<Link, E
         link::set_up(sock, &bridge)?;
     }
     Ok(bridge)
+}
+
+/// Puts this network's pod veths (found by their alias) back on a bridge that was just
+/// recreated: deleting a bridge releases its ports, and the pods behind them are still there.
+fn reattach(sock: &mut Socket, cfg: &Config, bridge: &Link) -> Result<(), Error> {
+    for l in link::list(sock)? {
+        let ours = l
+            .alias
+            .as_deref()
+            .and_then(crate::vxlan::pod::parse_alias)
+            .is_some_and(|(network, _, _)| network == cfg.name);
+        if ours && l.master != Some(bridge.index) {
+            link::set_master(sock, &l, bridge.index)?;
+        }
+    }
+    Ok(())
 }
 
 fn ensure_vxlan(
