@@ -785,6 +785,56 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_that_moved_underlay_or_dropped_ipv6_converges() {
+        let (cfg, mut node, mut k) = setup();
+        node.local.subnets.push(net("fd00:1::/64"));
+        node.remote[0].subnets.push(net("fd00:2::/64"));
+        reconcile(&cfg, &node, &mut k).unwrap();
+        // The peer's node got a new underlay address, and IPv6 went away everywhere.
+        let moved = node_with(
+            "192.0.2.1",
+            "10.244.1.0/24",
+            &[("192.0.2.9", "10.244.2.0/24")],
+        );
+        let p = reconcile(&cfg, &moved, &mut k).unwrap();
+        assert!(has(
+            &p,
+            |s| matches!(s, Step::DeleteFdb { dst, .. } if dst.to_string() == "192.0.2.2")
+        ));
+        assert!(has(
+            &p,
+            |s| matches!(s, Step::AddFdb { dst, .. } if dst.to_string() == "192.0.2.9")
+        ));
+        assert!(has(
+            &p,
+            |s| matches!(s, Step::DeleteRoute(r) if r.dst == net("fd00:2::/64"))
+        ));
+        assert!(has(&p, |s| *s
+            == Step::DeleteAddress {
+                dev: Dev::Bridge,
+                net: net("fd00:1::1/64")
+            }));
+        assert!(only_sysctls(&reconcile(&cfg, &moved, &mut k).unwrap()));
+    }
+
+    #[test]
+    fn another_networks_bridge_is_refused() {
+        let (cfg, node, mut k) = setup();
+        k.add_link("stickybr0", "bridge");
+        k.link_mut("stickybr0").alias = Some("sticky-vxlan:bridge other".into());
+        let err = reconcile(&cfg, &node, &mut k).unwrap_err();
+        assert!(
+            matches!(&err, Error::OtherNetwork { device, network } if device == "stickybr0" && network == "other"),
+            "{err}"
+        );
+        assert!(
+            k.writes.iter().all(|w| !w.contains("stickybr0")),
+            "{:?}",
+            k.writes
+        );
+    }
+
+    #[test]
     fn subnets_swapped_between_two_nodes_converge() {
         let (cfg, node, mut k) = setup();
         reconcile(&cfg, &node, &mut k).unwrap();
