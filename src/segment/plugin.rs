@@ -27,6 +27,7 @@ use crate::cni::{Call, CniResult, IpConfig, Plugin};
 use crate::netlink::Socket;
 use crate::netlink::link::{self, parse_mac};
 use crate::vxlan::delegate::Ipam;
+use crate::vxlan::kernel::Live;
 use crate::vxlan::plugin::remove_stale_veths;
 use crate::vxlan::pod::{host_alias, host_veth_name, result_interfaces};
 
@@ -192,11 +193,12 @@ impl Plugin for Segment {
                 (Some(ipam), Ok(pending))
             }
         };
-        let ready = datapath::ensure(&mut sock, &cfg, &node).and_then(|bridge| {
-            // A leftover from an earlier, interrupted ADD of the same attachment.
-            link::delete(&mut sock, &host)?;
-            Ok(bridge)
-        });
+        let ready =
+            datapath::ensure(&mut Live { sock: &mut sock }, &cfg, &node).and_then(|bridge| {
+                // A leftover from an earlier, interrupted ADD of the same attachment.
+                link::delete(&mut sock, &host)?;
+                Ok(bridge)
+            });
         let allocated = pending.map(|p| p.result().map_err(|e| Error::Vxlan(e.into())));
         let give_back = || {
             if let Some(ipam) = &ipam

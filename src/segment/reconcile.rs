@@ -11,6 +11,7 @@ use super::{datapath, node};
 use crate::cli::conflist;
 use crate::netlink::Socket;
 use crate::vxlan::cli;
+use crate::vxlan::kernel::Live;
 
 /// Runs the command when `args` is `reconcile --config <a segment network>`; `None` otherwise.
 pub fn run(args: &[String]) -> Option<ExitCode> {
@@ -33,7 +34,7 @@ pub fn run(args: &[String]) -> Option<ExitCode> {
         .and_then(|cfg| {
             let mut sock = Socket::open()?;
             let node = node::resolve(&mut sock, &cfg)?;
-            let bridge = datapath::ensure(&mut sock, &cfg, &node)?;
+            let bridge = datapath::ensure(&mut Live { sock: &mut sock }, &cfg, &node)?;
             Ok(format!(
                 "segment {} vni {} port {}: {} and {} up, flood to {} node(s)\n",
                 cfg.name,
