@@ -168,7 +168,7 @@ fn addressing_late(call: &Call, cfg: &Config) -> Result<Addressing, Error> {
     let node = match cfg.node_slice {
         Some(_) => Socket::open()
             .map_err(Error::from)
-            .and_then(|mut s| node::resolve(&mut s, cfg))
+            .and_then(|mut sock| node::resolve(&mut Live { sock: &mut sock }, cfg))
             .ok(),
         None => None,
     };
@@ -182,7 +182,7 @@ impl Plugin for Segment {
         let cfg = config(call)?;
         let wanted_mac = requested_mac(call)?;
         let mut sock = Socket::open()?;
-        let node = node::resolve(&mut sock, &cfg)?;
+        let node = node::resolve(&mut Live { sock: &mut sock }, &cfg)?;
         let addressing = addressing(call, &cfg, Some(&node))?;
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
         // IPAM runs while the segment's devices and flood entries are brought up to date.
@@ -334,7 +334,7 @@ impl Plugin for Segment {
         let cfg = config(call).map_err(not_ready)?;
         let node = Socket::open()
             .map_err(Error::from)
-            .and_then(|mut sock| node::resolve(&mut sock, &cfg))
+            .and_then(|mut sock| node::resolve(&mut Live { sock: &mut sock }, &cfg))
             .map_err(not_ready)?;
         if let Some(t) = &cfg.ipam_type {
             let stdin = match cfg.node_slice {

@@ -33,7 +33,7 @@ pub fn run(args: &[String]) -> Option<ExitCode> {
         .map_err(super::Error::from)
         .and_then(|cfg| {
             let mut sock = Socket::open()?;
-            let node = node::resolve(&mut sock, &cfg)?;
+            let node = node::resolve(&mut Live { sock: &mut sock }, &cfg)?;
             let bridge = datapath::ensure(&mut Live { sock: &mut sock }, &cfg, &node)?;
             Ok(format!(
                 "segment {} vni {} port {}: {} and {} up, flood to {} node(s)\n",
