@@ -667,3 +667,87 @@ fn without_kubernetes_the_agent_programs_the_hand_kept_file_and_heals_drift_ever
     );
     assert!(c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3)));
 }
+
+/// scripts/demo-agent.sh: the agent adding a node, narrated (ignored in the test run).
+#[test]
+#[ignore = "demo: scripts/demo-agent.sh"]
+fn demo_agent_adds_a_node() {
+    if !can_run() {
+        return;
+    }
+    let say = |s: &str| println!("DEMO {s}");
+    let c = Cluster::new();
+    say(&format!(
+        "TEST API server (written for the tests, not a real kube-apiserver) at {}, TLS with a test CA, bearer token",
+        c.api.url()
+    ));
+    c.api.put_node(Cluster::node(1));
+    c.api.put_node(Cluster::node(2));
+    say(
+        "API: Node node-1 (InternalIP 192.0.2.1, podCIDR 10.244.1.0/24), node-2 (192.0.2.2, 10.244.2.0/24)",
+    );
+    let agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
+    say(
+        "started `sticky-vxlan agent --config node-N.conf --server <url> --ca-file ... --token-file ...` in node-1, node-2, node-3",
+    );
+    wait_for("nodes 1 and 2", Duration::from_secs(10), || {
+        c.routes(1, &Topo::subnet(2)) && c.routes(2, &Topo::subnet(1))
+    });
+    let mut topo_pods = Vec::new();
+    let mut c = c;
+    for n in 1..=2u8 {
+        let pod = c.topo.new_pod(n, &format!("d{n}"));
+        let ip = ip_of(&c.topo.add(&pod, &c.confs[usize::from(n) - 1]), false);
+        say(&format!("pod on node-{n}: {ip}"));
+        topo_pods.push((pod, ip));
+    }
+    say(&format!(
+        "node-1 pod -> node-2 pod: {}",
+        if c.topo.reaches(&topo_pods[0].0, &topo_pods[1].1) {
+            "ping ok"
+        } else {
+            "NO REPLY"
+        }
+    ));
+    say(
+        "API: Node node-3 created (192.0.2.3, podCIDR 10.244.3.0/24); nothing is run on node-1 or node-2",
+    );
+    c.api.put_node(Cluster::node(3));
+    let took = wait_for("node 3 programmed", Duration::from_secs(5), || {
+        c.routes(1, &Topo::subnet(3)) && c.routes(2, &Topo::subnet(3))
+    });
+    say(&format!(
+        "node-1 and node-2 route 10.244.3.0/24 through their VTEP after {} ms",
+        took.as_millis()
+    ));
+    wait_for("node 3 itself", Duration::from_secs(5), || {
+        c.routes(3, &Topo::subnet(1))
+    });
+    let pod3 = c.topo.new_pod(3, "d3");
+    let ip3 = ip_of(&c.topo.add(&pod3, &c.confs[2]), false);
+    say(&format!("pod on node-3: {ip3} (ADD on node-3 only)"));
+    say(&format!(
+        "node-1 pod -> node-3 pod: {}",
+        if c.topo.reaches(&topo_pods[0].0, &ip3) {
+            "ping ok"
+        } else {
+            "NO REPLY"
+        }
+    ));
+    say("node-1's peers file, written by its agent:");
+    for line in std::fs::read_to_string(c.peers_file(1)).unwrap().lines() {
+        say(&format!("  {line}"));
+    }
+    say("node-1's agent log:");
+    for line in agents[0].log_text().lines() {
+        say(&format!("  {line}"));
+    }
+    let state = c.topo.state_dir(1);
+    let show = c
+        .topo
+        .tool(1, &["show", "--state-dir", state.to_str().unwrap()]);
+    say("`sticky-vxlan show` on node-1:");
+    for line in String::from_utf8_lossy(&show.stdout).lines() {
+        say(&format!("  {line}"));
+    }
+}
