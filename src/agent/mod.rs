@@ -135,7 +135,7 @@ fn run(opts: Options) -> Result<(), Error> {
                 }),
                 _ => None,
             };
-            let sync = sync::Sync::new(
+            let sync = sync::NodeSync::new(
                 client::Client::new(e),
                 peers_file.clone(),
                 opts.max_remove_fraction,
