@@ -578,3 +578,23 @@ fn the_tool_reads_the_cluster_conflist_as_the_plugin_does() {
         "downgrade converted the lease"
     );
 }
+
+#[test]
+fn no_hint_is_rewritten_through_a_hard_link() {
+    for hint in ["last_reserved_ip.0", "release_seq", "lease_clock"] {
+        let s = Scene::new();
+        let pod = Pod::new("ns", "a", "uid-a");
+        Plugin::sticky()
+            .run(&Call::add("c0", &s.conf).pod(&pod))
+            .ok();
+        Plugin::sticky()
+            .run(&Call::del("c0", &s.conf).pod(&pod))
+            .ok_empty();
+        let _ = fs::remove_file(s.dir().join(hint));
+        fs::hard_link(s.victim(), s.dir().join(hint)).unwrap();
+        let b = Pod::new("ns", "b", "uid-b");
+        run_any(&Call::add("c1", &s.conf).pod(&b));
+        run_any(&Call::del("c1", &s.conf).pod(&b));
+        s.assert_victim_untouched(hint);
+    }
+}

@@ -331,7 +331,13 @@ fn is_full(e: &std::io::Error) -> bool {
 fn rewrite_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let file = nofollow::open(path, fs::OpenOptions::new().write(true))?;
-    let old = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let meta = file.metadata()?;
+    if std::os::unix::fs::MetadataExt::nlink(&meta) != 1 {
+        return Err(
+            nofollow::Refused::HardLinked(std::os::unix::fs::MetadataExt::nlink(&meta)).into(),
+        );
+    }
+    let old = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     let mut body = bytes.to_vec();
     if body.len() < old {
         let newline = body.last() == Some(&b'\n');
