@@ -25,13 +25,8 @@ fn run(bin: &Path, args: &[&str], isolated: bool) -> (i32, String, String) {
     } else {
         Command::new(bin)
     };
-    cmd.args(args).env_remove("CNI_COMMAND");
-    let out = cmd.output().expect("run the tool");
-    (
-        out.status.code().expect("exited"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cmd.args(args);
+    run_tool(cmd)
 }
 
 #[test]
