@@ -284,7 +284,7 @@ def bench(opts, sizes, work):
              ("sticky DEL", "#1f77b4", "6,3", [(k, v["DEL"][0]) for k, v in res.items()]),
              ("host-local ADD", "#d62728", "", [(k, v["ADD"][1]) for k, v in res.items()]),
              ("host-local DEL", "#d62728", "6,3", [(k, v["DEL"][1]) for k, v in res.items()])],
-            [("exec /bin/true", "#555", spawn)])
+            [("exec /bin/true", "#555", spawn)], logy=True)
         print("plot: %s" % opts.plot)
     if opts.strict and missed:
         sys.exit(1)
