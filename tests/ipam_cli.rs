@@ -26,20 +26,12 @@ struct Cli {
 
 fn cli(args: &[&str]) -> Cli {
     let mut cmd = Command::new(sticky_bin());
-    for var in [
-        "CNI_COMMAND",
-        "CNI_CONTAINERID",
-        "CNI_NETNS",
-        "CNI_IFNAME",
-        "CNI_ARGS",
-    ] {
-        cmd.env_remove(var);
-    }
-    let out = cmd.args(args).output().expect("run sticky-ipam");
+    cmd.args(args);
+    let (code, stdout, stderr) = run_tool(cmd);
     Cli {
-        code: out.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code,
+        stdout,
+        stderr,
         what: format!("sticky-ipam {}", args.join(" ")),
     }
 }
@@ -453,42 +445,43 @@ fn show_finds_podman_names_without_namespace() {
 }
 
 #[test]
-fn release_refuses_attached_leases_without_force() {
+fn forget_refuses_attached_leases_without_force() {
     let p = populated();
     let d = p.net.data_arg();
     let web_file = p.net.dir().join(format!("{}_ns_web", p.web));
 
     let before = snapshot(&p.net.data);
-    let e = cli(&["--data-dir", d, "release", "ns/web"]);
+    let e = cli(&["--data-dir", d, "forget", "ns/web"]);
     e.code(3);
     assert!(e.stderr.contains(&p.web.to_string()) && e.stderr.contains("--force"));
     assert!(e.stdout.is_empty());
-    assert_same(&before, &snapshot(&p.net.data), "refused release");
+    assert_same(&before, &snapshot(&p.net.data), "refused forget");
 
-    let v = cli(&["--data-dir", d, "release", "ns/web", "--force", "--json"])
+    let v = cli(&["--data-dir", d, "forget", "ns/web", "--force", "--json"])
         .code(0)
         .json();
-    assert_eq!(v["released"][0]["ip"], p.web.to_string());
-    assert_eq!(v["released"][0]["state"], "attached");
+    assert_eq!(v["forgotten"][0]["ip"], p.web.to_string());
+    assert_eq!(v["forgotten"][0]["state"], "attached");
     assert!(!web_file.exists());
 
     // A released lease needs no --force; the table names what was dropped.
-    let t = cli(&["--data-dir", d, "release", "ns/db"]);
+    let t = cli(&["--data-dir", d, "forget", "ns/db"]);
     t.code(0);
     assert!(
-        t.stdout.starts_with("released 1 record(s) of ns/db"),
+        t.stdout
+            .starts_with("forgot (deleted) 1 record(s) of ns/db"),
         "{}",
         t.stdout
     );
     assert_eq!(t.row(p.db)[1], "ns/db");
-    cli(&["--data-dir", d, "release", "ns/db"]).code(4);
-    cli(&["--data-dir", d, "release", "ns/nope", "--json"]).code(4);
+    cli(&["--data-dir", d, "forget", "ns/db"]).code(4);
+    cli(&["--data-dir", d, "forget", "ns/nope", "--json"]).code(4);
     // OpenYurt: the adopted `<ip>` is an attachment; --force drops it with its marker.
-    cli(&["--data-dir", d, "release", "kube-system/coredns"]).code(3);
-    cli(&["--data-dir", d, "release", "kube-system/coredns", "--force"]).code(0);
-    cli(&["--data-dir", d, "release", "ns/gone"]).code(0);
-    cli(&["--data-dir", d, "release"]).code(2);
-    cli(&["--data-dir", d, "release", "ns/web", "--force=yes"]).code(2);
+    cli(&["--data-dir", d, "forget", "kube-system/coredns"]).code(3);
+    cli(&["--data-dir", d, "forget", "kube-system/coredns", "--force"]).code(0);
+    cli(&["--data-dir", d, "forget", "ns/gone"]).code(0);
+    cli(&["--data-dir", d, "forget"]).code(2);
+    cli(&["--data-dir", d, "forget", "ns/web", "--force=yes"]).code(2);
 
     let st = check_dir(&p.net.dir(), COMPLETED);
     assert_eq!(
@@ -604,7 +597,7 @@ fn help_version_and_usage() {
     for word in [
         "list",
         "show",
-        "release",
+        "forget",
         "gc",
         "downgrade",
         "--data-dir",
@@ -612,7 +605,7 @@ fn help_version_and_usage() {
     ] {
         assert!(h.stdout.contains(word), "--help lacks {word}");
     }
-    for verb in ["list", "show", "release", "gc", "downgrade"] {
+    for verb in ["list", "show", "forget", "gc", "downgrade"] {
         let h = cli(&[verb, "--help"]);
         h.code(0);
         assert!(
@@ -881,10 +874,10 @@ fn choosing_a_network() {
         .map(|r| r["network"].as_str().unwrap())
         .collect();
     assert_eq!(nets, BTreeSet::from([NET, "other"]));
-    let e = cli(&["--data-dir", d, "release", "ns/x"]);
+    let e = cli(&["--data-dir", d, "forget", "ns/x"]);
     e.code(2);
     assert!(e.stderr.contains("--network"), "{}", e.stderr);
-    cli(&["--data-dir", d, "--network", "other", "release", "ns/x"]).code(4);
+    cli(&["--data-dir", d, "--network", "other", "forget", "ns/x"]).code(4);
     // --network must agree with --config.
     let e = cli(&["--config", net.config_arg(), "--network", "other", "list"]);
     e.code(2);

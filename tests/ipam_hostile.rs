@@ -236,21 +236,8 @@ fn a_linked_network_dir_is_refused() {
 /// Runs the operator's tool without `CNI_COMMAND`; returns (exit code, stdout, stderr).
 fn tool(args: &[&str]) -> (i32, String, String) {
     let mut cmd = std::process::Command::new(sticky_bin());
-    for var in [
-        "CNI_COMMAND",
-        "CNI_CONTAINERID",
-        "CNI_NETNS",
-        "CNI_IFNAME",
-        "CNI_ARGS",
-    ] {
-        cmd.env_remove(var);
-    }
-    let out = cmd.args(args).output().expect("run sticky-ipam");
-    (
-        out.status.code().expect("exited, not killed"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cmd.args(args);
+    run_tool(cmd)
 }
 
 #[test]
@@ -536,21 +523,7 @@ fn tool_on_node(addr: &str, args: &[&str]) -> (i32, String, String) {
     cmd.args(["-n", "sh", "-c", &script])
         .arg(sticky_bin())
         .args(args);
-    for var in [
-        "CNI_COMMAND",
-        "CNI_CONTAINERID",
-        "CNI_NETNS",
-        "CNI_IFNAME",
-        "CNI_ARGS",
-    ] {
-        cmd.env_remove(var);
-    }
-    let out = cmd.output().expect("run unshare");
-    (
-        out.status.code().expect("exited"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run_tool(cmd)
 }
 
 #[test]

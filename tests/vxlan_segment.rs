@@ -500,19 +500,63 @@ fn flood_entries_follow_the_peers_file() {
     std::fs::write(&file, "[{\"ip\": ").unwrap();
     add_on_1(&mut topo);
     assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2"]);
+    // Node 3 comes back; `reconcile` (no pod) follows the file, and rebuilds the segment's
+    // devices after they are gone (a reboot).
     topo.write_peers_file("peers.json", &all_peers());
-    add_on_1(&mut topo);
+    let conf_file = dir.join("segf.conf");
+    std::fs::write(&conf_file, conf(1).to_string()).unwrap();
+    let reconcile = |topo: &Topo| {
+        let out = topo.tool(1, &["reconcile", "--config", conf_file.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = reconcile(&topo);
+    assert!(said.contains("segment segf vni 301"), "{said}");
     assert_eq!(
         flood(&topo, 1, "segvx301"),
         ["192.0.2.2", "192.0.2.3"],
         "node 3 is back"
     );
+    let members = || {
+        let out = ok(&[
+            "ip",
+            "-n",
+            &topo.node_ns(1),
+            "-o",
+            "link",
+            "show",
+            "master",
+            "segbr301",
+        ]);
+        out.lines().filter(|l| l.contains(": sv")).count()
+    };
+    assert_eq!(members(), 3, "f1, f2, f3");
+    for dev in ["segvx301", "segbr301"] {
+        ok(&["ip", "-n", &topo.node_ns(1), "link", "del", dev]);
+    }
+    reconcile(&topo);
+    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2", "192.0.2.3"]);
+    assert_eq!(members(), 3, "the running pods are back on the bridge");
     // `nodes` narrows the segment to a subset of the peers.
     let mut narrow = conf(1);
     narrow["nodes"] = json!(["192.0.2.1", "192.0.2.3"]);
     let pod = with_ifname(topo.new_pod(1, "narrow"), "net1");
     topo.add_args(&pod, &narrow, &k8s("narrow"));
     assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.3"]);
+
+    // STATUS: ready on a node of the segment, 50 on one outside its `nodes`.
+    let out = topo.cni(1, "STATUS", &pod, "", &narrow, "");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = topo.cni(2, "STATUS", &pod, "", &narrow, "");
+    expect_error(&out, 50, "not one of the segment's");
 }
 
 #[test]

@@ -41,6 +41,9 @@ pub enum Error {
     Usage(String),
     #[error(transparent)]
     Config(#[from] crate::vxlan::Error),
+    /// `--config` unreadable or not a sticky-vxlan config (the operator tools' loader).
+    #[error(transparent)]
+    ConfigFile(#[from] crate::vxlan::cli::CliError),
     #[error("{path}: the agent needs \"peersFile\" in the sticky-vxlan config (the file it keeps)")]
     NoPeersFile { path: PathBuf },
     #[error(transparent)]
@@ -132,7 +135,7 @@ fn run(opts: Options) -> Result<(), Error> {
                 }),
                 _ => None,
             };
-            let sync = sync::Sync::new(
+            let sync = sync::NodeSync::new(
                 client::Client::new(e),
                 peers_file.clone(),
                 opts.max_remove_fraction,
@@ -240,8 +243,8 @@ fn main_loop(
 
 fn reconcile_once(opts: &Options, shared: &Shared) -> Result<reconcile::Reconciled, String> {
     let result = crate::vxlan::cli::load(&opts.config)
-        .and_then(|cfg| reconcile::reconcile_node(&cfg))
-        .map_err(|e| e.to_string());
+        .map_err(|e| e.to_string())
+        .and_then(|cfg| reconcile::reconcile_node(&cfg).map_err(|e| e.to_string()));
     let mut s = shared.lock();
     s.counters.reconciles += 1;
     if result.is_err() {

@@ -13,14 +13,8 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("agent") {
         return sticky_cni::agent::main(&args[1..]);
     }
-    match cli::run(&args) {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("sticky-vxlan: {err}");
-            ExitCode::FAILURE
-        }
+    if let Some(code) = sticky_cni::segment::reconcile::run(&args) {
+        return code;
     }
+    cli::main(args)
 }

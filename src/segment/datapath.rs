@@ -11,14 +11,13 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::Ipv4Addr;
 
-use nix::errno::Errno;
-
 use super::Error;
 use super::config::Config;
 use super::node::Node;
 use crate::netlink::link::{self, Link, VxlanSpec};
-use crate::netlink::neigh::{self, Fdb};
-use crate::netlink::{Socket, sysctl};
+use crate::netlink::neigh::Fdb;
+use crate::netlink::sysctl;
+use crate::vxlan::kernel::{Kernel, LinkChange};
 use crate::vxlan::mac::vtep_mac;
 
 /// The flood entries' MAC.
@@ -106,56 +105,71 @@ fn owned(cfg: &Config, l: &Link, kind: &'static str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Creates a device with `create`, marks it, and reads it back. One that appeared meanwhile
-/// is used only if it is ours.
-fn make(
-    sock: &mut Socket,
-    cfg: &Config,
-    (name, kind): (&str, &'static str),
-    create: impl FnOnce(&mut Socket) -> Result<(), link::Error>,
-) -> Result<Link, Error> {
-    match create(sock) {
-        Err(e) if e.errno() == Some(Errno::EEXIST as i32) => {
-            let l = link::require(sock, name)?;
-            owned(cfg, &l, kind)?;
-            return Ok(l);
-        }
-        other => other?,
-    }
-    let l = link::require(sock, name)?;
-    link::set_alias(sock, &l, &cfg.marker())?;
-    Ok(link::require(sock, name)?)
+/// The link called `name`, which must exist.
+fn require<K: Kernel>(k: &mut K, name: &str) -> Result<Link, Error> {
+    k.link(name)?.ok_or_else(|| {
+        Error::Vxlan(crate::vxlan::Error::Link(link::Error::NotFound(
+            name.to_string(),
+        )))
+    })
 }
 
-fn ensure_bridge(sock: &mut Socket, cfg: &Config, node: &Node) -> Result<Link, Error> {
+/// Marks a device just created (the kernel ignores an alias in the creating message) and
+/// reads it back. Under the segment's lock no other call of this network races it.
+fn mark<K: Kernel>(k: &mut K, cfg: &Config, name: &str) -> Result<Link, Error> {
+    let l = require(k, name)?;
+    k.change_link(&l, &LinkChange::Alias(cfg.marker()))?;
+    require(k, name)
+}
+
+fn ensure_bridge<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Link, Error> {
     let name = cfg.bridge();
-    let bridge = match link::get(sock, &name)? {
+    let bridge = match k.link(&name)? {
         Some(b) => {
             owned(cfg, &b, "bridge")?;
             b
         }
-        None => make(sock, cfg, (&name, "bridge"), |s| {
-            link::add_bridge(s, &name, Some(node.mtu), None)
-        })?,
+        None => {
+            k.create_bridge(&name, node.mtu, None)?;
+            let bridge = mark(k, cfg, &name)?;
+            reattach(k, cfg, &bridge)?;
+            bridge
+        }
     };
     if bridge.mtu != Some(node.mtu) {
-        link::set_mtu(sock, &bridge, node.mtu)?;
+        k.change_link(&bridge, &LinkChange::Mtu(node.mtu))?;
     }
     keep_node_off(&name)?;
     if !bridge.up {
-        link::set_up(sock, &bridge)?;
+        k.change_link(&bridge, &LinkChange::Up)?;
     }
     Ok(bridge)
 }
 
-fn ensure_vxlan(
-    sock: &mut Socket,
+/// Puts this network's pod veths (found by their alias) back on a bridge that was just
+/// recreated: deleting a bridge releases its ports, and the pods behind them are still there.
+fn reattach<K: Kernel>(k: &mut K, cfg: &Config, bridge: &Link) -> Result<(), Error> {
+    for l in k.links()? {
+        let ours = l
+            .alias
+            .as_deref()
+            .and_then(crate::vxlan::pod::parse_alias)
+            .is_some_and(|(network, _, _)| network == cfg.name);
+        if ours && l.master != Some(bridge.index) {
+            k.change_link(&l, &LinkChange::Master(bridge.index))?;
+        }
+    }
+    Ok(())
+}
+
+fn ensure_vxlan<K: Kernel>(
+    k: &mut K,
     cfg: &Config,
     node: &Node,
     bridge: &Link,
 ) -> Result<Link, Error> {
     let want = spec(cfg, node);
-    let existing = link::get(sock, &want.name)?;
+    let existing = k.link(&want.name)?;
     if let Some(l) = &existing {
         owned(cfg, l, "vxlan")?;
     }
@@ -167,9 +181,9 @@ fn ensure_vxlan(
                     "sticky-vxlan: segment {}: {} does not match the config, recreating it",
                     cfg.name, old.name
                 );
-                link::delete(sock, &old.name)?;
+                k.delete_link(&old.name)?;
             }
-            if let Some(holder) = link::list(sock)?.into_iter().find(|l| {
+            if let Some(holder) = k.links()?.into_iter().find(|l| {
                 l.vxlan.as_ref().is_some_and(|v| {
                     v.vni == Some(want.vni)
                         && v.port.unwrap_or(crate::vxlan::config::DEFAULT_PORT) == want.port
@@ -181,20 +195,19 @@ fn ensure_vxlan(
                     port: want.port,
                 }));
             }
-            make(sock, cfg, (&want.name, "vxlan"), |s| {
-                link::add_vxlan(s, &want)
-            })?
+            k.create_vxlan(&want)?;
+            mark(k, cfg, &want.name)?
         }
     };
     if dev.mtu != Some(want.mtu) {
-        link::set_mtu(sock, &dev, want.mtu)?;
+        k.change_link(&dev, &LinkChange::Mtu(want.mtu))?;
     }
     keep_node_off(&dev.name)?;
     if dev.master != Some(bridge.index) {
-        link::set_master(sock, &dev, bridge.index)?;
+        k.change_link(&dev, &LinkChange::Master(bridge.index))?;
     }
     if !dev.up {
-        link::set_up(sock, &dev)?;
+        k.change_link(&dev, &LinkChange::Up)?;
     }
     Ok(dev)
 }
@@ -216,8 +229,9 @@ pub fn flood_plan(
     (add, remove)
 }
 
-fn reconcile_flood(sock: &mut Socket, node: &Node, dev: &Link) -> Result<(), Error> {
-    let present: Vec<Fdb> = neigh::list_fdb(sock, dev.index)?
+fn reconcile_flood<K: Kernel>(k: &mut K, node: &Node, dev: &Link) -> Result<(), Error> {
+    let present: Vec<Fdb> = k
+        .fdb(dev.index)?
         .into_iter()
         .filter(|f| f.mac == FLOOD && f.permanent)
         .collect();
@@ -230,26 +244,172 @@ fn reconcile_flood(sock: &mut Socket, node: &Node, dev: &Link) -> Result<(), Err
         permanent: true,
     };
     for dst in add {
-        neigh::add_fdb(sock, &entry(dst))?;
+        k.add_fdb(&entry(dst))?;
     }
     for dst in remove {
-        neigh::delete_fdb(sock, &entry(dst))?;
+        k.delete_fdb(&entry(dst))?;
     }
     Ok(())
 }
 
 /// Bridge, VXLAN device and flood entries for this segment on this node. Returns the bridge.
-pub fn ensure(sock: &mut Socket, cfg: &Config, node: &Node) -> Result<Link, Error> {
+pub fn ensure<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Link, Error> {
     let _guard = lock(cfg)?;
-    let bridge = ensure_bridge(sock, cfg, node)?;
-    let dev = ensure_vxlan(sock, cfg, node, &bridge)?;
-    reconcile_flood(sock, node, &dev)?;
+    let bridge = ensure_bridge(k, cfg, node)?;
+    let dev = ensure_vxlan(k, cfg, node, &bridge)?;
+    reconcile_flood(k, node, &dev)?;
     Ok(bridge)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vxlan::fake::Fake;
+    use serde_json::json;
+
+    fn ip(n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(192, 0, 2, n)
+    }
+
+    /// Segment `vxeth1` (VNI 101) with its state in `dir`.
+    fn cfg(dir: &tempfile::TempDir) -> Config {
+        let raw = json!({"type": "sticky-vxlan", "mode": "segment", "vni": 101,
+                         "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]}],
+                         "stateDir": dir.path()});
+        Config::from_json("vxeth1", &raw).unwrap()
+    }
+
+    /// Node 1 of a segment on nodes 1 to 3 (node 3 left out with `remote`).
+    fn node(k: &Fake, remote: &[u8]) -> Node {
+        Node {
+            local_ip: ip(1),
+            underlay: k.seen.link("eth0").cloned().unwrap(),
+            mtu: 1450,
+            members: [1].iter().chain(remote).map(|n| ip(*n)).collect(),
+            remote: remote.iter().map(|n| ip(*n)).collect(),
+            peers_file_error: None,
+        }
+    }
+
+    fn flood_of(k: &Fake) -> Vec<Ipv4Addr> {
+        let index = k.seen.link("segvx101").unwrap().index;
+        k.fdb
+            .iter()
+            .filter(|f| f.index == index && f.mac == FLOOD)
+            .map(|f| f.dst)
+            .collect()
+    }
+
+    #[test]
+    fn a_fresh_node_gets_a_marked_bridge_a_learning_vxlan_device_and_one_flood_entry_per_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, mut k) = (cfg(&dir), Fake::node("192.0.2.1/24"));
+        let n = node(&k, &[2, 3]);
+        let bridge = ensure(&mut k, &c, &n).unwrap();
+        let dev = k.seen.link("segvx101").cloned().unwrap();
+        let br = k.seen.link("segbr101").cloned().unwrap();
+        assert_eq!(bridge.name, "segbr101");
+        for l in [&dev, &br] {
+            assert_eq!(
+                l.alias.as_deref(),
+                Some("sticky-vxlan segment vxeth1 vni 101")
+            );
+            assert!(l.up, "{}", l.name);
+        }
+        let v = dev.vxlan.unwrap();
+        assert_eq!(
+            (v.vni, v.port, v.learning),
+            (Some(101), Some(8472), Some(true))
+        );
+        assert_eq!(v.underlay, Some(n.underlay.index));
+        assert_eq!(dev.master, Some(br.index));
+        assert_eq!(dev.mac, Some(vtep_mac(ip(1), 101)));
+        assert_eq!(flood_of(&k), [ip(2), ip(3)]);
+        // Idempotent: a second ADD writes nothing.
+        let before = k.writes.len();
+        ensure(&mut k, &c, &n).unwrap();
+        assert_eq!(k.writes[before..], [] as [String; 0]);
+    }
+
+    #[test]
+    fn a_device_of_the_name_without_the_marker_or_holding_the_vni_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(&dir);
+        let mut k = Fake::node("192.0.2.1/24");
+        k.add_link("segbr101", "bridge");
+        let n = node(&k, &[2]);
+        assert!(matches!(ensure(&mut k, &c, &n), Err(Error::NotOurs { .. })));
+        assert!(k.writes.is_empty(), "{:?}", k.writes);
+
+        let mut k = Fake::node("192.0.2.1/24");
+        k.add_link("segbr101", "bridge");
+        k.link_mut("segbr101").alias = Some("sticky-vxlan segment other vni 101".into());
+        assert!(matches!(ensure(&mut k, &c, &n), Err(Error::NotOurs { .. })));
+
+        let mut k = Fake::node("192.0.2.1/24");
+        k.add_link("theirs", "vxlan");
+        k.link_mut("theirs").vxlan = Some(crate::netlink::link::VxlanInfo {
+            vni: Some(101),
+            port: Some(8472),
+            ..Default::default()
+        });
+        let err = ensure(&mut k, &c, &n).unwrap_err();
+        assert!(
+            matches!(err, Error::Vxlan(crate::vxlan::Error::VniTaken { .. })),
+            "{err}"
+        );
+        assert!(
+            !k.writes.iter().any(|w| w.contains("theirs")),
+            "{:?}",
+            k.writes
+        );
+    }
+
+    #[test]
+    fn our_device_is_recreated_when_it_no_longer_fits_and_its_mtu_repaired() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, mut k) = (cfg(&dir), Fake::node("192.0.2.1/24"));
+        let mut n = node(&k, &[2]);
+        ensure(&mut k, &c, &n).unwrap();
+        if let Some(v) = k.link_mut("segvx101").vxlan.as_mut() {
+            v.learning = Some(false);
+        }
+        n.mtu = 1400;
+        let before = k.writes.len();
+        ensure(&mut k, &c, &n).unwrap();
+        let writes = k.writes[before..].join("\n");
+        assert!(writes.contains("delete link segvx101"), "{writes}");
+        assert!(writes.contains("create vxlan segvx101"), "{writes}");
+        assert!(writes.contains("change segbr101 Mtu(1400)"), "{writes}");
+        assert_eq!(
+            flood_of(&k),
+            [ip(2)],
+            "the new device gets its flood entries"
+        );
+    }
+
+    #[test]
+    fn a_recreated_bridge_takes_this_networks_pods_back_and_a_broken_peers_file_removes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, mut k) = (cfg(&dir), Fake::node("192.0.2.1/24"));
+        k.add_link("sv0123456789ab", "veth");
+        k.link_mut("sv0123456789ab").alias = Some("sticky-vxlan vxeth1 c1 net1".into());
+        k.add_link("sv_other", "veth");
+        k.link_mut("sv_other").alias = Some("sticky-vxlan other c2 net1".into());
+        let mut n = node(&k, &[2, 3]);
+        ensure(&mut k, &c, &n).unwrap();
+        let br = k.seen.link("segbr101").unwrap().index;
+        assert_eq!(k.seen.link("sv0123456789ab").unwrap().master, Some(br));
+        assert_eq!(k.seen.link("sv_other").unwrap().master, None, "not ours");
+
+        n.remote = vec![ip(2)];
+        n.peers_file_error = Some("half-written".into());
+        ensure(&mut k, &c, &n).unwrap();
+        assert_eq!(flood_of(&k), [ip(2), ip(3)]);
+        n.peers_file_error = None;
+        ensure(&mut k, &c, &n).unwrap();
+        assert_eq!(flood_of(&k), [ip(2)]);
+    }
 
     #[test]
     fn flood_entries_follow_the_nodes_unless_the_peers_file_is_broken() {

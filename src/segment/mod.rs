@@ -10,7 +10,8 @@
 //! IPAM ranges per node, [`node`] works out this node and the segment's other nodes from the
 //! peers (the main mode's [`crate::vxlan::peers`]), [`datapath`] programs the devices and flood
 //! entries, [`pod`] does one pod's interface, [`plugin`] ties them to the CNI commands,
-//! [`mode`] picks the main mode or this one, and [`show`] lists segments for the operator.
+//! [`mode`] picks the main mode or this one, [`reconcile`] programs a segment without a pod
+//! and [`show`] lists segments for the operator.
 
 pub mod attachments;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod mode;
 pub mod node;
 pub mod plugin;
 pub mod pod;
+pub mod reconcile;
 pub mod show;
 pub mod slice;
 

@@ -6,8 +6,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use super::Error;
 use super::config::Config;
-use crate::netlink::link::{self, Link};
-use crate::netlink::{Socket, addr};
+use crate::netlink::link::Link;
+use crate::vxlan::kernel::Kernel;
 use crate::vxlan::peers::{self, Peer};
 
 /// This node as the segment sees it.
@@ -37,7 +37,9 @@ pub fn members(all: &[Peer], nodes: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
     out
 }
 
-pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
+/// This node (the peer entry whose `ip` is one of its addresses), its underlay device and MTU,
+/// and the segment's other nodes.
+pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Node, Error> {
     let (all, file_error) = peers::gather(
         &cfg.peers,
         cfg.peers_file.as_deref(),
@@ -51,7 +53,7 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
         );
         e.to_string()
     });
-    let addrs = addr::list_all(sock)?;
+    let addrs = k.addresses()?;
     let is_local = |ip: Ipv4Addr| addrs.iter().any(|(_, n)| n.addr() == IpAddr::V4(ip));
     let local_ip = all
         .iter()
@@ -75,8 +77,11 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
         .find(|(_, n)| n.addr() == IpAddr::V4(local_ip))
         .map(|(i, _)| *i)
         .unwrap_or_default();
-    let underlay =
-        link::get_index(sock, index)?.ok_or(Error::Vxlan(crate::vxlan::Error::LocalIpNotHere {
+    let underlay = k
+        .links()?
+        .into_iter()
+        .find(|l| l.index == index)
+        .ok_or(Error::Vxlan(crate::vxlan::Error::LocalIpNotHere {
             ip: local_ip,
         }))?;
     let mtu = crate::vxlan::node::mtu_for(&underlay, cfg.mtu)?;
@@ -98,6 +103,50 @@ pub fn resolve(sock: &mut Socket, cfg: &Config) -> Result<Node, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vxlan::fake::Fake;
+    use serde_json::json;
+
+    fn cfg(dir: &tempfile::TempDir, extra: serde_json::Value) -> Config {
+        let mut raw = json!({"type": "sticky-vxlan", "mode": "segment", "vni": 7,
+            "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]},
+                      {"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]},
+                      {"ip": "192.0.2.3", "subnets": ["10.244.3.0/24"]}],
+            "stateDir": dir.path()});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            raw[k] = v.clone();
+        }
+        Config::from_json("seg", &raw).unwrap()
+    }
+
+    #[test]
+    fn this_node_is_the_entry_holding_a_local_address_and_must_be_in_the_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Fake::node("192.0.2.2/24");
+        let n = resolve(&mut k, &cfg(&dir, json!({}))).unwrap();
+        assert_eq!(n.local_ip, Ipv4Addr::new(192, 0, 2, 2));
+        assert_eq!((n.underlay.name.as_str(), n.mtu), ("eth0", 1450));
+        assert_eq!(n.remote.len(), 2);
+        let narrow = cfg(&dir, json!({"nodes": ["192.0.2.2", "192.0.2.3"]}));
+        assert_eq!(
+            resolve(&mut k, &narrow).unwrap().remote,
+            [Ipv4Addr::new(192, 0, 2, 3)]
+        );
+        let without = cfg(&dir, json!({"nodes": ["192.0.2.1", "192.0.2.3"]}));
+        assert!(matches!(
+            resolve(&mut k, &without),
+            Err(Error::NotInSegment { .. })
+        ));
+        let mut stranger = Fake::node("198.51.100.9/24");
+        assert!(matches!(
+            resolve(&mut stranger, &cfg(&dir, json!({}))),
+            Err(Error::NoLocalEntry)
+        ));
+        let big = cfg(&dir, json!({"mtu": 1451}));
+        assert!(matches!(
+            resolve(&mut k, &big),
+            Err(Error::Vxlan(crate::vxlan::Error::MtuTooLarge { .. }))
+        ));
+    }
 
     #[test]
     fn members_are_the_peers_narrowed_to_nodes() {

@@ -27,6 +27,7 @@ use crate::cni::{Call, CniResult, IpConfig, Plugin};
 use crate::netlink::Socket;
 use crate::netlink::link::{self, parse_mac};
 use crate::vxlan::delegate::Ipam;
+use crate::vxlan::kernel::Live;
 use crate::vxlan::plugin::remove_stale_veths;
 use crate::vxlan::pod::{host_alias, host_veth_name, result_interfaces};
 
@@ -167,7 +168,7 @@ fn addressing_late(call: &Call, cfg: &Config) -> Result<Addressing, Error> {
     let node = match cfg.node_slice {
         Some(_) => Socket::open()
             .map_err(Error::from)
-            .and_then(|mut s| node::resolve(&mut s, cfg))
+            .and_then(|mut sock| node::resolve(&mut Live { sock: &mut sock }, cfg))
             .ok(),
         None => None,
     };
@@ -181,7 +182,7 @@ impl Plugin for Segment {
         let cfg = config(call)?;
         let wanted_mac = requested_mac(call)?;
         let mut sock = Socket::open()?;
-        let node = node::resolve(&mut sock, &cfg)?;
+        let node = node::resolve(&mut Live { sock: &mut sock }, &cfg)?;
         let addressing = addressing(call, &cfg, Some(&node))?;
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
         // IPAM runs while the segment's devices and flood entries are brought up to date.
@@ -192,11 +193,12 @@ impl Plugin for Segment {
                 (Some(ipam), Ok(pending))
             }
         };
-        let ready = datapath::ensure(&mut sock, &cfg, &node).and_then(|bridge| {
-            // A leftover from an earlier, interrupted ADD of the same attachment.
-            link::delete(&mut sock, &host)?;
-            Ok(bridge)
-        });
+        let ready =
+            datapath::ensure(&mut Live { sock: &mut sock }, &cfg, &node).and_then(|bridge| {
+                // A leftover from an earlier, interrupted ADD of the same attachment.
+                link::delete(&mut sock, &host)?;
+                Ok(bridge)
+            });
         let allocated = pending.map(|p| p.result().map_err(|e| Error::Vxlan(e.into())));
         let give_back = || {
             if let Some(ipam) = &ipam
@@ -332,7 +334,7 @@ impl Plugin for Segment {
         let cfg = config(call).map_err(not_ready)?;
         let node = Socket::open()
             .map_err(Error::from)
-            .and_then(|mut sock| node::resolve(&mut sock, &cfg))
+            .and_then(|mut sock| node::resolve(&mut Live { sock: &mut sock }, &cfg))
             .map_err(not_ready)?;
         if let Some(t) = &cfg.ipam_type {
             let stdin = match cfg.node_slice {

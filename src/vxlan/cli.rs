@@ -1,14 +1,19 @@
 //! The operator's entry points (run without `CNI_COMMAND`): `mac`, `reconcile`, `show`.
+//!
+//! The convention of both tools ([`crate::cli`]): one parser that refuses what a verb does not
+//! take, one conflist loader, this module's own [`CliError`], and the exit codes in
+//! [`EXIT_CODES`].
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
-use serde_json::Value;
-
-use super::config::Config;
+use super::config::{self, Config};
 use super::mac::vtep_mac;
 use super::{Error, ROUTE_PROTOCOL, pod};
+use crate::cli::args::{ArgsError, Spec, find_verb, parse};
+use crate::cli::conflist::{self, ConflistError};
 use crate::netlink::link::format_mac;
 use crate::netlink::{Socket, addr, link, neigh, route};
 
@@ -31,89 +36,168 @@ STATUS, VERSION). Run by hand:
   sticky-vxlan --help | --version
 ";
 
-/// Runs one operator command and returns what to print.
-pub fn run(args: &[String]) -> Result<String, Error> {
-    let usage = |msg: &str| Error::Usage(format!("{msg}\n\n{HELP}"));
-    match args.first().map(String::as_str) {
-        None | Some("--help" | "-h" | "help") => Ok(HELP.to_string()),
-        Some("--version" | "-V") => Ok(format!("sticky-vxlan {}\n", env!("CARGO_PKG_VERSION"))),
-        Some("mac") => {
-            let local: Ipv4Addr = flag(args, "--local")
-                .ok_or_else(|| usage("mac needs --local <underlay IPv4>"))?
-                .parse()
-                .map_err(|_| {
-                    usage("--local must be an IPv4 address (IPv6 underlays are not supported)")
-                })?;
-            let vni: u32 = flag(args, "--vni")
-                .ok_or_else(|| usage("mac needs --vni <n>"))?
-                .parse()
-                .ok()
-                .filter(|v| (1..=super::config::MAX_VNI).contains(v))
-                .ok_or_else(|| usage("--vni must be an integer from 1 to 16777215"))?;
-            Ok(format!("{}\n", format_mac(&vtep_mac(local, vni))))
+/// Exit codes of the operator's verbs (printed by `--help`).
+pub const EXIT_OK: u8 = 0;
+/// Runtime error: netlink, the peers file, the state dir.
+pub const EXIT_RUNTIME: u8 = 1;
+/// Usage error: unknown verb or option, missing or bad argument, unusable `--config`.
+pub const EXIT_USAGE: u8 = 2;
+
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  runtime error (netlink, peers file, state dir)
+  2  usage error (unknown verb or option, missing or bad argument, bad --config)";
+
+/// A mistake of the operator's command line or config, or the plugin's own error at run
+/// time. Not a CNI error: it never reaches [`crate::codes`].
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("unknown command {0:?} (expected mac, reconcile or show)")]
+    UnknownVerb(String),
+    #[error("no command given (expected mac, reconcile or show)")]
+    NoVerb,
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    #[error("--local {0:?} is not an IPv4 address (IPv6 underlays are not supported)")]
+    BadLocal(String),
+    #[error("--vni {0:?} is not an integer from 1 to {max}", max = config::MAX_VNI)]
+    BadVni(String),
+    #[error("--config {0}")]
+    Conflist(#[from] ConflistError),
+    #[error("--config {path}: {source}")]
+    Config {
+        path: PathBuf,
+        source: config::Error,
+    },
+    #[error(transparent)]
+    Vxlan(#[from] Error),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Vxlan(_) => EXIT_RUNTIME,
+            _ => EXIT_USAGE,
         }
-        Some("reconcile") => {
-            let path =
-                flag(args, "--config").ok_or_else(|| usage("reconcile needs --config <file>"))?;
-            let cfg = load(Path::new(path))?;
-            let report = super::reconcile::node(&cfg)?;
-            let (node, vtep, bridge) = (&report.node, &report.vtep, &report.bridge);
-            let mut out = format!(
-                "{} up with MAC {} (local {}, vni {}, port {}), bridge {}, {} remote peer(s)\n",
-                vtep.name,
-                format_mac(&vtep_mac(node.local_ip, cfg.vni)),
-                node.local_ip,
-                cfg.vni,
-                cfg.port,
-                bridge.name,
-                node.remote.len()
-            );
-            if let Some(e) = report.peers_file_error() {
-                let _ = writeln!(out, "warning: {e}; programmed peers were left as they are");
-            }
-            Ok(out)
-        }
-        Some("show") => show(Path::new(
-            flag(args, "--state-dir").unwrap_or(super::config::DEFAULT_STATE_DIR),
-        )),
-        Some(other) => Err(usage(&format!("unknown command {other:?}"))),
     }
 }
 
-fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
+const MAC: Spec = Spec {
+    verb: "mac",
+    flags: &[],
+    values: &["--local", "--vni"],
+    positionals: &[],
+};
+const RECONCILE: Spec = Spec {
+    verb: "reconcile",
+    flags: &[],
+    values: &["--config"],
+    positionals: &[],
+};
+const SHOW: Spec = Spec {
+    verb: "show",
+    flags: &[],
+    values: &["--state-dir"],
+    positionals: &[],
+};
+
+/// The tool's entry point: `args` without the program name. Prints the output, or the error
+/// on stderr, and exits with one of the documented codes.
+pub fn main(args: Vec<String>) -> ExitCode {
+    match run(&args) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::from(EXIT_OK)
+        }
+        Err(err) => {
+            eprintln!("sticky-vxlan: {err}");
+            if err.exit_code() == EXIT_USAGE {
+                eprintln!("Try `sticky-vxlan --help`.");
+            }
+            ExitCode::from(err.exit_code())
+        }
+    }
 }
 
-/// Reads a `.conf` (one plugin) or `.conflist` (the `sticky-vxlan` entry of its `plugins`).
-pub fn load(path: &Path) -> Result<Config, Error> {
-    let bad = |reason: String| Error::ConfigFile {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let text = std::fs::read(path).map_err(|e| bad(format!("cannot be read: {e}")))?;
-    let doc: Value = serde_json::from_slice(&text).map_err(|e| bad(format!("is not JSON: {e}")))?;
-    let name = doc
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("has no network \"name\"".into()))?;
-    let conf = match doc.get("plugins").and_then(Value::as_array) {
-        None => doc.clone(),
-        Some(list) => {
-            let mut found = list
-                .iter()
-                .find(|p| p.get("type").and_then(Value::as_str) == Some("sticky-vxlan"))
-                .cloned()
-                .ok_or_else(|| bad("has no plugin of type sticky-vxlan in \"plugins\"".into()))?;
-            if let Some(obj) = found.as_object_mut() {
-                obj.insert("name".into(), Value::String(name.to_string()));
-            }
-            found
+/// Runs one operator command and returns what to print.
+pub fn run(args: &[String]) -> Result<String, CliError> {
+    let before_dashes = || args.iter().take_while(|a| *a != "--");
+    if args.is_empty() || before_dashes().any(|a| a == "--help" || a == "-h" || a == "help") {
+        return Ok(format!("{HELP}\n{EXIT_CODES}\n"));
+    }
+    if before_dashes().any(|a| a == "--version" || a == "-V") {
+        return Ok(format!("sticky-vxlan {}\n", env!("CARGO_PKG_VERSION")));
+    }
+    let required =
+        |verb: &'static str, what: &'static str| ArgsError::MissingArgument { verb, what };
+    match find_verb(args, &[]) {
+        Some("mac") => {
+            let parsed = parse(args, &[], &MAC)?;
+            let local = parsed
+                .value("--local")
+                .ok_or(required("mac", "--local <underlay IPv4>"))?;
+            let vni = parsed.value("--vni").ok_or(required("mac", "--vni <n>"))?;
+            let local: Ipv4Addr = local
+                .parse()
+                .map_err(|_| CliError::BadLocal(local.to_string()))?;
+            let vni: u32 = vni
+                .parse()
+                .ok()
+                .filter(|v| (1..=config::MAX_VNI).contains(v))
+                .ok_or_else(|| CliError::BadVni(vni.to_string()))?;
+            Ok(format!("{}\n", format_mac(&vtep_mac(local, vni))))
         }
-    };
-    Config::from_json(name, &conf).map_err(Error::from)
+        Some("reconcile") => {
+            let parsed = parse(args, &[], &RECONCILE)?;
+            let path = parsed
+                .value("--config")
+                .ok_or(required("reconcile", "--config <file>"))?;
+            let cfg = load(Path::new(path))?;
+            reconcile(&cfg).map_err(CliError::from)
+        }
+        Some("show") => {
+            let parsed = parse(args, &[], &SHOW)?;
+            let state_dir = parsed
+                .value("--state-dir")
+                .unwrap_or(config::DEFAULT_STATE_DIR);
+            show(Path::new(state_dir)).map_err(CliError::from)
+        }
+        Some(other) => Err(CliError::UnknownVerb(other.to_string())),
+        None => Err(CliError::NoVerb),
+    }
+}
+
+/// Creates or repairs the node (VTEP, bridge, peers) and says what it did.
+fn reconcile(cfg: &Config) -> Result<String, Error> {
+    let report = super::reconcile::node(cfg)?;
+    let (node, vtep, bridge) = (&report.node, &report.vtep, &report.bridge);
+    let mut out = format!(
+        "{} up with MAC {} (local {}, vni {}, port {}), bridge {}, {} remote peer(s)\n",
+        vtep.name,
+        format_mac(&vtep_mac(node.local_ip, cfg.vni)),
+        node.local_ip,
+        cfg.vni,
+        cfg.port,
+        bridge.name,
+        node.remote.len()
+    );
+    if let Some(e) = report.peers_file_error() {
+        let _ = writeln!(out, "warning: {e}; programmed peers were left as they are");
+    }
+    Ok(out)
+}
+
+/// Reads a `.conf` (one plugin) or `.conflist` (the `sticky-vxlan` entry of its `plugins`)
+/// with the loader both tools share ([`crate::cli::conflist`]).
+pub fn load(path: &Path) -> Result<Config, CliError> {
+    let loaded = conflist::load(path, "with type \"sticky-vxlan\"", |p| {
+        conflist::has_type(p, "sticky-vxlan")
+    })?;
+    Config::from_json(&loaded.conf.name, &loaded.entry).map_err(|source| CliError::Config {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Every VXLAN device with its MAC (and whether it is the kept one) and the peers on it.
@@ -229,10 +313,15 @@ mod tests {
             &["mac", "--local", "2001:db8::1", "--vni", "1"][..],
             &["mac", "--local", "192.0.2.1", "--vni", "0"],
             &["mac", "--vni", "1"],
+            &["mac", "--local", "192.0.2.1", "--vni", "1", "--vni", "2"],
+            &["mac", "--local", "192.0.2.1", "--vni", "1", "--force"],
             &["reconcile"],
+            &["reconcile", "--config"],
+            &["show", "now"],
             &["frobnicate"],
         ] {
-            assert!(matches!(run(&args(bad)), Err(Error::Usage(_))), "{bad:?}");
+            let err = run(&args(bad)).unwrap_err();
+            assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}: {err}");
         }
     }
 
@@ -257,6 +346,6 @@ mod tests {
         .unwrap();
         assert_eq!(load(&conf).unwrap().vni, 2);
         std::fs::write(&conf, r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
-        assert!(matches!(load(&conf), Err(Error::ConfigFile { .. })));
+        assert!(matches!(load(&conf), Err(CliError::Conflist(_))));
     }
 }

@@ -156,7 +156,7 @@ pub(crate) fn shared_head(
 ) -> Result<(u32, u16), Error> {
     // The name is part of paths in stateDir and of the devices' marker: the CNI pattern
     // keeps it a single path component (no '/', no "..").
-    if crate::cni::env::validate_container_id(name).is_err() || name.len() > MAX_NAME {
+    if !crate::cni::netconf::is_network_name(name) || name.len() > MAX_NAME {
         return Err(bad(
             "name",
             format!(
@@ -257,8 +257,17 @@ impl Config {
         }
         let local_ip = match get::<IpAddr>(obj, "localIp", "an IPv4 address")? {
             None => None,
-            Some(IpAddr::V4(a)) if a.is_unspecified() || a.is_multicast() || a.is_broadcast() => {
-                return Err(bad("localIp", format!("{a} is not a unicast address")));
+            Some(IpAddr::V4(a))
+                if a.is_unspecified()
+                    || a.is_multicast()
+                    || a.is_broadcast()
+                    || a.is_loopback()
+                    || a.is_link_local() =>
+            {
+                return Err(bad(
+                    "localIp",
+                    format!("{a} is not a unicast address other nodes can reach"),
+                ));
             }
             Some(IpAddr::V4(a)) => Some(a),
             Some(IpAddr::V6(a)) => {
@@ -384,6 +393,8 @@ mod tests {
             ("device", json!("a/b"), "device"),
             ("localIp", json!("2001:db8::1"), "localIp"),
             ("localIp", json!("0.0.0.0"), "localIp"),
+            ("localIp", json!("127.0.0.1"), "localIp"),
+            ("localIp", json!("169.254.0.1"), "localIp"),
             ("localIp", json!("nope"), "localIp"),
             ("vtepName", json!("much-too-long-name"), "vtepName"),
             ("bridge", json!(""), "bridge"),

@@ -135,6 +135,19 @@ fn after_creating(dev: Dev, network: &str) -> [Step; 2] {
     ]
 }
 
+/// VTEPs marked for this network under another name than the configured one: left by an
+/// earlier config (another `vni`, hence another default name, or another `vtepName`).
+pub fn retired_vteps<'a>(cfg: &Config, seen: &'a Observed) -> Vec<&'a Link> {
+    seen.links
+        .iter()
+        .filter(|l| {
+            l.name != cfg.vtep_name
+                && l.kind.as_deref() == Some("vxlan")
+                && l.alias.as_deref().and_then(|a| marked_for(Dev::Vtep, a)) == Some(&cfg.name)
+        })
+        .collect()
+}
+
 /// The VTEP's steps; returns the existing VTEP when it is kept (its entries stay).
 pub fn vtep<'a>(
     cfg: &Config,
@@ -163,8 +176,10 @@ pub fn vtep<'a>(
         });
     }
     // Another device holding the VNI on this port would take the packets meant for ours.
+    let retired = retired_vteps(cfg, seen);
     if let Some(holder) = seen.links.iter().find(|l| {
         l.name != want.name
+            && !retired.iter().any(|r| r.index == l.index)
             && l.vxlan.as_ref().is_some_and(|v| {
                 v.vni == Some(want.vni) && v.port.unwrap_or(DEFAULT_PORT) == want.port
             })

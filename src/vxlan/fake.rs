@@ -155,7 +155,7 @@ impl Kernel for Fake {
             port: Some(spec.port),
             local: Some(spec.local),
             underlay: spec.underlay,
-            learning: Some(false),
+            learning: Some(spec.learning),
         });
         Ok(())
     }
@@ -186,6 +186,7 @@ impl Kernel for Fake {
             LinkChange::Mac(m) => l.mac = Some(*m),
             LinkChange::Mtu(m) => l.mtu = Some(*m),
             LinkChange::Alias(a) => l.alias = Some(a.clone()),
+            LinkChange::Master(m) => l.master = Some(*m),
             LinkChange::Up => l.up = true,
         }
         Ok(())

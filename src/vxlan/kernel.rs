@@ -21,6 +21,8 @@ pub enum LinkChange {
     Mac([u8; 6]),
     Mtu(u32),
     Alias(String),
+    /// Enslave to the bridge of this index.
+    Master(u32),
     Up,
 }
 
@@ -95,6 +97,7 @@ impl Kernel for Live<'_> {
             LinkChange::Mac(mac) => link::set_mac(self.sock, l, *mac)?,
             LinkChange::Mtu(mtu) => link::set_mtu(self.sock, l, *mtu)?,
             LinkChange::Alias(alias) => link::set_alias(self.sock, l, alias)?,
+            LinkChange::Master(index) => link::set_master(self.sock, l, *index)?,
             LinkChange::Up => link::set_up(self.sock, l)?,
         }
         Ok(())

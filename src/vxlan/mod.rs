@@ -34,9 +34,16 @@ pub mod reconcile;
 pub mod state_dir;
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 
 use crate::netlink;
+
+/// `a, b, c` for an error message.
+fn list(nets: &[ipnet::IpNet]) -> String {
+    nets.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// The route protocol number (`proto 118` in `ip route`) that tags the routes this plugin
 /// owns, so stale ones can be found and removed without touching anyone else's.
@@ -106,18 +113,20 @@ pub enum Error {
     #[error("device {device:?} disappeared while the node was being reconciled")]
     Vanished { device: String },
     #[error(
-        "the IPAM plugin handed out gateway {gateway}, outside this node's pod subnets ({subnets}): it is another node's, and putting it on the bridge would pull that node's subnet here"
+        "the IPAM plugin handed out gateway {gateway}, outside this node's pod subnets ({}): it is another node's, and putting it on the bridge would pull that node's subnet here",
+        list(subnets)
     )]
     ForeignGateway {
         gateway: std::net::IpAddr,
-        subnets: String,
+        subnets: Vec<ipnet::IpNet>,
     },
     #[error(
-        "the IPAM plugin handed out {address}, outside this node's pod subnets ({subnets}): other nodes route it elsewhere; give the IPAM section this node's ranges (or none, to have them filled in from its peer entry)"
+        "the IPAM plugin handed out {address}, outside this node's pod subnets ({}): other nodes route it elsewhere; give the IPAM section this node's ranges (or none, to have them filled in from its peer entry)",
+        list(subnets)
     )]
     ForeignAddress {
         address: ipnet::IpNet,
-        subnets: String,
+        subnets: Vec<ipnet::IpNet>,
     },
     #[error(
         "mtu {mtu} is larger than the underlay {device:?} allows ({max} = its MTU {underlay} - 50)"
@@ -154,9 +163,4 @@ pub enum Error {
     /// STATUS: the plugin cannot work, because of this error.
     #[error("not ready: {0}")]
     NotReady(Box<dyn std::error::Error + Send + Sync>),
-    #[error("config file {path}: {reason}")]
-    ConfigFile { path: PathBuf, reason: String },
-    /// A command-line mistake; the text includes the help.
-    #[error("{0}")]
-    Usage(String),
 }

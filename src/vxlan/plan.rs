@@ -153,10 +153,29 @@ fn link_local(net: &IpNet) -> bool {
     }
 }
 
+/// A bridge address that is the gateway of a subnet this node no longer has (its subnet
+/// moved, or its prefix changed). Only addresses of the shape sticky-vxlan adds (the first
+/// address of its subnet) are ever removed; link-local ones, and anything inside a current
+/// subnet with its prefix (an IPAM's own gateway), stay.
+fn stale_gateway(net: &IpNet, own: &[IpNet]) -> bool {
+    let current = own
+        .iter()
+        .any(|s| s.contains(&net.addr()) && s.prefix_len() == net.prefix_len());
+    !current && !link_local(net) && gateway_of(&net.trunc()) == Some(net.addr())
+}
+
 /// Pure: the plan that brings the node from `seen` to what `cfg` and `node` say.
 pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
     let want = desired(cfg.vni, node);
     let mut steps = Vec::new();
+    // A VTEP this network made under another name (its vni or vtepName changed) goes first:
+    // it would keep the peers' routes.
+    let retired = devices::retired_vteps(cfg, seen);
+    for l in &retired {
+        steps.push(Step::DeleteLink {
+            name: l.name.clone(),
+        });
+    }
     let vtep = devices::vtep(cfg, node, seen, &mut steps)?;
     let bridge = devices::bridge(cfg, node, seen, &mut steps)?;
     // Entries on a VTEP that is (re)created are gone with the old device.
@@ -168,16 +187,22 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
     let bridge_addrs = bridge
         .map(|b| seen.addresses_of(b.index))
         .unwrap_or_default();
-    let ours =
-        |oif: Option<u32>| oif.is_some() && (oif == vtep_index || oif == bridge.map(|b| b.index));
+    // Devices that stay ours, and ours that this plan deletes (with their routes).
+    let mut gone: Vec<u32> = retired.iter().map(|l| l.index).collect();
+    if vtep.is_none()
+        && let Some(old) = seen.link(&cfg.vtep_name)
+    {
+        gone.push(old.index);
+    }
+    let ours = |oif: Option<u32>| {
+        oif.is_some_and(|i| {
+            Some(i) == vtep_index || Some(i) == bridge.map(|b| b.index) || gone.contains(&i)
+        })
+    };
 
     // A peer subnet already routed through a device that is not ours: someone else's route.
     for dst in &want.routes {
-        if let Some(r) = seen
-            .routes
-            .iter()
-            .find(|r| r.dst == *dst && !ours(r.oif) && !vtep_gone(r, seen, vtep_index, cfg))
-        {
+        if let Some(r) = seen.routes.iter().find(|r| r.dst == *dst && !ours(r.oif)) {
             let device = r
                 .oif
                 .and_then(|i| seen.link_index(i))
@@ -191,10 +216,8 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
 
     let removing = node.peers_file_error.is_none();
     if removing {
-        let own_subnets = &node.local.subnets;
         for net in &bridge_addrs {
-            let in_own = own_subnets.iter().any(|s| s.contains(&net.addr()));
-            if !in_own && !link_local(net) {
+            if stale_gateway(net, &node.local.subnets) {
                 steps.push(Step::DeleteAddress {
                     dev: Dev::Bridge,
                     net: *net,
@@ -302,11 +325,6 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
         steps.push(Step::Firewall { script });
     }
     Ok(Plan { steps })
-}
-
-/// A route through the VTEP being recreated (it goes with the old device).
-fn vtep_gone(r: &Route, seen: &Observed, vtep_index: Option<u32>, cfg: &Config) -> bool {
-    vtep_index.is_none() && r.oif.is_some() && r.oif == seen.link(&cfg.vtep_name).map(|l| l.index)
 }
 
 #[cfg(test)]
@@ -704,6 +722,116 @@ mod tests {
                 change: LinkChange::Mac([0x0e, 1, 10, 244, 5, 1])
             }));
         assert!(only_sysctls(&reconcile(&cfg, &moved, &mut k).unwrap()));
+    }
+
+    #[test]
+    fn a_changed_prefix_replaces_the_gateway_and_foreign_addresses_stay() {
+        let (cfg, node, mut k) = setup();
+        reconcile(&cfg, &node, &mut k).unwrap();
+        k.add_address("stickybr0", "192.168.50.7/24");
+        let narrower = node_with(
+            "192.0.2.1",
+            "10.244.1.0/25",
+            &[("192.0.2.2", "10.244.2.0/24")],
+        );
+        let p = reconcile(&cfg, &narrower, &mut k).unwrap();
+        assert!(has(&p, |s| *s
+            == Step::DeleteAddress {
+                dev: Dev::Bridge,
+                net: net("10.244.1.1/24")
+            }));
+        assert!(has(&p, |s| *s
+            == Step::AddAddress {
+                dev: Dev::Bridge,
+                net: net("10.244.1.1/25")
+            }));
+        assert!(
+            !has(
+                &p,
+                |s| matches!(s, Step::DeleteAddress { net, .. } if net.to_string().starts_with("192.168.50."))
+            ),
+            "an address we would never have added is not ours to remove: {p:?}"
+        );
+    }
+
+    #[test]
+    fn a_vtep_left_by_an_earlier_vni_is_deleted_and_its_routes_are_not_foreign() {
+        let (cfg, node, mut k) = setup();
+        reconcile(&cfg, &node, &mut k).unwrap();
+        let moved = conf(json!({"vni": 2}));
+        let p = reconcile(&moved, &node, &mut k).unwrap();
+        assert_eq!(
+            p.steps[0],
+            Step::DeleteLink {
+                name: "sticky.1".into()
+            }
+        );
+        assert!(has(
+            &p,
+            |s| matches!(s, Step::CreateVtep(v) if v.name == "sticky.2")
+        ));
+        assert!(k.seen.link("sticky.1").is_none());
+        // Another network's VTEP is never retired.
+        let other = conf(json!({"vni": 3}));
+        let mut k2 = Fake::node("192.0.2.1/24");
+        reconcile(&cfg, &node, &mut k2).unwrap();
+        k2.link_mut("sticky.1").alias = Some("sticky-vxlan:vtep someone-else".into());
+        let err = reconcile(&other, &node, &mut k2).unwrap_err();
+        assert!(
+            matches!(err, Error::ForeignRoute { .. } | Error::OtherNetwork { .. }),
+            "{err}"
+        );
+        assert!(k2.seen.link("sticky.1").is_some());
+    }
+
+    #[test]
+    fn a_peer_that_moved_underlay_or_dropped_ipv6_converges() {
+        let (cfg, mut node, mut k) = setup();
+        node.local.subnets.push(net("fd00:1::/64"));
+        node.remote[0].subnets.push(net("fd00:2::/64"));
+        reconcile(&cfg, &node, &mut k).unwrap();
+        // The peer's node got a new underlay address, and IPv6 went away everywhere.
+        let moved = node_with(
+            "192.0.2.1",
+            "10.244.1.0/24",
+            &[("192.0.2.9", "10.244.2.0/24")],
+        );
+        let p = reconcile(&cfg, &moved, &mut k).unwrap();
+        assert!(has(
+            &p,
+            |s| matches!(s, Step::DeleteFdb { dst, .. } if dst.to_string() == "192.0.2.2")
+        ));
+        assert!(has(
+            &p,
+            |s| matches!(s, Step::AddFdb { dst, .. } if dst.to_string() == "192.0.2.9")
+        ));
+        assert!(has(
+            &p,
+            |s| matches!(s, Step::DeleteRoute(r) if r.dst == net("fd00:2::/64"))
+        ));
+        assert!(has(&p, |s| *s
+            == Step::DeleteAddress {
+                dev: Dev::Bridge,
+                net: net("fd00:1::1/64")
+            }));
+        assert!(only_sysctls(&reconcile(&cfg, &moved, &mut k).unwrap()));
+    }
+
+    #[test]
+    fn another_networks_bridge_is_refused() {
+        let (cfg, node, mut k) = setup();
+        k.add_link("stickybr0", "bridge");
+        k.link_mut("stickybr0").alias = Some("sticky-vxlan:bridge other".into());
+        let err = reconcile(&cfg, &node, &mut k).unwrap_err();
+        assert!(
+            matches!(&err, Error::OtherNetwork { device, network } if device == "stickybr0" && network == "other"),
+            "{err}"
+        );
+        assert!(
+            k.writes.iter().all(|w| !w.contains("stickybr0")),
+            "{:?}",
+            k.writes
+        );
     }
 
     #[test]

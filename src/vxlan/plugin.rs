@@ -250,13 +250,6 @@ fn subnets_for_del(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<I
     })
 }
 
-fn joined(nets: &[IpNet]) -> String {
-    nets.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Everything after IPAM ADD; on error the caller rolls back.
 fn attach(
     sock: &mut Socket,
@@ -277,7 +270,7 @@ fn attach(
     if let Some(ip) = ipam.ips.iter().find(|ip| !in_own(&ip.address.addr())) {
         return Err(Error::ForeignAddress {
             address: ip.address,
-            subnets: joined(own),
+            subnets: own.clone(),
         });
     }
     if let Some(gw) = ipam
@@ -288,7 +281,7 @@ fn attach(
     {
         return Err(Error::ForeignGateway {
             gateway: gw,
-            subnets: joined(own),
+            subnets: own.clone(),
         });
     }
     let netns = Path::new(&call.env.netns);

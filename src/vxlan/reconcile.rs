@@ -56,3 +56,48 @@ pub fn node_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
         plan,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vxlan::fake::{Fake, conf};
+    use crate::vxlan::plan::Step;
+    use serde_json::json;
+
+    #[test]
+    fn the_entry_point_resolves_plans_and_applies_under_the_lock_and_converges() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = conf(json!({
+            "stateDir": dir.path(),
+            "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]},
+                      {"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]}]
+        }));
+        let mut k = Fake::node("192.0.2.1/24");
+        let report = node_with(&mut k, &cfg).unwrap();
+        assert!(dir.path().join("edge.lock").exists());
+        assert_eq!(report.node.local_ip.to_string(), "192.0.2.1");
+        assert_eq!(report.node.remote.len(), 1);
+        assert_eq!(report.vtep.mac, Some([0x0a, 1, 192, 0, 2, 1]));
+        assert_eq!(
+            report.bridge.mac,
+            Some([0x0e, 1, 10, 244, 1, 1]),
+            "the bridge as it is after the plan"
+        );
+        assert!(report.peers_file_error().is_none());
+        // Something rewrote the bridge's MAC: the report has the repaired one (ADD's result
+        // reports it), not the one read before the repair.
+        k.link_mut("stickybr0").mac = Some([2, 0, 0, 0, 0, 0x99]);
+        let repaired = node_with(&mut k, &cfg).unwrap();
+        assert_eq!(repaired.bridge.mac, Some([0x0e, 1, 10, 244, 1, 1]));
+        let again = node_with(&mut k, &cfg).unwrap();
+        assert!(
+            again
+                .plan
+                .steps
+                .iter()
+                .all(|s| matches!(s, Step::Sysctl { .. })),
+            "{:?}",
+            again.plan
+        );
+    }
+}

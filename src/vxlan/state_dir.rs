@@ -32,11 +32,13 @@ pub struct Lock {
     _file: File,
 }
 
+/// Creates `dir` (0700) if missing; it must be a directory itself, not a link to one.
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(dir)
+        .create(dir)?;
+    nofollow::ensure_real_dir(dir)
 }
 
 /// Takes the network's lock, `<stateDir>/<name>.lock`, waiting for it.

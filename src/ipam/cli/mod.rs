@@ -8,16 +8,17 @@
 //! files left alone, works on a read-only filesystem) and work on a [`dryrun::DryRun`]
 //! overlay, so not even crash leftovers are resolved behind the operator's back.
 //!
-//! One verb per file: [`list`], [`show`], [`release`], [`gc`], [`downgrade`]. [`entry`] turns
+//! One verb per file: [`list`], [`show`], [`forget`] (deprecated alias `release`), [`gc`],
+//! [`downgrade`]. [`entry`] turns
 //! record files into rows; [`args`] is the parser. Exit codes: see [`EXIT_CODES`].
 
 pub mod args;
 pub mod downgrade;
 pub mod dryrun;
 pub mod entry;
+pub mod forget;
 pub mod gc;
 pub mod list;
-pub mod release;
 pub mod show;
 
 use std::fs;
@@ -33,6 +34,7 @@ use super::disk::DiskStore;
 use super::identity::Pod;
 use super::store::StoreError;
 use crate::cli::{conflist, node_ranges};
+use crate::cni::netconf::is_network_name;
 use crate::cni::{Args, NetConf};
 
 /// Success.
@@ -41,7 +43,7 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_RUNTIME: u8 = 1;
 /// Usage error: unknown verb or option, missing argument, unusable `--config`.
 pub const EXIT_USAGE: u8 = 2;
-/// Refused: `release` of an attached lease without `--force`, `downgrade` with leases or
+/// Refused: `forget` of an attached lease without `--force`, `downgrade` with leases or
 /// markers left and no `--drop-leases`. Nothing was changed.
 pub const EXIT_REFUSED: u8 = 3;
 /// Not found: the pod has no records, or the network has no data dir.
@@ -52,7 +54,7 @@ Exit codes:
   0  success
   1  runtime error (data dir or file unreadable/unwritable)
   2  usage error (unknown verb or option, missing argument, bad --config)
-  3  refused, nothing changed (release of an attached lease without --force;
+  3  refused, nothing changed (forget of an attached lease without --force;
      downgrade with released leases or markers left and no --drop-leases)
   4  not found (the pod has no records; the network has no data dir)";
 
@@ -67,7 +69,8 @@ Usage: sticky-ipam [global options] <command> [options]
 Commands:
   list        every record of a network (or of all networks)
   show        one pod's records and what its next ADD would get
-  release     drop a pod's leases
+  forget      delete a pod's records (its leases): its addresses become free
+              (`release` is a deprecated alias, removed in the next release)
   gc          what expiry and the boot sweep would free (--dry-run)
   downgrade   rewrite a network's data dir into host-local's layout
 
@@ -86,9 +89,9 @@ pods start and stop.
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("unknown command {0:?} (expected list, show, release, gc or downgrade)")]
+    #[error("unknown command {0:?} (expected list, show, forget, gc or downgrade)")]
     UnknownVerb(String),
-    #[error("no command given (expected list, show, release, gc or downgrade)")]
+    #[error("no command given (expected list, show, forget, gc or downgrade)")]
     NoVerb,
     #[error(transparent)]
     Args(#[from] crate::cli::args::ArgsError),
@@ -195,7 +198,8 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     match verb {
         Some("list") => list::run(args, out),
         Some("show") => show::run(args, out),
-        Some("release") => release::run(args, out),
+        Some("forget") => forget::run(args, out, false),
+        Some("release") => forget::run(args, out, true),
         Some("gc") => gc::run(args, out),
         Some("downgrade") => downgrade::run(args, out),
         Some(other) => Err(CliError::UnknownVerb(other.to_string())),
@@ -207,7 +211,7 @@ fn verb_help(verb: &str) -> Option<&'static str> {
     Some(match verb {
         "list" => list::HELP,
         "show" => show::HELP,
-        "release" => release::HELP,
+        "forget" | "release" => forget::HELP,
         "gc" => gc::HELP,
         "downgrade" => downgrade::HELP,
         _ => return None,
@@ -242,7 +246,7 @@ impl Target {
             (None, None) => None,
         };
         if let Some(n) = &network
-            && crate::cni::env::validate_container_id(n).is_err()
+            && !is_network_name(n)
         {
             return Err(CliError::BadNetwork(n.clone()));
         }
@@ -281,9 +285,7 @@ impl Target {
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            if entry.file_type().map_err(list_err)?.is_dir()
-                && crate::cni::env::validate_container_id(&name).is_ok()
-            {
+            if entry.file_type().map_err(list_err)?.is_dir() && is_network_name(&name) {
                 names.push(name);
             }
         }

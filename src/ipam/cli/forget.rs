@@ -1,4 +1,8 @@
-//! `release`: drop a pod's leases, so their addresses are free for anyone.
+//! `forget`: delete a pod's records, so their addresses are free for anyone.
+//!
+//! Called `release` until 0.1 (kept one release as a deprecated alias, with its old output):
+//! a name that said the opposite of what it does, since a released lease in the plugin is
+//! one that is *kept*.
 //!
 //! An attached lease (or an adopted OpenYurt record) may belong to a live sandbox: dropping
 //! it could hand its address to a second pod. That needs `--force`; without it nothing is
@@ -15,33 +19,47 @@ use super::entry;
 use super::{CliError, Target, parse_pod, pod_text, write_json};
 
 pub const HELP: &str = "\
-Usage: sticky-ipam [global options] release <namespace>/<pod> [--ifname <name>] [--force] [--json]
+Usage: sticky-ipam [global options] forget <namespace>/<pod> [--ifname <name>] [--force] [--json]
 
-Drops the pod's records (lease files, OpenYurt markers): their addresses become free and
+Deletes the pod's records (lease files, OpenYurt markers): their addresses become free and
 the pod gets a new address on its next ADD. Refused (exit 3, nothing removed) when one of
 them is attached — it may belong to a live sandbox — unless --force.
+`release` is a deprecated alias of `forget` (its --json key stays \"released\"); it goes
+away in the next release.
 
 Options:
   --ifname <name>  only the records of this interface (default: every interface)
-  --force          drop attached records too (the sandbox keeps running with an address
+  --force          delete attached records too (the sandbox keeps running with an address
                    that may be handed out again: delete the pod first)
-  --json           {network, namespace, pod, released: [records as in list --json]}
+  --json           {network, namespace, pod, forgotten: [records as in list --json]}
 
 Exit code 4 when the pod has no records.
 
 Examples:
-  sticky-ipam --network edge release default/web-0
-  sticky-ipam release /happy_turing --force";
+  sticky-ipam --network edge forget default/web-0
+  sticky-ipam forget /happy_turing --force";
 
 const SPEC: Spec = Spec {
-    verb: "release",
+    verb: "forget",
     flags: &["--json", "--force"],
     values: &["--ifname"],
     positionals: &["<namespace>/<pod>"],
 };
 
-pub fn run(argv: &[String], out: &mut dyn Write) -> Result<(), CliError> {
-    let parsed = args::parse(argv, &SPEC)?;
+/// The deprecated name, with its old output.
+const ALIAS: Spec = Spec {
+    verb: "release",
+    ..SPEC
+};
+
+/// `forget`, or its deprecated alias `release` when `alias` (same effect, old output key).
+pub fn run(argv: &[String], out: &mut dyn Write, alias: bool) -> Result<(), CliError> {
+    if alias {
+        eprintln!(
+            "sticky-ipam: `release` is deprecated (it deletes records, while a released lease is one that is kept): use `forget`"
+        );
+    }
+    let parsed = args::parse(argv, if alias { &ALIAS } else { &SPEC })?;
     let target = Target::from_args(&parsed)?;
     let pod = parse_pod(&parsed.positionals[0])?;
     let who = pod_text(&pod.namespace, &pod.name);
@@ -60,7 +78,7 @@ pub fn run(argv: &[String], out: &mut dyn Write) -> Result<(), CliError> {
         .collect();
     if !attached.is_empty() && !parsed.flag("--force") {
         return Err(CliError::Refused(format!(
-            "{who} is attached on {} (it may belong to a live sandbox); nothing released — use --force to drop it anyway",
+            "{who} is attached on {} (it may belong to a live sandbox); nothing deleted — use --force to delete it anyway",
             attached.join(", ")
         )));
     }
@@ -79,13 +97,18 @@ pub fn run(argv: &[String], out: &mut dyn Write) -> Result<(), CliError> {
                 "network": network,
                 "namespace": pod.namespace,
                 "pod": pod.name,
-                "released": rows,
+                if alias { "released" } else { "forgotten" }: rows,
             }),
         );
     }
     writeln!(
         out,
-        "released {} record(s) of {who} in network {network}:",
+        "{} {} record(s) of {who} in network {network}:",
+        if alias {
+            "released"
+        } else {
+            "forgot (deleted)"
+        },
         rows.len()
     )?;
     out.write_all(entry::table(&rows, false).as_bytes())?;

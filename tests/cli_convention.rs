@@ -1,0 +1,136 @@
+//! One CLI convention for both binaries' operator verbs (issue 9): the same parser (unknown
+//! options refused), the same conflist loader (a network name the plugins refuse is refused,
+//! nothing written), documented exit codes (0 ok, 1 runtime, 2 usage), and `forget` as the
+//! name of the verb that deletes records (`release` kept one release as a deprecated alias).
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::json;
+use support::*;
+
+fn vxlan_bin() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_sticky-vxlan"))
+}
+
+/// Runs a tool without `CNI_COMMAND`, optionally in a new, empty network namespace (so a
+/// verb that got as far as netlink could not touch the host). Returns (code, stdout, stderr).
+fn run(bin: &Path, args: &[&str], isolated: bool) -> (i32, String, String) {
+    let mut cmd = if isolated {
+        let mut c = Command::new("unshare");
+        c.arg("-n").arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    cmd.args(args);
+    run_tool(cmd)
+}
+
+#[test]
+fn both_tools_refuse_unknown_options_with_exit_2() {
+    let tmp = temp_dir();
+    let data = tmp.path().to_str().unwrap();
+    for (bin, args) in [
+        (
+            vxlan_bin(),
+            &["mac", "--local", "192.0.2.1", "--vni", "1", "--bogus"][..],
+        ),
+        (
+            vxlan_bin(),
+            &["mac", "--local", "192.0.2.1", "--vni", "1", "extra"],
+        ),
+        (vxlan_bin(), &["show", "--json-please"]),
+        (vxlan_bin(), &["mac", "--vni", "1"]),
+        (vxlan_bin(), &["frobnicate"]),
+        (sticky_bin(), &["list", "--data-dir", data, "--bogus"]),
+        (sticky_bin(), &["frobnicate"]),
+    ] {
+        let (code, out, err) = run(&bin, args, false);
+        assert_eq!(code, 2, "{} {args:?}: {out}{err}", bin.display());
+        assert!(
+            out.is_empty(),
+            "{args:?}: a usage error prints nothing on stdout: {out}"
+        );
+        assert!(err.contains("--help"), "{args:?}: points at --help: {err}");
+    }
+    let (code, out, _) = run(
+        &vxlan_bin(),
+        &["mac", "--local", "192.0.2.1", "--vni", "1"],
+        false,
+    );
+    assert_eq!((code, out.as_str()), (0, "0a:01:c0:00:02:01\n"));
+    for bin in [vxlan_bin(), sticky_bin()] {
+        let (code, out, _) = run(&bin, &["--help"], false);
+        assert_eq!(code, 0);
+        assert!(out.contains("Exit codes:"), "{}: {out}", bin.display());
+    }
+}
+
+#[test]
+fn reconcile_refuses_a_network_name_that_leaves_state_dir() {
+    if !require_root("an empty network namespace for reconcile") {
+        return;
+    }
+    let tmp = temp_dir();
+    let state = tmp.path().join("a/b/state");
+    let list = tmp.path().join("evil.conflist");
+    std::fs::write(
+        &list,
+        json!({"cniVersion": "1.0.0", "name": "../../x", "plugins": [
+            {"type": "sticky-vxlan", "vni": 1, "stateDir": state, "ipam": {"type": "sticky-ipam"}}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let before = snapshot(tmp.path());
+    let (code, out, err) = run(
+        &vxlan_bin(),
+        &["reconcile", "--config", list.to_str().unwrap()],
+        true,
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("../../x"), "the error quotes the name: {err}");
+    assert_same_strict(&before, &snapshot(tmp.path()), "refused reconcile");
+}
+
+#[test]
+fn forget_deletes_a_pods_records_and_release_is_its_deprecated_alias() {
+    let tmp = temp_dir();
+    let data = tmp.path().join("data");
+    let conf = Conf::v4("edge", &data, "10.60.0.0/24");
+    for (cid, pod) in [("c1", "a"), ("c2", "b")] {
+        let p = Pod::new("ns", pod, pod);
+        Plugin::sticky().run(&Call::add(cid, &conf).pod(&p)).ok();
+        Plugin::sticky()
+            .run(&Call::del(cid, &conf).pod(&p))
+            .ok_empty();
+    }
+    let d = data.to_str().unwrap();
+    let (code, out, err) = run(
+        &sticky_bin(),
+        &["--data-dir", d, "forget", "ns/a", "--json"],
+        false,
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["forgotten"][0]["pod"], "a", "{v}");
+    let (code, out, err) = run(
+        &sticky_bin(),
+        &["--data-dir", d, "release", "ns/b", "--json"],
+        false,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("deprecated") && err.contains("forget"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["released"][0]["pod"], "b",
+        "the alias keeps its output: {v}"
+    );
+    assert!(check_dir(&data.join("edge"), COMPLETED).records.is_empty());
+}
