@@ -45,6 +45,11 @@ fn both_tools_refuse_unknown_options_with_exit_2() {
         (vxlan_bin(), &["show", "--json-please"]),
         (vxlan_bin(), &["mac", "--vni", "1"]),
         (vxlan_bin(), &["frobnicate"]),
+        (
+            vxlan_bin(),
+            &["agent", "--config", "/x.conflist", "--no-api", "--bogus"],
+        ),
+        (vxlan_bin(), &["agent", "--no-api"]),
         (sticky_bin(), &["list", "--data-dir", data, "--bogus"]),
         (sticky_bin(), &["frobnicate"]),
     ] {

@@ -31,6 +31,9 @@ Options:
   --metrics-addr <addr:port>    serve /metrics and /healthz (default: off)
   --publish-flannel-annotations set flannel's annotations on this node's Node object
                                 (needs --node-name and patch on nodes)
+
+Exit codes: it runs until stopped; 2 for a usage error, 1 when it cannot start (the config
+has no peersFile, credentials cannot be read, the metrics address is taken).
 ";
 
 #[derive(Debug, Clone, PartialEq)]

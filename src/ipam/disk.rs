@@ -1,8 +1,11 @@
 //! The data dir: the only code that touches `<dataDir>/<network>/`.
 //!
 //! [`DiskStore::open`] takes an exclusive `flock` on `lock` for the whole command (the lock is
-//! a field: holding a store is holding the lock), removes temp files left by a killed process,
-//! and indexes record names. Every record write is crash-safe: temp file, fsync, rename; the
+//! a field: holding a store is holding the lock) and takes record names from the stored
+//! [`index`] when its stamp holds; otherwise it lists the directory, removing temp files left
+//! by a killed process (a killed call always changed the directory, so its leftovers are
+//! never behind a trusted index). Dropping the store brings the index up to date, still under
+//! the lock. Every record write is crash-safe: temp file, fsync, rename; the
 //! directory is fsynced once by [`DiskStore::sync`] before the command reports success, so
 //! the caller never acknowledges what a power cut could undo. Hints (`last_reserved_ip.<N>`,
 //! as in host-local, and the release counter, lease clock and metrics counters) are written in
