@@ -213,8 +213,14 @@ impl DiskStore {
         self.writable(name)?;
         let target = self.dir.join(name);
         nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
-        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
-            .map_err(io("creating a temp file in", &self.dir))?;
+        let (mut file, temp) = match nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644) {
+            Ok(created) => created,
+            // No inode (or no block for the entry) left: the same fallback as below.
+            Err(e) if is_full(&e) && target.exists() => {
+                return rewrite_in_place(&target, bytes).map_err(io("rewriting", &target));
+            }
+            Err(e) => return Err(io("creating a temp file in", &self.dir)(e)),
+        };
         let result = (|| {
             file.write_all(bytes)?;
             crash::point("temp file written");
