@@ -29,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import resource
 import tempfile
 import time
 
@@ -36,6 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = "bench"
+# CPU time (user + system) of every call, by (binary, command): load on the machine stretches
+# wall time, not this, so it shows what a plugin's own work costs.
+CPU = {}
 SUBNET_BASE = (10, 128)  # 10.128.0.0/16
 
 
@@ -138,9 +142,13 @@ def call(binary, command, cid, stdin, args):
         "CNI_PATH": os.path.dirname(binary),
         "CNI_ARGS": args,
     }
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run([binary], input=stdin, env=env, capture_output=True)
     dt = (time.perf_counter() - t0) * 1000.0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault((binary, command), []).append(
+        (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) * 1000.0)
     if p.returncode != 0:
         sys.exit("%s %s %s failed: %s %s" % (binary, command, cid, p.stdout.decode(),
                                               p.stderr.decode()))
@@ -168,6 +176,10 @@ def run_pair(plugins, work, size, calls):
                 binary, _, stdin = state[name][:3]
                 state[name][slot].append(call(binary, command, cid, stdin, args(j, cid)))
     out = {}
+    for name, binary, _ in plugins:
+        cpu = [statistics.median(CPU.pop((binary, op))) for op in ("ADD", "DEL")]
+        print("%8d  cpu   %s: ADD %.2f ms, DEL %.2f ms (median user+system per call)" %
+              (size, name, cpu[0], cpu[1]))
     for name, (_, data, _, adds, dels) in state.items():
         shutil.rmtree(data, ignore_errors=True)
         # The first ADD of sticky-ipam lists the directory and builds its index: shown apart.
@@ -272,7 +284,7 @@ def bench(opts, sizes, work):
              ("sticky DEL", "#1f77b4", "6,3", [(k, v["DEL"][0]) for k, v in res.items()]),
              ("host-local ADD", "#d62728", "", [(k, v["ADD"][1]) for k, v in res.items()]),
              ("host-local DEL", "#d62728", "6,3", [(k, v["DEL"][1]) for k, v in res.items()])],
-            [("exec /bin/true", "#555", spawn)])
+            [("exec /bin/true", "#555", spawn)], logy=True)
         print("plot: %s" % opts.plot)
     if opts.strict and missed:
         sys.exit(1)

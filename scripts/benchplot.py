@@ -22,10 +22,14 @@ def _nice_max(v):
     return 10 * exp
 
 
-def plot(path, title, xlabel, series, lines=(), logx=True):
+def plot(path, title, xlabel, series, lines=(), logx=True, logy=False):
     xs = sorted({x for _, _, _, pts in series for x, _ in pts})
-    ymax = _nice_max(max([y for _, _, _, pts in series for _, y in pts] +
-                         [y for _, _, y in lines]) * 1.05)
+    ys = [y for _, _, _, pts in series for _, y in pts] + [y for _, _, y in lines]
+    ymax = _nice_max(max(ys) * 1.05)
+    ylo = math.floor(math.log10(max(min(ys), 1e-3)))
+    yhi = math.ceil(math.log10(max(ys)))
+    if yhi <= ylo:
+        yhi = ylo + 1
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
     pos = [x for x in xs if x > 0]
     lo = math.log10(min(pos)) - 0.5 if pos else 0.0
@@ -41,14 +45,17 @@ def plot(path, title, xlabel, series, lines=(), logx=True):
         return LEFT + pw * (math.log10(x) - lo) / (hi - lo)
 
     def sy(y):
+        if logy:
+            return TOP + ph * (1 - (math.log10(max(y, 1e-3)) - ylo) / (yhi - ylo))
         return TOP + ph * (1 - y / ymax)
 
     out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
            'font-family="sans-serif" font-size="12">' % (W, H),
            '<rect width="100%" height="100%" fill="white"/>',
            '<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>' % (LEFT, title)]
-    for i in range(6):
-        y = ymax * i / 5
+    yticks = ([m * 10 ** e for e in range(ylo, yhi) for m in (1, 2, 5)] + [10 ** yhi]
+              if logy else [ymax * i / 5 for i in range(6)])
+    for y in yticks:
         out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>' %
                    (LEFT, LEFT + pw, sy(y), sy(y)))
         out.append('<text x="%d" y="%.1f" text-anchor="end">%g</text>' % (LEFT - 6, sy(y) + 4, y))
@@ -60,7 +67,7 @@ def plot(path, title, xlabel, series, lines=(), logx=True):
     out.append('<text x="%d" y="%d" text-anchor="middle">%s</text>' %
                (LEFT + pw // 2, H - 10, xlabel))
     out.append('<text transform="translate(16,%d) rotate(-90)" text-anchor="middle">'
-               'median ms per call</text>' % (TOP + ph // 2))
+               'median ms per call%s</text>' % (TOP + ph // 2, " (log scale)" if logy else ""))
     out.append('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#444"/>' %
                (LEFT, TOP, pw, ph))
     legend = []

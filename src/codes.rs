@@ -50,6 +50,7 @@ impl From<crate::ipam::Error> for CniError {
     fn from(err: crate::ipam::Error) -> CniError {
         use crate::ipam::Error;
         use crate::ipam::allocator::AllocError;
+        use crate::ipam::check::CheckError;
         let code = match &err {
             Error::Args(_) => code::INVALID_ENV,
             Error::Config(_) | Error::GcWithoutAttachments | Error::BadAttachments(_) => {
@@ -62,10 +63,13 @@ impl From<crate::ipam::Error> for CniError {
                 | AllocError::RequestedUnavailable { .. }
                 | AllocError::RequestedUnfulfilled(_),
             ) => REQUESTED_UNAVAILABLE,
-            Error::Alloc(AllocError::NotRecorded { .. } | AllocError::NoAttachment { .. }) => {
+            Error::Check(CheckError::NotRecorded { .. } | CheckError::NoAttachment { .. }) => {
                 NOT_RECORDED
             }
-            Error::Alloc(AllocError::Store(_)) | Error::Store(_) | Error::Resolv(_) => code::IO,
+            Error::Alloc(AllocError::Store(_))
+            | Error::Check(CheckError::Store(_))
+            | Error::Store(_)
+            | Error::Resolv(_) => code::IO,
             Error::NotReady(_) => code::NOT_AVAILABLE,
         };
         CniError::new(code, err.to_string())

@@ -25,13 +25,8 @@ fn run(bin: &Path, args: &[&str], isolated: bool) -> (i32, String, String) {
     } else {
         Command::new(bin)
     };
-    cmd.args(args).env_remove("CNI_COMMAND");
-    let out = cmd.output().expect("run the tool");
-    (
-        out.status.code().expect("exited"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cmd.args(args);
+    run_tool(cmd)
 }
 
 #[test]
@@ -50,6 +45,11 @@ fn both_tools_refuse_unknown_options_with_exit_2() {
         (vxlan_bin(), &["show", "--json-please"]),
         (vxlan_bin(), &["mac", "--vni", "1"]),
         (vxlan_bin(), &["frobnicate"]),
+        (
+            vxlan_bin(),
+            &["agent", "--config", "/x.conflist", "--no-api", "--bogus"],
+        ),
+        (vxlan_bin(), &["agent", "--no-api"]),
         (sticky_bin(), &["list", "--data-dir", data, "--bogus"]),
         (sticky_bin(), &["frobnicate"]),
     ] {

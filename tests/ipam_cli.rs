@@ -26,20 +26,12 @@ struct Cli {
 
 fn cli(args: &[&str]) -> Cli {
     let mut cmd = Command::new(sticky_bin());
-    for var in [
-        "CNI_COMMAND",
-        "CNI_CONTAINERID",
-        "CNI_NETNS",
-        "CNI_IFNAME",
-        "CNI_ARGS",
-    ] {
-        cmd.env_remove(var);
-    }
-    let out = cmd.args(args).output().expect("run sticky-ipam");
+    cmd.args(args);
+    let (code, stdout, stderr) = run_tool(cmd);
     Cli {
-        code: out.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code,
+        stdout,
+        stderr,
         what: format!("sticky-ipam {}", args.join(" ")),
     }
 }

@@ -17,16 +17,9 @@ const NET: &str = "back";
 
 fn run_cli(bin: &Path, args: &[&str], crash_at: Option<usize>) -> Output {
     let mut cmd = Command::new(bin);
-    for var in [
-        "CNI_COMMAND",
-        "CNI_CONTAINERID",
-        "CNI_NETNS",
-        "CNI_IFNAME",
-        "CNI_ARGS",
-    ] {
+    for var in RUNTIME_VARS {
         cmd.env_remove(var);
     }
-    cmd.env_remove("STICKY_CRASH_AT");
     if let Some(n) = crash_at {
         cmd.env("STICKY_CRASH_AT", n.to_string());
     }

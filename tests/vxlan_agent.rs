@@ -102,6 +102,22 @@ impl Cluster {
         Agent::start(BIN, &self.topo.node_ns(n), log, &args)
     }
 
+    /// An agent that finds the API through a kubeconfig file (YAML, CA by path, token).
+    fn agent_kubeconfig(&self, n: u8) -> Agent {
+        let conf = self.conf_files[usize::from(n) - 1]
+            .to_string_lossy()
+            .into_owned();
+        let kubeconfig = self.api.kubeconfig(self.topo.dir.path());
+        let log = self.topo.dir.path().join(format!("agent-{n}.log"));
+        let args = [
+            "--config",
+            &conf,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ];
+        Agent::start(BIN, &self.topo.node_ns(n), log, &args)
+    }
+
     /// True when node `n` routes `subnet` through its VTEP.
     fn routes(&self, n: u8, subnet: &str) -> bool {
         let out = sh(&["ip", "-n", &self.topo.node_ns(n), "route", "show", subnet]);
@@ -121,7 +137,7 @@ fn agents_add_a_node_within_5s_survive_the_api_going_away_and_remove_deleted_nod
     let mut c = Cluster::new();
     c.api.put_node(Cluster::node(1));
     c.api.put_node(Cluster::node(2));
-    let mut agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
+    let mut agents = vec![c.agent(1, &[]), c.agent(2, &[]), c.agent_kubeconfig(3)];
     wait_for(
         "nodes 1 and 2 to program each other",
         Duration::from_secs(10),
@@ -583,4 +599,155 @@ fn bench_idle_with_500_nodes() {
         "{}",
         agent.log_text()
     );
+}
+
+#[test]
+fn without_kubernetes_the_agent_programs_the_hand_kept_file_and_heals_drift_every_resync() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new();
+    let conf = c.conf_files[0].to_string_lossy().into_owned();
+    let log = c.topo.dir.path().join("agent-noapi.log");
+    let node1 = c.topo.node_ns(1);
+    let agent = Agent::start(
+        BIN,
+        &node1,
+        log,
+        &["--config", &conf, "--no-api", "--resync", "1"],
+    );
+    wait_for(
+        "the wait for a file to be logged",
+        Duration::from_secs(5),
+        || agent.log_text().contains("does not exist yet"),
+    );
+    // The operator writes the file (atomically, as tools do): programmed within 2 s.
+    let write = |peers: Value| {
+        let tmp = c.topo.dir.path().join("peers-1.tmp");
+        std::fs::write(&tmp, peers.to_string()).unwrap();
+        std::fs::rename(&tmp, c.peers_file(1)).unwrap();
+    };
+    write(json!([Topo::peer(1, false), Topo::peer(2, false)]));
+    wait_for("node 2 programmed", Duration::from_secs(2), || {
+        c.routes(1, &Topo::subnet(2))
+    });
+    write(json!([
+        Topo::peer(1, false),
+        Topo::peer(2, false),
+        Topo::peer(3, false)
+    ]));
+    wait_for("node 3 programmed", Duration::from_secs(2), || {
+        c.routes(1, &Topo::subnet(3))
+    });
+    // Drift (the VTEP deleted under the agent) is healed by the next periodic resync, with
+    // the same MAC.
+    let mac = c.topo.link_mac(&node1, "sticky.1");
+    ok(&["ip", "-n", &node1, "link", "del", "sticky.1"]);
+    wait_for("the VTEP back", Duration::from_secs(3), || {
+        c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3))
+    });
+    assert_eq!(c.topo.link_mac(&node1, "sticky.1"), mac);
+    assert!(
+        agent.log_text().contains("changed by hand"),
+        "{}",
+        agent.log_text()
+    );
+    // A broken hand edit removes nothing (the plugin's last-good rule).
+    let tmp = c.topo.dir.path().join("peers-1.tmp");
+    std::fs::write(&tmp, "[{\"ip\": \"192.0.2.2\", \"subn").unwrap();
+    std::fs::rename(&tmp, c.peers_file(1)).unwrap();
+    wait_for(
+        "the broken file to be noticed",
+        Duration::from_secs(3),
+        || {
+            agent
+                .log_text()
+                .contains("programmed peers left as they are")
+        },
+    );
+    assert!(c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3)));
+}
+
+/// scripts/demo-agent.sh: the agent adding a node, narrated (ignored in the test run).
+#[test]
+#[ignore = "demo: scripts/demo-agent.sh"]
+fn demo_agent_adds_a_node() {
+    if !can_run() {
+        return;
+    }
+    let say = |s: &str| println!("DEMO {s}");
+    let c = Cluster::new();
+    say(&format!(
+        "TEST API server (written for the tests, not a real kube-apiserver) at {}, TLS with a test CA, bearer token",
+        c.api.url()
+    ));
+    c.api.put_node(Cluster::node(1));
+    c.api.put_node(Cluster::node(2));
+    say(
+        "API: Node node-1 (InternalIP 192.0.2.1, podCIDR 10.244.1.0/24), node-2 (192.0.2.2, 10.244.2.0/24)",
+    );
+    let agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
+    say(
+        "started `sticky-vxlan agent --config node-N.conf --server <url> --ca-file ... --token-file ...` in node-1, node-2, node-3",
+    );
+    wait_for("nodes 1 and 2", Duration::from_secs(10), || {
+        c.routes(1, &Topo::subnet(2)) && c.routes(2, &Topo::subnet(1))
+    });
+    let mut topo_pods = Vec::new();
+    let mut c = c;
+    for n in 1..=2u8 {
+        let pod = c.topo.new_pod(n, &format!("d{n}"));
+        let ip = ip_of(&c.topo.add(&pod, &c.confs[usize::from(n) - 1]), false);
+        say(&format!("pod on node-{n}: {ip}"));
+        topo_pods.push((pod, ip));
+    }
+    say(&format!(
+        "node-1 pod -> node-2 pod: {}",
+        if c.topo.reaches(&topo_pods[0].0, &topo_pods[1].1) {
+            "ping ok"
+        } else {
+            "NO REPLY"
+        }
+    ));
+    say(
+        "API: Node node-3 created (192.0.2.3, podCIDR 10.244.3.0/24); nothing is run on node-1 or node-2",
+    );
+    c.api.put_node(Cluster::node(3));
+    let took = wait_for("node 3 programmed", Duration::from_secs(5), || {
+        c.routes(1, &Topo::subnet(3)) && c.routes(2, &Topo::subnet(3))
+    });
+    say(&format!(
+        "node-1 and node-2 route 10.244.3.0/24 through their VTEP after {} ms",
+        took.as_millis()
+    ));
+    wait_for("node 3 itself", Duration::from_secs(5), || {
+        c.routes(3, &Topo::subnet(1))
+    });
+    let pod3 = c.topo.new_pod(3, "d3");
+    let ip3 = ip_of(&c.topo.add(&pod3, &c.confs[2]), false);
+    say(&format!("pod on node-3: {ip3} (ADD on node-3 only)"));
+    say(&format!(
+        "node-1 pod -> node-3 pod: {}",
+        if c.topo.reaches(&topo_pods[0].0, &ip3) {
+            "ping ok"
+        } else {
+            "NO REPLY"
+        }
+    ));
+    say("node-1's peers file, written by its agent:");
+    for line in std::fs::read_to_string(c.peers_file(1)).unwrap().lines() {
+        say(&format!("  {line}"));
+    }
+    say("node-1's agent log:");
+    for line in agents[0].log_text().lines() {
+        say(&format!("  {line}"));
+    }
+    let state = c.topo.state_dir(1);
+    let show = c
+        .topo
+        .tool(1, &["show", "--state-dir", state.to_str().unwrap()]);
+    say("`sticky-vxlan show` on node-1:");
+    for line in String::from_utf8_lossy(&show.stdout).lines() {
+        say(&format!("  {line}"));
+    }
 }

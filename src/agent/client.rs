@@ -35,6 +35,7 @@ pub enum Error {
 const LIST_BODY_LIMIT: u64 = 256 * 1024 * 1024;
 const EVENT_LIMIT: u64 = 16 * 1024 * 1024;
 const PAGE: usize = 500;
+const WATCH_SILENCE: Duration = Duration::from_secs(150);
 
 pub struct Client {
     pub endpoint: Endpoint,
@@ -150,8 +151,9 @@ impl Client {
             query_escape(resource_version),
             timeout.as_secs()
         );
-        // No byte for this long means the connection is dead (bookmarks come every minute).
-        let resp = self.request("GET", &path, None, None, timeout + Duration::from_secs(90))?;
+        // No byte for this long means the connection is dead (a real API server sends a
+        // bookmark about every minute): the watch is resumed on a new connection.
+        let resp = self.request("GET", &path, None, None, WATCH_SILENCE)?;
         Ok(Watch { resp, path })
     }
 

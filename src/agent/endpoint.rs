@@ -410,6 +410,21 @@ mod tests {
     }
 
     #[test]
+    fn a_token_file_is_read_again_for_every_request_as_it_rotates() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "first\n").unwrap();
+        let e = from_server("http://127.0.0.1:8080", None, Some(&token)).unwrap();
+        assert_eq!(e.authorization().unwrap().unwrap(), "Bearer first");
+        std::fs::write(&token, "second").unwrap();
+        assert_eq!(e.authorization().unwrap().unwrap(), "Bearer second");
+        assert!(
+            from_server("https://127.0.0.1:6443", None, None).is_err(),
+            "https needs a CA"
+        );
+    }
+
+    #[test]
     fn urls() {
         let u = parse_url("https://10.96.0.1:6443").unwrap();
         assert_eq!(

@@ -2,9 +2,10 @@
 //! small status file `sticky-vxlan show` reads.
 
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::nofollow;
 use crate::vxlan::peers::{self, Peer};
 
 #[derive(Debug, thiserror::Error)]
@@ -18,8 +19,9 @@ pub enum Error {
 }
 
 /// Writes `text` to `path` so that a reader sees either the old file or the new one, whole:
-/// a temp file created new (`O_EXCL`, never through anything planted at its name), mode 0644,
-/// fsynced, renamed over `path`, then the directory fsynced.
+/// a temp file created new beside it under a name nobody can guess (`O_EXCL`, never through
+/// anything planted), mode 0644, fsynced, renamed over `path` (a link planted at `path` is
+/// replaced, not followed), then the directory fsynced.
 pub fn write_atomic(path: &Path, text: &[u8]) -> Result<(), Error> {
     let err = |source| Error::Write {
         path: path.to_path_buf(),
@@ -30,21 +32,13 @@ pub fn write_atomic(path: &Path, text: &[u8]) -> Result<(), Error> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.agent-{}.tmp", std::process::id()));
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err(e)),
-        _ => {}
-    }
+    let (mut file, tmp) =
+        nofollow::create_temp(dir, &format!(".{name}.agent."), 0o644).map_err(err)?;
     let result = (|| {
-        let mut f = std::fs::File::options()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)?;
         // The umask may have taken bits away; the mode must be exactly 0644.
-        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-        f.write_all(text)?;
-        f.sync_all()?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        file.write_all(text)?;
+        file.sync_all()?;
         std::fs::rename(&tmp, path)?;
         std::fs::File::open(dir)?.sync_all()
     })();
@@ -54,12 +48,11 @@ pub fn write_atomic(path: &Path, text: &[u8]) -> Result<(), Error> {
     result.map_err(err)
 }
 
-/// The peers in the file now (none when it is missing or invalid: then anything may replace
-/// it, as the plugin keeps its own last good copy).
+/// The peers in the file now, read by the plugin's own rules (none when it is missing,
+/// unsafe or invalid: then the agent's next write replaces it, and the plugin keeps its own
+/// last good copy meanwhile).
 pub fn current_peers(path: &Path) -> Option<Vec<Peer>> {
-    std::fs::read(path)
-        .ok()
-        .and_then(|t| peers::parse_file(&t).ok())
+    peers::read_file(path).ok().map(|(peers, _)| peers)
 }
 
 /// What identifies one version of a file without reading it: a hand edit changes one of these.
@@ -84,24 +77,22 @@ pub fn fingerprint(path: &Path) -> Option<Fingerprint> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
-    fn written_whole_with_mode_0644_never_through_a_planted_temp() {
+    fn written_whole_with_mode_0644_replacing_a_planted_link_never_writing_through_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("peers.json");
         let victim = dir.path().join("victim");
         std::fs::write(&victim, "precious").unwrap();
-        let tmp = dir
-            .path()
-            .join(format!(".peers.json.agent-{}.tmp", std::process::id()));
-        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
         write_atomic(&path, b"[]\n").unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         assert_eq!(std::fs::read(&path).unwrap(), b"[]\n");
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(mode, 0o644);
-        assert!(!tmp.exists());
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o644);
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "no temp file left");
         let before = fingerprint(&path).unwrap();
         write_atomic(&path, b"[ ]\n").unwrap();
         assert_ne!(fingerprint(&path).unwrap(), before);

@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::cli::args::Spec;
+
 pub const HELP: &str = "\
 sticky-vxlan agent: keep this node's peers file and data path current.
 
@@ -29,6 +31,9 @@ Options:
   --metrics-addr <addr:port>    serve /metrics and /healthz (default: off)
   --publish-flannel-annotations set flannel's annotations on this node's Node object
                                 (needs --node-name and patch on nodes)
+
+Exit codes: it runs until stopped; 2 for a usage error, 1 when it cannot start (the config
+has no peersFile, credentials cannot be read, the metrics address is taken).
 ";
 
 #[derive(Debug, Clone, PartialEq)]
@@ -57,63 +62,62 @@ pub struct Options {
     pub publish: bool,
 }
 
-/// Parses the arguments after `agent`; `env` looks up environment variables.
+const SPEC: Spec = Spec {
+    verb: "agent",
+    flags: &["--no-api", "--publish-flannel-annotations"],
+    values: &[
+        "--config",
+        "--kubeconfig",
+        "--server",
+        "--ca-file",
+        "--token-file",
+        "--node-name",
+        "--resync",
+        "--max-remove-fraction",
+        "--metrics-addr",
+    ],
+    positionals: &[],
+};
+
+/// Parses the arguments after `agent` (with the tools' shared parser); `env` looks up
+/// environment variables.
 pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Options, String> {
-    let mut config = None;
-    let mut kubeconfig = None;
-    let mut server = None;
-    let mut ca_file = None;
-    let mut token_file = None;
-    let mut no_api = false;
-    let mut node_name = env("NODE_NAME").filter(|n| !n.is_empty());
-    let mut resync = Duration::from_secs(60);
-    let mut max_remove_fraction = 0.5;
-    let mut metrics_addr = None;
-    let mut publish = false;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--config" => config = Some(PathBuf::from(value()?)),
-            "--kubeconfig" => kubeconfig = Some(PathBuf::from(value()?)),
-            "--server" => server = Some(value()?),
-            "--ca-file" => ca_file = Some(PathBuf::from(value()?)),
-            "--token-file" => token_file = Some(PathBuf::from(value()?)),
-            "--no-api" => no_api = true,
-            "--node-name" => node_name = Some(value()?),
-            "--resync" => {
-                let v = value()?;
-                resync = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|s| *s >= 0.1 && *s <= 86400.0)
-                    .map(Duration::from_secs_f64)
-                    .ok_or_else(|| format!("--resync {v:?}: expected seconds from 0.1 to 86400"))?;
-            }
-            "--max-remove-fraction" => {
-                let v = value()?;
-                max_remove_fraction = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|f| (0.0..=1.0).contains(f))
-                    .ok_or_else(|| {
-                        format!("--max-remove-fraction {v:?}: expected a number from 0 to 1")
-                    })?;
-            }
-            "--metrics-addr" => {
-                let v = value()?;
-                metrics_addr = Some(v.parse().map_err(|_| {
-                    format!("--metrics-addr {v:?}: expected an address:port like 127.0.0.1:9767")
-                })?);
-            }
-            "--publish-flannel-annotations" => publish = true,
-            other => return Err(format!("unknown option {other:?}")),
-        }
-    }
+    let p = crate::cli::args::parse(args, &[], &SPEC).map_err(|e| e.to_string())?;
+    let path = |name: &str| p.value(name).map(PathBuf::from);
+    let config = path("--config");
+    let (kubeconfig, server) = (path("--kubeconfig"), p.value("--server").map(String::from));
+    let (ca_file, token_file) = (path("--ca-file"), path("--token-file"));
+    let no_api = p.flag("--no-api");
+    let publish = p.flag("--publish-flannel-annotations");
+    let node_name = p
+        .value("--node-name")
+        .map(String::from)
+        .or_else(|| env("NODE_NAME").filter(|n| !n.is_empty()));
+    let resync = match p.value("--resync") {
+        None => Duration::from_secs(60),
+        Some(v) => v
+            .parse::<f64>()
+            .ok()
+            .filter(|s| (0.1..=86400.0).contains(s))
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| format!("--resync {v:?}: expected seconds from 0.1 to 86400"))?,
+    };
+    let max_remove_fraction = match p.value("--max-remove-fraction") {
+        None => 0.5,
+        Some(v) => v
+            .parse::<f64>()
+            .ok()
+            .filter(|f| (0.0..=1.0).contains(f))
+            .ok_or_else(|| format!("--max-remove-fraction {v:?}: expected a number from 0 to 1"))?,
+    };
+    let metrics_addr = p
+        .value("--metrics-addr")
+        .map(|v| {
+            v.parse().map_err(|_| {
+                format!("--metrics-addr {v:?}: expected an address:port like 127.0.0.1:9767")
+            })
+        })
+        .transpose()?;
     let config = config.ok_or("agent needs --config <file.conflist>")?;
     let source = match (no_api, kubeconfig, server) {
         (true, None, None) => Source::None,

@@ -36,7 +36,7 @@ use state::{Shared, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A command-line mistake; the text includes the help.
+    /// A command-line mistake (exit code 2).
     #[error("{0}")]
     Usage(String),
     #[error(transparent)]
@@ -60,7 +60,8 @@ fn log(msg: &str) {
     eprintln!("sticky-vxlan agent: {msg}");
 }
 
-/// `sticky-vxlan agent ...`: runs until killed; returns only on a fatal error.
+/// `sticky-vxlan agent ...`: runs until killed; returns only on a mistake or a fatal error.
+/// Exit codes as the tools' other verbs: 2 for a command-line mistake, 1 at run time.
 pub fn main(args: &[String]) -> ExitCode {
     if args
         .iter()
@@ -70,10 +71,14 @@ pub fn main(args: &[String]) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let result = flags::parse(args, |k| std::env::var(k).ok())
-        .map_err(|e| Error::Usage(format!("{e}\n\n{}", flags::HELP)))
+        .map_err(Error::Usage)
         .and_then(run);
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(Error::Usage(e)) => {
+            eprintln!("sticky-vxlan agent: {e}\nRun `sticky-vxlan agent --help` for the options.");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("sticky-vxlan agent: {e}");
             ExitCode::FAILURE
@@ -135,7 +140,7 @@ fn run(opts: Options) -> Result<(), Error> {
                 }),
                 _ => None,
             };
-            let sync = sync::Sync::new(
+            let sync = sync::NodeSync::new(
                 client::Client::new(e),
                 peers_file.clone(),
                 opts.max_remove_fraction,

@@ -79,61 +79,64 @@ impl Shared {
     /// Prometheus text format.
     pub fn metrics(&self) -> String {
         let s = self.lock();
+        let metrics: [(&str, &str, &str, f64); 8] = [
+            (
+                "peers",
+                "gauge",
+                "Peers in the peers file the agent keeps.",
+                s.status.peers as f64,
+            ),
+            (
+                "last_sync_timestamp_seconds",
+                "gauge",
+                "Unix time of the last complete node list from the API (0: never).",
+                s.status.last_sync.unwrap_or(0) as f64,
+            ),
+            (
+                "last_api_answer_timestamp_seconds",
+                "gauge",
+                "Unix time the API last answered (0: never).",
+                s.status.last_api_answer.unwrap_or(0) as f64,
+            ),
+            (
+                "api_reachable",
+                "gauge",
+                "1 while the API answers, 0 while it does not.",
+                f64::from(u8::from(s.status.api_reachable)),
+            ),
+            (
+                "reconciles_total",
+                "counter",
+                "Node reconciles run.",
+                s.counters.reconciles as f64,
+            ),
+            (
+                "reconcile_errors_total",
+                "counter",
+                "Node reconciles that failed.",
+                s.counters.reconcile_errors as f64,
+            ),
+            (
+                "peers_file_writes_total",
+                "counter",
+                "Times the agent rewrote the peers file.",
+                s.counters.file_writes as f64,
+            ),
+            (
+                "removals_refused_total",
+                "counter",
+                "Node lists refused because they would remove too many peers at once.",
+                s.counters.removals_refused as f64,
+            ),
+        ];
         let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+        for (name, kind, help, value) in metrics {
+            let name = format!("sticky_vxlan_agent_{name}");
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
-        };
-        metric(
-            "sticky_vxlan_agent_peers",
-            "gauge",
-            "Peers in the peers file the agent keeps.",
-            s.status.peers as f64,
-        );
-        metric(
-            "sticky_vxlan_agent_last_sync_timestamp_seconds",
-            "gauge",
-            "Unix time of the last complete node list from the API (0: never).",
-            s.status.last_sync.unwrap_or(0) as f64,
-        );
-        metric(
-            "sticky_vxlan_agent_last_api_answer_timestamp_seconds",
-            "gauge",
-            "Unix time the API last answered (0: never).",
-            s.status.last_api_answer.unwrap_or(0) as f64,
-        );
-        metric(
-            "sticky_vxlan_agent_api_reachable",
-            "gauge",
-            "1 while the API answers, 0 while it does not.",
-            f64::from(u8::from(s.status.api_reachable)),
-        );
-        metric(
-            "sticky_vxlan_agent_reconciles_total",
-            "counter",
-            "Node reconciles run.",
-            s.counters.reconciles as f64,
-        );
-        metric(
-            "sticky_vxlan_agent_reconcile_errors_total",
-            "counter",
-            "Node reconciles that failed.",
-            s.counters.reconcile_errors as f64,
-        );
-        metric(
-            "sticky_vxlan_agent_peers_file_writes_total",
-            "counter",
-            "Times the agent rewrote the peers file.",
-            s.counters.file_writes as f64,
-        );
-        metric(
-            "sticky_vxlan_agent_removals_refused_total",
-            "counter",
-            "Node lists refused because they would remove too many peers at once.",
-            s.counters.removals_refused as f64,
-        );
+        }
         out
     }
 }

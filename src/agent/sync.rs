@@ -51,7 +51,7 @@ fn jitter(d: Duration, fraction: f64) -> Duration {
     d.mul_f64(1.0 - fraction + 2.0 * fraction * unit)
 }
 
-pub struct Sync {
+pub struct NodeSync {
     pub client: Client,
     pub peers_file: PathBuf,
     pub max_remove_fraction: f64,
@@ -75,7 +75,7 @@ fn log(msg: &str) {
     eprintln!("sticky-vxlan agent: {msg}");
 }
 
-impl Sync {
+impl NodeSync {
     pub fn new(
         client: Client,
         peers_file: PathBuf,
@@ -83,8 +83,8 @@ impl Sync {
         shared: Shared,
         notify: Sender<()>,
         publisher: Option<Publisher>,
-    ) -> Sync {
-        Sync {
+    ) -> NodeSync {
+        NodeSync {
             client,
             peers_file,
             max_remove_fraction,

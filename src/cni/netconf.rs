@@ -21,6 +21,15 @@ pub struct NetConf {
     pub raw: Value,
 }
 
+/// Whether `name` is a network name as the spec's pattern has it: a letter or digit, then
+/// letters, digits, `_`, `.` or `-`. It becomes a directory under `dataDir` and a file name
+/// in `stateDir`, and the pattern keeps it there (no `/`, no leading `.`). Every path built
+/// from a network name, in the plugins and the operator tools, is checked with this.
+pub fn is_network_name(name: &str) -> bool {
+    // The spec gives network names the container id's pattern.
+    crate::cni::env::validate_container_id(name).is_ok()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum NetConfError {
     #[error("network config is not valid JSON: {0}")]
@@ -58,8 +67,7 @@ impl NetConf {
         let version =
             Version::parse(&version_text).ok_or(NetConfError::UnsupportedVersion(version_text))?;
         let name = string("name")?.ok_or(NetConfError::NoName)?;
-        // The name becomes a directory under dataDir: the spec's pattern keeps it there.
-        if crate::cni::env::validate_container_id(&name).is_err() {
+        if !is_network_name(&name) {
             return Err(NetConfError::BadName(name));
         }
         let plugin_type = string("type")?.unwrap_or_default();

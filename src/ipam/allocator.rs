@@ -95,18 +95,6 @@ pub enum AllocError {
     /// the same range set.
     #[error("failed to allocate all requested IPs:{}", list(.0))]
     RequestedUnfulfilled(Vec<IpAddr>),
-    #[error("{ip} is not recorded for container {container_id} interface {ifname}")]
-    NotRecorded {
-        ip: IpAddr,
-        container_id: String,
-        ifname: String,
-    },
-    // host-local says "host-local: Failed to find address added by container <id>".
-    #[error("sticky-ipam: Failed to find address added by container {container_id}")]
-    NoAttachment {
-        container_id: String,
-        ifname: String,
-    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -1,8 +1,11 @@
 //! The data dir: the only code that touches `<dataDir>/<network>/`.
 //!
 //! [`DiskStore::open`] takes an exclusive `flock` on `lock` for the whole command (the lock is
-//! a field: holding a store is holding the lock), removes temp files left by a killed process,
-//! and indexes record names. Every record write is crash-safe: temp file, fsync, rename; the
+//! a field: holding a store is holding the lock) and takes record names from the stored
+//! [`index`] when its stamp holds; otherwise it lists the directory, removing temp files left
+//! by a killed process (a killed call always changed the directory, so its leftovers are
+//! never behind a trusted index). Dropping the store brings the index up to date, still under
+//! the lock. Every record write is crash-safe: temp file, fsync, rename; the
 //! directory is fsynced once by [`DiskStore::sync`] before the command reports success, so
 //! the caller never acknowledges what a power cut could undo. Hints (`last_reserved_ip.<N>`,
 //! as in host-local, and the release counter, lease clock and metrics counters) are written in
@@ -210,8 +213,14 @@ impl DiskStore {
         self.writable(name)?;
         let target = self.dir.join(name);
         nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
-        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
-            .map_err(io("creating a temp file in", &self.dir))?;
+        let (mut file, temp) = match nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644) {
+            Ok(created) => created,
+            // No inode (or no block for the entry) left: the same fallback as below.
+            Err(e) if is_full(&e) && target.exists() => {
+                return rewrite_in_place(&target, bytes).map_err(io("rewriting", &target));
+            }
+            Err(e) => return Err(io("creating a temp file in", &self.dir)(e)),
+        };
         let result = (|| {
             file.write_all(bytes)?;
             crash::point("temp file written");
@@ -331,7 +340,13 @@ fn is_full(e: &std::io::Error) -> bool {
 fn rewrite_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let file = nofollow::open(path, fs::OpenOptions::new().write(true))?;
-    let old = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let meta = file.metadata()?;
+    if std::os::unix::fs::MetadataExt::nlink(&meta) != 1 {
+        return Err(
+            nofollow::Refused::HardLinked(std::os::unix::fs::MetadataExt::nlink(&meta)).into(),
+        );
+    }
+    let old = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     let mut body = bytes.to_vec();
     if body.len() < old {
         let newline = body.last() == Some(&b'\n');

@@ -15,9 +15,9 @@
 
 use std::net::IpAddr;
 
+use super::del::release_lease;
 use super::group::group;
 use super::record::{Body, Record, State};
-use super::release::release_lease;
 use super::store::{Note, Store, StoreError};
 use crate::cni::Attachment;
 

@@ -10,10 +10,13 @@
 //!   writes the node_exporter textfile.
 
 pub mod allocator;
+pub mod check;
 pub mod cli;
 pub mod config;
+pub mod del;
 pub mod disk;
 pub mod group;
+pub mod host;
 pub mod identity;
 pub mod index;
 pub mod lifecycle;
@@ -21,7 +24,6 @@ pub mod metrics;
 pub mod plugin;
 pub mod range;
 pub mod record;
-pub mod release;
 pub mod resolv;
 pub mod store;
 
@@ -36,6 +38,8 @@ pub enum Error {
     Config(#[from] config::ConfigError),
     #[error(transparent)]
     Alloc(#[from] allocator::AllocError),
+    #[error(transparent)]
+    Check(#[from] check::CheckError),
     #[error(transparent)]
     Store(#[from] store::StoreError),
     #[error(transparent)]

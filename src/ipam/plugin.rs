@@ -1,22 +1,19 @@
 //! The CNI commands of sticky-ipam: validate everything, then lock, then act.
 
 use std::net::IpAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
 use super::allocator::{self, Request};
 use super::config::IpamConfig;
 use super::disk::DiskStore;
+use super::host::{current_boot, wall_clock};
 use super::identity::{KNOWN_ARGS, Pod};
 use super::lifecycle::{self, LeaseClock};
 use super::metrics;
-use super::release;
 use super::{Error, resolv};
+use super::{check, del};
 use crate::cni::{Call, CniResult, Command, Dns, IpConfig, Plugin, attachments};
-
-/// Where the kernel publishes the current boot's id.
-pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
 pub struct IpamPlugin;
 
@@ -26,22 +23,6 @@ struct Prepared {
     pod: Option<Pod>,
     boot: String,
     wall: u64,
-}
-
-/// The current boot id, or "" when the kernel does not say (then no lease is ever judged to
-/// be from an earlier boot).
-pub fn current_boot() -> String {
-    std::fs::read_to_string(BOOT_ID_PATH)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-/// Wall clock in Unix seconds.
-pub fn wall_clock() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 impl Prepared {
@@ -97,7 +78,7 @@ impl Prepared {
             false => 0,
         };
         if let Some(hold) = self.hold() {
-            for _ in 0..swept {
+            if swept > 0 {
                 clock.released_one(hold);
             }
             lifecycle::expire(store, hold, clock)?;
@@ -155,7 +136,7 @@ impl Plugin for IpamPlugin {
     fn del(&self, call: &Call) -> Result<(), Error> {
         let prepared = Prepared::new(call)?;
         let (mut store, mut clock) = prepared.open()?;
-        let released = release::del(
+        let released = del::del(
             &mut store,
             &prepared.request(call, &clock),
             &prev_ips(call),
@@ -172,7 +153,7 @@ impl Plugin for IpamPlugin {
     fn check(&self, call: &Call) -> Result<(), Error> {
         let prepared = Prepared::new(call)?;
         let (mut store, clock) = prepared.open()?;
-        release::check(
+        check::check(
             &mut store,
             &prepared.config,
             &prepared.request(call, &clock),
@@ -194,13 +175,9 @@ impl Plugin for IpamPlugin {
         prepared.recover(&mut store, &mut clock)?;
         let (changes, mut errors) = lifecycle::plan_gc(&mut store, &valid, prepared.config.sticky);
         errors.extend(lifecycle::apply(&mut store, &changes, clock.now));
-        if let Some(hold) = prepared.hold() {
-            for _ in changes
-                .iter()
-                .filter(|c| c.action == lifecycle::Action::Release)
-            {
-                clock.released_one(hold);
-            }
+        let released = |c: &lifecycle::Change| c.action == lifecycle::Action::Release;
+        if let (Some(hold), true) = (prepared.hold(), changes.iter().any(released)) {
+            clock.released_one(hold);
         }
         prepared.finish(&mut store, &clock)?;
         metrics::after_call(&prepared.config, &mut store, 0, 0);

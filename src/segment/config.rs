@@ -42,10 +42,6 @@ const MAIN_ONLY_KEYS: &[&str] = &[
     "peerOnlyPort",
 ];
 
-/// The capabilities a segment consumes from `runtimeConfig` (Multus passes them when the
-/// config declares them in `capabilities`, as libcni requires).
-pub const CAPABILITIES: &[&str] = &["mac", "ips"];
-
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     /// What the main mode checks too (name, keys, vni, port, peers, mtu, stateDir, ipam).

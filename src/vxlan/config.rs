@@ -156,7 +156,7 @@ pub(crate) fn shared_head(
 ) -> Result<(u32, u16), Error> {
     // The name is part of paths in stateDir and of the devices' marker: the CNI pattern
     // keeps it a single path component (no '/', no "..").
-    if crate::cni::env::validate_container_id(name).is_err() || name.len() > MAX_NAME {
+    if !crate::cni::netconf::is_network_name(name) || name.len() > MAX_NAME {
         return Err(bad(
             "name",
             format!(

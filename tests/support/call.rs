@@ -121,15 +121,7 @@ impl Call {
             c.args(&wrapper[1..]).arg(program);
             c
         };
-        for var in [
-            "CNI_COMMAND",
-            "CNI_CONTAINERID",
-            "CNI_NETNS",
-            "CNI_IFNAME",
-            "CNI_ARGS",
-            "CNI_PATH",
-            "STICKY_CRASH_AT",
-        ] {
+        for var in RUNTIME_VARS {
             cmd.env_remove(var);
         }
         if !self.command.is_empty() {
@@ -156,6 +148,34 @@ impl Call {
             .stderr(Stdio::piped());
         cmd
     }
+}
+
+/// What a runtime (or a crash test) sets: removed before every run, so the test's own
+/// environment never leaks into a call or an operator's command.
+pub const RUNTIME_VARS: [&str; 7] = [
+    "CNI_COMMAND",
+    "CNI_CONTAINERID",
+    "CNI_NETNS",
+    "CNI_IFNAME",
+    "CNI_ARGS",
+    "CNI_PATH",
+    "STICKY_CRASH_AT",
+];
+
+/// Runs an operator's command (no runtime variables) and returns its exit code, stdout and
+/// stderr.
+pub fn run_tool(mut cmd: Command) -> (i32, String, String) {
+    for var in RUNTIME_VARS {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    (
+        out.status.code().expect("exited, not killed"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A plugin binary, optionally run through a wrapper command (e.g. `unshare -m ...`).

@@ -4,7 +4,8 @@ use std::net::IpAddr;
 
 use super::*;
 use crate::cni::{Args, NetConf};
-use crate::ipam::release::{check, del};
+use crate::ipam::check::{CheckError, check};
+use crate::ipam::del::del;
 use crate::ipam::store::mem::MemStore;
 
 fn config(ipam: &str) -> IpamConfig {
@@ -422,17 +423,17 @@ fn check_consults_prev_result() {
     check(&mut s, &c, &req("c1", Some(&p), "b"), &[]).unwrap();
     assert!(matches!(
         check(&mut s, &c, &req("c2", Some(&p), "b"), &[a]),
-        Err(AllocError::NotRecorded { .. })
+        Err(CheckError::NotRecorded { .. })
     ));
     assert!(matches!(
         check(&mut s, &c, &req("c1", Some(&p), "b"), &[ip("10.0.0.6")]),
-        Err(AllocError::NotRecorded { .. })
+        Err(CheckError::NotRecorded { .. })
     ));
     // Addresses of other networks in prevResult are not ours to judge.
     check(&mut s, &c, &req("c1", Some(&p), "b"), &[a, ip("192.0.2.9")]).unwrap();
     assert!(matches!(
         check(&mut s, &c, &req("zz", None, "b"), &[]),
-        Err(AllocError::NoAttachment { .. })
+        Err(CheckError::NoAttachment { .. })
     ));
 }
 

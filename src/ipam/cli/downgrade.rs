@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::ipam::disk::RELEASE_SEQ_FILE;
 use crate::ipam::group::group;
-use crate::ipam::plugin::current_boot;
+use crate::ipam::host::current_boot;
 use crate::ipam::record::{Body, Record, State, suffix_identity};
 use crate::ipam::store::{Note, Store};
 

@@ -18,9 +18,9 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use crate::ipam::group::group;
+use crate::ipam::host::wall_clock;
 use crate::ipam::identity::Pod;
 use crate::ipam::lifecycle::LeaseClock;
-use crate::ipam::plugin::wall_clock;
 use crate::ipam::record::{Body, State, suffix_identity};
 use crate::ipam::store::{Note, Store, StoreError};
 

@@ -7,8 +7,8 @@ use std::io::Write;
 use serde::Serialize;
 use serde_json::json;
 
+use crate::ipam::host::{current_boot, wall_clock};
 use crate::ipam::lifecycle::{self, Action, Change, LeaseClock};
-use crate::ipam::plugin::{current_boot, wall_clock};
 use crate::ipam::record::{Body, suffix_identity};
 
 use super::args::{self, Spec};

@@ -34,6 +34,7 @@ use super::disk::DiskStore;
 use super::identity::Pod;
 use super::store::StoreError;
 use crate::cli::{conflist, node_ranges};
+use crate::cni::netconf::is_network_name;
 use crate::cni::{Args, NetConf};
 
 /// Success.
@@ -245,7 +246,7 @@ impl Target {
             (None, None) => None,
         };
         if let Some(n) = &network
-            && crate::cni::env::validate_container_id(n).is_err()
+            && !is_network_name(n)
         {
             return Err(CliError::BadNetwork(n.clone()));
         }
@@ -284,9 +285,7 @@ impl Target {
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            if entry.file_type().map_err(list_err)?.is_dir()
-                && crate::cni::env::validate_container_id(&name).is_ok()
-            {
+            if entry.file_type().map_err(list_err)?.is_dir() && is_network_name(&name) {
                 names.push(name);
             }
         }

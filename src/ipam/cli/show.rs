@@ -11,9 +11,9 @@ use serde_json::json;
 
 use crate::ipam::allocator::{self, AllocError, Plan, Request};
 use crate::ipam::config::IpamConfig;
+use crate::ipam::host::{current_boot, wall_clock};
 use crate::ipam::identity::Pod;
 use crate::ipam::lifecycle::{self, LeaseClock};
-use crate::ipam::plugin::{current_boot, wall_clock};
 use crate::ipam::record::{parse_name, suffix_identity};
 use crate::ipam::store::Store;
 

@@ -1,5 +1,4 @@
-//! DEL and CHECK: finding an attachment without reading every file, releasing it into a
-//! lease, and checking a previous result against the data dir.
+//! DEL: finding an attachment without reading every file, and releasing it into a lease.
 //!
 //! DEL looks at `prevResult`'s addresses, then the pod's file names; only when they do not
 //! find one address per range set does it read every record without identity (host-local's
@@ -9,8 +8,7 @@
 
 use std::net::IpAddr;
 
-use super::allocator::{AllocError, Request};
-use super::config::IpamConfig;
+use super::allocator::Request;
 use super::group::group;
 use super::identity::Pod;
 use super::record::{Body, Lease, Record, State};
@@ -44,7 +42,7 @@ pub fn del<S: Store>(
     req: &Request,
     prev_ips: &[IpAddr],
     range_sets: usize,
-) -> Result<usize, AllocError> {
+) -> Result<usize, StoreError> {
     let mut ips = prev_ips.to_vec();
     if let Some(pod) = req.pod {
         ips.extend(store.index().ips_with_suffix(&pod.suffix()));
@@ -150,53 +148,4 @@ fn write_released_lease<S: Store>(
         ..req.lease(pod)
     };
     store.write(&Record::lease(ip, pod, lease))
-}
-
-/// CHECK: every address of `prev_ips` that belongs to this network (in its ranges, or held by
-/// any record of its data dir, e.g. after the ranges moved) is recorded for the attachment;
-/// without a previous result, at least one address is.
-pub fn check<S: Store>(
-    store: &mut S,
-    config: &IpamConfig,
-    req: &Request,
-    prev_ips: &[IpAddr],
-) -> Result<(), AllocError> {
-    let ours: Vec<IpAddr> = prev_ips
-        .iter()
-        .copied()
-        .filter(|ip| {
-            config.range_sets.iter().any(|s| s.contains(*ip)) || store.index().is_taken(*ip)
-        })
-        .collect();
-    let recorded = |store: &mut S, ip: IpAddr| -> Result<bool, StoreError> {
-        Ok(group(store, ip)?
-            .iter()
-            .any(|r| r.is_attachment(req.container_id, req.ifname)))
-    };
-    if !ours.is_empty() {
-        for ip in ours {
-            if !recorded(store, ip)? {
-                return Err(AllocError::NotRecorded {
-                    ip,
-                    container_id: req.container_id.into(),
-                    ifname: req.ifname.into(),
-                });
-            }
-        }
-        return Ok(());
-    }
-    let mut candidates = req
-        .pod
-        .map(|p| store.index().ips_with_suffix(&p.suffix()))
-        .unwrap_or_default();
-    candidates.extend(store.index().ips_without_identity());
-    for ip in candidates {
-        if recorded(store, ip)? {
-            return Ok(());
-        }
-    }
-    Err(AllocError::NoAttachment {
-        container_id: req.container_id.into(),
-        ifname: req.ifname.into(),
-    })
 }
