@@ -13,7 +13,7 @@
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::io::{self, ErrorKind, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a path was refused, as the `io::Error` it travels in.
@@ -23,6 +23,8 @@ pub enum Refused {
     Link,
     #[error("is a {0}, not a regular file")]
     NotRegular(&'static str),
+    #[error("has {0} hard links (a file rewritten in place must be this directory's alone)")]
+    HardLinked(u64),
 }
 
 impl From<Refused> for io::Error {
@@ -95,16 +97,21 @@ pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
 }
 
 /// Opens (creating with `mode` if absent) a regular file for writing in place, never
-/// truncating it first.
+/// truncating it first. A file with another hard link is refused: writing in place would
+/// write the other name's file too.
 pub fn open_for_rewrite(path: &Path, mode: u32) -> io::Result<File> {
-    open(
+    let file = open(
         path,
         OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .mode(mode),
-    )
+    )?;
+    match file.metadata()?.nlink() {
+        1 => Ok(file),
+        n => Err(Refused::HardLinked(n).into()),
+    }
 }
 
 /// Fails when `path` exists and is anything but a regular file (a link that a rename would
@@ -182,6 +189,10 @@ mod tests {
             assert!(ensure_replaceable(path).is_err());
         }
         assert!(!tmp.path().join("nowhere").exists());
+        let hard = tmp.path().join("hard");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        let e = open_for_rewrite(&hard, 0o644).unwrap_err();
+        assert!(matches!(refusal(&e), Some(Refused::HardLinked(2))), "{e}");
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         let fifo = tmp.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();

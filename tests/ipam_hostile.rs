@@ -578,3 +578,69 @@ fn the_tool_reads_the_cluster_conflist_as_the_plugin_does() {
         "downgrade converted the lease"
     );
 }
+
+#[test]
+fn no_hint_is_rewritten_through_a_hard_link() {
+    for hint in ["last_reserved_ip.0", "release_seq", "lease_clock"] {
+        let s = Scene::new();
+        let pod = Pod::new("ns", "a", "uid-a");
+        Plugin::sticky()
+            .run(&Call::add("c0", &s.conf).pod(&pod))
+            .ok();
+        Plugin::sticky()
+            .run(&Call::del("c0", &s.conf).pod(&pod))
+            .ok_empty();
+        let _ = fs::remove_file(s.dir().join(hint));
+        fs::hard_link(s.victim(), s.dir().join(hint)).unwrap();
+        let b = Pod::new("ns", "b", "uid-b");
+        run_any(&Call::add("c1", &s.conf).pod(&b));
+        run_any(&Call::del("c1", &s.conf).pod(&b));
+        s.assert_victim_untouched(hint);
+    }
+}
+
+#[test]
+fn del_succeeds_when_no_inode_is_left() {
+    if !require_root("mounting a small tmpfs") {
+        return;
+    }
+    let s = Scene::new();
+    fs::create_dir_all(&s.data).unwrap();
+    sh(&[
+        "mount",
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=4m,nr_inodes=1200,mode=0755",
+        "tmpfs",
+        s.data.to_str().unwrap(),
+    ]);
+    let small = SmallFs {
+        dir: s.data.clone(),
+    };
+    let pod = Pod::new("ns", "a", "uid-a");
+    let ip_a = result_ip(
+        &Plugin::sticky()
+            .run(&Call::add("c1", &s.conf).pod(&pod))
+            .ok(),
+    );
+    // Every inode taken: not one more file can be created, whatever its size.
+    let mut n = 0;
+    while fs::File::create(small.dir.join(format!("i{n}"))).is_ok() {
+        n += 1;
+    }
+    Plugin::sticky()
+        .run(&Call::del("c1", &s.conf).pod(&pod))
+        .ok_empty();
+    let st = check_dir(&s.dir(), COMPLETED);
+    assert!(st.attached_to("c1").is_empty(), "{st:?}");
+    for i in 0..n {
+        fs::remove_file(small.dir.join(format!("i{i}"))).unwrap();
+    }
+    let back = result_ip(
+        &Plugin::sticky()
+            .run(&Call::add("c2", &s.conf).pod(&pod))
+            .ok(),
+    );
+    assert_eq!(back, ip_a);
+}

@@ -213,8 +213,14 @@ impl DiskStore {
         self.writable(name)?;
         let target = self.dir.join(name);
         nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
-        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
-            .map_err(io("creating a temp file in", &self.dir))?;
+        let (mut file, temp) = match nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644) {
+            Ok(created) => created,
+            // No inode (or no block for the entry) left: the same fallback as below.
+            Err(e) if is_full(&e) && target.exists() => {
+                return rewrite_in_place(&target, bytes).map_err(io("rewriting", &target));
+            }
+            Err(e) => return Err(io("creating a temp file in", &self.dir)(e)),
+        };
         let result = (|| {
             file.write_all(bytes)?;
             crash::point("temp file written");
@@ -334,7 +340,13 @@ fn is_full(e: &std::io::Error) -> bool {
 fn rewrite_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let file = nofollow::open(path, fs::OpenOptions::new().write(true))?;
-    let old = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let meta = file.metadata()?;
+    if std::os::unix::fs::MetadataExt::nlink(&meta) != 1 {
+        return Err(
+            nofollow::Refused::HardLinked(std::os::unix::fs::MetadataExt::nlink(&meta)).into(),
+        );
+    }
+    let old = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     let mut body = bytes.to_vec();
     if body.len() < old {
         let newline = body.last() == Some(&b'\n');
