@@ -594,7 +594,11 @@ fn image_build_is_reproducible_and_carries_exactly_what_the_binaries_need() {
     }
     let (archive_a, archive_b) = (root.path().join("a.tar"), root.path().join("b.tar"));
     let digest = build_image(&a, &archive_a, &[]);
-    assert_eq!(build_image(&b, &archive_b, &[]), digest, "same binaries, other digest");
+    assert_eq!(
+        build_image(&b, &archive_b, &[]),
+        digest,
+        "same binaries, other digest"
+    );
     assert!(
         fs::read(&archive_a).unwrap() == fs::read(&archive_b).unwrap(),
         "same digest but the archives differ"
@@ -677,9 +681,11 @@ fn image_build_is_reproducible_and_carries_exactly_what_the_binaries_need() {
         assert!(rootfs.join(path).exists(), "{path} missing from the image");
     }
     if Path::new("/usr/share/doc/busybox-static/copyright").exists() {
-        assert!(rootfs
-            .join("usr/share/doc/busybox-static/copyright")
-            .exists());
+        assert!(
+            rootfs
+                .join("usr/share/doc/busybox-static/copyright")
+                .exists()
+        );
     }
 
     // Another binary, another image.
@@ -795,10 +801,23 @@ impl Podman {
     /// without capabilities but `caps`; limits lowered (raising them may be refused).
     fn run(&self, caps: &[&str], extra: &[String]) -> std::process::Output {
         let mut c = self.cmd();
-        c.args(["run", "--rm", "--network", "none", "--read-only", "--user", "0:0"])
-            .args(["--cap-drop", "ALL", "--security-opt", "no-new-privileges"])
-            .args(["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"])
-            .args(["--cgroup-parent", &self.cgroup_parent]);
+        c.args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--read-only",
+            "--user",
+            "0:0",
+        ])
+        .args(["--cap-drop", "ALL", "--security-opt", "no-new-privileges"])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(["--cgroup-parent", &self.cgroup_parent]);
         for cap in caps {
             c.args(["--cap-add", cap]);
         }
@@ -1001,7 +1020,11 @@ fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
             "--help".into(),
         ],
     );
-    assert!(help.status.success(), "agent --help: {}", output_text(&help));
+    assert!(
+        help.status.success(),
+        "agent --help: {}",
+        output_text(&help)
+    );
     assert!(
         String::from_utf8_lossy(&help.stdout).contains("--metrics-addr"),
         "agent --help: {}",
