@@ -360,6 +360,21 @@ fn host_paths_are_the_cni_dirs_and_the_persistent_data_dir() {
     }
 }
 
+/// No dot-named (temp) file left in any of `dirs`.
+fn assert_no_temp_files(dirs: &[&Path]) {
+    for d in dirs {
+        let names: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with('.')),
+            "temp files left in {}: {names:?}",
+            d.display()
+        );
+    }
+}
+
 /// Runs the init container's script with the node's directories replaced by temp dirs.
 #[test]
 fn install_script_replaces_files_by_temp_file_and_rename() {
@@ -434,17 +449,7 @@ fn install_script_replaces_files_by_temp_file_and_rename() {
         fs::metadata(&conflist).unwrap().permissions().mode() & 0o777,
         0o644
     );
-    for d in [&host_bin, &host_net] {
-        let names: Vec<String> = fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(
-            names.iter().all(|n| !n.starts_with('.')),
-            "temp files left in {}: {names:?}",
-            d.display()
-        );
-    }
+    assert_no_temp_files(&[&host_bin, &host_net]);
 
     // And the script says so: every copy goes to a temp name, then `mv` renames it.
     assert!(
@@ -997,16 +1002,7 @@ fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
         fs::read_to_string(net_volume.join(CONFLIST_NAME)).unwrap(),
         fs::read_to_string(repo_file(CONFLIST)).unwrap()
     );
-    for d in [&bin_volume, &net_volume] {
-        let names: Vec<String> = fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(
-            names.iter().all(|n| !n.starts_with('.')),
-            "temp files left: {names:?}"
-        );
-    }
+    assert_no_temp_files(&[&bin_volume, &net_volume]);
 
     // The agent container's binary, with its capabilities.
     let agent = agent_container(pod);
