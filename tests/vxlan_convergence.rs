@@ -144,11 +144,10 @@ fn lowered_underlay_mtu_is_followed_by_vtep_bridge_and_new_pods() {
     assert!(inside.contains("mtu 1350 "), "{inside}");
 }
 
-#[test]
-fn host_local_del_after_the_nodes_entry_was_removed_without_prev_result() {
-    if !can_run() {
-        return;
-    }
+/// Node 1 with one pod allocated by host-local from the node's peer entry, then that entry
+/// removed from the peers file. Runs `before_del` on the node, then a DEL without
+/// `prevResult`, which must succeed, release the address and remove the veth.
+fn del_after_the_nodes_entry_was_removed(before_del: impl FnOnce(&Topo)) {
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let file = topo.write_peers_file("peers.json", &json!([Topo::peer(1, false)]));
@@ -157,6 +156,7 @@ fn host_local_del_after_the_nodes_entry_was_removed_without_prev_result() {
     topo.add(&a, &conf);
     assert_eq!(topo.allocations(1).len(), 1);
     topo.write_peers_file("peers.json", &json!([Topo::peer(2, false)]));
+    before_del(&topo);
     let out = topo.del(&a, &a.path(), &conf);
     assert!(
         out.status.success(),
@@ -166,4 +166,34 @@ fn host_local_del_after_the_nodes_entry_was_removed_without_prev_result() {
     );
     assert!(topo.allocations(1).is_empty(), "{:?}", topo.allocations(1));
     assert_eq!(topo.pod_veths(1), 0);
+}
+
+#[test]
+fn host_local_del_after_the_nodes_entry_was_removed_without_prev_result() {
+    if !can_run() {
+        return;
+    }
+    del_after_the_nodes_entry_was_removed(|_| {});
+}
+
+/// After a reboot: no `prevResult`, this node's peer entry gone and no bridge left to say which
+/// subnets the node served. host-local releases by container id whatever range it is given, so
+/// the DEL still gives the address back instead of failing on every retry (rule 7).
+#[test]
+fn host_local_del_without_prev_result_entry_or_bridge() {
+    if !can_run() {
+        return;
+    }
+    del_after_the_nodes_entry_was_removed(|topo| {
+        let bridges = topo.ip(1, &["-o", "link", "show", "type", "bridge"]);
+        let names: Vec<&str> = bridges
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n))
+            .collect();
+        assert!(!names.is_empty(), "no bridge on node 1: {bridges}");
+        for name in names {
+            topo.ip(1, &["link", "del", name]);
+        }
+    });
 }

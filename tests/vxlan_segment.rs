@@ -662,3 +662,37 @@ fn a_failed_add_gives_the_address_back_and_leaves_no_veth() {
             .starts_with("192.168.20.")
     );
 }
+
+/// A segment's lock is taken as the main mode's is (one way to lock a network's state): a link
+/// planted at the lock's name, or a stateDir that is a link, is refused with 128 and nothing is
+/// created through it.
+#[test]
+fn a_link_at_the_segment_lock_or_state_dir_is_refused_without_writing() {
+    let Some((mut topo, dir)) = nodes(1) else {
+        return;
+    };
+    let ipam = |n: &str| {
+        json!({"cniVersion": "1.0.0",
+               "ipam": {"type": "host-local", "dataDir": dir.join(n),
+                        "ranges": [[{"subnet": "192.168.30.0/24"}]]}})
+    };
+    let pod = with_ifname(topo.new_pod(1, "l"), "net1");
+    let planted = dir.join("planted");
+    let state = dir.join("state-planted");
+    std::fs::create_dir(&state).unwrap();
+    std::os::unix::fs::symlink(&planted, state.join("segl.segment.lock")).unwrap();
+    let mut conf = segment(&dir, "segl", 502, 1, ipam("ipam-l"));
+    conf["stateDir"] = json!(state);
+    let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, &k8s("l"));
+    expect_error(&out, 128, "lock");
+    assert!(!planted.exists(), "the lock was created through the link");
+
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let link = dir.join("state-link");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    conf["stateDir"] = json!(link);
+    let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, &k8s("l"));
+    expect_error(&out, 128, "lock");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+}

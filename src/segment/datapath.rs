@@ -8,7 +8,6 @@
 //! runs under the segment's lock.
 
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::net::Ipv4Addr;
 
 use super::Error;
@@ -19,34 +18,16 @@ use crate::netlink::neigh::Fdb;
 use crate::netlink::sysctl;
 use crate::vxlan::kernel::{Kernel, LinkChange};
 use crate::vxlan::mac::vtep_mac;
+use crate::vxlan::state_dir;
 
 /// The flood entries' MAC.
 pub const FLOOD: [u8; 6] = [0; 6];
 
-/// Holds the segment's lock.
-pub struct Lock {
-    _file: File,
-}
-
-pub fn lock(cfg: &Config) -> Result<Lock, Error> {
-    let path = cfg.lock_path();
-    let err = |source| {
-        Error::Vxlan(crate::vxlan::Error::Lock(
-            crate::vxlan::state_dir::LockError {
-                path: path.clone(),
-                source,
-            },
-        ))
-    };
-    std::fs::create_dir_all(&cfg.state_dir).map_err(err)?;
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(err)?;
-    file.lock().map_err(err)?;
-    Ok(Lock { _file: file })
+/// Takes the segment's lock, `<stateDir>/<name>.segment.lock`, the way the main mode takes
+/// its own ([`state_dir::lock_at`]: no link followed, a FIFO refused).
+pub fn lock(cfg: &Config) -> Result<state_dir::Lock, Error> {
+    state_dir::lock_at(&cfg.state_dir, &cfg.lock_path())
+        .map_err(|e| Error::Vxlan(crate::vxlan::Error::Lock(e)))
 }
 
 fn spec(cfg: &Config, node: &Node) -> VxlanSpec {

@@ -12,6 +12,13 @@ use super::config::Config;
 use crate::cni::Call;
 use crate::cni::delegate::{self, Exec, Pending};
 
+/// The range a release-only DEL hands host-local (see [`Ipam::for_release`]): TEST-NET-1
+/// (RFC 5737), which no node serves, so nothing can ever be allocated from it by mistake.
+pub const RELEASE_ONLY_RANGE: IpNet = IpNet::V4(ipnet::Ipv4Net::new_assert(
+    std::net::Ipv4Addr::new(192, 0, 2, 0),
+    24,
+));
+
 /// How the IPAM plugin is run for this call: which plugin, with which stdin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ipam {
@@ -52,6 +59,20 @@ impl Ipam {
             Ok(Ipam::with_ranges(call, &cfg.ipam_type, &local()?))
         } else {
             Ok(Ipam::verbatim(call, &cfg.ipam_type))
+        }
+    }
+
+    /// For a DEL on a node that can no longer work out its own subnets (its peer entry gone,
+    /// no `prevResult`): what lets the plugin release anyway. host-local refuses a config
+    /// without ranges even for DEL, but its DEL releases by container id and ifname in the
+    /// network's data dir whatever ranges it is given, so it gets [`RELEASE_ONLY_RANGE`], which
+    /// it only parses. sticky-ipam releases without ranges, and any other plugin named its own
+    /// ranges, so they get the call as it is.
+    pub fn for_release(call: &Call, cfg: &Config) -> Ipam {
+        if cfg.ranges_from_peers && cfg.ipam_type == "host-local" {
+            Ipam::with_ranges(call, &cfg.ipam_type, &[RELEASE_ONLY_RANGE])
+        } else {
+            Ipam::verbatim(call, &cfg.ipam_type)
         }
     }
 
@@ -117,5 +138,19 @@ mod tests {
             ipam.stdin, verbatim.stdin,
             "a config with ranges is passed on byte for byte"
         );
+    }
+
+    #[test]
+    fn a_release_only_del_gives_host_local_a_range_and_sticky_ipam_the_call_as_it_is() {
+        let (c, cfg) = call(json!({"type": "host-local", "dataDir": "/d"}));
+        let sent: Value = serde_json::from_slice(&Ipam::for_release(&c, &cfg).stdin).unwrap();
+        assert_eq!(
+            sent["ipam"]["ranges"],
+            json!([[{"subnet": "192.0.2.0/24"}]])
+        );
+        let (c, cfg) = call(json!({"type": "sticky-ipam", "dataDir": "/d"}));
+        assert_eq!(Ipam::for_release(&c, &cfg).stdin, c.stdin);
+        let (c, cfg) = call(json!({"type": "host-local", "subnet": "10.0.0.0/24"}));
+        assert_eq!(Ipam::for_release(&c, &cfg).stdin, c.stdin);
     }
 }

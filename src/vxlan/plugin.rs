@@ -13,14 +13,13 @@ use ipnet::IpNet;
 use super::Error;
 use super::config::Config;
 use super::delegate::Ipam;
-use super::devices::{self, Dev};
 use super::kernel::Live;
 use super::node::{self, Observed, gateway_of};
 use super::pod::{self, host_veth_name};
 use super::reconcile::{self, Report};
 use crate::cni::delegate::{Exec, Process};
 use crate::cni::{Attachment, Call, CniResult, IpConfig, Plugin, attachments};
-use crate::netlink::link;
+use crate::netlink::link::{self, Link};
 use crate::netlink::{Socket, addr};
 
 pub struct StickyVxlan;
@@ -68,28 +67,26 @@ impl Plugin for StickyVxlan {
         // (DEL twice, netns already gone) is success. The veth goes even if the config or the
         // IPAM plugin is broken, and IPAM DEL runs even if removing the veth failed, so
         // nothing leaks; a config or IPAM error is reported before a netlink one.
+        //
+        // The kernel takes tens of milliseconds to tear a veth down (its unregister waits for
+        // RCU grace periods, asleep), and the netlink request blocks the thread that sends it
+        // until then: the removal runs on a thread of its own so that IPAM is started, and
+        // does its work, meanwhile. DEL then costs little more than the teardown itself.
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        let mut sock = Socket::open();
-        let pending = config(call).and_then(|cfg| {
-            // When the node's subnets cannot be worked out any more, the section goes as it
-            // is: DEL finds an allocation by container id and pod name (sticky-ipam accepts a
-            // DEL without ranges), and a DEL that cannot succeed would block the pod forever.
-            let local = || match &mut sock {
-                Ok(sock) => subnets_for_del(sock, call, &cfg),
-                Err(_) => Err(Error::NoRemotePeer),
+        std::thread::scope(|scope| {
+            let removing = std::thread::Builder::new()
+                .name("veth del".into())
+                .spawn_scoped(scope, || remove_link(&host));
+            let released = release(call);
+            let removed = match removing {
+                Ok(thread) => thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                // No thread to be had: the same work, one after the other.
+                Err(_) => remove_link(&host),
             };
-            let ipam = Ipam::for_call(call, &cfg, local)
-                .unwrap_or_else(|_| Ipam::verbatim(call, &cfg.ipam_type));
-            ipam.start(&Process, call, "DEL")
-        });
-        let removed = match &mut sock {
-            Ok(sock) => link::delete(sock, &host).map_err(Error::from),
-            Err(_) => Socket::open()
-                .map_err(Error::from)
-                .and_then(|mut s| link::delete(&mut s, &host).map_err(Error::from)),
-        };
-        let released = pending.and_then(|p| Ok(p.wait().map(drop)?));
-        released.and(removed)
+            released.and(removed)
+        })
     }
 
     fn check(&self, call: &Call) -> Result<(), Error> {
@@ -141,8 +138,9 @@ impl Plugin for StickyVxlan {
     }
 }
 
-/// ADD: the node and IPAM (concurrently when IPAM does not need the node's subnets), then the
-/// pod; any failure after IPAM may have allocated rolls back.
+/// ADD: the node, the pod's veth pair and IPAM (concurrently when IPAM does not need the
+/// node's subnets; else IPAM works while the veth is made), then the pod's addresses and
+/// routes; any failure after IPAM may have allocated rolls back.
 fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error> {
     let host = host_veth_name(&call.env.container_id, &call.env.ifname);
     let mut sock = Socket::open()?;
@@ -152,37 +150,85 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
         link::delete(sock, &host)?;
         Ok(report)
     };
+    let veth = |sock: &mut Socket, report: Report| -> Result<(Report, Link), Error> {
+        let host_link = pod::create_veth(
+            sock,
+            &pod::Veth {
+                netns: Path::new(&call.env.netns),
+                host: &host,
+                alias: pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname),
+                ifname: &call.env.ifname,
+                mtu: report.node.mtu,
+                bridge: report.bridge.index,
+                hairpin: cfg.hairpin_mode,
+            },
+        )?;
+        crate::crash::point("vxlan add: veth created");
+        Ok((report, host_link))
+    };
     let (ipam, node, result) = if cfg.ranges_from_peers {
         // The node's own subnets are the IPAM ranges: the node first.
         let report = node_work(&mut sock)?;
         let ipam = Ipam::with_ranges(call, &cfg.ipam_type, &report.node.local.subnets);
         let pending = ipam.start(exec, call, "ADD")?;
         crate::crash::point("vxlan add: node ready");
-        let result = pending.result().map_err(Error::from);
-        (ipam, Ok(report), result)
+        let node = veth(&mut sock, report);
+        (ipam, node, pending.result().map_err(Error::from))
     } else {
         // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
         let ipam = Ipam::verbatim(call, &cfg.ipam_type);
         let pending = ipam.start(exec, call, "ADD")?;
-        let node = node_work(&mut sock);
-        crate::crash::point("vxlan add: node ready");
+        let node = node_work(&mut sock).and_then(|report| {
+            crate::crash::point("vxlan add: node ready");
+            veth(&mut sock, report)
+        });
         (ipam, node, pending.result().map_err(Error::from))
     };
-    let roll_back = |sock: &mut Socket, e: Error| {
+    let remove_veth = |sock: &mut Socket| {
         if let Err(err) = link::delete(sock, &host) {
             eprintln!("sticky-vxlan: rollback: removing {host}: {err}");
         }
+    };
+    let roll_back = |sock: &mut Socket, e: Error| {
+        remove_veth(sock);
         if let Err(err) = ipam.run(exec, call, "DEL") {
             eprintln!("sticky-vxlan: rollback: IPAM DEL: {err}");
         }
         e
     };
     match after_ipam(node, result) {
-        AfterIpam::Attach(report, result) => attach(&mut sock, call, cfg, &report, &host, &result)
-            .map_err(|e| roll_back(&mut sock, e)),
+        AfterIpam::Attach((report, host_link), result) => {
+            attach(&mut sock, call, cfg, &report, &host_link, &result)
+                .map_err(|e| roll_back(&mut sock, e))
+        }
         AfterIpam::RollBack(e) => Err(roll_back(&mut sock, e)),
-        AfterIpam::Fail(e) => Err(e),
+        // IPAM allocated nothing, but the veth may have been made meanwhile.
+        AfterIpam::Fail(e) => {
+            remove_veth(&mut sock);
+            Err(e)
+        }
     }
+}
+
+/// Removes the link `name` of the calling thread's namespace on a socket of its own; a missing
+/// link is success.
+fn remove_link(name: &str) -> Result<(), Error> {
+    let mut sock = Socket::open()?;
+    Ok(link::delete(&mut sock, name)?)
+}
+
+/// DEL's IPAM half: the section IPAM needs (this node's subnets when the config wants them,
+/// else [`Ipam::for_release`]), run to its answer.
+fn release(call: &Call) -> Result<(), Error> {
+    let cfg = config(call)?;
+    // When the node's subnets cannot be worked out any more (its peer entry removed, no
+    // prevResult), IPAM still gets what it needs to release; a DEL that cannot succeed
+    // would block the pod forever.
+    let ipam = Ipam::for_call(call, &cfg, || {
+        local_subnets(&mut Socket::open()?, call, &cfg)
+    })
+    .unwrap_or_else(|_| Ipam::for_release(call, &cfg));
+    ipam.run(&Process, call, "DEL").map(drop)
 }
 
 /// Removes the veths of `network` (by their alias) whose attachment is not in `valid`; the
@@ -224,39 +270,13 @@ fn local_subnets(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpN
     resolved.or_else(|e| from_prev().ok_or(e))
 }
 
-/// [`local_subnets`], and for a DEL after this node's peer entry went away without a
-/// `prevResult`, the subnets this network's bridge still serves: some IPAM plugins
-/// (host-local) refuse a DEL without ranges, which would block the pod's teardown forever.
-fn subnets_for_del(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpNet>, Error> {
-    local_subnets(sock, call, cfg).or_else(|e| {
-        let seen = Observed::read_for_node(&mut Live { sock })?;
-        let bridge = seen.link(&cfg.bridge).filter(|b| {
-            b.alias
-                .as_deref()
-                .and_then(|a| devices::marked_for(Dev::Bridge, a))
-                == Some(cfg.name.as_str())
-        });
-        let nets: Vec<IpNet> = bridge
-            .map(|b| seen.addresses_of(b.index))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|n| match n.addr() {
-                IpAddr::V4(a) => !a.is_link_local(),
-                IpAddr::V6(a) => a.segments()[0] & 0xffc0 != 0xfe80,
-            })
-            .map(|n| n.trunc())
-            .collect();
-        if nets.is_empty() { Err(e) } else { Ok(nets) }
-    })
-}
-
 /// Everything after IPAM ADD; on error the caller rolls back.
 fn attach(
     sock: &mut Socket,
     call: &Call,
     cfg: &Config,
     report: &Report,
-    host: &str,
+    host_link: &Link,
     ipam: &CniResult,
 ) -> Result<CniResult, Error> {
     let node = &report.node;
@@ -296,26 +316,12 @@ fn attach(
             addr::add(sock, bridge.index, net)?;
         }
     }
-    let host_link = pod::create_veth(
-        sock,
-        &pod::Veth {
-            netns,
-            host,
-            alias: pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname),
-            ifname: &call.env.ifname,
-            ips: &ipam.ips,
-            mtu,
-            bridge: bridge.index,
-            hairpin: cfg.hairpin_mode,
-        },
-    )?;
-    crate::crash::point("vxlan add: veth created");
     let routes = pod::pod_routes(&ipam.ips, &ipam.routes, cfg.is_default_gateway);
     let container = pod::configure_container(netns, &call.env.ifname, &ipam.ips, &routes)?;
     Ok(CniResult {
         interfaces: pod::result_interfaces(
             bridge,
-            &host_link,
+            host_link,
             &container,
             (&call.env.ifname, &call.env.netns),
             mtu,

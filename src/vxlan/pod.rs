@@ -111,28 +111,24 @@ pub struct Veth<'a> {
     pub alias: String,
     /// The container end's name (`CNI_IFNAME`).
     pub ifname: &'a str,
-    /// The pod's addresses: the first IPv4 one gives the container end its kept MAC.
-    pub ips: &'a [IpConfig],
     pub mtu: u32,
     /// The bridge's index.
     pub bridge: u32,
     pub hairpin: bool,
 }
 
-/// Creates the veth pair and puts the host end on the bridge. Returns the host end.
+/// Creates the veth pair and puts the host end on the bridge. Returns the host end. It needs
+/// no address, so ADD makes it while IPAM is still working; the container end gets its kept
+/// MAC in [`configure_container`], before it is up.
 pub fn create_veth(sock: &mut Socket, v: &Veth<'_>) -> Result<Link, Error> {
     let ns = netns::open(v.netns)?;
-    let mac = v.ips.iter().find_map(|ip| match ip.address.addr() {
-        IpAddr::V4(a) => Some(pod_mac(a)),
-        IpAddr::V6(_) => None,
-    });
     link::add_veth(
         sock,
         &link::VethSpec {
             host: v.host,
             peer: v.ifname,
             peer_netns: std::os::fd::AsFd::as_fd(&ns),
-            peer_mac: mac,
+            peer_mac: None,
             mtu: v.mtu,
         },
     )?;
@@ -148,8 +144,8 @@ pub fn create_veth(sock: &mut Socket, v: &Veth<'_>) -> Result<Link, Error> {
     link::require(sock, v.host).map_err(Error::from)
 }
 
-/// Inside the pod's namespace: `arp_notify`, addresses, link up, routes. Returns the
-/// container interface.
+/// Inside the pod's namespace: the kept MAC (from the first IPv4 address), `arp_notify`,
+/// addresses, link up, routes. Returns the container interface.
 pub fn configure_container(
     netns_path: &Path,
     ifname: &str,
@@ -159,6 +155,13 @@ pub fn configure_container(
     netns::run_in(netns_path, || -> Result<Link, Error> {
         let mut sock = Socket::open()?;
         let link = link::require(&mut sock, ifname)?;
+        let mac = ips.iter().find_map(|ip| match ip.address.addr() {
+            IpAddr::V4(a) => Some(pod_mac(a)),
+            IpAddr::V6(_) => None,
+        });
+        if let Some(mac) = mac.filter(|m| link.mac != Some(*m)) {
+            link::set_mac(&mut sock, &link, mac)?;
+        }
         // Announce the (kept) MAC when the link comes up, so neighbours update at once.
         sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1")?;
         for ip in ips {

@@ -43,13 +43,19 @@ fn create_dir(dir: &Path) -> std::io::Result<()> {
 
 /// Takes the network's lock, `<stateDir>/<name>.lock`, waiting for it.
 pub fn lock(cfg: &Config) -> Result<Lock, LockError> {
-    let path = cfg.lock_path();
+    lock_at(&cfg.state_dir, &cfg.lock_path())
+}
+
+/// Takes the lock file `path` in `state_dir` (created 0700 when missing, never through a
+/// link), waiting for it: the one way a network's state is locked, whatever its mode (the
+/// segment mode has a lock file of its own name).
+pub fn lock_at(state_dir: &Path, path: &Path) -> Result<Lock, LockError> {
     let err = |source| LockError {
-        path: path.clone(),
+        path: path.to_path_buf(),
         source,
     };
-    create_dir(&cfg.state_dir).map_err(err)?;
-    let file = nofollow::open_for_rewrite(&path, 0o600).map_err(err)?;
+    create_dir(state_dir).map_err(err)?;
+    let file = nofollow::open_for_rewrite(path, 0o600).map_err(err)?;
     file.lock().map_err(err)?;
     Ok(Lock { _file: file })
 }
