@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const MANIFEST: &str = "packaging/kubernetes/sticky-cni-daemonset.yaml";
-const DOCKERFILE: &str = "packaging/kubernetes/Dockerfile";
 const CONFLIST: &str = "conf-examples/11-sticky-vxlan-cluster.conflist";
 const CONFLIST_NAME: &str = "11-sticky-vxlan-cluster.conflist";
 
@@ -294,18 +293,12 @@ fn every_image_is_pinned_to_an_exact_version() {
         "the agent runs from the same image"
     );
 
-    let dockerfile = fs::read_to_string(repo_file(DOCKERFILE)).expect("Dockerfile");
-    let bases: Vec<&str> = dockerfile
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("FROM "))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .collect();
-    assert!(bases.len() >= 2, "a multi-stage build: {bases:?}");
-    for base in bases {
-        if let Err(e) = check_pinned(base) {
-            panic!("{DOCKERFILE}: {e}");
-        }
-    }
+    // A release pins the digest of the image scripts/build-image.sh built (docs/install.md).
+    let digest = own.split_once('@').map(|(_, d)| d);
+    assert!(
+        digest.is_some_and(|d| d.starts_with("sha256:")),
+        "install-cni image {own} must be pinned by digest"
+    );
 }
 
 #[test]
@@ -364,6 +357,21 @@ fn host_paths_are_the_cni_dirs_and_the_persistent_data_dir() {
         let (path, kind) = host_path_at(pod, install, env_value(install, env));
         assert_eq!(path, host, "{env}");
         assert_eq!(kind, "DirectoryOrCreate", "{host}");
+    }
+}
+
+/// No dot-named (temp) file left in any of `dirs`.
+fn assert_no_temp_files(dirs: &[&Path]) {
+    for d in dirs {
+        let names: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with('.')),
+            "temp files left in {}: {names:?}",
+            d.display()
+        );
     }
 }
 
@@ -441,17 +449,7 @@ fn install_script_replaces_files_by_temp_file_and_rename() {
         fs::metadata(&conflist).unwrap().permissions().mode() & 0o777,
         0o644
     );
-    for d in [&host_bin, &host_net] {
-        let names: Vec<String> = fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(
-            names.iter().all(|n| !n.starts_with('.')),
-            "temp files left in {}: {names:?}",
-            d.display()
-        );
-    }
+    assert_no_temp_files(&[&host_bin, &host_net]);
 
     // And the script says so: every copy goes to a temp name, then `mv` renames it.
     assert!(
@@ -505,5 +503,541 @@ fn install_script_fails_without_leaving_temp_files_when_a_plugin_is_missing() {
         fs::read_dir(&host_net).unwrap().count(),
         0,
         "no conflist without its plugins"
+    );
+}
+
+// ---- The image: scripts/build-image.sh, loaded and run by podman ----------------------------
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The binaries this test run built (target/debug): the image tests package them.
+fn built_bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_sticky-vxlan"))
+        .parent()
+        .expect("the binaries' directory")
+        .to_path_buf()
+}
+
+/// Runs `scripts/build-image.sh --bin-dir BIN_DIR --out OUT EXTRA...`; the digest it printed,
+/// checked against the `OUT.digest` file it wrote.
+fn build_image(bin_dir: &Path, out: &Path, extra: &[&Path]) -> String {
+    let o = Command::new(repo_file("scripts/build-image.sh"))
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .output()
+        .expect("run scripts/build-image.sh");
+    assert!(
+        o.status.success(),
+        "build-image.sh failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let digest = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let file = fs::read_to_string(format!("{}.digest", out.display())).expect("OUT.digest");
+    assert_eq!(file.trim(), digest, "printed digest and digest file differ");
+    digest
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `tar -xf ARCHIVE -C DIR`.
+fn untar(archive: &Path, dir: &Path) {
+    fs::create_dir_all(dir).expect("mkdir");
+    let ok = Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(dir)
+        .status()
+        .expect("run tar");
+    assert!(ok.success(), "tar -xf {}", archive.display());
+}
+
+/// The paths `ldd` resolves for `binary`, the loader included.
+fn ldd_paths(binary: &Path) -> Vec<String> {
+    let o = Command::new("ldd").arg(binary).output().expect("run ldd");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            match w.as_slice() {
+                [_, "=>", path, ..] if path.starts_with('/') => Some(path.to_string()),
+                [path, ..] if path.starts_with('/') => Some(path.to_string()),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn image_build_is_reproducible_and_carries_exactly_what_the_binaries_need() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (root.path().join("a"), root.path().join("b"));
+    // The same binaries, copied at different times, with different modes and mtimes.
+    for (dir, mode, mtime) in [(&a, 0o755, 1_000_000_000), (&b, 0o775, 1_600_000_000)] {
+        fs::create_dir_all(dir).expect("mkdir");
+        for plugin in ["sticky-ipam", "sticky-vxlan"] {
+            let dest = dir.join(plugin);
+            fs::copy(built_bin_dir().join(plugin), &dest).expect("copy binary");
+            fs::set_permissions(&dest, fs::Permissions::from_mode(mode)).expect("chmod");
+            let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
+            fs::File::options()
+                .write(true)
+                .open(&dest)
+                .and_then(|f| f.set_modified(when))
+                .expect("set mtime");
+        }
+    }
+    let (archive_a, archive_b) = (root.path().join("a.tar"), root.path().join("b.tar"));
+    let digest = build_image(&a, &archive_a, &[]);
+    assert_eq!(
+        build_image(&b, &archive_b, &[]),
+        digest,
+        "same binaries, other digest"
+    );
+    assert!(
+        fs::read(&archive_a).unwrap() == fs::read(&archive_b).unwrap(),
+        "same digest but the archives differ"
+    );
+
+    // The digest is the manifest's, and every blob is stored under its own hash.
+    let layout = root.path().join("layout");
+    untar(&archive_a, &layout);
+    let index: Value =
+        serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+    assert_eq!(index["manifests"][0]["digest"], digest.as_str());
+    assert_eq!(
+        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+        format!("sticky-cni:{VERSION}")
+    );
+    let blob = |digest: &str| {
+        let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
+        let data = fs::read(layout.join("blobs/sha256").join(hex)).expect("blob");
+        assert_eq!(sha256_hex(&data), hex, "blob {digest} has another hash");
+        data
+    };
+    let manifest: Value = serde_json::from_slice(&blob(&digest)).unwrap();
+    let config: Value =
+        serde_json::from_slice(&blob(manifest["config"]["digest"].as_str().unwrap())).unwrap();
+    assert!(
+        config.get("created").is_none() && config.get("history").is_none(),
+        "no build time in the config: {config}"
+    );
+    let layer_digest = manifest["layers"][0]["digest"].as_str().unwrap();
+    assert_eq!(config["rootfs"]["diff_ids"][0], layer_digest);
+    blob(layer_digest);
+
+    // The layer: root-owned, one mtime, sorted; the binaries, every library ldd names for
+    // them and the loader, busybox for the install script, its licence note.
+    let rootfs = root.path().join("rootfs");
+    let layer_path = layout
+        .join("blobs/sha256")
+        .join(layer_digest.trim_start_matches("sha256:"));
+    let listing = Command::new("tar")
+        .args(["--numeric-owner", "--full-time", "-tvf"])
+        .arg(&layer_path)
+        .output()
+        .expect("tar -tvf");
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    let names: Vec<&str> = listing
+        .lines()
+        .map(|l| l.split_whitespace().nth(5).unwrap_or(""))
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    assert_eq!(names, sorted, "tar entries not sorted");
+    for line in listing.lines() {
+        assert!(
+            line.contains(" 0/0 ") && line.contains("2023-11-14 22:13:20"),
+            "entry not root-owned at SOURCE_DATE_EPOCH: {line}"
+        );
+    }
+    untar(&layer_path, &rootfs);
+    let mut wanted = vec![
+        "sticky-cni/bin/sticky-ipam".to_owned(),
+        "sticky-cni/bin/sticky-vxlan".to_owned(),
+        "bin/busybox".to_owned(),
+        "bin/sh".to_owned(),
+        format!("sticky-cni/conf-examples/{CONFLIST_NAME}"),
+    ];
+    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+        assert_eq!(
+            fs::read(rootfs.join("sticky-cni/bin").join(plugin)).unwrap(),
+            fs::read(a.join(plugin)).unwrap(),
+            "{plugin} in the image is not the binary given"
+        );
+        let libs = ldd_paths(&a.join(plugin));
+        assert!(
+            libs.iter().any(|l| l.contains("ld-linux")),
+            "ldd names no loader: {libs:?}"
+        );
+        wanted.extend(libs.iter().map(|l| l.trim_start_matches('/').to_owned()));
+    }
+    for path in &wanted {
+        assert!(rootfs.join(path).exists(), "{path} missing from the image");
+    }
+    if Path::new("/usr/share/doc/busybox-static/copyright").exists() {
+        assert!(
+            rootfs
+                .join("usr/share/doc/busybox-static/copyright")
+                .exists()
+        );
+    }
+
+    // Another binary, another image.
+    fs::OpenOptions::new()
+        .append(true)
+        .open(b.join("sticky-ipam"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"\0"))
+        .expect("append");
+    assert_ne!(
+        build_image(&b, &archive_b, &[]),
+        digest,
+        "the digest ignores the binaries"
+    );
+}
+
+#[test]
+fn update_manifest_pins_both_containers_to_the_built_digest_and_changes_nothing_else() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let copy = root.path().join("daemonset.yaml");
+    fs::copy(repo_file(MANIFEST), &copy).expect("copy manifest");
+    let digest = build_image(
+        &built_bin_dir(),
+        &root.path().join("img.tar"),
+        &[Path::new("--update-manifest"), &copy],
+    );
+    let want = format!("registry.example.org/sticky-cni:{VERSION}@{digest}");
+    let (before, after) = (
+        fs::read_to_string(repo_file(MANIFEST)).unwrap(),
+        fs::read_to_string(&copy).unwrap(),
+    );
+    assert_eq!(before.lines().count(), after.lines().count());
+    for (old, new) in before.lines().zip(after.lines()) {
+        if old != new {
+            assert_eq!(new.trim(), format!("image: {want}"), "changed: {old}");
+        }
+    }
+    let text = fs::read_to_string(&copy).unwrap();
+    let docs: Vec<Value> = {
+        use serde::Deserialize;
+        serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|d| Value::deserialize(d).expect("YAML"))
+            .collect()
+    };
+    for c in containers(pod_spec(&docs)) {
+        assert_eq!(c["image"], want.as_str(), "container {}", c["name"]);
+    }
+}
+
+/// podman with all its state in a temp dir (vfs storage, no daemon, no network), under a
+/// cgroup parent of its own; `Drop` removes the containers, images and cgroups it made.
+struct Podman {
+    dir: tempfile::TempDir,
+    cgroup_parent: String,
+    /// Of [`PODMAN_SYSTEM_DIRS`], those this test created: removed afterwards.
+    created: Vec<PathBuf>,
+}
+
+/// Made by podman whatever `--root` says: the blob cache (containers/image) and netavark's run
+/// dir (even with `--network none`).
+const PODMAN_SYSTEM_DIRS: [&str; 2] = ["/var/lib/containers", "/run/containers"];
+
+impl Podman {
+    /// `None` (with a message) when podman or runc is missing or we are not root; under CI
+    /// (env `CI` set) that is a failure.
+    fn new(what: &str) -> Option<Podman> {
+        let missing = if !nix::unistd::geteuid().is_root() {
+            Some("needs root".to_owned())
+        } else {
+            ["podman", "runc"]
+                .into_iter()
+                .find(|tool| Command::new(tool).arg("--version").output().is_err())
+                .map(|tool| format!("{tool} is not installed (apt-get install podman runc)"))
+        };
+        if let Some(why) = missing {
+            if std::env::var_os("CI").is_some() {
+                panic!("{what}: CI is set but the test cannot run: {why}");
+            }
+            eprintln!("SKIP {what}: {why}");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(dir.path().join("tmp")).expect("mkdir");
+        Some(Podman {
+            dir,
+            cgroup_parent: format!("/sticky-image-test-{}", std::process::id()),
+            created: PODMAN_SYSTEM_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .filter(|d| !d.exists())
+                .collect(),
+        })
+    }
+
+    fn cmd(&self) -> Command {
+        let d = self.dir.path();
+        let mut c = Command::new("podman");
+        c.arg("--root")
+            .arg(d.join("root"))
+            .arg("--runroot")
+            .arg(d.join("runroot"))
+            .arg("--tmpdir")
+            .arg(d.join("tmp"))
+            .arg("--network-config-dir")
+            .arg(d.join("networks"))
+            .env("TMPDIR", d.join("tmp"))
+            // runc, not crun: crun refuses hybrid cgroup v1/v2 hosts; cgroupfs: no systemd.
+            .args(["--storage-driver", "vfs", "--runtime", "runc"])
+            .args(["--cgroup-manager", "cgroupfs", "--events-backend", "file"]);
+        c
+    }
+
+    /// `podman run` with the pod's restrictions: no network, read-only root, root user
+    /// without capabilities but `caps`; limits lowered (raising them may be refused).
+    fn run(&self, caps: &[&str], extra: &[String]) -> std::process::Output {
+        let mut c = self.cmd();
+        c.args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--read-only",
+            "--user",
+            "0:0",
+        ])
+        .args(["--cap-drop", "ALL", "--security-opt", "no-new-privileges"])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(["--cgroup-parent", &self.cgroup_parent]);
+        for cap in caps {
+            c.args(["--cap-add", cap]);
+        }
+        c.args(extra).output().expect("run podman")
+    }
+}
+
+/// Removes the empty cgroup directories under `dir`, deepest first.
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        for args in [&["rm", "-af"][..], &["rmi", "-af"]] {
+            let _ = self.cmd().args(args).output();
+        }
+        for dir in &self.created {
+            let _ = fs::remove_dir_all(dir);
+        }
+        let name = self.cgroup_parent.trim_start_matches('/');
+        let base = Path::new("/sys/fs/cgroup");
+        remove_cgroup_tree(&base.join(name));
+        if let Ok(controllers) = fs::read_dir(base) {
+            for c in controllers.flatten() {
+                remove_cgroup_tree(&c.path().join(name));
+            }
+        }
+    }
+}
+
+fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Loads the built image into podman, runs the DaemonSet's install step from it against temp
+/// dirs mounted where the manifest mounts the node's, then the agent's `--help` and `--version`.
+#[test]
+fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
+    let what = "image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent";
+    let Some(podman) = Podman::new(what) else {
+        return;
+    };
+    let root = tempfile::tempdir().expect("tempdir");
+    let archive = root.path().join("sticky-cni.oci.tar");
+    let digest = build_image(&built_bin_dir(), &archive, &[]);
+    let load = podman
+        .cmd()
+        .arg("load")
+        .arg("-i")
+        .arg(&archive)
+        .output()
+        .expect("podman load");
+    assert!(load.status.success(), "podman load: {}", output_text(&load));
+    let image = format!("localhost/sticky-cni:{VERSION}");
+    let inspect = podman
+        .cmd()
+        .args(["image", "inspect", "--format", "{{.Digest}}", &image])
+        .output()
+        .expect("podman image inspect");
+    assert_eq!(
+        String::from_utf8_lossy(&inspect.stdout).trim(),
+        digest,
+        "podman sees another digest: {}",
+        output_text(&inspect)
+    );
+
+    // The install step, as the manifest runs it: its command, env and mounts.
+    let docs = manifest();
+    let pod = pod_spec(&docs);
+    let install = install_container(pod);
+    let host = |volume: &str| root.path().join("host").join(volume);
+    let mut args = Vec::new();
+    for m in install["volumeMounts"].as_array().expect("volumeMounts") {
+        let name = m["name"].as_str().expect("mount name");
+        fs::create_dir_all(host(name)).expect("mkdir");
+        let ro = if m["readOnly"] == true { ":ro" } else { "" };
+        args.push("-v".to_owned());
+        args.push(format!(
+            "{}:{}{ro}",
+            host(name).display(),
+            m["mountPath"].as_str().expect("mountPath")
+        ));
+    }
+    for e in install["env"].as_array().expect("env") {
+        args.push("-e".to_owned());
+        args.push(format!(
+            "{}={}",
+            e["name"].as_str().unwrap(),
+            e["value"].as_str().unwrap()
+        ));
+    }
+    args.push(format!("--entrypoint={}", install["command"]));
+    args.push(image.clone());
+    args.extend(
+        install["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("arg").to_owned()),
+    );
+    // The temp dir standing in for the node's dir mounted at `env`'s path.
+    let volume_at = |env: &str| {
+        let mount = env_value(install, env);
+        install["volumeMounts"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["mountPath"] == mount))
+            .and_then(|m| m["name"].as_str())
+            .map(host)
+            .unwrap_or_else(|| panic!("nothing mounted at {env}"))
+    };
+    let bin_volume = volume_at("HOST_CNI_BIN_DIR");
+    let conflist_src = volume_at("CONFLIST_DIR").join(CONFLIST_NAME);
+    fs::copy(repo_file(CONFLIST), &conflist_src).expect("conflist");
+    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+        // An old binary with a second name: only a rename leaves the second name alone.
+        fs::write(bin_volume.join(plugin), "old\n").expect("write");
+        fs::hard_link(
+            bin_volume.join(plugin),
+            root.path().join(format!("{plugin}.old")),
+        )
+        .expect("link");
+    }
+    let out = podman.run(&[], &args);
+    assert!(out.status.success(), "install step: {}", output_text(&out));
+
+    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+        let installed = bin_volume.join(plugin);
+        assert!(
+            fs::read(&installed).unwrap() == fs::read(built_bin_dir().join(plugin)).unwrap(),
+            "{plugin} on the host is not the image's binary"
+        );
+        assert_eq!(
+            fs::read_to_string(root.path().join(format!("{plugin}.old"))).unwrap(),
+            "old\n",
+            "{plugin} was rewritten in place instead of renamed over"
+        );
+        assert_eq!(
+            fs::metadata(&installed).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        // It runs on the host, as a runtime calls it.
+        let mut child = Command::new(&installed)
+            .env("CNI_COMMAND", "VERSION")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the installed plugin");
+        // VERSION may answer without reading stdin: a closed pipe is not an error here.
+        let _ = std::io::Write::write_all(
+            &mut child.stdin.take().unwrap(),
+            br#"{"cniVersion":"1.0.0"}"#,
+        );
+        let reply = child.wait_with_output().unwrap();
+        let reply: Value = serde_json::from_slice(&reply.stdout).expect("VERSION reply JSON");
+        assert!(
+            reply["supportedVersions"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|v| v == "1.0.0")),
+            "{plugin} VERSION: {reply}"
+        );
+    }
+    let net_volume = volume_at("HOST_CNI_NET_DIR");
+    assert_eq!(
+        fs::read_to_string(net_volume.join(CONFLIST_NAME)).unwrap(),
+        fs::read_to_string(repo_file(CONFLIST)).unwrap()
+    );
+    assert_no_temp_files(&[&bin_volume, &net_volume]);
+
+    // The agent container's binary, with its capabilities.
+    let agent = agent_container(pod);
+    let agent_bin = agent["command"][0].as_str().expect("agent command");
+    let help = podman.run(
+        &["NET_ADMIN"],
+        &[
+            format!("--entrypoint={agent_bin}"),
+            image.clone(),
+            "agent".into(),
+            "--help".into(),
+        ],
+    );
+    assert!(
+        help.status.success(),
+        "agent --help: {}",
+        output_text(&help)
+    );
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("--metrics-addr"),
+        "agent --help: {}",
+        output_text(&help)
+    );
+    let version = podman.run(
+        &["NET_ADMIN"],
+        &[
+            format!("--entrypoint={agent_bin}"),
+            image,
+            "--version".into(),
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("sticky-vxlan {VERSION}"),
+        "{}",
+        output_text(&version)
     );
 }
