@@ -16,6 +16,7 @@ use super::node::Node;
 use crate::netlink::link::{self, Link, VxlanSpec};
 use crate::netlink::neigh::Fdb;
 use crate::netlink::sysctl;
+use crate::vxlan::devices;
 use crate::vxlan::kernel::{Kernel, LinkChange};
 use crate::vxlan::mac::vtep_mac;
 use crate::vxlan::state_dir;
@@ -55,17 +56,6 @@ pub fn keep_node_off(name: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Whether an existing device of ours can be kept as it is (MTU aside).
-fn compatible(existing: &Link, want: &VxlanSpec) -> bool {
-    existing.vxlan.as_ref().is_some_and(|v| {
-        v.vni == Some(want.vni)
-            && v.port == Some(want.port)
-            && v.local == Some(want.local)
-            && v.underlay == want.underlay
-            && v.learning == Some(true)
-    })
-}
-
 /// Refuses a device that is not ours or not of the expected kind.
 fn owned(cfg: &Config, l: &Link, kind: &'static str) -> Result<(), Error> {
     let expected = cfg.marker();
@@ -76,14 +66,7 @@ fn owned(cfg: &Config, l: &Link, kind: &'static str) -> Result<(), Error> {
             expected,
         });
     }
-    if l.kind.as_deref() != Some(kind) {
-        return Err(Error::Vxlan(crate::vxlan::Error::WrongKind {
-            name: l.name.clone(),
-            kind: l.kind.clone().unwrap_or_else(|| "plain".into()),
-            expected: kind,
-        }));
-    }
-    Ok(())
+    devices::check_kind(l, kind).map_err(Error::Vxlan)
 }
 
 /// The link called `name`, which must exist.
@@ -155,7 +138,8 @@ fn ensure_vxlan<K: Kernel>(
         owned(cfg, l, "vxlan")?;
     }
     let dev = match existing {
-        Some(l) if compatible(&l, &want) => l,
+        // Kept as it is (MTU aside) when the unchangeable parameters match, learning on.
+        Some(l) if devices::same_tunnel(&l, &want) => l,
         other => {
             if let Some(old) = other {
                 eprintln!(
@@ -164,12 +148,11 @@ fn ensure_vxlan<K: Kernel>(
                 );
                 k.delete_link(&old.name)?;
             }
-            if let Some(holder) = k.links()?.into_iter().find(|l| {
-                l.vxlan.as_ref().is_some_and(|v| {
-                    v.vni == Some(want.vni)
-                        && v.port.unwrap_or(crate::vxlan::config::DEFAULT_PORT) == want.port
-                })
-            }) {
+            if let Some(holder) = k
+                .links()?
+                .into_iter()
+                .find(|l| devices::holds_vni(l, want.vni, want.port))
+            {
                 return Err(Error::Vxlan(crate::vxlan::Error::VniTaken {
                     device: holder.name,
                     vni: want.vni,
@@ -424,7 +407,7 @@ mod tests {
             vxlan: Some(info),
             ..Link::default()
         };
-        assert!(compatible(&l(info.clone()), &want));
+        assert!(devices::same_tunnel(&l(info.clone()), &want));
         for changed in [
             crate::netlink::link::VxlanInfo {
                 learning: Some(false),
@@ -439,7 +422,7 @@ mod tests {
                 ..info.clone()
             },
         ] {
-            assert!(!compatible(&l(changed), &want));
+            assert!(!devices::same_tunnel(&l(changed), &want));
         }
     }
 }

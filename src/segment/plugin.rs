@@ -58,18 +58,16 @@ fn attachment<'a>(call: &Call, cfg: &'a Config) -> Option<&'a Attachment> {
     attachments::find(&cfg.attachments, namespace, name)
 }
 
+/// `args.cni.<key>` of the network config (the other way a runtime passes per-call values).
+fn args_cni<'a>(call: &'a Call, key: &str) -> Option<&'a Value> {
+    call.conf.raw.get("args")?.get("cni")?.get(key)
+}
+
 /// `runtimeConfig.ips`, else `args.cni.ips`, as given by the runtime (checked).
 fn requested_ips(call: &Call) -> Result<Option<Vec<IpNet>>, Error> {
     let sources = [
         ("runtimeConfig.ips", call.conf.runtime_config.get("ips")),
-        (
-            "args.cni.ips",
-            call.conf
-                .raw
-                .get("args")
-                .and_then(|a| a.get("cni"))
-                .and_then(|c| c.get("ips")),
-        ),
+        ("args.cni.ips", args_cni(call, "ips")),
     ];
     for (key, value) in sources {
         match value {
@@ -94,14 +92,7 @@ fn requested_mac(call: &Call) -> Result<Option<[u8; 6]>, Error> {
     let unicast = |m: [u8; 6]| m[0] & 1 == 0 && m != [0; 6];
     let sources = [
         ("runtimeConfig.mac", call.conf.runtime_config.get("mac")),
-        (
-            "args.cni.mac",
-            call.conf
-                .raw
-                .get("args")
-                .and_then(|a| a.get("cni"))
-                .and_then(|c| c.get("mac")),
-        ),
+        ("args.cni.mac", args_cni(call, "mac")),
     ];
     for (key, value) in sources {
         match value {

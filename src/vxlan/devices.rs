@@ -71,15 +71,41 @@ pub fn vtep_spec(cfg: &Config, node: &Node) -> VxlanSpec {
 
 /// An existing VTEP can be kept if only its MAC or MTU drifted (both are repaired).
 pub fn compatible(existing: &Link, want: &VxlanSpec) -> bool {
-    let Some(v) = &existing.vxlan else {
-        return false;
-    };
-    existing.kind.as_deref() == Some("vxlan")
-        && v.vni == Some(want.vni)
-        && v.port == Some(want.port)
-        && v.local == Some(want.local)
-        && v.underlay == want.underlay
-        && v.learning != Some(true)
+    existing.kind.as_deref() == Some("vxlan") && same_tunnel(existing, want)
+}
+
+/// Whether a VXLAN device has the VNI, port, local address, underlay device and learning
+/// `want` asks for (a kernel that reports no learning flag counts as learning off): the
+/// parameters that cannot be changed on a live device. The main mode's VTEP and a segment's
+/// device are kept or recreated by this one rule.
+pub(crate) fn same_tunnel(existing: &Link, want: &VxlanSpec) -> bool {
+    existing.vxlan.as_ref().is_some_and(|v| {
+        v.vni == Some(want.vni)
+            && v.port == Some(want.port)
+            && v.local == Some(want.local)
+            && v.underlay == want.underlay
+            && v.learning.unwrap_or(false) == want.learning
+    })
+}
+
+/// Whether `l` is a VXLAN device receiving `vni` on `port`: another one would take the
+/// packets meant for ours.
+pub(crate) fn holds_vni(l: &Link, vni: u32, port: u16) -> bool {
+    l.vxlan
+        .as_ref()
+        .is_some_and(|v| v.vni == Some(vni) && v.port.unwrap_or(DEFAULT_PORT) == port)
+}
+
+/// Refuses a device of another kind than `expected` under a name we use.
+pub(crate) fn check_kind(l: &Link, expected: &'static str) -> Result<(), Error> {
+    if l.kind.as_deref() == Some(expected) {
+        return Ok(());
+    }
+    Err(Error::WrongKind {
+        name: l.name.clone(),
+        kind: l.kind.clone().unwrap_or_else(|| "plain".into()),
+        expected,
+    })
 }
 
 /// Whether `l` is ours, by its marker; the error that refuses it if not. `legacy` says
@@ -157,13 +183,7 @@ pub fn vtep<'a>(
 ) -> Result<Option<&'a Link>, Error> {
     let want = vtep_spec(cfg, node);
     if let Some(l) = seen.link(&want.name) {
-        if l.kind.as_deref() != Some("vxlan") {
-            return Err(Error::WrongKind {
-                name: l.name.clone(),
-                kind: l.kind.clone().unwrap_or_else(|| "plain".into()),
-                expected: "vxlan",
-            });
-        }
+        check_kind(l, "vxlan")?;
         let fits = compatible(l, &want);
         let legacy = fits && l.mac == Some(want.mac);
         owned(Dev::Vtep, cfg, l, legacy)?;
@@ -180,9 +200,7 @@ pub fn vtep<'a>(
     if let Some(holder) = seen.links.iter().find(|l| {
         l.name != want.name
             && !retired.iter().any(|r| r.index == l.index)
-            && l.vxlan.as_ref().is_some_and(|v| {
-                v.vni == Some(want.vni) && v.port.unwrap_or(DEFAULT_PORT) == want.port
-            })
+            && holds_vni(l, want.vni, want.port)
     }) {
         return Err(Error::VniTaken {
             device: holder.name.clone(),
@@ -229,13 +247,7 @@ pub fn bridge<'a>(
             underlay: node.local_ip,
         });
     }
-    if b.kind.as_deref() != Some("bridge") {
-        return Err(Error::WrongKind {
-            name: b.name.clone(),
-            kind: b.kind.clone().unwrap_or_else(|| "plain".into()),
-            expected: "bridge",
-        });
-    }
+    check_kind(b, "bridge")?;
     let legacy = addrs.iter().any(|a| match a.addr() {
         IpAddr::V4(ip) => b.mac == Some(pod_mac(ip)),
         IpAddr::V6(_) => false,
