@@ -109,10 +109,7 @@ fn vtep_deleted_then_reconcile_without_any_pod() {
     }
     let mut topo = Topo::new(1500);
     let confs = topo.three_nodes();
-    let a = topo.new_pod(1, "a");
-    let b = topo.new_pod(2, "b");
-    topo.add(&a, &confs[0]);
-    let ip_b = ip_of(&topo.add(&b, &confs[1]), false);
+    let (a, ip_b) = topo.pods_a_and_b(&confs[0], &confs[1]);
     assert!(topo.reaches(&a, &ip_b));
     let node2 = topo.node_ns(2);
     let mac = topo.link_mac(&node2, "sticky.1");

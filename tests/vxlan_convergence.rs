@@ -119,9 +119,7 @@ fn lowered_underlay_mtu_is_followed_by_vtep_bridge_and_new_pods() {
     if !can_run() {
         return;
     }
-    let (mut topo, conf) = one_node();
-    let a = topo.new_pod(1, "a");
-    topo.add(&a, &conf);
+    let (mut topo, conf) = one_node_with_pod();
     topo.ip(1, &["link", "set", "eth0", "mtu", "1400"]);
     topo.reconciled(1, &conf);
     for dev in ["sticky.1", "stickybr0"] {

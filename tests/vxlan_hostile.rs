@@ -17,10 +17,7 @@ fn a_changed_vni_retires_the_old_vtep_and_traffic_follows() {
     }
     let mut topo = Topo::new(1500);
     let confs = topo.three_nodes();
-    let a = topo.new_pod(1, "a");
-    let b = topo.new_pod(2, "b");
-    topo.add(&a, &confs[0]);
-    let ip_b = ip_of(&topo.add(&b, &confs[1]), false);
+    let (a, ip_b) = topo.pods_a_and_b(&confs[0], &confs[1]);
     let moved: Vec<Value> = confs
         .iter()
         .map(|c| {
@@ -47,9 +44,7 @@ fn a_narrowed_subnet_moves_the_gateway_and_leaves_foreign_addresses() {
     if !can_run() {
         return;
     }
-    let (mut topo, conf) = one_node();
-    let a = topo.new_pod(1, "a");
-    topo.add(&a, &conf);
+    let (topo, conf) = one_node_with_pod();
     topo.ip(1, &["addr", "add", "192.168.50.7/24", "dev", "stickybr0"]);
     let mut narrow = conf.clone();
     narrow["peers"] = json!([{"ip": Topo::node_ip(1), "subnets": ["10.244.1.0/25"]}]);
@@ -218,9 +213,7 @@ fn a_second_network_on_the_same_vni_and_port_under_another_name_is_refused() {
     if !can_run() {
         return;
     }
-    let (mut topo, conf) = one_node();
-    let a = topo.new_pod(1, "a");
-    topo.add(&a, &conf);
+    let (mut topo, conf) = one_node_with_pod();
     let mut other = conf.clone();
     other["name"] = json!(format!("{}-2", topo.net));
     other["vtepName"] = json!("other.1");

@@ -101,9 +101,7 @@ fn devices_we_make_carry_a_marker_and_a_previous_release_node_is_adopted() {
     if !can_run() {
         return;
     }
-    let (mut topo, conf) = one_node();
-    let a = topo.new_pod(1, "a");
-    topo.add(&a, &conf);
+    let (mut topo, conf) = one_node_with_pod();
     for dev in ["sticky.1", "stickybr0"] {
         let shown = topo.ip(1, &["-d", "link", "show", dev]);
         assert!(shown.contains("alias sticky-vxlan"), "{dev}: {shown}");
@@ -126,9 +124,7 @@ fn the_add_result_reports_the_mac_the_bridge_really_has() {
     if !can_run() {
         return;
     }
-    let (mut topo, conf) = one_node();
-    let a = topo.new_pod(1, "a");
-    topo.add(&a, &conf);
+    let (mut topo, conf) = one_node_with_pod();
     topo.ip(
         1,
         &["link", "set", "stickybr0", "address", "02:00:00:00:00:99"],
@@ -215,9 +211,7 @@ fn a_peer_entry_cannot_make_the_node_mistake_who_it_is() {
     if !can_run() {
         return;
     }
-    let (mut topo, conf) = one_node();
-    let a = topo.new_pod(1, "a");
-    topo.add(&a, &conf);
+    let (mut topo, _) = one_node_with_pod();
     let identity = |topo: &Topo| topo.ip(1, &["-d", "link", "show", "sticky.1"]);
     let before = identity(&topo);
     for (i, bad) in [

@@ -36,10 +36,7 @@ fn peers_file_add_remove_and_bad_file_keeps_peers() {
     let confs: Vec<_> = (1..=3)
         .map(|n| topo.conf(n, json!({"peersFile": file})))
         .collect();
-    let a = topo.new_pod(1, "a");
-    let b = topo.new_pod(2, "b");
-    topo.add(&a, &confs[0]);
-    let ip_b = ip_of(&topo.add(&b, &confs[1]), false);
+    let (a, ip_b) = topo.pods_a_and_b(&confs[0], &confs[1]);
     assert!(topo.reaches(&a, &ip_b));
     assert!(!show(&topo, 1).contains("192.0.2.3"));
 
@@ -146,10 +143,7 @@ fn bad_peers_file_without_a_kept_copy_never_closes_the_vxlan_port_to_programmed_
         2,
         json!({"peers": [Topo::peer(1, false), Topo::peer(2, false)]}),
     );
-    let a = topo.new_pod(1, "a");
-    let b = topo.new_pod(2, "b");
-    topo.add(&a, &conf1);
-    let ip_b = ip_of(&topo.add(&b, &conf2), false);
+    let (a, ip_b) = topo.pods_a_and_b(&conf1, &conf2);
     assert!(topo.reaches(&a, &ip_b));
 
     // A reboot wiped stateDir (a tmpfs by default) and the file is now half written: the
@@ -243,10 +237,9 @@ fn with_device_set_the_underlay_address_is_the_one_this_nodes_entry_names() {
     topo.ip(1, &["addr", "add", "198.51.100.1/24", "dev", "eth0"]);
     topo.ip(1, &["addr", "add", "192.0.2.1/24", "dev", "eth0"]);
     let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
-    let a = topo.new_pod(1, "a");
-    let b = topo.new_pod(2, "b");
-    topo.add(&a, &topo.conf(1, json!({"peers": peers, "device": "eth0"})));
-    let ip_b = ip_of(&topo.add(&b, &topo.conf(2, json!({"peers": peers}))), false);
+    let conf1 = topo.conf(1, json!({"peers": peers, "device": "eth0"}));
+    let conf2 = topo.conf(2, json!({"peers": peers}));
+    let (a, ip_b) = topo.pods_a_and_b(&conf1, &conf2);
     let vtep = topo.ip(1, &["-d", "link", "show", "sticky.1"]);
     let kept = ok(&[BIN, "mac", "--local", "192.0.2.1", "--vni", "1"]);
     assert!(

@@ -396,7 +396,25 @@ pub fn one_node() -> (Topo, Value) {
     (topo, conf)
 }
 
+/// [`one_node`] with a pod (`a`) added on it: the network's VTEP, bridge and table exist.
+pub fn one_node_with_pod() -> (Topo, Value) {
+    let (mut topo, conf) = one_node();
+    let a = topo.new_pod(1, "a");
+    topo.add(&a, &conf);
+    (topo, conf)
+}
+
 impl Topo {
+    /// Pod `a` on node 1 and pod `b` on node 2, added with `conf1` and `conf2`: `a`, and
+    /// `b`'s IPv4 address, what the cross-node tests ping.
+    pub fn pods_a_and_b(&mut self, conf1: &Value, conf2: &Value) -> (Pod, String) {
+        let a = self.new_pod(1, "a");
+        let b = self.new_pod(2, "b");
+        self.add(&a, conf1);
+        let ip_b = ip_of(&self.add(&b, conf2), false);
+        (a, ip_b)
+    }
+
     /// `ip -n <node n> <args>`, which must succeed; its output.
     pub fn ip(&self, n: u8, args: &[&str]) -> String {
         let ns = self.node_ns(n);
