@@ -7,16 +7,6 @@ mod vxlan_support;
 use serde_json::{Value, json};
 use vxlan_support::*;
 
-fn reconciled(topo: &Topo, n: u8, conf: &Value) {
-    let out = topo.reconcile(n, conf);
-    assert!(
-        out.status.success(),
-        "reconcile on node {n}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A config whose IPAM ranges come from the node's own peer entry.
 fn cluster_conf(topo: &Topo, n: u8, file: &std::path::Path) -> Value {
     let mut c = topo.conf(n, json!({"peersFile": file}));
@@ -54,7 +44,7 @@ fn own_subnet_moved_and_taken_by_a_new_peer() {
             entry(3, "10.244.1.0/24")
         ]),
     );
-    reconciled(&topo, 1, &conf);
+    topo.reconciled(1, &conf);
     let vtep = topo.ip(1, &["addr", "show", "sticky.1"]);
     assert!(
         vtep.contains("10.244.5.0/32") && !vtep.contains("10.244.1.0/32"),
@@ -90,12 +80,12 @@ fn subnets_swapped_between_two_nodes_and_a_node_removed_and_readded() {
     let both = |s1: &str, s2: &str| json!([entry(1, s1), entry(2, s2)]);
     let file = topo.write_peers_file("peers.json", &both("10.244.1.0/24", "10.244.2.0/24"));
     let confs = [cluster_conf(&topo, 1, &file), cluster_conf(&topo, 2, &file)];
-    reconciled(&topo, 1, &confs[0]);
-    reconciled(&topo, 2, &confs[1]);
+    topo.reconciled(1, &confs[0]);
+    topo.reconciled(2, &confs[1]);
 
     topo.write_peers_file("peers.json", &both("10.244.2.0/24", "10.244.1.0/24"));
-    reconciled(&topo, 1, &confs[0]);
-    reconciled(&topo, 2, &confs[1]);
+    topo.reconciled(1, &confs[0]);
+    topo.reconciled(2, &confs[1]);
     let a = topo.new_pod(1, "a");
     let b = topo.new_pod(2, "b");
     let ra = topo.add(&a, &confs[0]);
@@ -107,15 +97,15 @@ fn subnets_swapped_between_two_nodes_and_a_node_removed_and_readded() {
 
     // Node 2 leaves the list, then comes back with a new subnet.
     topo.write_peers_file("peers.json", &json!([entry(1, "10.244.2.0/24")]));
-    reconciled(&topo, 1, &confs[0]);
+    topo.reconciled(1, &confs[0]);
     assert!(
         !topo
             .ip(1, &["route", "show", "proto", "118"])
             .contains("10.244.1.0")
     );
     topo.write_peers_file("peers.json", &both("10.244.2.0/24", "10.244.7.0/24"));
-    reconciled(&topo, 1, &confs[0]);
-    reconciled(&topo, 2, &confs[1]);
+    topo.reconciled(1, &confs[0]);
+    topo.reconciled(2, &confs[1]);
     let b2 = topo.new_pod(2, "b2");
     let rb2 = topo.add(&b2, &confs[1]);
     assert!(ip_of(&rb2, false).starts_with("10.244.7."), "{rb2}");
@@ -133,7 +123,7 @@ fn lowered_underlay_mtu_is_followed_by_vtep_bridge_and_new_pods() {
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
     topo.ip(1, &["link", "set", "eth0", "mtu", "1400"]);
-    reconciled(&topo, 1, &conf);
+    topo.reconciled(1, &conf);
     for dev in ["sticky.1", "stickybr0"] {
         let shown = topo.ip(1, &["link", "show", dev]);
         assert!(shown.contains("mtu 1350 "), "{dev}: {shown}");

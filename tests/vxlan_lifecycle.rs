@@ -13,9 +13,7 @@ fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
     if !can_run() {
         return;
     }
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     let b = topo.new_pod(1, "b");
     let c = topo.new_pod(1, "c");
@@ -63,9 +61,7 @@ fn add_failing_in_ipam_or_after_it_leaves_nothing_behind() {
     if !can_run() {
         return;
     }
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    let mut conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let (mut topo, mut conf) = one_node();
     conf["ipam"]["ranges"] = json!([[{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.10", "rangeEnd": "10.244.1.10"}]]);
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
@@ -96,9 +92,7 @@ fn check_passes_then_sees_a_missing_address() {
     if !can_run() {
         return;
     }
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     let result = topo.add(&a, &conf);
     let mut check = conf.clone();
@@ -405,9 +399,7 @@ fn gc_with_a_malformed_attachment_list_removes_nothing() {
     if !can_run() {
         return;
     }
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
+    let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     let b = topo.new_pod(1, "b");
     topo.add(&a, &conf);

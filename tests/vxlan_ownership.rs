@@ -218,7 +218,6 @@ fn a_peer_entry_cannot_make_the_node_mistake_who_it_is() {
     let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     topo.add(&a, &conf);
-    let n1 = topo.node_ns(1);
     let identity = |topo: &Topo| topo.ip(1, &["-d", "link", "show", "sticky.1"]);
     let before = identity(&topo);
     for (i, bad) in [
@@ -239,16 +238,7 @@ fn a_peer_entry_cannot_make_the_node_mistake_who_it_is() {
         topo_drop(&topo, &b);
     }
     // A second address of this node named by a second entry: which one is this node?
-    ok(&[
-        "ip",
-        "-n",
-        &n1,
-        "addr",
-        "add",
-        "192.0.2.101/24",
-        "dev",
-        "eth0",
-    ]);
+    topo.ip(1, &["addr", "add", "192.0.2.101/24", "dev", "eth0"]);
     let c = topo.conf(
         1,
         json!({"peers": [Topo::peer(1, false), {"ip": "192.0.2.101", "subnets": ["10.244.9.0/24"]}]}),

@@ -239,43 +239,15 @@ fn with_device_set_the_underlay_address_is_the_one_this_nodes_entry_names() {
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);
     // Node 1's underlay device also carries another address, listed first.
-    let n1 = topo.node_ns(1);
-    ok(&[
-        "ip",
-        "-n",
-        &n1,
-        "addr",
-        "del",
-        "192.0.2.1/24",
-        "dev",
-        "eth0",
-    ]);
-    ok(&[
-        "ip",
-        "-n",
-        &n1,
-        "addr",
-        "add",
-        "198.51.100.1/24",
-        "dev",
-        "eth0",
-    ]);
-    ok(&[
-        "ip",
-        "-n",
-        &n1,
-        "addr",
-        "add",
-        "192.0.2.1/24",
-        "dev",
-        "eth0",
-    ]);
+    topo.ip(1, &["addr", "del", "192.0.2.1/24", "dev", "eth0"]);
+    topo.ip(1, &["addr", "add", "198.51.100.1/24", "dev", "eth0"]);
+    topo.ip(1, &["addr", "add", "192.0.2.1/24", "dev", "eth0"]);
     let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
     let a = topo.new_pod(1, "a");
     let b = topo.new_pod(2, "b");
     topo.add(&a, &topo.conf(1, json!({"peers": peers, "device": "eth0"})));
     let ip_b = ip_of(&topo.add(&b, &topo.conf(2, json!({"peers": peers}))), false);
-    let vtep = ok(&["ip", "-n", &n1, "-d", "link", "show", "sticky.1"]);
+    let vtep = topo.ip(1, &["-d", "link", "show", "sticky.1"]);
     let kept = ok(&[BIN, "mac", "--local", "192.0.2.1", "--vni", "1"]);
     assert!(
         vtep.contains("local 192.0.2.1 ") && vtep.contains(kept.trim()),
@@ -291,21 +263,14 @@ fn an_underlay_other_than_the_address_this_nodes_entry_names_is_refused() {
     }
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
-    let n1 = topo.node_ns(1);
-    ok(&[
-        "ip", "-n", &n1, "link", "add", "mgmt", "type", "veth", "peer", "name", "mgmt-p",
-    ]);
-    ok(&[
-        "ip",
-        "-n",
-        &n1,
-        "addr",
-        "add",
-        "198.51.100.1/24",
-        "dev",
-        "mgmt",
-    ]);
-    ok(&["ip", "-n", &n1, "link", "set", "mgmt", "up"]);
+    topo.ip(
+        1,
+        &[
+            "link", "add", "mgmt", "type", "veth", "peer", "name", "mgmt-p",
+        ],
+    );
+    topo.ip(1, &["addr", "add", "198.51.100.1/24", "dev", "mgmt"]);
+    topo.ip(1, &["link", "set", "mgmt", "up"]);
     let pod = topo.new_pod(1, "a");
     // The peers reach node 1 at 192.0.2.1 and compute its MAC from it: a VTEP on another
     // address (with another MAC) would never see their traffic.

@@ -6,8 +6,6 @@
 mod support;
 mod vxlan_support;
 
-use std::process::Output;
-
 use serde_json::{Value, json};
 use vxlan_support::*;
 
@@ -22,15 +20,6 @@ fn three_nodes_with_sticky_ipam(topo: &mut Topo) -> Vec<Value> {
         c["ipam"]["type"] = json!("sticky-ipam");
     }
     confs
-}
-
-fn succeeded(out: &Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// What node 1 holds for the overlay: its VTEP's FDB and neighbours, and its routes.

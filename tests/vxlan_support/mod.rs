@@ -43,15 +43,21 @@ pub fn sh(args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("running {args:?}: {e}"))
 }
 
-/// Runs a command and panics with its output if it fails.
-pub fn ok(args: &[&str]) -> String {
-    let out = sh(args);
+/// Asserts that a command (a plugin call, the tool, `ip`...) succeeded; on failure the panic
+/// names `what` and shows its stdout and stderr.
+pub fn succeeded(out: &Output, what: &str) {
     assert!(
         out.status.success(),
-        "{args:?} failed: {}{}",
+        "{what} failed: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs a command and panics with its output if it fails.
+pub fn ok(args: &[&str]) -> String {
+    let out = sh(args);
+    succeeded(&out, &format!("{args:?}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -280,14 +286,7 @@ impl Topo {
 
     pub fn add_args(&self, pod: &Pod, conf: &Value, args: &str) -> Value {
         let out = self.cni(pod.node, "ADD", pod, &pod.path(), conf, args);
-        assert!(
-            out.status.success(),
-            "ADD {} on node {} failed: {}{}",
-            pod.ns,
-            pod.node,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeeded(&out, &format!("ADD {} on node {}", pod.ns, pod.node));
         serde_json::from_slice(&out.stdout).expect("ADD result is JSON")
     }
 
@@ -414,6 +413,11 @@ impl Topo {
             n,
             &["reconcile", "--config", file.to_str().expect("utf-8 path")],
         )
+    }
+
+    /// [`Topo::reconcile`] that must succeed.
+    pub fn reconciled(&self, n: u8, conf: &Value) {
+        succeeded(&self.reconcile(n, conf), &format!("reconcile on node {n}"));
     }
 }
 
