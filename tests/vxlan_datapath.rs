@@ -35,7 +35,7 @@ fn vni_taken_by_another_device_is_a_clear_error() {
     ]);
     let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
     let a = topo.new_pod(1, "a");
-    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let out = topo.try_add(&a, &conf);
     expect_error(
         &out,
         121,

@@ -104,7 +104,7 @@ fn the_underlay_as_vtep_or_bridge_and_foreign_proto_118_routes_are_left_alone() 
     for (key, name) in [("vtepName", "eth0"), ("bridge", "eth0")] {
         let mut c = conf.clone();
         c[key] = json!(name);
-        let out = topo.cni(1, "ADD", &a, &a.path(), &c, "");
+        let out = topo.try_add(&a, &c);
         expect_error(&out, 121, "eth0");
         assert_eq!(topo.ip(1, &["addr", "show", "eth0"]), before, "{key}");
     }
@@ -139,7 +139,7 @@ fn local_ip_cannot_be_loopback_or_link_local() {
     for bad in ["127.0.0.1", "169.254.3.4"] {
         let mut c = conf.clone();
         c["localIp"] = json!(bad);
-        let out = topo.cni(1, "ADD", &a, &a.path(), &c, "");
+        let out = topo.try_add(&a, &c);
         expect_error(&out, 7, "localIp");
     }
     assert!(!topo.ip(1, &["link"]).contains("sticky.1"));
@@ -159,7 +159,7 @@ fn a_state_dir_link_or_a_fifo_lock_is_refused_without_writing_or_blocking() {
     std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
     conf["stateDir"] = json!(link);
     let a = topo.new_pod(1, "a");
-    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let out = topo.try_add(&a, &conf);
     expect_error(&out, 128, "lock");
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 
@@ -172,7 +172,7 @@ fn a_state_dir_link_or_a_fifo_lock_is_refused_without_writing_or_blocking() {
     .unwrap();
     conf["stateDir"] = json!(state);
     let started = Instant::now();
-    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let out = topo.try_add(&a, &conf);
     expect_error(&out, 128, "lock");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
@@ -196,7 +196,7 @@ fn a_device_or_a_directory_at_the_peers_file_does_not_block_add() {
         );
         let p = topo.new_pod(1, &format!("p{i}"));
         let started = Instant::now();
-        let out = topo.cni(1, "ADD", &p, &p.path(), &conf, "");
+        let out = topo.try_add(&p, &conf);
         succeeded(&out, "ADD");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("not a regular file"),
@@ -219,7 +219,7 @@ fn a_second_network_on_the_same_vni_and_port_under_another_name_is_refused() {
     other["vtepName"] = json!("other.1");
     other["bridge"] = json!("sbr2");
     let b = topo.new_pod(1, "b");
-    let out = topo.cni(1, "ADD", &b, &b.path(), &other, "");
+    let out = topo.try_add(&b, &other);
     expect_error(&out, 121, "already uses VNI 1");
     assert!(!topo.ip(1, &["link"]).contains("other.1"));
 }

@@ -68,7 +68,7 @@ fn add_failing_in_ipam_or_after_it_leaves_nothing_behind() {
 
     // Range exhausted: IPAM fails, its error is passed on, nothing is left.
     let b = topo.new_pod(1, "b");
-    let err = error_of(&topo.cni(1, "ADD", &b, &b.path(), &conf, ""));
+    let err = error_of(&topo.try_add(&b, &conf));
     assert!(err["msg"].as_str().unwrap().starts_with("IPAM:"), "{err}");
     assert_eq!(topo.pod_veths(1), 1);
     let inside = ok(&["ip", "-n", &b.ns, "-o", "addr"]);
@@ -81,7 +81,7 @@ fn add_failing_in_ipam_or_after_it_leaves_nothing_behind() {
         "ip", "-n", &c.ns, "link", "add", "eth0", "type", "veth", "peer", "name", "x0",
     ]);
     assert!(topo.del(&a, &a.path(), &conf).status.success());
-    let err = error_of(&topo.cni(1, "ADD", &c, &c.path(), &conf, ""));
+    let err = error_of(&topo.try_add(&c, &conf));
     assert_eq!(err["code"], 122, "{err}");
     assert_eq!(topo.pod_veths(1), 0);
     assert!(topo.allocations(1).is_empty(), "IPAM DEL ran on rollback");
@@ -282,7 +282,7 @@ fn ipam_add_that_succeeds_with_an_unusable_result_is_released() {
         let mut conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
         conf["ipam"] = json!({"type": "odd-ipam"});
         let a = topo.new_pod(1, &format!("a{}", answer.len()));
-        let err = error_of(&topo.cni(1, "ADD", &a, &a.path(), &conf, ""));
+        let err = error_of(&topo.try_add(&a, &conf));
         assert_eq!(err["code"], 125, "{err}");
         let logged = std::fs::read_to_string(&log).unwrap();
         assert_eq!(logged, "ADD\nDEL\n", "answer {answer:?}");
@@ -340,11 +340,7 @@ fn an_address_outside_this_nodes_subnets_is_refused_and_released() {
     copied["stateDir"] = json!(topo.state_dir(2));
     copied["ipam"]["dataDir"] = json!(topo.dir.path().join("ipam-2"));
     let b = topo.new_pod(2, "b");
-    expect_error(
-        &topo.cni(2, "ADD", &b, &b.path(), &copied, ""),
-        120,
-        "10.244.2.0/24",
-    );
+    expect_error(&topo.try_add(&b, &copied), 120, "10.244.2.0/24");
     assert_eq!(topo.pod_veths(2), 0);
     assert!(
         topo.allocations(2).is_empty(),
@@ -379,10 +375,7 @@ fn del_without_prev_result_releases_even_when_the_peers_could_not_be_programmed(
         {"ip": "192.0.2.5", "subnets": ["10.244.5.0/24"], "mac": "6e:3c:8a:11:22:33"},
     ]);
     let b = topo.new_pod(1, "b");
-    assert_eq!(
-        error_of(&topo.cni(1, "ADD", &b, &b.path(), &bad, ""))["code"],
-        124
-    );
+    assert_eq!(error_of(&topo.try_add(&b, &bad))["code"], 124);
     let out = topo.del(&a, &a.path(), &bad);
     assert!(
         out.status.success(),

@@ -24,7 +24,7 @@ fn a_foreign_route_on_a_peer_subnet_is_an_error_naming_it_and_is_left_alone() {
     let peers = json!([Topo::peer(1, false), {"ip": "192.0.2.2", "subnets": ["198.51.100.0/24"]}]);
     let conf = topo.conf(1, json!({"peers": peers}));
     let a = topo.new_pod(1, "a");
-    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let out = topo.try_add(&a, &conf);
     expect_error(&out, 121, "198.51.100.0/24 via 192.0.2.254");
     assert_eq!(topo.ip(1, &["route", "show", "198.51.100.0/24"]), before);
     // The peer goes away: the route is still not ours to delete.
@@ -45,7 +45,7 @@ fn a_bridge_or_vtep_we_did_not_make_is_refused_and_left_as_it_was() {
     let mut c = conf.clone();
     c["bridge"] = json!("cni0");
     let a = topo.new_pod(1, "a");
-    let out = topo.cni(1, "ADD", &a, &a.path(), &c, "");
+    let out = topo.try_add(&a, &c);
     expect_error(&out, 121, "cni0");
     assert_eq!(topo.ip(1, &["addr", "show", "cni0"]), before);
     assert_eq!(topo.pod_veths(1), 0);
@@ -68,7 +68,7 @@ fn a_bridge_or_vtep_we_did_not_make_is_refused_and_left_as_it_was() {
         ],
     );
     let before = topo.ip(1, &["-d", "link", "show", "sticky.1"]);
-    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let out = topo.try_add(&a, &conf);
     expect_error(&out, 121, "sticky.1");
     assert_eq!(topo.ip(1, &["-d", "link", "show", "sticky.1"]), before);
 }
@@ -91,7 +91,7 @@ fn the_uplink_bridge_holding_the_underlay_address_is_never_used() {
                "peers": [{"ip": "198.51.100.1", "subnets": ["10.244.1.0/24"]}]}),
     );
     let a = topo.new_pod(1, "a");
-    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let out = topo.try_add(&a, &conf);
     expect_error(&out, 121, "br0");
     assert_eq!(topo.ip(1, &["addr", "show", "br0"]), before);
 }
@@ -200,7 +200,7 @@ fn an_ipam_gateway_outside_the_nodes_subnets_is_not_put_on_the_bridge() {
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     conf["ipam"] = json!({"type": "gw-ipam"});
     let a = topo.new_pod(1, "a");
-    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let out = topo.try_add(&a, &conf);
     expect_error(&out, 120, "10.244.2.1");
     let bridge = topo.ip(1, &["addr", "show", "stickybr0"]);
     assert!(!bridge.contains("10.244.2."), "{bridge}");
@@ -226,7 +226,7 @@ fn a_peer_entry_cannot_make_the_node_mistake_who_it_is() {
     {
         let c = topo.conf(1, json!({"peers": [Topo::peer(1, false), bad]}));
         let b = topo.new_pod(1, &format!("b{i}"));
-        let out = topo.cni(1, "ADD", &b, &b.path(), &c, "");
+        let out = topo.try_add(&b, &c);
         assert!(!out.status.success(), "{bad} accepted");
         assert_eq!(identity(&topo), before, "{bad}");
         topo_drop(&topo, &b);
@@ -238,7 +238,7 @@ fn a_peer_entry_cannot_make_the_node_mistake_who_it_is() {
         json!({"peers": [Topo::peer(1, false), {"ip": "192.0.2.101", "subnets": ["10.244.9.0/24"]}]}),
     );
     let b = topo.new_pod(1, "two");
-    let out = topo.cni(1, "ADD", &b, &b.path(), &c, "");
+    let out = topo.try_add(&b, &c);
     expect_error(&out, 124, "192.0.2.101");
     assert_eq!(identity(&topo), before);
 }
@@ -263,7 +263,7 @@ fn state_dir_links_and_network_names_never_lead_outside_it() {
     let victim = topo.dir.path().join("victim");
     std::os::unix::fs::symlink(&victim, state.join(format!("{}.lock", topo.net))).unwrap();
     let a = topo.new_pod(1, "a");
-    let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+    let out = topo.try_add(&a, &conf);
     assert!(!victim.exists(), "the lock followed a planted link");
     expect_error(&out, 128, "lock");
 
@@ -296,7 +296,7 @@ fn a_fifo_at_the_peers_file_does_not_block_add() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         s.spawn(|| {
-            let out = topo.cni(1, "ADD", &a, &a.path(), &conf, "");
+            let out = topo.try_add(&a, &conf);
             let _ = tx.send(out);
         });
         let out = rx.recv_timeout(Duration::from_secs(10));
@@ -334,7 +334,7 @@ fn two_networks_on_one_vtep_are_refused_and_the_first_keeps_its_peers() {
     other["name"] = json!(format!("{}-two", topo.net));
     other["bridge"] = json!("sbr2");
     let b = topo.new_pod(1, "b");
-    let out = topo.cni(1, "ADD", &b, &b.path(), &other, "");
+    let out = topo.try_add(&b, &other);
     expect_error(&out, 121, &topo.net);
     assert_eq!(routes(&topo), before);
 }

@@ -116,11 +116,11 @@ fn overlapping_subnets_and_missing_local_entry_are_clear_errors() {
         1,
         json!({"peers": [Topo::peer(1, false), {"ip": "192.0.2.9", "subnets": ["10.244.0.0/16"]}]}),
     );
-    let out = topo.cni(1, "ADD", &pod, &pod.path(), &overlap, "");
+    let out = topo.try_add(&pod, &overlap);
     expect_error(&out, 7, "overlaps");
 
     let no_local = topo.conf(1, json!({"peers": [Topo::peer(2, false)]}));
-    let out = topo.cni(1, "ADD", &pod, &pod.path(), &no_local, "");
+    let out = topo.try_add(&pod, &no_local);
     expect_error(&out, 120, "no peer entry names this node");
 }
 
@@ -188,7 +188,7 @@ fn two_peers_behind_one_vtep_mac_are_refused() {
                 {"ip": "192.0.2.5", "subnets": ["10.244.5.0/24"], "mac": mac},
             ]}),
         );
-        let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
+        let out = topo.try_add(&pod, &conf);
         expect_error(&out, 124, mac);
         let ns = topo.node_ns(1);
         let routes = ok(&["ip", "-n", &ns, "route", "show", "proto", "118"]);
@@ -215,7 +215,7 @@ fn a_pod_subnet_holding_an_underlay_address_is_refused_before_it_cuts_the_node_o
         1,
         json!({"peers": [Topo::peer(1, false), {"ip": "192.0.2.2", "subnets": ["192.0.2.0/24"]}]}),
     );
-    let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
+    let out = topo.try_add(&pod, &conf);
     expect_error(&out, 7, "192.0.2.0/24");
     let underlay = topo.in_ns(
         &topo.node_ns(1),
@@ -278,7 +278,7 @@ fn an_underlay_other_than_the_address_this_nodes_entry_names_is_refused() {
         for (k, v) in extra.as_object().unwrap() {
             conf[k] = v.clone();
         }
-        let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, "");
+        let out = topo.try_add(&pod, &conf);
         expect_error(&out, 120, "192.0.2.1");
     }
 }

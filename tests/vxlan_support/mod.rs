@@ -279,6 +279,12 @@ impl Topo {
         child.wait_with_output().expect("wait plugin")
     }
 
+    /// ADD of `pod` on its node, as a runtime there would run it; the plugin's output, for
+    /// the tests that expect it to fail.
+    pub fn try_add(&self, pod: &Pod, conf: &Value) -> Output {
+        self.cni(pod.node, "ADD", pod, &pod.path(), conf, "")
+    }
+
     /// ADD that must succeed; returns the result.
     pub fn add(&self, pod: &Pod, conf: &Value) -> Value {
         self.add_args(pod, conf, "")
