@@ -300,17 +300,14 @@ fn vxlan_example() {
     };
     let name = "10-sticky-vxlan.conflist";
     let mut n = node(&cnitool);
-    let mut list = example(name);
-    // The only change: stateDir into the sandbox (the default /run/sticky-vxlan is the
-    // machine's). The example is node 1's: 10.244.1.0/24, named by the peers file below.
-    list["plugins"][0]["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
-    n.rt.write_etc(&format!("net.d/{name}"), &list);
-    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let list = example(name);
+    // The only change: stateDir into the sandbox. The example is node 1's: 10.244.1.0/24,
+    // named by the peers file install_with_state writes at the example's path.
     assert_eq!(
         list["plugins"][0]["peersFile"], "/etc/cni/sticky-peers.json",
         "the example's peers file path"
     );
-    n.rt.write_etc("sticky-peers.json", &peers);
+    install_with_state(&n, name, list);
     exercise(name, &mut n);
     // The example's defaults: VTEP sticky.1 with the kept MAC, bridge stickybr0, and the peer
     // from the peers file programmed (onlink route, proto 118).
