@@ -71,11 +71,7 @@ fn three_nodes_two_pods_each_all_to_all_and_vtep_recreated_keeps_its_mac() {
     let conf_file = topo.dir.path().join("node2.conf");
     std::fs::write(&conf_file, confs[1].to_string()).unwrap();
     let out = topo.tool(2, &["reconcile", "--config", conf_file.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, "reconcile");
     assert_eq!(topo.link_mac(&node2, vtep), before);
     assert!(topo.reaches(&pods[0], &ips[2]));
 
@@ -121,11 +117,7 @@ fn vtep_deleted_then_reconcile_without_any_pod() {
     let list = json!({"cniVersion": "1.0.0", "name": topo.net, "plugins": [plugin]});
     std::fs::write(&conf_file, list.to_string()).unwrap();
     let out = topo.tool(2, &["reconcile", "--config", conf_file.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, "reconcile");
     assert_eq!(topo.link_mac(&node2, "sticky.1"), mac);
     assert!(topo.reaches(&a, &ip_b));
 }

@@ -146,12 +146,7 @@ fn del_after_the_nodes_entry_was_removed(before_del: impl FnOnce(&Topo)) {
     topo.write_peers_file("peers.json", &json!([Topo::peer(2, false)]));
     before_del(&topo);
     let out = topo.del(&a, &a.path(), &conf);
-    assert!(
-        out.status.success(),
-        "DEL: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, "DEL");
     assert!(topo.allocations(1).is_empty(), "{:?}", topo.allocations(1));
     assert_eq!(topo.pod_veths(1), 0);
 }

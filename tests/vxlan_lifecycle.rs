@@ -32,11 +32,7 @@ fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
     let cns = c.ns.clone();
     topo.drop_ns(&cns);
     let out = topo.del(&c, &c.path(), &conf);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, "DEL");
     assert_eq!(topo.pod_veths(1), 0);
     assert!(topo.allocations(1).is_empty(), "IPAM released everything");
 
@@ -98,12 +94,7 @@ fn check_passes_then_sees_a_missing_address() {
     let mut check = conf.clone();
     check["prevResult"] = result.clone();
     let out = topo.cni(1, "CHECK", &a, &a.path(), &check, "");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, "CHECK");
     let addr = result["ips"][0]["address"].as_str().unwrap();
     ok(&["ip", "-n", &a.ns, "addr", "del", addr, "dev", "eth0"]);
     let err = error_of(&topo.cni(1, "CHECK", &a, &a.path(), &check, ""));
@@ -140,11 +131,7 @@ fn gc_status_and_add_reach_ipam_with_the_same_stdin_and_env() {
     gc["cni.dev/valid-attachments"] = json!([]);
     for (cmd, c) in [("GC", &gc), ("STATUS", &conf)] {
         let out = topo.cni(1, cmd, &a, "", c, args);
-        assert!(
-            out.status.success(),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        succeeded(&out, cmd);
     }
     let logged = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = logged.lines().collect();
@@ -307,11 +294,7 @@ fn status_is_50_when_the_node_cannot_be_worked_out() {
     );
     conf["ipam"]["type"] = json!("ready-ipam");
     let out = topo.cni(1, "STATUS", &pod, "", &conf, "");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    succeeded(&out, "STATUS");
     // No entry names this node: every ADD would fail, so the plugin is not ready, even though
     // the IPAM plugin (its ranges given in full) is.
     conf["peers"] = json!([Topo::peer(2, false)]);
@@ -377,11 +360,7 @@ fn del_without_prev_result_releases_even_when_the_peers_could_not_be_programmed(
     let b = topo.new_pod(1, "b");
     assert_eq!(error_of(&topo.try_add(&b, &bad))["code"], 124);
     let out = topo.del(&a, &a.path(), &bad);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    succeeded(&out, "DEL");
     assert!(topo.allocations(1).is_empty());
 }
 

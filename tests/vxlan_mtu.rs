@@ -42,11 +42,7 @@ fn full_size_pod_packets_cross_a_1400_underlay_without_fragments() {
             "ping", "-c", "3", "-i", "0.2", "-W", "2", "-M", "do", "-s", "1322", &ip_b,
         ],
     );
-    assert!(
-        full.status.success(),
-        "{}",
-        String::from_utf8_lossy(&full.stdout)
-    );
+    succeeded(&full, "ping with DF set");
     // Without DF too (the inner packet fits the pod MTU, so nobody fragments it).
     let no_df = topo.in_ns(
         &a.ns,

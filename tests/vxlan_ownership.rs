@@ -305,11 +305,7 @@ fn a_fifo_at_the_peers_file_does_not_block_add() {
             let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
         }
         let out = out.expect("ADD blocked on a FIFO at the peers file");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        succeeded(&out, "ADD");
         assert!(started.elapsed() < Duration::from_secs(10));
     });
 }

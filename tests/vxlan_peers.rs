@@ -82,11 +82,7 @@ fn peers_file_add_remove_and_bad_file_keeps_peers() {
         &json!([Topo::peer(1, false), Topo::peer(2, false)]),
     );
     let out = topo.tool(1, &["reconcile", "--config", conf_file.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, "reconcile");
     let (routes, neigh, fdb) = vtep_state(&topo, 1);
     assert!(
         !routes.contains("10.244.3.0") && routes.contains("10.244.2.0/24"),

@@ -230,11 +230,7 @@ fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers
         &check,
         &k8s("a-5cd8c6ccb8-kkvwt"),
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    succeeded(&out, "CHECK");
     let show = String::from_utf8_lossy(&topo.tool(3, &["show"]).stdout).into_owned();
     assert!(
         show.contains("segment vxeth1 vni 101 bridge segbr101 vxlan segvx101 mtu 1450 up"),
@@ -254,11 +250,7 @@ fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers
     let mut gc = vxeth1(3);
     gc["cni.dev/valid-attachments"] = json!([]);
     let out = topo.cni(3, "GC", &gw, "", &gc, "");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    succeeded(&out, "GC");
     let left = ok(&[
         "ip",
         "-n",
@@ -292,11 +284,7 @@ fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers
             &vxeth1(1),
             &k8s("a-5cd8c6ccb8-kkvwt"),
         );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        succeeded(&out, "DEL");
     }
     assert!(
         topo.in_ns(&a.ns, &["ip", "link", "show", "vxeth1"])
@@ -339,11 +327,7 @@ fn a_pod_recreated_on_its_static_address_keeps_its_mac_and_is_reached_with_nothi
     assert!(topo.reaches(&p, "192.168.13.2"));
 
     let out = topo.del(&q, &q.path(), &conf(2, "192.168.13.2/24"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    succeeded(&out, "DEL");
     let ns = q.ns.clone();
     topo.drop_ns(&ns);
     assert!(!topo.ping(&p, "192.168.13.2"));
@@ -507,11 +491,7 @@ fn flood_entries_follow_the_peers_file() {
     std::fs::write(&conf_file, conf(1).to_string()).unwrap();
     let reconcile = |topo: &Topo| {
         let out = topo.tool(1, &["reconcile", "--config", conf_file.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeeded(&out, "reconcile");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let said = reconcile(&topo);
@@ -550,11 +530,7 @@ fn flood_entries_follow_the_peers_file() {
 
     // STATUS: ready on a node of the segment, 50 on one outside its `nodes`.
     let out = topo.cni(1, "STATUS", &pod, "", &narrow, "");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    succeeded(&out, "STATUS");
     let out = topo.cni(2, "STATUS", &pod, "", &narrow, "");
     expect_error(&out, 50, "not one of the segment's");
 }
