@@ -180,18 +180,7 @@ fn calls_list_nothing_when_the_index_holds() {
     // The first call lists the directory and builds the index.
     p.run(&Call::add("c0", &c).pod(&pod(0))).ok();
     let log = tmp.path().join("strace.log");
-    let traced = Plugin {
-        bin: p.bin.clone(),
-        wrapper: vec![
-            "strace".into(),
-            "-f".into(),
-            "-qq".into(),
-            "-e".into(),
-            "trace=openat,getdents64".into(),
-            "-o".into(),
-            log.to_str().unwrap().into(),
-        ],
-    };
+    let traced = p.traced("openat,getdents64", &log);
     for call in [
         Call::add("c1", &c).pod(&pod(1)),
         Call::del("c1", &c).pod(&pod(1)),

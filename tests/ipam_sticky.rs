@@ -738,18 +738,7 @@ fn records_opened(p: &Plugin, call: &Call, net: &Path) -> Option<Vec<String>> {
         return None;
     }
     let log = net.parent().unwrap().join("strace.log");
-    let traced = Plugin {
-        bin: p.bin.clone(),
-        wrapper: vec![
-            "strace".into(),
-            "-f".into(),
-            "-qq".into(),
-            "-e".into(),
-            "trace=open,openat,openat2".into(),
-            "-o".into(),
-            log.to_str().unwrap().into(),
-        ],
-    };
+    let traced = p.traced("open,openat,openat2", &log);
     traced.run(call).ok();
     let text = std::fs::read_to_string(&log).unwrap();
     let prefix = format!("{}/", net.display());

@@ -234,6 +234,22 @@ impl Plugin {
         self
     }
 
+    /// The same plugin run under `strace -f -e trace=<syscalls>`, its log written to `log`.
+    pub fn traced(&self, syscalls: &str, log: &Path) -> Plugin {
+        Plugin {
+            bin: self.bin.clone(),
+            wrapper: vec![
+                "strace".into(),
+                "-f".into(),
+                "-qq".into(),
+                "-e".into(),
+                format!("trace={syscalls}"),
+                "-o".into(),
+                log.to_str().expect("UTF-8 log path").into(),
+            ],
+        }
+    }
+
     /// Starts the call without waiting (stdin is written and closed).
     pub fn spawn(&self, call: &Call) -> Child {
         let mut child = call
