@@ -263,14 +263,6 @@ pub fn get(sock: &mut Socket, name: &str) -> Result<Option<Link>, Error> {
     }
 }
 
-pub fn get_index(sock: &mut Socket, index: u32) -> Result<Option<Link>, Error> {
-    match sock.request("get link", RouteNetlinkMessage::GetLink(indexed(index)), 0) {
-        Ok(found) => Ok(found.iter().find_map(as_link)),
-        Err(e) if e.is(Errno::ENODEV) => Ok(None),
-        Err(e) => Err(ctx(&format!("#{index}"))(e)),
-    }
-}
-
 /// Like [`get`], but a missing link is an error.
 pub fn require(sock: &mut Socket, name: &str) -> Result<Link, Error> {
     get(sock, name)?.ok_or_else(|| Error::NotFound(name.to_string()))

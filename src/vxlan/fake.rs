@@ -40,16 +40,6 @@ impl Fake {
         k
     }
 
-    /// A node that holds exactly `seen`.
-    pub fn from_observed(seen: Observed) -> Fake {
-        Fake {
-            fdb: seen.vtep_fdb.clone(),
-            neighbours: seen.vtep_neighbours.clone(),
-            seen,
-            ..Fake::default()
-        }
-    }
-
     pub fn add_link(&mut self, name: &str, kind: &str) -> u32 {
         let index = self.seen.links.iter().map(|l| l.index).max().unwrap_or(1) + 1;
         self.seen.links.push(Link {
