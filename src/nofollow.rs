@@ -10,7 +10,7 @@
 //! What the callers do with a refusal: a record that is not a regular file is *held* (never
 //! handed out, never removed); a bookkeeping file or the lock is an I/O error naming the path.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{File, Metadata, OpenOptions};
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::io::{self, ErrorKind, Read};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
@@ -65,10 +65,14 @@ fn kind_name(t: std::fs::FileType) -> &'static str {
     }
 }
 
-fn regular(file: File) -> io::Result<File> {
-    let t = file.metadata()?.file_type();
+/// Opens with `options` plus `O_NOFOLLOW | O_NONBLOCK`, and only a regular file; with the
+/// metadata that check read, so a caller needs no second fstat.
+fn open_regular(path: &Path, options: &mut OpenOptions) -> io::Result<(File, Metadata)> {
+    let file = options.custom_flags(flags()).open(path).map_err(explain)?;
+    let meta = file.metadata()?;
+    let t = meta.file_type();
     if t.is_file() {
-        Ok(file)
+        Ok((file, meta))
     } else {
         Err(Refused::NotRegular(kind_name(t)).into())
     }
@@ -76,11 +80,17 @@ fn regular(file: File) -> io::Result<File> {
 
 /// Opens with `options` plus `O_NOFOLLOW | O_NONBLOCK`, and only a regular file.
 pub fn open(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
-    options
-        .custom_flags(flags())
-        .open(path)
-        .map_err(explain)
-        .and_then(regular)
+    open_regular(path, options).map(|(file, _)| file)
+}
+
+/// As [`open`], for writing in place: a file with another hard link is refused, since
+/// writing in place would write the other name's file too. Returns the file's metadata.
+pub fn open_single_link(path: &Path, options: &mut OpenOptions) -> io::Result<(File, Metadata)> {
+    let (file, meta) = open_regular(path, options)?;
+    match meta.nlink() {
+        1 => Ok((file, meta)),
+        n => Err(Refused::HardLinked(n).into()),
+    }
 }
 
 /// The whole content of a regular file; `None` when it does not exist.
@@ -100,18 +110,15 @@ pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
 /// truncating it first. A file with another hard link is refused: writing in place would
 /// write the other name's file too.
 pub fn open_for_rewrite(path: &Path, mode: u32) -> io::Result<File> {
-    let file = open(
+    open_single_link(
         path,
         OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .mode(mode),
-    )?;
-    match file.metadata()?.nlink() {
-        1 => Ok(file),
-        n => Err(Refused::HardLinked(n).into()),
-    }
+    )
+    .map(|(file, _)| file)
 }
 
 /// Fails when `path` exists and is anything but a regular file (a link that a rename would

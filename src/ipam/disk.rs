@@ -339,13 +339,7 @@ fn is_full(e: &std::io::Error) -> bool {
 /// left after it and no new block is needed.
 fn rewrite_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
-    let file = nofollow::open(path, fs::OpenOptions::new().write(true))?;
-    let meta = file.metadata()?;
-    if std::os::unix::fs::MetadataExt::nlink(&meta) != 1 {
-        return Err(
-            nofollow::Refused::HardLinked(std::os::unix::fs::MetadataExt::nlink(&meta)).into(),
-        );
-    }
+    let (file, meta) = nofollow::open_single_link(path, fs::OpenOptions::new().write(true))?;
     let old = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     let mut body = bytes.to_vec();
     if body.len() < old {
