@@ -15,8 +15,6 @@
 //!
 //! Node objects are full Node JSON as a real API server returns them ([`node_json`]).
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
