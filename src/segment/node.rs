@@ -54,11 +54,13 @@ pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Node, Error> {
         e.to_string()
     });
     let addrs = k.addresses()?;
-    let is_local = |ip: Ipv4Addr| addrs.iter().any(|(_, n)| n.addr() == IpAddr::V4(ip));
-    let local_ip = all
+    // This node's entry (the first whose ip is one of its addresses) and the interface with it.
+    let (local_ip, index) = all
         .iter()
-        .map(|p| p.ip)
-        .find(|ip| is_local(*ip))
+        .find_map(|p| {
+            let (i, _) = addrs.iter().find(|(_, n)| n.addr() == IpAddr::V4(p.ip))?;
+            Some((p.ip, *i))
+        })
         .ok_or(Error::NoLocalEntry)?;
     let members = members(&all, &cfg.nodes);
     if !members.contains(&local_ip) {
@@ -72,11 +74,6 @@ pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Node, Error> {
                 .join(", "),
         });
     }
-    let index = addrs
-        .iter()
-        .find(|(_, n)| n.addr() == IpAddr::V4(local_ip))
-        .map(|(i, _)| *i)
-        .unwrap_or_default();
     let underlay = k
         .links()?
         .into_iter()

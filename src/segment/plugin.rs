@@ -28,7 +28,7 @@ use crate::netlink::Socket;
 use crate::netlink::link::{self, parse_mac};
 use crate::vxlan::delegate::Ipam;
 use crate::vxlan::kernel::Live;
-use crate::vxlan::plugin::remove_stale_veths;
+use crate::vxlan::plugin::{remove_link, remove_stale_veths};
 use crate::vxlan::pod::{host_alias, host_veth_name, result_interfaces};
 
 pub struct Segment;
@@ -276,9 +276,7 @@ impl Plugin for Segment {
             Addressing::Ipam(ipam) => Ok(Some(ipam.start(&Process, call, "DEL")?)),
             Addressing::Fixed(_) => Ok(None),
         });
-        let removed = Socket::open()
-            .map_err(Error::from)
-            .and_then(|mut sock| link::delete(&mut sock, &host).map_err(Error::from));
+        let removed = remove_link(&host).map_err(Error::from);
         let released = pending.and_then(|p| match p {
             Some(p) => p.wait().map(drop).map_err(|e| Error::Vxlan(e.into())),
             None => Ok(()),

@@ -211,8 +211,8 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
 }
 
 /// Removes the link `name` of the calling thread's namespace on a socket of its own; a missing
-/// link is success.
-fn remove_link(name: &str) -> Result<(), Error> {
+/// link is success. The segment mode's DEL uses it too.
+pub fn remove_link(name: &str) -> Result<(), Error> {
     let mut sock = Socket::open()?;
     Ok(link::delete(&mut sock, name)?)
 }
