@@ -13,7 +13,7 @@
 //! 6. else "range exhausted".
 //!
 //! The whole ADD is planned before anything is written, so a failure in one range set changes
-//! nothing. DEL and CHECK live in [`super::release`].
+//! nothing. DEL and CHECK live in [`super::del`] and [`super::check`].
 
 use std::net::IpAddr;
 

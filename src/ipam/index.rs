@@ -32,6 +32,7 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, futimens};
@@ -140,10 +141,11 @@ impl DirState {
     }
 }
 
-/// A verified stamp: the buckets' expected hashes.
+/// A verified stamp: the buckets' expected hashes, and the index directory it was read
+/// from, kept open so that each bucket is read from it without opening it again.
 #[derive(Debug, Clone)]
 pub struct Stored {
-    index_dir: PathBuf,
+    dir: Arc<File>,
     hashes: Vec<u64>,
 }
 
@@ -211,13 +213,15 @@ impl Stored {
             .split(' ')
             .map(|h| u64::from_str_radix(h, 16).ok())
             .collect::<Option<_>>()?;
-        (hashes.len() == 2 * BUCKETS).then_some(Stored { index_dir, hashes })
+        (hashes.len() == 2 * BUCKETS).then_some(Stored {
+            dir: Arc::new(dir),
+            hashes,
+        })
     }
 
     /// A bucket's names, when its file matches the stamp.
     pub fn load(&self, bucket: Bucket) -> Option<Vec<String>> {
-        let dir = open_index_dir(&self.index_dir).ok()?;
-        let bytes = read_in(&dir, &bucket.file_name())?;
+        let bytes = read_in(&self.dir, &bucket.file_name())?;
         if fnv(&bytes) != self.hashes[bucket.slot()] {
             return None;
         }

@@ -26,6 +26,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sticky_cni::netlink::netns;
 
 /// A Node as a real API server returns it (kubeadm worker): metadata with labels,
 /// annotations and managedFields, spec with podCIDR(s) and taints, status with capacity,
@@ -258,13 +259,9 @@ impl ApiServer {
         };
         // A socket belongs to the namespace it was made in: make it in a thread that entered
         // the namespace, and use it from anywhere.
-        std::thread::spawn(move || {
-            let f = std::fs::File::open(&netns).expect("netns");
-            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            TcpListener::bind(addr).expect("bind in netns")
-        })
-        .join()
-        .expect("bind thread")
+        netns::run_in(&netns, || TcpListener::bind(addr))
+            .expect("enter netns")
+            .expect("bind in netns")
     }
 
     /// Listens (again, on the same address after [`stop`](Self::stop)).
@@ -796,17 +793,13 @@ impl Drop for Agent {
 /// `GET path` from inside the network namespace at `netns` (a thread enters it): status line
 /// and body.
 pub fn get_in_netns(netns: &Path, addr: &str, path: &str) -> Option<String> {
-    let (netns, addr, path) = (netns.to_path_buf(), addr.to_string(), path.to_string());
-    std::thread::spawn(move || {
-        let f = std::fs::File::open(&netns).ok()?;
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
-        let mut conn = TcpStream::connect(&addr).ok()?;
+    netns::run_in(netns, || {
+        let mut conn = TcpStream::connect(addr).ok()?;
         write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").ok()?;
         let mut out = String::new();
         std::io::Read::read_to_string(&mut conn, &mut out).ok()?;
         Some(out)
     })
-    .join()
     .ok()
     .flatten()
 }

@@ -1,4 +1,4 @@
-//! One row of `list`, `show` and `release`: a record of an address as an operator reads it.
+//! One row of `list`, `show` and `forget`: a record of an address as an operator reads it.
 //!
 //! Records of one address are read together through [`group`], so crash leftovers are
 //! resolved as the plugin would. An OpenYurt marker beside host-local's `<ip>` file makes one
