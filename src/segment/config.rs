@@ -121,6 +121,14 @@ pub fn parse_routes(value: &Value) -> Result<Vec<Route>, String> {
     Ok(routes)
 }
 
+/// How every [`Config::marker`] begins.
+const MARKER: &str = "sticky-vxlan segment ";
+
+/// The network a [`Config::marker`] names, if `alias` is one.
+pub fn marked_network(alias: &str) -> Option<&str> {
+    alias.strip_prefix(MARKER)?.split(' ').next()
+}
+
 impl Config {
     pub fn from_json(name: &str, raw: &Value) -> Result<Config, Error> {
         let obj = raw.as_object().ok_or(shared::Error::NotAnObject)?;
@@ -205,7 +213,7 @@ impl Config {
     /// The alias marking the devices this network made: a device of the same name without it
     /// is someone else's and is never adopted.
     pub fn marker(&self) -> String {
-        format!("sticky-vxlan segment {} vni {}", self.name, self.vni)
+        format!("{MARKER}{} vni {}", self.name, self.vni)
     }
 
     /// A copy of the last peers file that was valid (see the main mode).

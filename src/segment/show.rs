@@ -14,12 +14,7 @@ use crate::vxlan::pod::parse_alias;
 pub fn segments(sock: &mut Socket, links: &[Link]) -> Result<String, Error> {
     let mut out = String::new();
     for dev in links.iter().filter(|l| l.vxlan.is_some()) {
-        let Some(network) = dev
-            .alias
-            .as_deref()
-            .and_then(|a| a.strip_prefix("sticky-vxlan segment "))
-            .and_then(|rest| rest.split(' ').next())
-        else {
+        let Some(network) = dev.alias.as_deref().and_then(super::config::marked_network) else {
             continue;
         };
         let vni = dev.vxlan.as_ref().and_then(|v| v.vni).unwrap_or_default();
