@@ -13,8 +13,5 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("agent") {
         return sticky_cni::agent::main(&args[1..]);
     }
-    if let Some(code) = sticky_cni::segment::reconcile::run(&args) {
-        return code;
-    }
     cli::main(args)
 }

@@ -13,9 +13,10 @@ use super::config::{self, Config};
 use super::mac::vtep_mac;
 use super::{Error, ROUTE_PROTOCOL, pod};
 use crate::cli::args::{ArgsError, Spec, find_verb, parse};
-use crate::cli::conflist::{self, ConflistError};
+use crate::cli::conflist::{self, ConflistError, Loaded};
 use crate::netlink::link::format_mac;
 use crate::netlink::{Socket, addr, link, neigh, route};
+use crate::segment::mode::Mode;
 
 pub const HELP: &str = "\
 sticky-vxlan: CNI plugin for a VXLAN overlay whose VTEP MAC never changes.
@@ -72,12 +73,17 @@ pub enum CliError {
     },
     #[error(transparent)]
     Vxlan(#[from] Error),
+    #[error(transparent)]
+    Segment(#[from] crate::segment::Error),
 }
 
 impl CliError {
     pub fn exit_code(&self) -> u8 {
+        use crate::segment::Error as S;
         match self {
-            CliError::Vxlan(_) => EXIT_RUNTIME,
+            // An unusable `--config` is a usage error in either mode.
+            CliError::Segment(S::Config(_) | S::Mode(_)) => EXIT_USAGE,
+            CliError::Vxlan(_) | CliError::Segment(_) => EXIT_RUNTIME,
             _ => EXIT_USAGE,
         }
     }
@@ -153,8 +159,16 @@ pub fn run(args: &[String]) -> Result<String, CliError> {
             let path = parsed
                 .value("--config")
                 .ok_or(required("reconcile", "--config <file>"))?;
-            let cfg = load(Path::new(path))?;
-            reconcile(&cfg).map_err(CliError::from)
+            let loaded = load_entry(Path::new(path))?;
+            match crate::segment::mode::mode(&loaded.entry)? {
+                Mode::Segment => Ok(crate::segment::reconcile::network(
+                    &loaded.conf.name,
+                    &loaded.entry,
+                )?),
+                Mode::Main => {
+                    reconcile(&config_of(Path::new(path), &loaded)?).map_err(CliError::from)
+                }
+            }
         }
         Some("show") => {
             let parsed = parse(args, &[], &SHOW)?;
@@ -191,9 +205,18 @@ fn reconcile(cfg: &Config) -> Result<String, Error> {
 /// Reads a `.conf` (one plugin) or `.conflist` (the `sticky-vxlan` entry of its `plugins`)
 /// with the loader both tools share ([`crate::cli::conflist`]).
 pub fn load(path: &Path) -> Result<Config, CliError> {
-    let loaded = conflist::load(path, "with type \"sticky-vxlan\"", |p| {
+    config_of(path, &load_entry(path)?)
+}
+
+/// The `sticky-vxlan` entry of a `.conf` or `.conflist`, either mode.
+fn load_entry(path: &Path) -> Result<Loaded, CliError> {
+    Ok(conflist::load(path, "with type \"sticky-vxlan\"", |p| {
         conflist::has_type(p, "sticky-vxlan")
-    })?;
+    })?)
+}
+
+/// The main mode's config of a loaded entry.
+fn config_of(path: &Path, loaded: &Loaded) -> Result<Config, CliError> {
     Config::from_json(&loaded.conf.name, &loaded.entry).map_err(|source| CliError::Config {
         path: path.to_path_buf(),
         source,
