@@ -7,7 +7,12 @@
 //! - `sticky-vxlan` ([`vxlan`]) networks pods across nodes over VXLAN with a VTEP whose MAC is a
 //!   pure function of the node's underlay address, and peers known from local config.
 //!
-//! [`cni`] is the protocol both share; [`codes`] is the one place errors become CNI codes.
+//!   [`segment`] is its L2 segment mode; [`agent`] (`sticky-vxlan agent`) keeps its peers file
+//!   current from the Kubernetes API.
+//!
+//! [`cni`] is the protocol both share; [`codes`] is the one place errors become CNI codes;
+//! [`cli`] is the operator tools' shared argument parser and conflist loader; [`netlink`] the
+//! synchronous kernel layer; [`nofollow`] the one way files are opened and written.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
