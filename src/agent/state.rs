@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub struct Status {
     pub network: String,
     pub peers_file: PathBuf,
-    /// "kubernetes API <url>" or "peers file only (--no-api)".
+    /// "kubernetes API `<url>`" or "peers file only (--no-api)".
     pub source: String,
     pub api_reachable: bool,
     /// Unix seconds of the API's last answer (a list page, an event, a bookmark).

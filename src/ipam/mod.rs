@@ -2,7 +2,7 @@
 //!
 //! - [`config`] reads the `ipam` section; [`range`] validates ranges and orders addresses.
 //! - [`identity`] names pods safely in file names; [`record`] is one file's format.
-//! - [`allocator`] (ADD), [`release`] (DEL, CHECK), [`group`] (crash leftovers) and
+//! - [`allocator`] (ADD), [`del`] and [`check`], [`group`] (crash leftovers) and
 //!   [`lifecycle`] (boots, expiry, GC) are the policy, over the [`store::Store`] trait;
 //!   [`disk`] is the only code that touches the data dir; [`index`] is its derived name
 //!   index, so a call reads what it asks about, not the whole directory.

@@ -6,7 +6,7 @@
 //! Nodes are the flood peers, not pods, so membership never has to be pushed to anyone: other
 //! nodes learn a pod's MAC from its frames.
 //!
-//! [`config`] reads the network config, [`attachments`] the per-pod table, [`slice`] cuts the
+//! [`config`] reads the network config, [`attachments`] the per-pod table, [`slice`](mod@slice) cuts the
 //! IPAM ranges per node, [`node`] works out this node and the segment's other nodes from the
 //! peers (the main mode's [`crate::vxlan::peers`]), [`datapath`] programs the devices and flood
 //! entries, [`pod`] does one pod's interface, [`plugin`] ties them to the CNI commands,

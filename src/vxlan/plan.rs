@@ -5,7 +5,7 @@
 //! Ownership: sticky-vxlan changes only what it made. Its VTEP and bridge carry a marker,
 //! their alias `sticky-vxlan:vtep <network>` / `sticky-vxlan:bridge <network>` ([`marker`]).
 //! A device of the configured name without the marker, or with another network's, is refused
-//! ([`devices`](super::devices)); routes, neighbours and FDB entries are only changed on the
+//! ([`super::devices`]); routes, neighbours and FDB entries are only changed on the
 //! VTEP, addresses only on the VTEP and the bridge, and a route on a peer's subnet that goes
 //! through any other device is refused, named, and left alone.
 //!

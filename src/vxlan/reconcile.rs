@@ -1,6 +1,6 @@
 //! Reconciling a node: the one entry point that brings the VTEP, the bridge, the peers, the
 //! sysctls and the nftables rules to what a config says. `sticky-vxlan reconcile`, every ADD
-//! and the node agent all go through [`node`] (or [`node_with`] with a kernel of their own).
+//! and the node agent all go through [`node()`] (or [`node_with`] with a kernel of their own).
 //!
 //! Read once ([`Observed`]), decide ([`plan::plan`], pure), apply ([`apply::apply`]); all of
 //! it under the network's lock in `stateDir`, so parallel ADDs never race to create the VTEP
@@ -41,7 +41,7 @@ pub fn node(cfg: &Config) -> Result<Report, Error> {
     node_with(&mut Live { sock: &mut sock }, cfg)
 }
 
-/// [`node`] through a given kernel (ADD passes the socket it keeps using for the pod).
+/// [`node()`] through a given kernel (ADD passes the socket it keeps using for the pod).
 pub fn node_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let _guard = state_dir::lock(cfg)?;
     let seen = Observed::read(k, &cfg.vtep_name)?;
