@@ -1,8 +1,8 @@
 //! What the allocator needs from persistence, and nothing more.
 //!
-//! The allocator (pure policy) reaches the data dir only through [`Store`]; [`crate::ipam::disk`]
-//! is the real one and `mem::MemStore` (test builds only) a fake for unit tests. Every store keeps an [`Index`] of
-//! record file names, read once per call: which addresses are taken and which files belong to a
+//! The allocator (pure policy) reaches the data dir only through [`Store`];
+//! [`crate::ipam::disk`] is the real one and `mem::MemStore` (test builds only) a fake for unit
+//! tests. Every store keeps an [`Index`] of record file names, read once per call: which addresses are taken and which files belong to a
 //! pod is known without opening a file.
 
 use std::cell::RefCell;
