@@ -2,8 +2,8 @@
 //!
 //! The allocator (pure policy) reaches the data dir only through [`Store`];
 //! [`crate::ipam::disk`] is the real one and `mem::MemStore` (test builds only) a fake for unit
-//! tests. Every store keeps an [`Index`] of record file names, read once per call: which addresses are taken and which files belong to a
-//! pod is known without opening a file.
+//! tests. Every store keeps an [`Index`] of record file names, read once per call: which
+//! addresses are taken and which files belong to a pod is known without opening a file.
 
 use std::cell::RefCell;
 #[cfg(test)]
