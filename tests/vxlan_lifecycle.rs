@@ -173,6 +173,30 @@ fn result_follows_the_config_version() {
 }
 
 #[test]
+fn an_ipam_gateway_other_than_the_first_address_answers_on_the_bridge() {
+    if !can_run() {
+        return;
+    }
+    let (mut topo, mut conf) = one_node();
+    conf["ipam"]["ranges"] = json!([[{"subnet": Topo::subnet(1), "gateway": "10.244.1.254"}]]);
+    let a = topo.new_pod(1, "a");
+    let r = topo.add(&a, &conf);
+    assert_eq!(r["ips"][0]["gateway"], "10.244.1.254", "{r}");
+    let on_bridge = topo.ip(1, &["-o", "addr", "show", "dev", "stickybr0"]);
+    assert!(on_bridge.contains("10.244.1.254/24"), "{on_bridge}");
+    assert!(
+        on_bridge.contains("10.244.1.1/24"),
+        "the node's own gateway stays: {on_bridge}"
+    );
+    let routes = ok(&["ip", "-n", &a.ns, "route"]);
+    assert!(routes.contains("default via 10.244.1.254"), "{routes}");
+    // A second pod finds it there already.
+    let b = topo.new_pod(1, "b");
+    topo.add(&b, &conf);
+    assert!(topo.reaches(&b, "10.244.1.254"), "the gateway answers");
+}
+
+#[test]
 fn gc_removes_only_this_networks_veths_missing_from_the_valid_list() {
     if !can_run() {
         return;

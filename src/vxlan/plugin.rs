@@ -270,6 +270,19 @@ fn local_subnets(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpN
     resolved.or_else(|e| from_prev().ok_or(e))
 }
 
+/// Pure: the IPAM gateways the bridge needs besides the ones the node's plan gives it (the
+/// first address of each of its subnets, [`gateway_of`]): a gateway other than its subnet's
+/// first address still has to answer on the bridge. Each with its subnet's prefix.
+pub fn extra_gateways(ips: &[IpConfig]) -> Vec<IpNet> {
+    ips.iter()
+        .filter_map(|ip| {
+            let subnet = ip.address.trunc();
+            let gw = ip.gateway.filter(|gw| Some(*gw) != gateway_of(&subnet))?;
+            IpNet::new(gw, subnet.prefix_len()).ok()
+        })
+        .collect()
+}
+
 /// Everything after IPAM ADD; on error the caller rolls back.
 fn attach(
     sock: &mut Socket,
@@ -305,14 +318,12 @@ fn attach(
         });
     }
     let netns = Path::new(&call.env.netns);
-    // An IPAM gateway other than the subnet's first address still has to answer on the bridge.
-    let have = addr::list(sock, bridge.index)?;
-    for ip in &ipam.ips {
-        let subnet = ip.address.trunc();
-        if let Some(gw) = ip.gateway.filter(|gw| Some(*gw) != gateway_of(&subnet))
-            && let Ok(net) = IpNet::new(gw, subnet.prefix_len())
-            && !have.contains(&net)
-        {
+    // The bridge's addresses are read only when it may lack one (seldom: host-local hands out
+    // the first address by default).
+    let extra = extra_gateways(&ipam.ips);
+    if !extra.is_empty() {
+        let have = addr::list(sock, bridge.index)?;
+        for net in extra.into_iter().filter(|net| !have.contains(net)) {
             addr::add(sock, bridge.index, net)?;
         }
     }
@@ -359,6 +370,37 @@ mod tests {
             msg: "full".into(),
             details: String::new(),
         })
+    }
+
+    fn ip(address: &str, gateway: Option<&str>) -> IpConfig {
+        IpConfig {
+            address: address.parse().unwrap(),
+            gateway: gateway.map(|g| g.parse().unwrap()),
+            interface: None,
+        }
+    }
+
+    #[test]
+    fn only_a_gateway_other_than_the_subnets_first_address_is_extra() {
+        // What host-local hands out by default: the plan already put these on the bridge,
+        // so ADD does not read the bridge's addresses.
+        let usual = [
+            ip("10.244.1.5/24", Some("10.244.1.1")),
+            ip("fd00:1::5/64", Some("fd00:1::1")),
+            ip("10.244.9.5/24", None),
+        ];
+        assert!(extra_gateways(&usual).is_empty());
+        let other = [
+            ip("10.244.1.5/24", Some("10.244.1.254")),
+            ip("fd00:1::5/64", Some("fd00:1::fe")),
+        ];
+        assert_eq!(
+            extra_gateways(&other),
+            vec![
+                "10.244.1.254/24".parse::<IpNet>().unwrap(),
+                "fd00:1::fe/64".parse().unwrap()
+            ]
+        );
     }
 
     #[test]
