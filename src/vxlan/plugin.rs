@@ -2,8 +2,10 @@
 //!
 //! ADD reads the config once ([`Config`]), opens one netlink socket for the host namespace
 //! and keeps it for the node ([`reconcile::node_with`]), the veth and any rollback; the pod's
-//! namespace gets one socket of its own ([`pod::configure_container`]). What to do when IPAM
-//! or the node fails is one pure decision, [`after_ipam`].
+//! namespace gets one socket of its own, opened while IPAM works
+//! ([`pod::prepare_container`]) and used once it has answered
+//! ([`pod::configure_container`]). What to do when IPAM or the node fails is one pure
+//! decision, [`after_ipam`].
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -15,7 +17,7 @@ use super::config::Config;
 use super::delegate::Ipam;
 use super::kernel::Live;
 use super::node::{self, Observed, gateway_of};
-use super::pod::{self, host_veth_name};
+use super::pod::{self, Container, host_veth_name};
 use super::reconcile::{self, Report};
 use crate::cni::delegate::{Exec, Process};
 use crate::cni::{Attachment, Call, CniResult, IpConfig, Plugin, attachments};
@@ -138,9 +140,9 @@ impl Plugin for StickyVxlan {
     }
 }
 
-/// ADD: the node, the pod's veth pair and IPAM (concurrently when IPAM does not need the
-/// node's subnets; else IPAM works while the veth is made), then the pod's addresses and
-/// routes; any failure after IPAM may have allocated rolls back.
+/// ADD: the node, the pod's veth pair and its namespace's socket, and IPAM (concurrently when
+/// IPAM does not need the node's subnets; else IPAM works while the veth is made), then the
+/// pod's MAC, addresses and routes; any failure after IPAM may have allocated rolls back.
 fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error> {
     let host = host_veth_name(&call.env.container_id, &call.env.ifname);
     let mut sock = Socket::open()?;
@@ -150,7 +152,7 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
         link::delete(sock, &host)?;
         Ok(report)
     };
-    let veth = |sock: &mut Socket, report: Report| -> Result<(Report, Link), Error> {
+    let veth = |sock: &mut Socket, report: Report| -> Result<(Report, Link, Container), Error> {
         let host_link = pod::create_veth(
             sock,
             &pod::Veth {
@@ -164,7 +166,8 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
             },
         )?;
         crate::crash::point("vxlan add: veth created");
-        Ok((report, host_link))
+        let container = pod::prepare_container(Path::new(&call.env.netns), &call.env.ifname)?;
+        Ok((report, host_link, container))
     };
     let (ipam, node, result) = if cfg.ranges_from_peers {
         // The node's own subnets are the IPAM ranges: the node first.
@@ -197,10 +200,15 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
         e
     };
     match after_ipam(node, result) {
-        AfterIpam::Attach((report, host_link), result) => {
-            attach(&mut sock, call, cfg, &report, &host_link, &result)
-                .map_err(|e| roll_back(&mut sock, e))
-        }
+        AfterIpam::Attach((report, host_link, container), result) => attach(
+            &mut sock,
+            call,
+            cfg,
+            &report,
+            (&host_link, container),
+            &result,
+        )
+        .map_err(|e| roll_back(&mut sock, e)),
         AfterIpam::RollBack(e) => Err(roll_back(&mut sock, e)),
         // IPAM allocated nothing, but the veth may have been made meanwhile.
         AfterIpam::Fail(e) => {
@@ -289,7 +297,7 @@ fn attach(
     call: &Call,
     cfg: &Config,
     report: &Report,
-    host_link: &Link,
+    (host_link, container): (&Link, Container),
     ipam: &CniResult,
 ) -> Result<CniResult, Error> {
     let node = &report.node;
@@ -317,7 +325,6 @@ fn attach(
             subnets: own.clone(),
         });
     }
-    let netns = Path::new(&call.env.netns);
     // The bridge's addresses are read only when it may lack one (seldom: host-local hands out
     // the first address by default).
     let extra = extra_gateways(&ipam.ips);
@@ -328,7 +335,7 @@ fn attach(
         }
     }
     let routes = pod::pod_routes(&ipam.ips, &ipam.routes, cfg.is_default_gateway);
-    let container = pod::configure_container(netns, &call.env.ifname, &ipam.ips, &routes)?;
+    let container = pod::configure_container(container, &ipam.ips, &routes)?;
     Ok(CniResult {
         interfaces: pod::result_interfaces(
             bridge,

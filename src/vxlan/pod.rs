@@ -144,44 +144,62 @@ pub fn create_veth(sock: &mut Socket, v: &Veth<'_>) -> Result<Link, Error> {
     link::require(sock, v.host).map_err(Error::from)
 }
 
-/// Inside the pod's namespace: the kept MAC (from the first IPv4 address), `arp_notify`,
-/// addresses, link up, routes. Returns the container interface.
+/// The container end of a pod's veth, reached through a socket opened inside the pod's
+/// namespace ([`prepare_container`]) and configured through it once IPAM has answered
+/// ([`configure_container`]).
+pub struct Container {
+    sock: Socket,
+    link: Link,
+}
+
+/// Inside the pod's namespace, while IPAM is still working: a socket of its own there (a
+/// netlink socket stays in the namespace it was opened in, whichever thread uses it later),
+/// the container end looked up, and `arp_notify` set so that the kept MAC is announced when
+/// the link comes up (`/proc/sys` shows the namespace of the thread that opens it, so this
+/// is done here). Nothing of it needs an address, so it is off ADD's critical path.
+pub fn prepare_container(netns_path: &Path, ifname: &str) -> Result<Container, Error> {
+    netns::run_in(netns_path, || -> Result<Container, Error> {
+        let mut sock = Socket::open()?;
+        let link = link::require(&mut sock, ifname)?;
+        sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1")?;
+        Ok(Container { sock, link })
+    })?
+}
+
+/// The container end, once IPAM has answered: the kept MAC (from the first IPv4 address),
+/// addresses, link up, routes. Returns the container interface as it now is.
 pub fn configure_container(
-    netns_path: &Path,
-    ifname: &str,
+    container: Container,
     ips: &[IpConfig],
     routes: &[Route],
 ) -> Result<Link, Error> {
-    netns::run_in(netns_path, || -> Result<Link, Error> {
-        let mut sock = Socket::open()?;
-        let link = link::require(&mut sock, ifname)?;
-        let mac = ips.iter().find_map(|ip| match ip.address.addr() {
-            IpAddr::V4(a) => Some(pod_mac(a)),
-            IpAddr::V6(_) => None,
-        });
-        if let Some(mac) = mac.filter(|m| link.mac != Some(*m)) {
-            link::set_mac(&mut sock, &link, mac)?;
-        }
-        // Announce the (kept) MAC when the link comes up, so neighbours update at once.
-        sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1")?;
-        for ip in ips {
-            addr::add(&mut sock, link.index, ip.address)?;
-        }
-        link::set_up(&mut sock, &link)?;
-        for r in routes {
-            nlroute::replace(
-                &mut sock,
-                &nlroute::Route {
-                    dst: r.dst.trunc(),
-                    gateway: route_gateway(r, ips),
-                    oif: Some(link.index),
-                    onlink: false,
-                    protocol: RTPROT_BOOT,
-                },
-            )?;
-        }
-        link::require(&mut sock, ifname).map_err(Error::from)
-    })?
+    let Container { mut sock, mut link } = container;
+    let mac = ips.iter().find_map(|ip| match ip.address.addr() {
+        IpAddr::V4(a) => Some(pod_mac(a)),
+        IpAddr::V6(_) => None,
+    });
+    if let Some(mac) = mac.filter(|m| link.mac != Some(*m)) {
+        link::set_mac(&mut sock, &link, mac)?;
+        link.mac = Some(mac);
+    }
+    for ip in ips {
+        addr::add(&mut sock, link.index, ip.address)?;
+    }
+    link::set_up(&mut sock, &link)?;
+    link.up = true;
+    for r in routes {
+        nlroute::replace(
+            &mut sock,
+            &nlroute::Route {
+                dst: r.dst.trunc(),
+                gateway: route_gateway(r, ips),
+                oif: Some(link.index),
+                onlink: false,
+                protocol: RTPROT_BOOT,
+            },
+        )?;
+    }
+    Ok(link)
 }
 
 /// What CHECK found different from `prevResult`.
