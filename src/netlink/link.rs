@@ -187,7 +187,9 @@ pub fn bridge_message(name: &str, mtu: Option<u32>, mac: Option<[u8; 6]>) -> Lin
 }
 
 /// A veth pair whose peer is created directly inside the namespace `peer_netns`, with its
-/// name and MAC, so it never appears in the host namespace.
+/// name and MAC, so it never appears in the host namespace; with `master`, the host end is
+/// made a port of that bridge in the same request (the kernel removes the new pair again if
+/// that fails).
 #[derive(Debug)]
 pub struct VethSpec<'a> {
     pub host: &'a str,
@@ -195,11 +197,15 @@ pub struct VethSpec<'a> {
     pub peer_netns: BorrowedFd<'a>,
     pub peer_mac: Option<[u8; 6]>,
     pub mtu: u32,
+    pub master: Option<u32>,
 }
 
 pub fn veth_message(spec: &VethSpec<'_>) -> LinkMessage {
     let mut msg = named(spec.host);
     msg.attributes.push(LinkAttribute::Mtu(spec.mtu));
+    if let Some(master) = spec.master {
+        msg.attributes.push(LinkAttribute::Controller(master));
+    }
     let mut peer_msg = named(spec.peer);
     peer_msg.attributes.push(LinkAttribute::Mtu(spec.mtu));
     peer_msg
@@ -296,6 +302,23 @@ pub fn set_up(sock: &mut Socket, link: &Link) -> Result<(), Error> {
     msg.header.flags = LinkFlags::Up;
     msg.header.change_mask = LinkFlags::Up;
     set(sock, link, msg)
+}
+
+/// Sets the alias (when given) and brings the link up, in one request (the kernel sets the
+/// alias first).
+pub fn set_up_with_alias(sock: &mut Socket, link: &Link, alias: Option<&str>) -> Result<(), Error> {
+    set(sock, link, up_with_alias(link.index, alias))
+}
+
+fn up_with_alias(index: u32, alias: Option<&str>) -> LinkMessage {
+    let mut msg = indexed(index);
+    msg.header.flags = LinkFlags::Up;
+    msg.header.change_mask = LinkFlags::Up;
+    if let Some(alias) = alias {
+        msg.attributes
+            .push(LinkAttribute::IfAlias(alias.to_string()));
+    }
+    msg
 }
 
 pub fn set_master(sock: &mut Socket, link: &Link, master: u32) -> Result<(), Error> {
@@ -401,8 +424,14 @@ mod tests {
             peer_netns: fd,
             peer_mac: Some([2, 0, 0, 0, 0, 1]),
             mtu: 1450,
+            master: Some(7),
         });
         let back = round_trip(&msg);
+        assert_eq!(
+            Link::from_message(&back).master,
+            Some(7),
+            "the host end is a bridge port from the start"
+        );
         let Some(LinkAttribute::LinkInfo(infos)) = back
             .attributes
             .iter()
@@ -421,6 +450,19 @@ mod tests {
                 .iter()
                 .any(|a| matches!(a, LinkAttribute::NetNsFd(_)))
         );
+    }
+
+    #[test]
+    fn up_with_alias_is_one_message() {
+        let back = round_trip(&up_with_alias(4, Some("sticky-vxlan edge c1 eth0")));
+        assert_eq!(back.header.index, 4);
+        assert!(back.header.flags.contains(LinkFlags::Up));
+        assert!(back.header.change_mask.contains(LinkFlags::Up));
+        let link = Link::from_message(&back);
+        assert_eq!(link.alias.as_deref(), Some("sticky-vxlan edge c1 eth0"));
+        let plain = round_trip(&up_with_alias(4, None));
+        assert!(plain.header.flags.contains(LinkFlags::Up));
+        assert_eq!(Link::from_message(&plain).alias, None);
     }
 
     #[test]

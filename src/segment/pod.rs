@@ -76,6 +76,7 @@ pub fn create_veth(
             peer_netns: ns.as_fd(),
             peer_mac: Some(iface.mac),
             mtu: iface.mtu,
+            master: None,
         },
     )?;
     let host_link = link::require(sock, host)?;

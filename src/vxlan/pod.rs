@@ -117,9 +117,10 @@ pub struct Veth<'a> {
     pub hairpin: bool,
 }
 
-/// Creates the veth pair and puts the host end on the bridge. Returns the host end. It needs
-/// no address, so ADD makes it while IPAM is still working; the container end gets its kept
-/// MAC in [`configure_container`], before it is up.
+/// Creates the veth pair with the host end on the bridge. Returns the host end. It needs no
+/// address, so ADD makes it while IPAM is still working; the container end gets its kept
+/// MAC in [`configure_container`], before it is up. Three requests: the pair (a bridge port
+/// from the start), a look-up of the host end, its alias and up in one.
 pub fn create_veth(sock: &mut Socket, v: &Veth<'_>) -> Result<Link, Error> {
     let ns = netns::open(v.netns)?;
     link::add_veth(
@@ -130,18 +131,18 @@ pub fn create_veth(sock: &mut Socket, v: &Veth<'_>) -> Result<Link, Error> {
             peer_netns: std::os::fd::AsFd::as_fd(&ns),
             peer_mac: None,
             mtu: v.mtu,
+            master: Some(v.bridge),
         },
     )?;
-    let host_link = link::require(sock, v.host)?;
-    if v.alias.len() < MAX_ALIAS {
-        link::set_alias(sock, &host_link, &v.alias)?;
-    }
-    link::set_master(sock, &host_link, v.bridge)?;
-    link::set_up(sock, &host_link)?;
+    let mut host_link = link::require(sock, v.host)?;
+    let alias = (v.alias.len() < MAX_ALIAS).then_some(v.alias.as_str());
+    link::set_up_with_alias(sock, &host_link, alias)?;
+    host_link.up = true;
+    host_link.alias = alias.map(str::to_string);
     if v.hairpin {
         link::set_hairpin(v.host)?;
     }
-    link::require(sock, v.host).map_err(Error::from)
+    Ok(host_link)
 }
 
 /// The container end of a pod's veth, reached through a socket opened inside the pod's
