@@ -144,20 +144,39 @@ pub fn delete_fdb(sock: &mut Socket, f: &Fdb) -> Result<(), Error> {
     }
 }
 
-fn dump(sock: &mut Socket, family: AddressFamily) -> Result<Vec<NeighbourMessage>, Error> {
+/// The request that dumps the entries of `family` on interface `index`. The kernel filters
+/// by it (FDB: the header's index, with strict checking; neighbours: `NDA_IFINDEX`); callers
+/// filter again, for kernels that do not.
+fn dump_message(family: AddressFamily, index: u32) -> NeighbourMessage {
     let mut msg = NeighbourMessage::default();
     msg.header.family = family;
+    if family == AddressFamily::Bridge {
+        msg.header.ifindex = index;
+    } else {
+        msg.attributes.push(NeighbourAttribute::IfIndex(index));
+    }
+    msg
+}
+
+fn dump(
+    sock: &mut Socket,
+    family: AddressFamily,
+    index: u32,
+) -> Result<Vec<NeighbourMessage>, Error> {
     let found = sock
-        .dump("list neighbours", RouteNetlinkMessage::GetNeighbour(msg))
+        .dump(
+            "list neighbours",
+            RouteNetlinkMessage::GetNeighbour(dump_message(family, index)),
+        )
         .map_err(|source| Error {
             entry: "neighbours".into(),
-            index: 0,
+            index,
             source,
         })?;
     Ok(found
         .into_iter()
         .filter_map(|m| match m {
-            RouteNetlinkMessage::NewNeighbour(n) => Some(n),
+            RouteNetlinkMessage::NewNeighbour(n) if n.header.ifindex == index => Some(n),
             _ => None,
         })
         .collect())
@@ -170,37 +189,31 @@ fn mac_of(msg: &NeighbourMessage) -> Option<[u8; 6]> {
     })
 }
 
-/// Neighbour entries (both families) on interface `index`.
+/// Neighbour entries (both families, one dump: `AF_UNSPEC` covers ARP and NDP) on interface
+/// `index`.
 pub fn list(sock: &mut Socket, index: u32) -> Result<Vec<Neighbour>, Error> {
-    let mut out = Vec::new();
-    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-        for msg in dump(sock, family)? {
-            if msg.header.ifindex != index {
-                continue;
-            }
+    Ok(dump(sock, AddressFamily::Unspec, index)?
+        .into_iter()
+        .filter_map(|msg| {
             let ip = msg.attributes.iter().find_map(|a| match a {
                 NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(IpAddr::V4(*a)),
                 NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
                 _ => None,
-            });
-            if let (Some(ip), Some(mac)) = (ip, mac_of(&msg)) {
-                out.push(Neighbour {
-                    index,
-                    ip,
-                    mac,
-                    permanent: msg.header.state == NeighbourState::Permanent,
-                });
-            }
-        }
-    }
-    Ok(out)
+            })?;
+            Some(Neighbour {
+                index,
+                ip,
+                mac: mac_of(&msg)?,
+                permanent: msg.header.state == NeighbourState::Permanent,
+            })
+        })
+        .collect())
 }
 
 /// FDB entries with an IPv4 destination on interface `index` (a VTEP).
 pub fn list_fdb(sock: &mut Socket, index: u32) -> Result<Vec<Fdb>, Error> {
-    Ok(dump(sock, AddressFamily::Bridge)?
+    Ok(dump(sock, AddressFamily::Bridge, index)?
         .into_iter()
-        .filter(|m| m.header.ifindex == index)
         .filter_map(|msg| {
             let dst = msg.attributes.iter().find_map(|a| match a {
                 NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(*a),
@@ -244,6 +257,33 @@ mod tests {
         assert_eq!(back.header.state, NeighbourState::Permanent);
         assert!(back.header.flags.contains(NeighbourFlags::Own));
         assert_eq!(mac_of(&back), Some(f.mac));
+    }
+
+    #[test]
+    fn dumps_ask_the_kernel_for_one_interface_only() {
+        let fdb = round_trip(&dump_message(AddressFamily::Bridge, 9));
+        assert_eq!(
+            fdb.header.ifindex, 9,
+            "the FDB dump filters by the header's index"
+        );
+        assert!(fdb.attributes.is_empty(), "{fdb:?}");
+        let neigh = round_trip(&dump_message(AddressFamily::Unspec, 9));
+        assert_eq!(
+            neigh.header.family,
+            AddressFamily::Unspec,
+            "ARP and NDP at once"
+        );
+        assert_eq!(
+            neigh.header.ifindex, 0,
+            "strict checking refuses an index here"
+        );
+        assert_eq!(neigh.attributes, vec![NeighbourAttribute::IfIndex(9)]);
+        // Strict checking refuses any other header field in a dump request.
+        for m in [&fdb, &neigh] {
+            assert_eq!(m.header.state, NeighbourState::None);
+            assert_eq!(m.header.kind, RouteType::Unspec);
+            assert!(m.header.flags.is_empty());
+        }
     }
 
     #[test]

@@ -188,14 +188,24 @@ pub fn lookup(sock: &mut Socket, ip: IpAddr) -> Result<(Option<u32>, Option<IpAd
     Ok((oif, src))
 }
 
+/// The request that dumps `family`'s routes of the main table (the kernel leaves the other
+/// tables out when the socket checks strictly; [`parse`] drops them otherwise).
+fn dump_message(family: AddressFamily) -> RouteMessage {
+    let mut msg = RouteMessage::default();
+    msg.header.address_family = family;
+    msg.header.table = RouteHeader::RT_TABLE_MAIN;
+    msg
+}
+
 /// Every unicast route of the main table, both families.
 pub fn list(sock: &mut Socket) -> Result<Vec<Route>, Error> {
     let mut out = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-        let mut msg = RouteMessage::default();
-        msg.header.address_family = family;
         let found = sock
-            .dump("list routes", RouteNetlinkMessage::GetRoute(msg))
+            .dump(
+                "list routes",
+                RouteNetlinkMessage::GetRoute(dump_message(family)),
+            )
             .map_err(|source| Error {
                 route: "*".into(),
                 source,
@@ -228,6 +238,16 @@ mod tests {
         msg.emit(&mut buf);
         let back = RouteMessage::parse(buf.as_slice()).unwrap();
         assert_eq!(parse(&back), Some(route));
+    }
+
+    #[test]
+    fn dumps_ask_for_the_main_table_only() {
+        let msg = dump_message(AddressFamily::Inet6);
+        assert_eq!(msg.header.table, RouteHeader::RT_TABLE_MAIN);
+        assert!(msg.attributes.is_empty());
+        // Strict checking refuses these set in a dump request.
+        assert_eq!(msg.header.destination_prefix_length, 0);
+        assert_eq!(msg.header.scope, RouteScope::Universe);
     }
 
     #[test]

@@ -76,6 +76,10 @@ impl Socket {
         sock.connect(&SocketAddr::new(0, 0)).map_err(Error::Open)?;
         // Extended acks are a nicety; an old kernel without them still works.
         let _ = sock.set_ext_ack(true);
+        // Strict checking (Linux 4.20+) makes the kernel apply the filters a dump request
+        // carries (one interface's FDB, the main table's routes) instead of dumping it all;
+        // every caller filters what it gets again, so an older kernel gives the same answers.
+        let _ = sock.set_netlink_get_strict_chk(true);
         Ok(Socket { sock, seq: 0 })
     }
 
