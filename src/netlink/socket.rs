@@ -8,8 +8,9 @@
 use std::io;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader,
-    NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP,
+    NLMSG_OVERRUN, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    ParseableParametrized,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{SocketAddr, protocols::NETLINK_ROUTE};
@@ -60,13 +61,50 @@ impl Error {
 pub struct Socket {
     sock: netlink_sys::Socket,
     seq: u32,
+    /// The receive buffer, kept from one datagram to the next.
+    buf: Vec<u8>,
+}
+
+/// How much is asked for per datagram. The kernel sizes a dump's datagrams after what its
+/// reader asks for (up to 32 KiB): asking for a page would get one link per datagram.
+const RECV_SIZE: usize = 32 * 1024;
+
+/// How one message of a reply reads, as far as the reply loop is concerned.
+#[derive(Debug)]
+enum Reply<T> {
+    /// A message of the request's kind (a dumped entry, a GET's answer), as the caller's
+    /// parser made it (`None`: not one it keeps).
+    Inner(Option<T>),
+    /// `NLMSG_ERROR`: 0 acknowledges, anything else is the negative errno.
+    Error(i32),
+    Done,
+    Other,
+}
+
+/// One message of a datagram: its sequence number, flags and what it says.
+#[derive(Debug)]
+struct Message<T> {
+    seq: u32,
+    flags: u16,
+    reply: Reply<T>,
 }
 
 /// What the reply loop saw for one request.
 #[derive(Debug)]
-enum Outcome {
-    Complete(Vec<RouteNetlinkMessage>),
+enum Outcome<T> {
+    Complete(Vec<T>),
     Interrupted,
+}
+
+/// Turns one reply message's payload (after the netlink header) of the given type into `T`,
+/// or `None` to skip it.
+type Parse<'a, T> = dyn FnMut(u16, &[u8]) -> Result<Option<T>, String> + 'a;
+
+/// Parses every reply as a [`RouteNetlinkMessage`].
+fn typed(message_type: u16, payload: &[u8]) -> Result<Option<RouteNetlinkMessage>, String> {
+    RouteNetlinkMessage::parse_with_param(payload, message_type)
+        .map(Some)
+        .map_err(|e| format!("message type {message_type}: {e}"))
 }
 
 impl Socket {
@@ -80,7 +118,11 @@ impl Socket {
         // carries (one interface's FDB, the main table's routes) instead of dumping it all;
         // every caller filters what it gets again, so an older kernel gives the same answers.
         let _ = sock.set_netlink_get_strict_chk(true);
-        Ok(Socket { sock, seq: 0 })
+        Ok(Socket {
+            sock,
+            seq: 0,
+            buf: Vec::new(),
+        })
     }
 
     /// Sends a request that changes something (`flags` such as `NLM_F_CREATE`) and waits for
@@ -91,7 +133,25 @@ impl Socket {
         message: RouteNetlinkMessage,
         flags: u16,
     ) -> Result<Vec<RouteNetlinkMessage>, Error> {
-        match self.exchange(what, message, NLM_F_REQUEST | NLM_F_ACK | flags, false)? {
+        self.request_with(what, message, flags, &mut typed)
+    }
+
+    /// [`Socket::request`], with each reply message's payload read by `parse` (a caller that
+    /// needs a few fields of a large message need not decode all of it).
+    pub fn request_with<T>(
+        &mut self,
+        what: &'static str,
+        message: RouteNetlinkMessage,
+        flags: u16,
+        parse: &mut Parse<'_, T>,
+    ) -> Result<Vec<T>, Error> {
+        match self.exchange(
+            what,
+            &message,
+            NLM_F_REQUEST | NLM_F_ACK | flags,
+            false,
+            parse,
+        )? {
             Outcome::Complete(found) => Ok(found),
             Outcome::Interrupted => Err(Error::Interrupted { what }),
         }
@@ -103,54 +163,83 @@ impl Socket {
         what: &'static str,
         message: RouteNetlinkMessage,
     ) -> Result<Vec<RouteNetlinkMessage>, Error> {
+        self.dump_with(what, message, &mut typed)
+    }
+
+    /// [`Socket::dump`], with each entry's payload read by `parse`.
+    pub fn dump_with<T>(
+        &mut self,
+        what: &'static str,
+        message: RouteNetlinkMessage,
+        parse: &mut Parse<'_, T>,
+    ) -> Result<Vec<T>, Error> {
         for _ in 0..DUMP_ATTEMPTS {
             let flags = NLM_F_REQUEST | NLM_F_DUMP;
-            if let Outcome::Complete(found) = self.exchange(what, message.clone(), flags, true)? {
+            if let Outcome::Complete(found) = self.exchange(what, &message, flags, true, parse)? {
                 return Ok(found);
             }
         }
         Err(Error::Interrupted { what })
     }
 
-    fn exchange(
+    fn exchange<T>(
         &mut self,
         what: &'static str,
-        message: RouteNetlinkMessage,
+        message: &RouteNetlinkMessage,
         flags: u16,
         dump: bool,
-    ) -> Result<Outcome, Error> {
+        parse: &mut Parse<'_, T>,
+    ) -> Result<Outcome<T>, Error> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        let bytes = encode(message, flags, seq);
+        let bytes = encode(message.clone(), flags, seq);
         self.sock
             .send(&bytes, 0)
             .map_err(|source| Error::Send { what, source })?;
         let mut replies = Replies::new(what, seq, dump);
         loop {
-            let (datagram, _) = self
-                .sock
-                .recv_from_full()
+            self.receive()
                 .map_err(|source| Error::Recv { what, source })?;
-            for reply in decode_all(&datagram).map_err(|reason| Error::Decode { what, reason })? {
+            for reply in
+                decode_with(&self.buf, parse).map_err(|reason| Error::Decode { what, reason })?
+            {
                 if let Some(outcome) = replies.feed(reply)? {
                     return Ok(outcome);
                 }
             }
         }
     }
+
+    /// Reads the next datagram, whole, into `self.buf`: its size is peeked first, so a
+    /// datagram larger than [`RECV_SIZE`] is never cut.
+    fn receive(&mut self) -> io::Result<()> {
+        let mut nothing: &mut [u8] = &mut [];
+        let (size, _) = self
+            .sock
+            .recv_from(&mut nothing, nix::libc::MSG_PEEK | nix::libc::MSG_TRUNC)?;
+        self.buf.clear();
+        self.buf.reserve(size.max(RECV_SIZE));
+        let (got, _) = self.sock.recv_from(&mut self.buf, 0)?;
+        if got != size {
+            return Err(io::Error::other(format!(
+                "read {got} bytes of a {size}-byte datagram"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Collects the replies to one request; pure, so the protocol rules are unit-tested.
-struct Replies {
+struct Replies<T> {
     what: &'static str,
     seq: u32,
     dump: bool,
-    found: Vec<RouteNetlinkMessage>,
+    found: Vec<T>,
     interrupted: bool,
 }
 
-impl Replies {
-    fn new(what: &'static str, seq: u32, dump: bool) -> Replies {
+impl<T> Replies<T> {
+    fn new(what: &'static str, seq: u32, dump: bool) -> Replies<T> {
         Replies {
             what,
             seq,
@@ -161,37 +250,32 @@ impl Replies {
     }
 
     /// Takes one reply; `Some` once the request is over.
-    fn feed(
-        &mut self,
-        reply: NetlinkMessage<RouteNetlinkMessage>,
-    ) -> Result<Option<Outcome>, Error> {
-        if reply.header.sequence_number != self.seq {
+    fn feed(&mut self, reply: Message<T>) -> Result<Option<Outcome<T>>, Error> {
+        if reply.seq != self.seq {
             // A late answer to an earlier request.
             return Ok(None);
         }
-        self.interrupted |= reply.header.flags & NLM_F_DUMP_INTR != 0;
-        match reply.payload {
-            NetlinkPayload::InnerMessage(inner) => self.found.push(inner),
-            NetlinkPayload::Error(err) => match err.code {
-                None if !self.dump => {
-                    return Ok(Some(Outcome::Complete(std::mem::take(&mut self.found))));
-                }
-                None => {}
-                Some(code) => {
-                    return Err(Error::Kernel {
-                        what: self.what,
-                        errno: code.get().abs(),
-                    });
-                }
-            },
-            NetlinkPayload::Done(_) => {
+        self.interrupted |= reply.flags & NLM_F_DUMP_INTR != 0;
+        match reply.reply {
+            Reply::Inner(Some(inner)) => self.found.push(inner),
+            Reply::Error(0) if !self.dump => {
+                return Ok(Some(Outcome::Complete(std::mem::take(&mut self.found))));
+            }
+            Reply::Error(0) => {}
+            Reply::Error(code) => {
+                return Err(Error::Kernel {
+                    what: self.what,
+                    errno: code.saturating_abs(),
+                });
+            }
+            Reply::Done => {
                 return Ok(Some(if self.interrupted {
                     Outcome::Interrupted
                 } else {
                     Outcome::Complete(std::mem::take(&mut self.found))
                 }));
             }
-            _ => {}
+            Reply::Inner(None) | Reply::Other => {}
         }
         Ok(None)
     }
@@ -209,17 +293,33 @@ pub fn encode(message: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
     bytes
 }
 
-/// Splits one datagram into its netlink messages.
-pub fn decode_all(datagram: &[u8]) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, String> {
+/// Splits one datagram into its netlink messages, each inner one read by `parse`.
+fn decode_with<T>(datagram: &[u8], parse: &mut Parse<'_, T>) -> Result<Vec<Message<T>>, String> {
     let mut out = Vec::new();
     let mut offset = 0;
     while offset < datagram.len() {
         let rest = &datagram[offset..];
-        let len = NetlinkBuffer::new_checked(rest)
-            .map_err(|e| e.to_string())?
-            .length() as usize;
-        let end = len.min(rest.len());
-        out.push(NetlinkMessage::deserialize(&rest[..end]).map_err(|e| e.to_string())?);
+        let buf = NetlinkBuffer::new_checked(rest).map_err(|e| e.to_string())?;
+        let len = buf.length() as usize;
+        let payload = buf.payload();
+        let reply = match buf.message_type() {
+            NLMSG_ERROR => {
+                let code = payload
+                    .get(..4)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .map(i32::from_ne_bytes)
+                    .ok_or("NLMSG_ERROR shorter than its code")?;
+                Reply::Error(code)
+            }
+            NLMSG_DONE => Reply::Done,
+            NLMSG_NOOP | NLMSG_OVERRUN => Reply::Other,
+            message_type => Reply::Inner(parse(message_type, payload)?),
+        };
+        out.push(Message {
+            seq: buf.sequence_number(),
+            flags: buf.flags(),
+            reply,
+        });
         // Messages are padded to 4 bytes.
         offset += (len + 3) & !3;
         if len == 0 {
@@ -241,11 +341,15 @@ mod tests {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName("eth0".into()));
         let bytes = encode(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST, 42);
-        let parsed = decode_all(&bytes).unwrap();
-        assert_eq!(parsed.len(), 1);
-        assert_eq!(parsed[0].header.sequence_number, 42);
-        assert_eq!(parsed[0].header.length as usize, bytes.len());
-        assert_eq!(parsed[0].header.message_type, 18, "RTM_GETLINK");
+        let buf = NetlinkBuffer::new_checked(&bytes).unwrap();
+        assert_eq!(buf.sequence_number(), 42);
+        assert_eq!(buf.length() as usize, bytes.len());
+        assert_eq!(buf.message_type(), 18, "RTM_GETLINK");
+        let parsed = decode_with(&bytes, &mut typed).unwrap();
+        assert!(matches!(
+            &parsed[0].reply,
+            Reply::Inner(Some(RouteNetlinkMessage::GetLink(m))) if m.attributes == [LinkAttribute::IfName("eth0".into())]
+        ));
     }
 
     #[test]
@@ -265,20 +369,35 @@ mod tests {
         let mut tail = vec![0; done.buffer_len()];
         done.serialize(&mut tail);
         bytes.extend(tail);
-        let parsed = decode_all(&bytes).unwrap();
+        let parsed = decode_with(&bytes, &mut typed).unwrap();
         assert_eq!(parsed.len(), 2);
-        assert!(matches!(parsed[1].payload, NetlinkPayload::Done(_)));
+        assert!(matches!(
+            parsed[0].reply,
+            Reply::Inner(Some(RouteNetlinkMessage::NewLink(_)))
+        ));
+        assert!(matches!(parsed[1].reply, Reply::Done));
+        // A parser that keeps nothing of a message still sees where the request ends.
+        let skipped = decode_with(&bytes, &mut |_, _| Ok(None::<()>)).unwrap();
+        assert!(matches!(skipped[0].reply, Reply::Inner(None)));
+        assert!(matches!(skipped[1].reply, Reply::Done));
     }
 
+    /// One message as the kernel sends it, decoded as the reply loop decodes it.
     fn reply(
         seq: u32,
         flags: u16,
         payload: NetlinkPayload<RouteNetlinkMessage>,
-    ) -> NetlinkMessage<RouteNetlinkMessage> {
+    ) -> Message<RouteNetlinkMessage> {
         let mut header = NetlinkHeader::default();
         header.sequence_number = seq;
         header.flags = flags;
-        NetlinkMessage::new(header, payload)
+        let mut message = NetlinkMessage::new(header, payload);
+        message.finalize();
+        let mut bytes = vec![0; message.buffer_len()];
+        message.serialize(&mut bytes);
+        let mut parsed = decode_with(&bytes, &mut typed).unwrap();
+        assert_eq!(parsed.len(), 1);
+        parsed.remove(0)
     }
 
     fn link() -> NetlinkPayload<RouteNetlinkMessage> {
