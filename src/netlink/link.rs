@@ -4,10 +4,13 @@
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_core::{
+    NLM_F_CREATE, NLM_F_EXCL, NlasIterator, parse_string, parse_u8, parse_u16_be, parse_u32,
+};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVeth, InfoVxlan, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo,
+    LinkMessage,
 };
 use nix::errno::Errno;
 
@@ -104,6 +107,102 @@ impl Link {
     }
 }
 
+// The attributes `Link::from_bytes` reads (linux/if_link.h).
+const IFF_UP: u32 = 1;
+const IFLA_ADDRESS: u16 = 1;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_MTU: u16 = 4;
+const IFLA_MASTER: u16 = 10;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_IFALIAS: u16 = 20;
+const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+const IFLA_VXLAN_ID: u16 = 1;
+const IFLA_VXLAN_LINK: u16 = 3;
+const IFLA_VXLAN_LOCAL: u16 = 4;
+const IFLA_VXLAN_LEARNING: u16 = 7;
+const IFLA_VXLAN_PORT: u16 = 15;
+/// `RTM_NEWLINK`, the type of every link in a reply.
+const RTM_NEWLINK: u16 = 16;
+/// `struct ifinfomsg`: family, pad, type, index, flags, change.
+const IFINFOMSG_LEN: usize = 16;
+
+/// The attributes of a netlink attribute block, as (type, value).
+fn attributes(block: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), String>> {
+    NlasIterator::new(block).map(|nla| {
+        let nla = nla.map_err(|e| e.to_string())?;
+        let (kind, end) = (nla.kind(), usize::from(nla.length()));
+        // `new_checked` made sure that 4 <= length <= the buffer's length.
+        let value = nla.into_inner().get(4..end).unwrap_or_default();
+        Ok((kind, value))
+    })
+}
+
+impl Link {
+    /// [`Link::from_message`] straight from an `RTM_NEWLINK` payload: only the attributes a
+    /// [`Link`] holds are read. A link message carries dozens more (statistics, per-family
+    /// settings, a bridge port's state), and decoding all of them for every link of a
+    /// node's dump cost more than everything else ADD computes.
+    pub fn from_bytes(payload: &[u8]) -> Result<Link, String> {
+        let field = |range: std::ops::Range<usize>| {
+            payload
+                .get(range)
+                .ok_or_else(|| format!("link message of {} bytes", payload.len()))
+        };
+        let mut link = Link {
+            index: parse_u32(field(4..8)?).map_err(|e| e.to_string())?,
+            up: parse_u32(field(8..12)?).map_err(|e| e.to_string())? & IFF_UP != 0,
+            ..Link::default()
+        };
+        let text = |v: &[u8]| parse_string(v).map_err(|e| e.to_string());
+        let number = |v: &[u8]| parse_u32(v).map_err(|e| e.to_string());
+        for attribute in attributes(field(IFINFOMSG_LEN..payload.len())?) {
+            let (kind, value) = attribute?;
+            match kind {
+                IFLA_IFNAME => link.name = text(value)?,
+                IFLA_IFALIAS => link.alias = Some(text(value)?),
+                IFLA_ADDRESS => link.mac = <[u8; 6]>::try_from(value).ok(),
+                IFLA_MTU => link.mtu = Some(number(value)?),
+                IFLA_MASTER => link.master = Some(number(value)?),
+                IFLA_LINKINFO => {
+                    let mut data = None;
+                    for info in attributes(value) {
+                        match info? {
+                            (IFLA_INFO_KIND, v) => link.kind = Some(text(v)?),
+                            (IFLA_INFO_DATA, v) => data = Some(v),
+                            _ => {}
+                        }
+                    }
+                    if let (Some("vxlan"), Some(data)) = (link.kind.as_deref(), data) {
+                        link.vxlan = Some(vxlan_from_bytes(data)?);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(link)
+    }
+}
+
+fn vxlan_from_bytes(data: &[u8]) -> Result<VxlanInfo, String> {
+    let mut info = VxlanInfo::default();
+    for attribute in attributes(data) {
+        let (kind, v) = attribute?;
+        let bad = |e: netlink_packet_core::DecodeError| format!("vxlan attribute {kind}: {e}");
+        match kind {
+            IFLA_VXLAN_ID => info.vni = Some(parse_u32(v).map_err(bad)?),
+            IFLA_VXLAN_PORT => info.port = Some(parse_u16_be(v).map_err(bad)?),
+            IFLA_VXLAN_LOCAL => {
+                info.local = <[u8; 4]>::try_from(v).ok().map(Ipv4Addr::from);
+            }
+            IFLA_VXLAN_LINK => info.underlay = Some(parse_u32(v).map_err(bad)?),
+            IFLA_VXLAN_LEARNING => info.learning = Some(parse_u8(v).map_err(bad)? > 0),
+            _ => {}
+        }
+    }
+    Ok(info)
+}
+
 fn vxlan_info(attrs: &[InfoVxlan]) -> VxlanInfo {
     let mut info = VxlanInfo::default();
     for a in attrs {
@@ -138,6 +237,22 @@ fn named(name: &str) -> LinkMessage {
     let mut msg = LinkMessage::default();
     msg.attributes.push(LinkAttribute::IfName(name.to_string()));
     msg
+}
+
+/// A request for links, without their statistics (nothing here reads them).
+fn query(mut msg: LinkMessage) -> RouteNetlinkMessage {
+    msg.attributes
+        .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+    RouteNetlinkMessage::GetLink(msg)
+}
+
+/// Reads the links of a reply; other messages are skipped.
+fn links_of(message_type: u16, payload: &[u8]) -> Result<Option<Link>, String> {
+    if message_type == RTM_NEWLINK {
+        Link::from_bytes(payload).map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 fn indexed(index: u32) -> LinkMessage {
@@ -262,8 +377,8 @@ pub fn add_veth(sock: &mut Socket, spec: &VethSpec<'_>) -> Result<(), Error> {
 
 /// The link called `name`, or `None` if there is none.
 pub fn get(sock: &mut Socket, name: &str) -> Result<Option<Link>, Error> {
-    match sock.request("get link", RouteNetlinkMessage::GetLink(named(name)), 0) {
-        Ok(found) => Ok(found.iter().find_map(as_link)),
+    match sock.request_with("get link", query(named(name)), 0, &mut links_of) {
+        Ok(found) => Ok(found.into_iter().next()),
         Err(e) if e.is(Errno::ENODEV) => Ok(None),
         Err(e) => Err(ctx(name)(e)),
     }
@@ -275,20 +390,8 @@ pub fn require(sock: &mut Socket, name: &str) -> Result<Link, Error> {
 }
 
 pub fn list(sock: &mut Socket) -> Result<Vec<Link>, Error> {
-    let found = sock
-        .dump(
-            "list links",
-            RouteNetlinkMessage::GetLink(LinkMessage::default()),
-        )
-        .map_err(ctx("*"))?;
-    Ok(found.iter().filter_map(as_link).collect())
-}
-
-fn as_link(msg: &RouteNetlinkMessage) -> Option<Link> {
-    match msg {
-        RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
-        _ => None,
-    }
+    sock.dump_with("list links", query(LinkMessage::default()), &mut links_of)
+        .map_err(ctx("*"))
 }
 
 fn set(sock: &mut Socket, link: &Link, msg: LinkMessage) -> Result<(), Error> {
@@ -449,6 +552,64 @@ mod tests {
             peer.attributes
                 .iter()
                 .any(|a| matches!(a, LinkAttribute::NetNsFd(_)))
+        );
+    }
+
+    fn bytes(msg: &LinkMessage) -> Vec<u8> {
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.emit(&mut buf);
+        buf
+    }
+
+    #[test]
+    fn reading_only_our_fields_gives_what_full_decoding_gives() {
+        let spec = VxlanSpec {
+            name: "vtep0".into(),
+            vni: 7,
+            port: 8472,
+            local: Ipv4Addr::new(192, 0, 2, 1),
+            underlay: Some(3),
+            mac: [0x0a, 0x07, 192, 0, 2, 1],
+            mtu: 1450,
+            learning: true,
+        };
+        let mut vtep = vxlan_message(&spec);
+        vtep.header.index = 9;
+        vtep.header.flags = LinkFlags::Up | LinkFlags::Running;
+        vtep.attributes.extend([
+            LinkAttribute::IfAlias("sticky-vxlan:vtep edge".into()),
+            LinkAttribute::Controller(4),
+            LinkAttribute::TxQueueLen(1000),
+            LinkAttribute::Carrier(1),
+        ]);
+        let mut bridge = bridge_message("br0", Some(1400), Some([2, 0, 0, 0, 0, 9]));
+        bridge.header.index = 4;
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let veth = veth_message(&VethSpec {
+            host: "sv0123",
+            peer: "eth0",
+            peer_netns: std::os::fd::AsFd::as_fd(&file),
+            peer_mac: None,
+            mtu: 1450,
+            master: Some(4),
+        });
+        for msg in [&vtep, &bridge, &veth, &LinkMessage::default()] {
+            let fast = Link::from_bytes(&bytes(msg)).unwrap();
+            assert_eq!(fast, Link::from_message(msg), "{msg:?}");
+        }
+        let fast = Link::from_bytes(&bytes(&vtep)).unwrap();
+        assert!(fast.up);
+        assert_eq!(fast.vxlan.unwrap().learning, Some(true));
+        assert_eq!(fast.kind.as_deref(), Some("vxlan"));
+    }
+
+    #[test]
+    fn a_cut_link_message_is_an_error() {
+        let whole = bytes(&bridge_message("br0", Some(1400), None));
+        assert!(Link::from_bytes(&whole[..10]).is_err(), "header cut");
+        assert!(
+            Link::from_bytes(&whole[..whole.len() - 3]).is_err(),
+            "attribute cut"
         );
     }
 
