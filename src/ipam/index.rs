@@ -103,6 +103,31 @@ pub fn fnv(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Appends `h` as 16 lowercase hex digits. The stamp holds 512 of them and is written by every
+/// call that changes the directory: `format!` per hash was a third of an ADD's instructions.
+fn push_hex(out: &mut String, h: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        out.push(char::from(DIGITS[((h >> (shift * 4)) & 0xf) as usize]));
+    }
+}
+
+/// Exactly 16 lowercase hex digits, as [`push_hex`] writes them; anything else is `None`.
+fn parse_hex(text: &str) -> Option<u64> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 16 {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |h, b| {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => return None,
+        };
+        Some(h << 4 | u64::from(digit))
+    })
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
     #[error("{action} {path}: {source}")]
@@ -193,7 +218,7 @@ impl Stored {
         let dir = open_index_dir(&index_dir).ok()?;
         let text = String::from_utf8(read_in(&dir, STAMP)?).ok()?;
         let (body, sum) = text.rsplit_once("sum ")?;
-        if format!("{:016x}", fnv(body.as_bytes())) != sum.trim_end() {
+        if parse_hex(sum.trim_end())? != fnv(body.as_bytes()) {
             return None;
         }
         let mut lines = body.lines();
@@ -211,7 +236,7 @@ impl Stored {
         let hashes: Vec<u64> = lines
             .next()?
             .split(' ')
-            .map(|h| u64::from_str_radix(h, 16).ok())
+            .map(parse_hex)
             .collect::<Option<_>>()?;
         (hashes.len() == 2 * BUCKETS).then_some(Stored {
             dir: Arc::new(dir),
@@ -288,11 +313,17 @@ pub fn save(
         body.push_str(&format!(" {n}"));
     }
     body.push('\n');
-    let words: Vec<String> = hashes.iter().map(|h| format!("{h:016x}")).collect();
-    body.push_str(&words.join(" "));
+    for (i, h) in hashes.iter().enumerate() {
+        if i > 0 {
+            body.push(' ');
+        }
+        push_hex(&mut body, *h);
+    }
     body.push('\n');
     let sum = fnv(body.as_bytes());
-    body.push_str(&format!("sum {sum:016x}\n"));
+    body.push_str("sum ");
+    push_hex(&mut body, sum);
+    body.push('\n');
     let path = index_dir.join(STAMP);
     write_in(&dir, STAMP, body.as_bytes()).map_err(io_err("writing", &path))?;
     crash::point("index stamped");
@@ -307,4 +338,29 @@ fn stamp_time() -> Result<TimeSpec, nix::Error> {
         (ns.div_euclid(1_000_000_000)) as i64,
         (ns.rem_euclid(1_000_000_000)) as i64,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_refuses_what_it_never_writes() {
+        for h in [0, 1, 0xdead_beef, u64::MAX, fnv(b"10.1.2.3_ns_pod\n")] {
+            let mut text = String::new();
+            push_hex(&mut text, h);
+            assert_eq!(text, format!("{h:016x}"));
+            assert_eq!(parse_hex(&text), Some(h));
+        }
+        for bad in [
+            "",
+            "0",
+            "00000000000000000",
+            "000000000000000G",
+            "+00000000000000f",
+            "00000000000000F0",
+        ] {
+            assert_eq!(parse_hex(bad), None, "{bad:?}");
+        }
+    }
 }
