@@ -105,16 +105,17 @@ pub fn fnv(bytes: &[u8]) -> u64 {
 
 /// Appends `h` as 16 lowercase hex digits. The stamp holds 512 of them and is written by every
 /// call that changes the directory: `format!` per hash was a third of an ADD's instructions.
-fn push_hex(out: &mut String, h: u64) {
+fn push_hex(out: &mut Vec<u8>, h: u64) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for shift in (0..16).rev() {
-        out.push(char::from(DIGITS[((h >> (shift * 4)) & 0xf) as usize]));
+    let mut word = [0u8; 16];
+    for (i, digit) in word.iter_mut().enumerate() {
+        *digit = DIGITS[((h >> ((15 - i) * 4)) & 0xf) as usize];
     }
+    out.extend_from_slice(&word);
 }
 
 /// Exactly 16 lowercase hex digits, as [`push_hex`] writes them; anything else is `None`.
-fn parse_hex(text: &str) -> Option<u64> {
-    let bytes = text.as_bytes();
+fn parse_hex(bytes: &[u8]) -> Option<u64> {
     if bytes.len() != 16 {
         return None;
     }
@@ -126,6 +127,18 @@ fn parse_hex(text: &str) -> Option<u64> {
         };
         Some(h << 4 | u64::from(digit))
     })
+}
+
+/// The stamp's line of hashes: `2 * BUCKETS` words of [`push_hex`], one space between.
+fn parse_hashes(line: &[u8]) -> Option<Vec<u64>> {
+    if line.len() != 2 * BUCKETS * 17 - 1 {
+        return None;
+    }
+    line.chunks(17)
+        .map(|word| match word {
+            [hex @ .., b' '] | hex => parse_hex(hex),
+        })
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -218,7 +231,7 @@ impl Stored {
         let dir = open_index_dir(&index_dir).ok()?;
         let text = String::from_utf8(read_in(&dir, STAMP)?).ok()?;
         let (body, sum) = text.rsplit_once("sum ")?;
-        if parse_hex(sum.trim_end())? != fnv(body.as_bytes()) {
+        if parse_hex(sum.trim_end().as_bytes())? != fnv(body.as_bytes()) {
             return None;
         }
         let mut lines = body.lines();
@@ -233,12 +246,8 @@ impl Stored {
         if DirState(state) != DirState::of(&fs::metadata(net_dir).ok()?) {
             return None;
         }
-        let hashes: Vec<u64> = lines
-            .next()?
-            .split(' ')
-            .map(parse_hex)
-            .collect::<Option<_>>()?;
-        (hashes.len() == 2 * BUCKETS).then_some(Stored {
+        let hashes = parse_hashes(lines.next()?.as_bytes())?;
+        Some(Stored {
             dir: Arc::new(dir),
             hashes,
         })
@@ -308,24 +317,25 @@ pub fn save(
             path: net_dir.to_path_buf(),
         });
     }
-    let mut body = MAGIC.to_string();
+    let mut body = Vec::with_capacity(128 + 2 * BUCKETS * 17 + 22);
+    body.extend_from_slice(MAGIC.as_bytes());
     for n in state.0 {
-        body.push_str(&format!(" {n}"));
+        body.extend_from_slice(format!(" {n}").as_bytes());
     }
-    body.push('\n');
+    body.push(b'\n');
     for (i, h) in hashes.iter().enumerate() {
         if i > 0 {
-            body.push(' ');
+            body.push(b' ');
         }
         push_hex(&mut body, *h);
     }
-    body.push('\n');
-    let sum = fnv(body.as_bytes());
-    body.push_str("sum ");
+    body.push(b'\n');
+    let sum = fnv(&body);
+    body.extend_from_slice(b"sum ");
     push_hex(&mut body, sum);
-    body.push('\n');
+    body.push(b'\n');
     let path = index_dir.join(STAMP);
-    write_in(&dir, STAMP, body.as_bytes()).map_err(io_err("writing", &path))?;
+    write_in(&dir, STAMP, &body).map_err(io_err("writing", &path))?;
     crash::point("index stamped");
     Ok(())
 }
@@ -347,9 +357,9 @@ mod tests {
     #[test]
     fn hex_round_trips_and_refuses_what_it_never_writes() {
         for h in [0, 1, 0xdead_beef, u64::MAX, fnv(b"10.1.2.3_ns_pod\n")] {
-            let mut text = String::new();
+            let mut text = Vec::new();
             push_hex(&mut text, h);
-            assert_eq!(text, format!("{h:016x}"));
+            assert_eq!(text, format!("{h:016x}").into_bytes());
             assert_eq!(parse_hex(&text), Some(h));
         }
         for bad in [
@@ -360,7 +370,21 @@ mod tests {
             "+00000000000000f",
             "00000000000000F0",
         ] {
-            assert_eq!(parse_hex(bad), None, "{bad:?}");
+            assert_eq!(parse_hex(bad.as_bytes()), None, "{bad:?}");
+        }
+        let line = (0..2 * BUCKETS as u64)
+            .map(|h| format!("{h:016x}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let parsed = parse_hashes(line.as_bytes()).unwrap();
+        assert_eq!(parsed, (0..2 * BUCKETS as u64).collect::<Vec<_>>());
+        for broken in [
+            line.replacen(' ', "_", 1),
+            line[..line.len() - 1].to_string(),
+            format!("{line} "),
+            line.replacen(' ', "", 1) + " ",
+        ] {
+            assert_eq!(parse_hashes(broken.as_bytes()), None, "{}", &broken[..40]);
         }
     }
 }
