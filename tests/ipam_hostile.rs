@@ -599,6 +599,45 @@ fn no_hint_is_rewritten_through_a_hard_link() {
     }
 }
 
+/// The index's bucket and stamp files are rewritten in place too: a hard link planted at one
+/// is never written through. The index directory is ours, the other name's file is not: our
+/// name is replaced by a new file, the linked file is left as it is, and the calls and the
+/// index work on (rebuilt from the records, trusted again afterwards).
+#[test]
+fn no_index_file_is_rewritten_through_a_hard_link() {
+    for file in ["ip.00", "pod.ff", "stamp"] {
+        let s = Scene::new();
+        let pod = Pod::new("ns", "a", "uid-a");
+        Plugin::sticky()
+            .run(&Call::add("c0", &s.conf).pod(&pod))
+            .ok();
+        Plugin::sticky()
+            .run(&Call::del("c0", &s.conf).pod(&pod))
+            .ok_empty();
+        let planted = s.dir().join(INDEX_DIR).join(file);
+        let _ = fs::remove_file(&planted);
+        fs::hard_link(s.victim(), &planted).unwrap();
+        // A record written and removed behind the index (an operator, host-local): the next
+        // call lists the directory and rewrites every bucket and the stamp.
+        fs::write(s.dir().join("stray"), b"").unwrap();
+        fs::remove_file(s.dir().join("stray")).unwrap();
+        let b = Pod::new("ns", "b", "uid-b");
+        Plugin::sticky().run(&Call::add("c1", &s.conf).pod(&b)).ok();
+        Plugin::sticky()
+            .run(&Call::del("c1", &s.conf).pod(&b))
+            .ok_empty();
+        s.assert_victim_untouched(file);
+        assert!(check_index(&s.dir()), "{file}: index not trusted again");
+        let back = result_ip(
+            &Plugin::sticky()
+                .run(&Call::add("c2", &s.conf).pod(&pod))
+                .ok(),
+        );
+        assert_eq!(back, ip("10.40.0.2"), "{file}: pod a lost its lease");
+        s.assert_victim_untouched(file);
+    }
+}
+
 #[test]
 fn del_succeeds_when_no_inode_is_left() {
     if !require_root("mounting a small tmpfs") {
