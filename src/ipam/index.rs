@@ -163,16 +163,22 @@ fn libc_flags(flags: OFlag) -> i32 {
     flags.bits()
 }
 
+/// The content of `name` in `dir`, if it is a regular file (`O_NONBLOCK`: a FIFO there cannot
+/// block the call; it is simply not an index file).
 fn read_in(dir: &File, name: &str) -> Option<Vec<u8>> {
     let fd = openat(
         dir.as_fd(),
         name,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .ok()?;
+    let mut file = File::from(fd);
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
     let mut bytes = Vec::new();
-    File::from(fd).read_to_end(&mut bytes).ok()?;
+    file.read_to_end(&mut bytes).ok()?;
     Some(bytes)
 }
 
