@@ -672,3 +672,57 @@ fn a_link_at_the_segment_lock_or_state_dir_is_refused_without_writing() {
     expect_error(&out, 128, "lock");
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 }
+
+/// Who this node is follows the main mode's rule, with its codes (`vxlan_ownership`'s
+/// `a_peer_entry_cannot_make_the_node_mistake_who_it_is`): an entry or a node at an address
+/// that is no node's (loopback, link-local, multicast) is bad config (7); a peer at the
+/// network or broadcast address of the underlay's subnet, or a second entry naming this node,
+/// is a bad peer list (124). Nothing is made for any of them.
+#[test]
+fn a_peer_entry_or_node_cannot_make_a_segment_node_mistake_who_it_is() {
+    let Some((mut topo, dir)) = nodes(1) else {
+        return;
+    };
+    let node = topo.node_ns(1);
+    let with = |ip: &str| json!([Topo::peer(1, false), {"ip": ip, "subnets": ["10.244.9.0/24"]}]);
+    let cases = [
+        ("peers", with("127.0.0.1"), 7, "127.0.0.1"),
+        ("peers", with("169.254.0.7"), 7, "169.254.0.7"),
+        ("peers", with("224.0.0.1"), 7, "224.0.0.1"),
+        ("peers", with("192.0.2.255"), 124, "192.0.2.255"),
+        ("peers", with("192.0.2.0"), 124, "192.0.2.0"),
+        ("nodes", json!(["192.0.2.1", "127.0.0.1"]), 7, "127.0.0.1"),
+        (
+            "nodes",
+            json!(["192.0.2.1", "169.254.0.7"]),
+            7,
+            "169.254.0.7",
+        ),
+    ];
+    for (i, (key, value, code, says)) in cases.into_iter().enumerate() {
+        let conf = segment(&dir, "segw", 601, 1, json!({ key: value }));
+        let pod = with_ifname(topo.new_pod(1, &format!("w{i}")), "net1");
+        let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, &k8s("w"));
+        expect_error(&out, code, says);
+        let links = ok(&["ip", "-n", &node, "-o", "link"]);
+        assert!(!links.contains("segvx601"), "{key} {value}: {links}");
+        topo.drop_ns(&pod.ns);
+    }
+    // A second address of this node named by a second entry: which one is this node?
+    ok(&[
+        "ip",
+        "-n",
+        &node,
+        "addr",
+        "add",
+        "192.0.2.101/24",
+        "dev",
+        "eth0",
+    ]);
+    let conf = segment(&dir, "segw", 601, 1, json!({"peers": with("192.0.2.101")}));
+    let pod = with_ifname(topo.new_pod(1, "two"), "net1");
+    let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, &k8s("two"));
+    expect_error(&out, 124, "192.0.2.101");
+    let links = ok(&["ip", "-n", &node, "-o", "link"]);
+    assert!(!links.contains("segvx601"), "{links}");
+}

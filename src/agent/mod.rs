@@ -216,15 +216,7 @@ fn main_loop(
             s.status.clone()
         };
         if written_status.as_ref() != Some(&status) {
-            let text = serde_json::to_vec(&status).unwrap_or_default();
-            let path = state::status_path(state_dir, &status.network);
-            if let Err(e) = std::fs::create_dir_all(state_dir)
-                .map_err(|source| files::Error::Write {
-                    path: path.clone(),
-                    source,
-                })
-                .and_then(|()| files::write_atomic(&path, &text))
-            {
+            if let Err(e) = files::write_status(state_dir, &status) {
                 log(&format!("status file: {e}"));
             }
             written_status = Some(status);

@@ -25,7 +25,9 @@
 //!
 //! Bucket and stamp files are written in place without fsync: after a power cut, a bucket
 //! that did not reach the disk fails its hash, a stamp that did not fails its sum or names an
-//! older mtime, and the directory is listed again. Nothing is ever written through a symlink.
+//! older mtime, and the directory is listed again. Nothing is ever written through a link: a
+//! symlink or a hard-linked file (or a FIFO) at a bucket's or the stamp's name is replaced by
+//! a new file of ours (the index directory is ours; what the name led to is not).
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::Read;
@@ -38,8 +40,9 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, futimens};
 use nix::sys::time::TimeSpec;
 use nix::time::{ClockId, clock_gettime};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use crate::crash;
+use crate::{crash, nofollow};
 
 /// The index directory, inside the network directory.
 pub const DIR: &str = "sticky-index";
@@ -198,28 +201,53 @@ fn libc_flags(flags: OFlag) -> i32 {
     flags.bits()
 }
 
+/// The content of `name` in `dir`, if it is a regular file (`O_NONBLOCK`: a FIFO there cannot
+/// block the call; it is simply not an index file).
 fn read_in(dir: &File, name: &str) -> Option<Vec<u8>> {
     let fd = openat(
         dir.as_fd(),
         name,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .ok()?;
+    let mut file = File::from(fd);
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
     let mut bytes = Vec::new();
-    File::from(fd).read_to_end(&mut bytes).ok()?;
+    file.read_to_end(&mut bytes).ok()?;
     Some(bytes)
 }
 
+/// Writes `bytes` as the whole of `name` in `dir`, in place. Only a regular file that is
+/// this name's alone is written ([`nofollow::single_link`]): a link, a FIFO or a file with
+/// another hard link at the name is not ours to write. The index directory is ours, so our
+/// name is unlinked and a new file made in its place; what it led to is left as it is.
 fn write_in(dir: &File, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
-    let fd = openat(
-        dir.as_fd(),
-        name,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o644),
-    )?;
-    let file = File::from(fd);
+    let open = |new: OFlag| -> std::io::Result<File> {
+        let fd = openat(
+            dir.as_fd(),
+            name,
+            OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_CLOEXEC
+                | new,
+            Mode::from_bits_truncate(0o644),
+        )
+        .map_err(|e| nofollow::explain(e.into()))?;
+        nofollow::single_link(File::from(fd)).map(|(file, _)| file)
+    };
+    let file = match open(OFlag::empty()) {
+        Err(e) if nofollow::refusal(&e).is_some() => {
+            unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir)?;
+            open(OFlag::O_EXCL)?
+        }
+        opened => opened?,
+    };
     file.write_all_at(bytes, 0)?;
     file.set_len(bytes.len() as u64)
 }
