@@ -726,3 +726,80 @@ fn a_peer_entry_or_node_cannot_make_a_segment_node_mistake_who_it_is() {
     let links = ok(&["ip", "-n", &node, "-o", "link"]);
     assert!(!links.contains("segvx601"), "{links}");
 }
+
+/// The boot unit's call: one `reconcile` with the main network's conflist and each segment's.
+/// Each is reconciled in turn; one that fails (an unusable file, a device that is not ours)
+/// is reported, stops none of the others, and the exit code says so.
+#[test]
+fn one_reconcile_restores_the_main_network_and_every_segment_and_a_failing_one_stops_no_other() {
+    let Some((topo, dir)) = nodes(2) else {
+        return;
+    };
+    let node = topo.node_ns(1);
+    let peers = topo.write_peers_file(
+        "peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let seg = |name: &str, vni: u32| {
+        let mut c = segment(&dir, name, vni, 1, json!({"peersFile": peers}));
+        c.as_object_mut().unwrap().remove("peers");
+        c.to_string()
+    };
+    let main_file = write(
+        "10-main.conf",
+        topo.conf(1, json!({"peersFile": peers})).to_string(),
+    );
+    let seg_file = write("40-segb.conf", seg("segb", 501));
+    let broken = write("05-broken.conflist", "{\"name\": ".into());
+    let reconcile = |files: &[&str]| {
+        let mut args = vec!["reconcile"];
+        for f in files {
+            args.extend(["--config", f]);
+        }
+        let out = topo.tool(1, &args);
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let routed =
+        || ok(&["ip", "-n", &node, "route", "show", &Topo::subnet(2)]).contains("dev sticky.1");
+
+    // A broken first file: reported (usage, exit 2), the two others reconciled.
+    let (code, out, err) = reconcile(&[&broken, &main_file, &seg_file]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("05-broken.conflist"), "{err}");
+    assert!(
+        out.contains("sticky.1 up") && out.contains("segment segb vni 501"),
+        "{out}"
+    );
+    assert!(routed(), "the main network's peer is programmed");
+    assert_eq!(flood(&topo, 1, "segvx501"), ["192.0.2.2"]);
+
+    // After a "reboot" (devices gone), a segment whose bridge is someone else's fails at run
+    // time (exit 1) and the main network and the other segment still come back.
+    for dev in ["sticky.1", "segvx501", "segbr501"] {
+        ok(&["ip", "-n", &node, "link", "del", dev]);
+    }
+    ok(&[
+        "ip", "-n", &node, "link", "add", "segbr502", "type", "bridge",
+    ]);
+    let taken = write("41-segc.conf", seg("segc", 502));
+    let (code, out, err) = reconcile(&[&taken, &main_file, &seg_file]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("41-segc.conf") && err.contains("segbr502"),
+        "{err}"
+    );
+    assert!(routed(), "the main network is back");
+    assert_eq!(flood(&topo, 1, "segvx501"), ["192.0.2.2"], "segb is back");
+
+    // All usable: exit 0. The same file twice is a usage error that does nothing.
+    let (code, out, err) = reconcile(&[&main_file, &seg_file]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = reconcile(&[&main_file, &main_file]);
+    assert_eq!((code, out.as_str()), (Some(2), ""), "{err}");
+}

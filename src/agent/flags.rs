@@ -76,6 +76,7 @@ const SPEC: Spec = Spec {
         "--max-remove-fraction",
         "--metrics-addr",
     ],
+    repeatable: &[],
     positionals: &[],
 };
 
