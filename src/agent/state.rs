@@ -30,6 +30,8 @@ pub struct Status {
 pub struct Counters {
     pub reconciles: u64,
     pub reconcile_errors: u64,
+    pub segment_reconciles: u64,
+    pub segment_reconcile_errors: u64,
     pub file_writes: u64,
     pub removals_refused: u64,
 }
@@ -79,7 +81,7 @@ impl Shared {
     /// Prometheus text format.
     pub fn metrics(&self) -> String {
         let s = self.lock();
-        let metrics: [(&str, &str, &str, f64); 8] = [
+        let metrics: [(&str, &str, &str, f64); 10] = [
             (
                 "peers",
                 "gauge",
@@ -115,6 +117,18 @@ impl Shared {
                 "counter",
                 "Node reconciles that failed.",
                 s.counters.reconcile_errors as f64,
+            ),
+            (
+                "segment_reconciles_total",
+                "counter",
+                "Segment network reconciles run (one per --segment-config and round).",
+                s.counters.segment_reconciles as f64,
+            ),
+            (
+                "segment_reconcile_errors_total",
+                "counter",
+                "Segment network reconciles that failed.",
+                s.counters.segment_reconcile_errors as f64,
             ),
             (
                 "peers_file_writes_total",
