@@ -78,7 +78,7 @@ def main():
         sys.exit("bench-vxlan: needs root (it creates network namespaces)")
     sticky = os.path.abspath(args.bin)
     if not os.path.exists(sticky):
-        sys.exit(f"bench-vxlan: {sticky} not found: cargo build --release first, or pass --bin")
+        sys.exit(f"bench-vxlan: {sticky} not found: scripts/build-release.sh first, or pass --bin")
 
     tag = f"bench{os.getpid()}"
     node = f"{tag}-node"

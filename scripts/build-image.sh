@@ -4,10 +4,12 @@
 #
 #   scripts/build-image.sh [--bin-dir DIR] [--out ARCHIVE] [--update-manifest [FILE] | --check-manifest [FILE]]
 #
-# Without --bin-dir it runs `cargo build --release --locked --bins` and takes target/release.
+# Without --bin-dir it runs scripts/build-release.sh (static binaries) and takes target/release.
 # The image is the binaries and exactly what they need, on an empty base:
 #   /sticky-cni/bin/sticky-ipam, sticky-vxlan    the plugins (copied to the node) and the agent
 #   the shared libraries `ldd` lists for them, and the dynamic loader, at the paths ldd prints
+#       (none for the static binaries scripts/build-release.sh makes; a dynamic --bin-dir build
+#       brings its glibc)
 #   /bin/busybox (Debian's busybox-static) and its applets sh cp chmod sync mv rm awk: what the
 #       init container's install script (in the manifest) runs, nothing more
 #   /usr/share/doc/<package>/copyright           for each Debian package a shipped file comes from
@@ -47,7 +49,7 @@ version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)
 registry=registry.example.org
 target_dir=${CARGO_TARGET_DIR:-$repo/target}
 if [[ -z $bin_dir ]]; then
-    cargo build --release --locked --bins >&2
+    scripts/build-release.sh >&2
     bin_dir=$target_dir/release
 fi
 out=${out:-$target_dir/image/sticky-cni-$version.oci.tar}

@@ -19,7 +19,7 @@ usage() {
   cat <<'EOF'
 Usage: scripts/demo.sh [--no-build] [--ipam-only] [-h|--help]
 
-Builds sticky-cni (cargo build --release --locked) and shows what it does:
+Builds sticky-cni (scripts/build-release.sh) and shows what it does:
   as root     two network-namespace "nodes" joined by a VXLAN overlay: pods get addresses,
               ping across nodes, a pod recreated keeps its IP, a node's VTEP deleted as a
               reboot would comes back with the same MAC and traffic recovers;
@@ -121,8 +121,8 @@ trap 'exit 143' TERM
 bin=${STICKY_BIN_DIR:-target/release}
 if ((build)); then
   build_ns=$(date +%s%N)
-  printf '%sBuilding sticky-cni (cargo build --release --locked; the first build takes a few minutes)…%s\n' "$B" "$N"
-  cargo_cmd=(cargo build --release --locked --quiet)
+  printf '%sBuilding sticky-cni (scripts/build-release.sh; the first build takes a few minutes)…%s\n' "$B" "$N"
+  cargo_cmd=(scripts/build-release.sh --quiet)
   if [[ $EUID -eq 0 && -n ${SUDO_USER:-} && $SUDO_USER != root ]] && command -v sudo >/dev/null &&
     { [[ ! -e target ]] || [[ $(stat -c %U target) == "$SUDO_USER" ]]; }; then
     # Under sudo, build as the user who ran it, with their toolchain, so target/ stays theirs.

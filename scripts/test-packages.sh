@@ -119,9 +119,11 @@ check "crash-points is not a default feature (default: '${default_features}')" \
     test "${default_features/crash-points/}" = "$default_features"
 
 t0=$(now)
-cargo build --release --locked --bins || die "cargo build --release"
+scripts/build-release.sh || die "scripts/build-release.sh"
 echo "release build: $(($(now) - t0)) s"
 for b in sticky-ipam sticky-vxlan; do
+    check "$b is statically linked (runs on any glibc)" \
+        bash -c "file -b '$CARGO_TARGET_DIR/release/$b' | grep -q 'static-pie linked'"
     # crash.rs reads STICKY_CRASH_AT only when the feature is on.
     check "$b built without crash points" \
         bash -c "! grep -q STICKY_CRASH_AT '$CARGO_TARGET_DIR/release/$b'"

@@ -42,8 +42,10 @@ fn flags() -> i32 {
     nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC
 }
 
-/// `ELOOP` from an `O_NOFOLLOW` open is a link at the last component.
-fn explain(err: io::Error) -> io::Error {
+/// `ELOOP` from an `O_NOFOLLOW` open is a link at the last component, `ENXIO` from an
+/// `O_NONBLOCK` one a FIFO without a reader: both become a [`Refused`] (for an `openat` made
+/// elsewhere with the same flags, too).
+pub fn explain(err: io::Error) -> io::Error {
     match err.raw_os_error() {
         Some(nix::libc::ELOOP) => Refused::Link.into(),
         Some(nix::libc::ENXIO) => Refused::NotRegular("FIFO or socket").into(),
@@ -87,6 +89,22 @@ pub fn open(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
 /// writing in place would write the other name's file too. Returns the file's metadata.
 pub fn open_single_link(path: &Path, options: &mut OpenOptions) -> io::Result<(File, Metadata)> {
     let (file, meta) = open_regular(path, options)?;
+    only_link(file, meta)
+}
+
+/// The check [`open_single_link`] makes, for a file opened otherwise (an `openat` in a
+/// directory held open, with `O_NOFOLLOW | O_NONBLOCK`): only a regular file with no other
+/// hard link may be written in place.
+pub fn single_link(file: File) -> io::Result<(File, Metadata)> {
+    let meta = file.metadata()?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        return Err(Refused::NotRegular(kind_name(t)).into());
+    }
+    only_link(file, meta)
+}
+
+fn only_link(file: File, meta: Metadata) -> io::Result<(File, Metadata)> {
     match meta.nlink() {
         1 => Ok((file, meta)),
         n => Err(Refused::HardLinked(n).into()),
@@ -200,6 +218,10 @@ mod tests {
         std::fs::hard_link(&victim, &hard).unwrap();
         let e = open_for_rewrite(&hard, 0o644).unwrap_err();
         assert!(matches!(refusal(&e), Some(Refused::HardLinked(2))), "{e}");
+        let e = single_link(File::open(&hard).unwrap()).unwrap_err();
+        assert!(matches!(refusal(&e), Some(Refused::HardLinked(2))), "{e}");
+        let e = single_link(File::open(tmp.path()).unwrap()).unwrap_err();
+        assert!(matches!(refusal(&e), Some(Refused::NotRegular(_))), "{e}");
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         let fifo = tmp.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();

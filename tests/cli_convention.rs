@@ -50,6 +50,20 @@ fn both_tools_refuse_unknown_options_with_exit_2() {
             &["agent", "--config", "/x.conflist", "--no-api", "--bogus"],
         ),
         (vxlan_bin(), &["agent", "--no-api"]),
+        (
+            vxlan_bin(),
+            &["reconcile", "--config", "/x.conf", "--config", "/x.conf"],
+        ),
+        (
+            vxlan_bin(),
+            &[
+                "agent",
+                "--config",
+                "/x.conflist",
+                "--no-api",
+                "--segment-config",
+            ],
+        ),
         (sticky_bin(), &["list", "--data-dir", data, "--bogus"]),
         (sticky_bin(), &["frobnicate"]),
     ] {

@@ -599,6 +599,104 @@ fn no_hint_is_rewritten_through_a_hard_link() {
     }
 }
 
+/// The index's bucket and stamp files are rewritten in place too: a hard link planted at one
+/// is never written through. The index directory is ours, the other name's file is not: our
+/// name is replaced by a new file, the linked file is left as it is, and the calls and the
+/// index work on (rebuilt from the records, trusted again afterwards).
+#[test]
+fn no_index_file_is_rewritten_through_a_hard_link() {
+    for file in ["ip.00", "pod.ff", "stamp"] {
+        let s = Scene::new();
+        let pod = Pod::new("ns", "a", "uid-a");
+        Plugin::sticky()
+            .run(&Call::add("c0", &s.conf).pod(&pod))
+            .ok();
+        Plugin::sticky()
+            .run(&Call::del("c0", &s.conf).pod(&pod))
+            .ok_empty();
+        let planted = s.dir().join(INDEX_DIR).join(file);
+        let _ = fs::remove_file(&planted);
+        fs::hard_link(s.victim(), &planted).unwrap();
+        // A record written and removed behind the index (an operator, host-local): the next
+        // call lists the directory and rewrites every bucket and the stamp.
+        fs::write(s.dir().join("stray"), b"").unwrap();
+        fs::remove_file(s.dir().join("stray")).unwrap();
+        let b = Pod::new("ns", "b", "uid-b");
+        Plugin::sticky().run(&Call::add("c1", &s.conf).pod(&b)).ok();
+        Plugin::sticky()
+            .run(&Call::del("c1", &s.conf).pod(&b))
+            .ok_empty();
+        s.assert_victim_untouched(file);
+        assert!(check_index(&s.dir()), "{file}: index not trusted again");
+        let back = result_ip(
+            &Plugin::sticky()
+                .run(&Call::add("c2", &s.conf).pod(&pod))
+                .ok(),
+        );
+        assert_eq!(back, ip("10.40.0.2"), "{file}: pod a lost its lease");
+        s.assert_victim_untouched(file);
+    }
+}
+
+/// A FIFO at the index's stamp or at its buckets cannot block a call: the index is read
+/// `O_NONBLOCK` like every file, a FIFO is not trusted, and the calls go on and replace it.
+#[test]
+fn a_fifo_in_the_index_blocks_no_call() {
+    for what in ["stamp", "every bucket"] {
+        let s = Scene::new();
+        let pod = Pod::new("ns", "a", "uid-a");
+        Plugin::sticky()
+            .run(&Call::add("c0", &s.conf).pod(&pod))
+            .ok();
+        let index = s.dir().join(INDEX_DIR);
+        let mut fifos = Vec::new();
+        for e in fs::read_dir(&index).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            if (name == "stamp") == (what == "stamp") {
+                fifos.push(index.join(name));
+            }
+        }
+        for f in &fifos {
+            fs::remove_file(f).unwrap();
+            nix::unistd::mkfifo(f, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let conf = s.conf.clone();
+        std::thread::spawn(move || {
+            let b = Pod::new("ns", "b", "uid-b");
+            let add = Plugin::sticky().run(&Call::add("c1", &conf).pod(&b));
+            let del = Plugin::sticky().run(&Call::del("c1", &conf).pod(&b));
+            tx.send((add, del)).ok();
+        });
+        let Ok((add, del)) = rx.recv_timeout(std::time::Duration::from_secs(20)) else {
+            // Unblock the plugin stuck on the FIFOs (an open for reading or writing waits
+            // for the other end), one after the other, so no process outlives the test.
+            use std::os::unix::fs::OpenOptionsExt;
+            for _ in 0..100 {
+                for f in &fifos {
+                    for write in [false, true] {
+                        let _ = fs::OpenOptions::new()
+                            .read(!write)
+                            .write(write)
+                            .custom_flags(nix::libc::O_NONBLOCK)
+                            .open(f);
+                    }
+                }
+                if rx
+                    .recv_timeout(std::time::Duration::from_millis(100))
+                    .is_ok()
+                {
+                    break;
+                }
+            }
+            panic!("a FIFO at the index's {what} blocked the plugin");
+        };
+        add.ok();
+        del.ok_empty();
+        assert!(check_index(&s.dir()), "{what}: index not trusted again");
+    }
+}
+
 #[test]
 fn del_succeeds_when_no_inode_is_left() {
     if !require_root("mounting a small tmpfs") {

@@ -668,6 +668,135 @@ fn without_kubernetes_the_agent_programs_the_hand_kept_file_and_heals_drift_ever
     assert!(c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3)));
 }
 
+/// The flood (all-zero MAC) entries of node `n`'s segment device `dev`, sorted; none when the
+/// device does not exist.
+fn flood(c: &Cluster, n: u8, dev: &str) -> Vec<String> {
+    let out = sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &c.topo.node_ns(n),
+        "bridge",
+        "-j",
+        "fdb",
+        "show",
+        "dev",
+        dev,
+    ]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let mut dsts: Vec<String> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["mac"] == "00:00:00:00:00:00")
+        .filter_map(|e| e["dst"].as_str().map(str::to_string))
+        .collect();
+    dsts.sort();
+    dsts
+}
+
+/// A metric's value from a `/metrics` answer.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// `--segment-config` (repeatable): segments on the agent's peers file are reconciled after
+/// every change of the file and every resync, as the main network is; a segment that fails is
+/// logged and counted and stops neither the main network nor another segment.
+#[test]
+fn the_agent_reconciles_every_segment_too_and_a_failing_one_stops_nothing() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new();
+    let dir = c.topo.dir.path();
+    let conf = c.conf_files[0].to_string_lossy().into_owned();
+    let segment = json!({
+        "cniVersion": "1.1.0",
+        "name": "sega",
+        "type": "sticky-vxlan",
+        "mode": "segment",
+        "vni": 401,
+        "peersFile": c.peers_file(1),
+        "stateDir": c.topo.state_dir(1),
+    });
+    let seg_file = dir.join("40-sega.conf");
+    std::fs::write(&seg_file, segment.to_string()).unwrap();
+    let broken = dir.join("41-broken.conf");
+    std::fs::write(&broken, "{\"name\": ").unwrap();
+    let node1 = c.topo.node_ns(1);
+    let agent = Agent::start(
+        BIN,
+        &node1,
+        dir.join("agent-segments.log"),
+        &[
+            "--config",
+            &conf,
+            "--no-api",
+            "--resync",
+            "1",
+            "--segment-config",
+            broken.to_str().unwrap(),
+            "--segment-config",
+            seg_file.to_str().unwrap(),
+            "--metrics-addr",
+            "127.0.0.1:9767",
+        ],
+    );
+    let write = |peers: Value| {
+        let tmp = dir.join("peers-1.tmp");
+        std::fs::write(&tmp, peers.to_string()).unwrap();
+        std::fs::rename(&tmp, c.peers_file(1)).unwrap();
+    };
+    write(json!([
+        Topo::peer(1, false),
+        Topo::peer(2, false),
+        Topo::peer(3, false)
+    ]));
+    wait_for(
+        "the main network and the segment programmed from the file",
+        Duration::from_secs(5),
+        || c.routes(1, &Topo::subnet(3)) && flood(&c, 1, "segvx401") == ["192.0.2.2", "192.0.2.3"],
+    );
+    // A hand edit: node 3 leaves both.
+    write(json!([Topo::peer(1, false), Topo::peer(2, false)]));
+    wait_for(
+        "node 3 gone from the main network and the segment",
+        Duration::from_secs(5),
+        || !c.routes(1, &Topo::subnet(3)) && flood(&c, 1, "segvx401") == ["192.0.2.2"],
+    );
+    // Drift: the segment's devices deleted under the agent come back with the next resync.
+    for dev in ["segvx401", "segbr401"] {
+        ok(&["ip", "-n", &node1, "link", "del", dev]);
+    }
+    wait_for("the segment's devices back", Duration::from_secs(5), || {
+        flood(&c, 1, "segvx401") == ["192.0.2.2"]
+    });
+    assert!(c.routes(1, &Topo::subnet(2)));
+    let netns = PathBuf::from(format!("/run/netns/{node1}"));
+    let metrics = get_in_netns(&netns, "127.0.0.1:9767", "/metrics").unwrap();
+    assert_eq!(
+        metric(&metrics, "sticky_vxlan_agent_reconcile_errors_total"),
+        0.0
+    );
+    assert!(metric(&metrics, "sticky_vxlan_agent_reconciles_total") >= 2.0);
+    let seg_runs = metric(&metrics, "sticky_vxlan_agent_segment_reconciles_total");
+    let seg_errors = metric(
+        &metrics,
+        "sticky_vxlan_agent_segment_reconcile_errors_total",
+    );
+    assert!(
+        seg_errors >= 1.0 && seg_runs >= seg_errors + 3.0,
+        "the broken segment fails, the other succeeds: {metrics}"
+    );
+    let log = agent.log_text();
+    assert!(log.contains("41-broken.conf"), "{log}");
+    assert!(log.contains("segment sega"), "{log}");
+}
+
 /// scripts/demo-agent.sh: the agent adding a node, narrated (ignored in the test run).
 #[test]
 #[ignore = "demo: scripts/demo-agent.sh"]

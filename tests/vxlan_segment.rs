@@ -672,3 +672,134 @@ fn a_link_at_the_segment_lock_or_state_dir_is_refused_without_writing() {
     expect_error(&out, 128, "lock");
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 }
+
+/// Who this node is follows the main mode's rule, with its codes (`vxlan_ownership`'s
+/// `a_peer_entry_cannot_make_the_node_mistake_who_it_is`): an entry or a node at an address
+/// that is no node's (loopback, link-local, multicast) is bad config (7); a peer at the
+/// network or broadcast address of the underlay's subnet, or a second entry naming this node,
+/// is a bad peer list (124). Nothing is made for any of them.
+#[test]
+fn a_peer_entry_or_node_cannot_make_a_segment_node_mistake_who_it_is() {
+    let Some((mut topo, dir)) = nodes(1) else {
+        return;
+    };
+    let node = topo.node_ns(1);
+    let with = |ip: &str| json!([Topo::peer(1, false), {"ip": ip, "subnets": ["10.244.9.0/24"]}]);
+    let cases = [
+        ("peers", with("127.0.0.1"), 7, "127.0.0.1"),
+        ("peers", with("169.254.0.7"), 7, "169.254.0.7"),
+        ("peers", with("224.0.0.1"), 7, "224.0.0.1"),
+        ("peers", with("192.0.2.255"), 124, "192.0.2.255"),
+        ("peers", with("192.0.2.0"), 124, "192.0.2.0"),
+        ("nodes", json!(["192.0.2.1", "127.0.0.1"]), 7, "127.0.0.1"),
+        (
+            "nodes",
+            json!(["192.0.2.1", "169.254.0.7"]),
+            7,
+            "169.254.0.7",
+        ),
+    ];
+    for (i, (key, value, code, says)) in cases.into_iter().enumerate() {
+        let conf = segment(&dir, "segw", 601, 1, json!({ key: value }));
+        let pod = with_ifname(topo.new_pod(1, &format!("w{i}")), "net1");
+        let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, &k8s("w"));
+        expect_error(&out, code, says);
+        let links = ok(&["ip", "-n", &node, "-o", "link"]);
+        assert!(!links.contains("segvx601"), "{key} {value}: {links}");
+        topo.drop_ns(&pod.ns);
+    }
+    // A second address of this node named by a second entry: which one is this node?
+    ok(&[
+        "ip",
+        "-n",
+        &node,
+        "addr",
+        "add",
+        "192.0.2.101/24",
+        "dev",
+        "eth0",
+    ]);
+    let conf = segment(&dir, "segw", 601, 1, json!({"peers": with("192.0.2.101")}));
+    let pod = with_ifname(topo.new_pod(1, "two"), "net1");
+    let out = topo.cni(1, "ADD", &pod, &pod.path(), &conf, &k8s("two"));
+    expect_error(&out, 124, "192.0.2.101");
+    let links = ok(&["ip", "-n", &node, "-o", "link"]);
+    assert!(!links.contains("segvx601"), "{links}");
+}
+
+/// The boot unit's call: one `reconcile` with the main network's conflist and each segment's.
+/// Each is reconciled in turn; one that fails (an unusable file, a device that is not ours)
+/// is reported, stops none of the others, and the exit code says so.
+#[test]
+fn one_reconcile_restores_the_main_network_and_every_segment_and_a_failing_one_stops_no_other() {
+    let Some((topo, dir)) = nodes(2) else {
+        return;
+    };
+    let node = topo.node_ns(1);
+    let peers = topo.write_peers_file(
+        "peers.json",
+        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+    );
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let seg = |name: &str, vni: u32| {
+        let mut c = segment(&dir, name, vni, 1, json!({"peersFile": peers}));
+        c.as_object_mut().unwrap().remove("peers");
+        c.to_string()
+    };
+    let main_file = write(
+        "10-main.conf",
+        topo.conf(1, json!({"peersFile": peers})).to_string(),
+    );
+    let seg_file = write("40-segb.conf", seg("segb", 501));
+    let broken = write("05-broken.conflist", "{\"name\": ".into());
+    let reconcile = |files: &[&str]| {
+        let mut args = vec!["reconcile"];
+        for f in files {
+            args.extend(["--config", f]);
+        }
+        let out = topo.tool(1, &args);
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let routed =
+        || ok(&["ip", "-n", &node, "route", "show", &Topo::subnet(2)]).contains("dev sticky.1");
+
+    // A broken first file: reported (usage, exit 2), the two others reconciled.
+    let (code, out, err) = reconcile(&[&broken, &main_file, &seg_file]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("05-broken.conflist"), "{err}");
+    assert!(
+        out.contains("sticky.1 up") && out.contains("segment segb vni 501"),
+        "{out}"
+    );
+    assert!(routed(), "the main network's peer is programmed");
+    assert_eq!(flood(&topo, 1, "segvx501"), ["192.0.2.2"]);
+
+    // After a "reboot" (devices gone), a segment whose bridge is someone else's fails at run
+    // time (exit 1) and the main network and the other segment still come back.
+    for dev in ["sticky.1", "segvx501", "segbr501"] {
+        ok(&["ip", "-n", &node, "link", "del", dev]);
+    }
+    ok(&[
+        "ip", "-n", &node, "link", "add", "segbr502", "type", "bridge",
+    ]);
+    let taken = write("41-segc.conf", seg("segc", 502));
+    let (code, out, err) = reconcile(&[&taken, &main_file, &seg_file]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("41-segc.conf") && err.contains("segbr502"),
+        "{err}"
+    );
+    assert!(routed(), "the main network is back");
+    assert_eq!(flood(&topo, 1, "segvx501"), ["192.0.2.2"], "segb is back");
+
+    // All usable: exit 0. The same file twice is a usage error that does nothing.
+    let (code, out, err) = reconcile(&[&main_file, &seg_file]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = reconcile(&[&main_file, &main_file]);
+    assert_eq!((code, out.as_str()), (Some(2), ""), "{err}");
+}

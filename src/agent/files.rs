@@ -5,8 +5,10 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use super::state::{Status, status_path};
 use crate::nofollow;
 use crate::vxlan::peers::{self, Peer};
+use crate::vxlan::state_dir;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -46,6 +48,20 @@ pub fn write_atomic(path: &Path, text: &[u8]) -> Result<(), Error> {
         let _ = std::fs::remove_file(&tmp);
     }
     result.map_err(err)
+}
+
+/// Writes the status file of `status.network` in `state_dir` ([`write_atomic`]). The
+/// directory is created as the plugin creates it ([`state_dir::create_dir`]: 0700, and a link
+/// at its name is refused, so nothing is written where it points).
+pub fn write_status(state_dir: &Path, status: &Status) -> Result<(), Error> {
+    let text = serde_json::to_vec(status).unwrap_or_default();
+    let path = status_path(state_dir, &status.network);
+    state_dir::create_dir(state_dir)
+        .map_err(|source| Error::Write {
+            path: path.clone(),
+            source,
+        })
+        .and_then(|()| write_atomic(&path, &text))
 }
 
 /// The peers in the file now, read by the plugin's own rules (none when it is missing,
@@ -96,5 +112,32 @@ mod tests {
         let before = fingerprint(&path).unwrap();
         write_atomic(&path, b"[ ]\n").unwrap();
         assert_ne!(fingerprint(&path).unwrap(), before);
+    }
+
+    /// The agent's `stateDir` is created as the plugin creates it (0700), and a link planted at
+    /// its name is refused: no status file is written where it points.
+    #[test]
+    fn the_status_dir_is_created_0700_and_a_link_planted_there_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let status = Status {
+            network: "sticky".into(),
+            ..Status::default()
+        };
+        let fresh = tmp.path().join("run").join("sticky-vxlan");
+        write_status(&fresh, &status).unwrap();
+        let meta = std::fs::symlink_metadata(&fresh).unwrap();
+        assert!(meta.is_dir());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
+        assert!(status_path(&fresh, "sticky").is_file());
+
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let link = tmp.path().join("state-link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let err = write_status(&link, &status).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let written: Vec<_> = std::fs::read_dir(&elsewhere).unwrap().collect();
+        assert!(written.is_empty(), "{written:?}");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
     }
 }

@@ -9,7 +9,7 @@ use crate::cli::args::Spec;
 pub const HELP: &str = "\
 sticky-vxlan agent: keep this node's peers file and data path current.
 
-  sticky-vxlan agent --config <file.conflist> [options]
+  sticky-vxlan agent --config <file.conflist> [--segment-config <file>]... [options]
 
 Learns the peers from the Kubernetes API's Node objects when it answers (list + watch), writes
 them to the conflist's peersFile when they change, and reconciles this node (as
@@ -24,6 +24,10 @@ Where the API is (the first that applies):
   --no-api                      no API: only watch the peers file (edited by hand)
 
 Options:
+  --segment-config <file>       a segment network's conflist (\"mode\": \"segment\", on the same
+                                peers file): reconciled after the main network on the same
+                                triggers; repeat for each segment. One that fails is logged,
+                                counted and retried, and never stops the main network
   --node-name <name>            this node's Node name (default: $NODE_NAME)
   --resync <seconds>            reconcile at least this often (default 60)
   --max-remove-fraction <f>     refuse a node list that would remove more than this fraction
@@ -54,6 +58,8 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
     pub config: PathBuf,
+    /// `--segment-config`, in the order given.
+    pub segment_configs: Vec<PathBuf>,
     pub source: Source,
     pub node_name: Option<String>,
     pub resync: Duration,
@@ -75,7 +81,9 @@ const SPEC: Spec = Spec {
         "--resync",
         "--max-remove-fraction",
         "--metrics-addr",
+        "--segment-config",
     ],
+    repeatable: &["--segment-config"],
     positionals: &[],
 };
 
@@ -148,8 +156,14 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             "--publish-flannel-annotations needs the API and this node's name (--node-name or NODE_NAME)".into(),
         );
     }
+    let segment_configs = p
+        .values_of("--segment-config")
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
     Ok(Options {
         config,
+        segment_configs,
         source,
         node_name,
         resync,
@@ -188,6 +202,23 @@ mod tests {
         .unwrap();
         assert!(matches!(o.source, Source::InCluster { .. }));
         assert_eq!(o.node_name.as_deref(), Some("n1"));
+        assert!(o.segment_configs.is_empty());
+        let o = parse(
+            &args(&[
+                "--config",
+                "/c",
+                "--no-api",
+                "--segment-config",
+                "/s2",
+                "--segment-config=/s1",
+            ]),
+            none,
+        )
+        .unwrap();
+        assert_eq!(
+            o.segment_configs,
+            [PathBuf::from("/s2"), PathBuf::from("/s1")]
+        );
         let o = parse(
             &args(&["--config", "/c", "--server", "http://127.0.0.1:10261"]),
             pod,
@@ -210,6 +241,16 @@ mod tests {
             &["--config", "/c", "--no-api", "--max-remove-fraction", "2"],
             &["--config", "/c", "--no-api", "--metrics-addr", "9767"],
             &["--config", "/c", "--no-api", "--frob"],
+            &["--config", "/c", "--no-api", "--segment-config"],
+            &[
+                "--config",
+                "/c",
+                "--no-api",
+                "--segment-config",
+                "/s",
+                "--segment-config",
+                "/s",
+            ],
         ] {
             assert!(parse(&args(bad), none).is_err(), "{bad:?}");
         }

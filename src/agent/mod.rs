@@ -156,7 +156,9 @@ fn run(opts: Options) -> Result<(), Error> {
 }
 
 /// Reconciles at once (from the file as it is: offline, that is the last good one), then
-/// after every change of the peers file and every `--resync`; writes the status file.
+/// after every change of the peers file and every `--resync`: the main network, then each
+/// `--segment-config`. A network whose reconcile failed is retried alone every 5 s (or every
+/// `--resync`, if shorter). Writes the status file.
 fn main_loop(
     opts: &Options,
     state_dir: &Path,
@@ -166,49 +168,52 @@ fn main_loop(
 ) {
     const POLL: Duration = Duration::from_millis(500);
     const RETRY: Duration = Duration::from_secs(5);
+    let retry = RETRY.min(opts.resync);
     let mut seen = files::fingerprint(peers_file);
-    let mut last: Option<Instant> = None;
-    let mut failing = false;
-    let mut last_outcome: Option<Result<reconcile::Reconciled, String>> = None;
+    // The last round of every network, and the last round of any kind.
+    let mut last_full: Option<Instant> = None;
+    let mut last_try: Option<Instant> = None;
+    let mut outcomes = reconcile::Outcomes::new(opts.segment_configs.len());
     let mut written_status = None;
     let mut why = "start";
     loop {
-        let due = match last {
-            None => true,
-            Some(t) if failing => t.elapsed() >= RETRY,
-            Some(t) => t.elapsed() >= opts.resync,
-        };
-        if seen.is_none() && (!why.is_empty() || due) {
+        let full_due = last_full.is_none_or(|t| t.elapsed() >= opts.resync);
+        let retry_due = outcomes.failing() && last_try.is_none_or(|t| t.elapsed() >= retry);
+        if seen.is_none() && (!why.is_empty() || full_due) {
             // Nothing to program from yet (a first start with the API away): wait for the
             // agent's first write or an operator's file.
-            if last.is_none() {
+            if last_full.is_none() {
                 log(&format!(
                     "{} does not exist yet: waiting for the API or a hand-written file",
                     peers_file.display()
                 ));
             }
-            last = Some(Instant::now());
-        } else if !why.is_empty() || due {
+            last_full = Some(Instant::now());
+            last_try = last_full;
+        } else if !why.is_empty() || full_due || retry_due {
+            let only_failed = why.is_empty() && !full_due;
             if why.is_empty() {
-                why = if failing { "retry" } else { "periodic resync" };
+                why = if only_failed {
+                    "retry"
+                } else {
+                    "periodic resync"
+                };
             }
-            let outcome = reconcile_once(opts, shared);
-            failing = outcome.is_err();
-            if last_outcome.as_ref() != Some(&outcome) {
-                match &outcome {
-                    Ok(r) => log(&format!(
-                        "reconciled ({why}): {} remote peer(s){}",
-                        r.remote_peers,
-                        r.peers_file_error
-                            .as_deref()
-                            .map(|e| format!("; {e}: programmed peers left as they are"))
-                            .unwrap_or_default()
-                    )),
-                    Err(e) => log(&format!("reconcile ({why}) failed: {e}; retrying")),
-                }
-                last_outcome = Some(outcome);
+            for line in reconcile::round(
+                &mut reconcile::Live,
+                &opts.config,
+                &opts.segment_configs,
+                only_failed,
+                why,
+                &mut outcomes,
+                shared,
+            ) {
+                log(&line);
             }
-            last = Some(Instant::now());
+            last_try = Some(Instant::now());
+            if !only_failed {
+                last_full = last_try;
+            }
         }
         let status = {
             let mut s = shared.lock();
@@ -216,15 +221,7 @@ fn main_loop(
             s.status.clone()
         };
         if written_status.as_ref() != Some(&status) {
-            let text = serde_json::to_vec(&status).unwrap_or_default();
-            let path = state::status_path(state_dir, &status.network);
-            if let Err(e) = std::fs::create_dir_all(state_dir)
-                .map_err(|source| files::Error::Write {
-                    path: path.clone(),
-                    source,
-                })
-                .and_then(|()| files::write_atomic(&path, &text))
-            {
+            if let Err(e) = files::write_status(state_dir, &status) {
                 log(&format!("status file: {e}"));
             }
             written_status = Some(status);
@@ -244,16 +241,4 @@ fn main_loop(
             shared.lock().status.peers = files::current_peers(peers_file).map_or(0, |p| p.len());
         }
     }
-}
-
-fn reconcile_once(opts: &Options, shared: &Shared) -> Result<reconcile::Reconciled, String> {
-    let result = crate::vxlan::cli::load(&opts.config)
-        .map_err(|e| e.to_string())
-        .and_then(|cfg| reconcile::reconcile_node(&cfg).map_err(|e| e.to_string()));
-    let mut s = shared.lock();
-    s.counters.reconciles += 1;
-    if result.is_err() {
-        s.counters.reconcile_errors += 1;
-    }
-    result
 }

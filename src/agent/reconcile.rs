@@ -1,5 +1,10 @@
-//! The one place the agent programs the node.
+//! The one place the agent programs the node: the main network and every `--segment-config`,
+//! in rounds the main loop starts (see [`round`]). The networks are reached through
+//! [`Networks`], so the dispatch is tested with a recording fake.
 
+use std::path::{Path, PathBuf};
+
+use super::state::Shared;
 use crate::vxlan::Error;
 use crate::vxlan::config::Config;
 
@@ -19,4 +24,233 @@ pub fn reconcile_node(cfg: &Config) -> Result<Reconciled, Error> {
         remote_peers: report.node.remote.len(),
         peers_file_error: report.node.peers_file_error,
     })
+}
+
+/// Programs one network from its config file (re-read every time); errors as log text.
+pub trait Networks {
+    fn main(&mut self, config: &Path) -> Result<Reconciled, String>;
+    /// What `sticky-vxlan reconcile` prints for the segment.
+    fn segment(&mut self, config: &Path) -> Result<String, String>;
+}
+
+/// The kernel, through the same code as `sticky-vxlan reconcile --config <file>`.
+pub struct Live;
+
+impl Networks for Live {
+    fn main(&mut self, config: &Path) -> Result<Reconciled, String> {
+        let cfg = crate::vxlan::cli::load(config).map_err(|e| e.about(config))?;
+        reconcile_node(&cfg).map_err(|e| e.to_string())
+    }
+
+    fn segment(&mut self, config: &Path) -> Result<String, String> {
+        crate::vxlan::cli::reconcile_segment(config).map_err(|e| e.about(config))
+    }
+}
+
+/// The last outcome of each network: to log only what changed and retry only what failed.
+#[derive(Debug, Default)]
+pub struct Outcomes {
+    pub main: Option<Result<Reconciled, String>>,
+    /// One per `--segment-config`, in order.
+    pub segments: Vec<Option<Result<String, String>>>,
+}
+
+impl Outcomes {
+    pub fn new(segments: usize) -> Outcomes {
+        Outcomes {
+            main: None,
+            segments: vec![None; segments],
+        }
+    }
+
+    /// True while a network's last reconcile failed.
+    pub fn failing(&self) -> bool {
+        matches!(self.main, Some(Err(_))) || self.segments.iter().any(|s| matches!(s, Some(Err(_))))
+    }
+}
+
+/// One round: the main network, then each segment in order; with `only_failed` (a retry),
+/// only those whose last reconcile failed. A failure is counted and logged and never keeps
+/// another network from being reconciled. Returns the log lines: one per network whose
+/// outcome differs from its last one.
+pub fn round(
+    networks: &mut impl Networks,
+    main_config: &Path,
+    segment_configs: &[PathBuf],
+    only_failed: bool,
+    why: &str,
+    outcomes: &mut Outcomes,
+    shared: &Shared,
+) -> Vec<String> {
+    fn failed<T>(o: &Option<Result<T, String>>) -> bool {
+        matches!(o, Some(Err(_)))
+    }
+    let mut log = Vec::new();
+    if !only_failed || failed(&outcomes.main) {
+        let outcome = networks.main(main_config);
+        {
+            let mut s = shared.lock();
+            s.counters.reconciles += 1;
+            s.counters.reconcile_errors += u64::from(outcome.is_err());
+        }
+        if outcomes.main.as_ref() != Some(&outcome) {
+            log.push(match &outcome {
+                Ok(r) => format!(
+                    "reconciled ({why}): {} remote peer(s){}",
+                    r.remote_peers,
+                    r.peers_file_error
+                        .as_deref()
+                        .map(|e| format!("; {e}: programmed peers left as they are"))
+                        .unwrap_or_default()
+                ),
+                Err(e) => format!("reconcile ({why}) failed: {e}; retrying"),
+            });
+            outcomes.main = Some(outcome);
+        }
+    }
+    outcomes.segments.resize(segment_configs.len(), None);
+    for (config, last) in segment_configs.iter().zip(&mut outcomes.segments) {
+        if only_failed && !failed(last) {
+            continue;
+        }
+        let outcome = networks.segment(config);
+        {
+            let mut s = shared.lock();
+            s.counters.segment_reconciles += 1;
+            s.counters.segment_reconcile_errors += u64::from(outcome.is_err());
+        }
+        if last.as_ref() != Some(&outcome) {
+            log.push(match &outcome {
+                Ok(said) => format!("reconciled ({why}): {}", said.trim_end()),
+                Err(e) => format!("segment reconcile ({why}) failed: {e}; retrying"),
+            });
+            *last = Some(outcome);
+        }
+    }
+    log
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::state::Status;
+
+    /// Records every call; fails the configs named in `broken`.
+    #[derive(Default)]
+    struct Recording {
+        calls: Vec<PathBuf>,
+        broken: Vec<PathBuf>,
+    }
+
+    impl Networks for Recording {
+        fn main(&mut self, config: &Path) -> Result<Reconciled, String> {
+            self.calls.push(config.into());
+            if self.broken.iter().any(|b| b == config) {
+                return Err(format!("{} is broken", config.display()));
+            }
+            Ok(Reconciled {
+                remote_peers: 2,
+                peers_file_error: None,
+            })
+        }
+        fn segment(&mut self, config: &Path) -> Result<String, String> {
+            self.calls.push(config.into());
+            if self.broken.iter().any(|b| b == config) {
+                return Err(format!("{} is broken", config.display()));
+            }
+            Ok(format!("segment {} up\n", config.display()))
+        }
+    }
+
+    fn paths(list: &[&str]) -> Vec<PathBuf> {
+        list.iter().map(PathBuf::from).collect()
+    }
+
+    fn counters(shared: &Shared) -> [u64; 4] {
+        let c = &shared.lock().counters;
+        [
+            c.reconciles,
+            c.reconcile_errors,
+            c.segment_reconciles,
+            c.segment_reconcile_errors,
+        ]
+    }
+
+    #[test]
+    fn every_network_is_reconciled_whatever_failed_before_it() {
+        let shared = Shared::new(Status::default());
+        let segments = paths(&["/s1", "/s2", "/s3"]);
+        let mut fake = Recording {
+            broken: paths(&["/main", "/s2"]),
+            ..Recording::default()
+        };
+        let mut outcomes = Outcomes::new(segments.len());
+        let log = round(
+            &mut fake,
+            Path::new("/main"),
+            &segments,
+            false,
+            "start",
+            &mut outcomes,
+            &shared,
+        );
+        assert_eq!(fake.calls, paths(&["/main", "/s1", "/s2", "/s3"]));
+        assert_eq!(counters(&shared), [1, 1, 3, 1]);
+        assert!(outcomes.failing());
+        assert_eq!(log.len(), 4, "{log:?}");
+        assert!(log[0].contains("/main is broken"), "{log:?}");
+        assert_eq!(log[1], "reconciled (start): segment /s1 up");
+        assert!(log[2].contains("/s2 is broken") && log[2].contains("retrying"));
+
+        // A retry reconciles only what failed; the same outcome again is not logged.
+        fake.calls.clear();
+        let log = round(
+            &mut fake,
+            Path::new("/main"),
+            &segments,
+            true,
+            "retry",
+            &mut outcomes,
+            &shared,
+        );
+        assert_eq!(fake.calls, paths(&["/main", "/s2"]));
+        assert!(log.is_empty(), "{log:?}");
+        assert_eq!(counters(&shared), [2, 2, 4, 2]);
+
+        // Fixed: the next full round reconciles all, logs what changed, nothing fails.
+        fake.broken.clear();
+        fake.calls.clear();
+        let log = round(
+            &mut fake,
+            Path::new("/main"),
+            &segments,
+            false,
+            "the peers file was changed by hand",
+            &mut outcomes,
+            &shared,
+        );
+        assert_eq!(fake.calls, paths(&["/main", "/s1", "/s2", "/s3"]));
+        assert_eq!(log.len(), 2, "main and /s2 changed: {log:?}");
+        assert!(!outcomes.failing());
+        assert_eq!(counters(&shared), [3, 2, 7, 2]);
+    }
+
+    #[test]
+    fn without_segments_a_round_is_the_main_network_alone() {
+        let shared = Shared::new(Status::default());
+        let mut fake = Recording::default();
+        let mut outcomes = Outcomes::new(0);
+        let log = round(
+            &mut fake,
+            Path::new("/main"),
+            &[],
+            false,
+            "start",
+            &mut outcomes,
+            &shared,
+        );
+        assert_eq!(fake.calls, paths(&["/main"]));
+        assert_eq!(log, ["reconciled (start): 2 remote peer(s)"]);
+        assert_eq!(counters(&shared), [1, 0, 0, 0]);
+    }
 }

@@ -30,6 +30,8 @@ pub struct Status {
 pub struct Counters {
     pub reconciles: u64,
     pub reconcile_errors: u64,
+    pub segment_reconciles: u64,
+    pub segment_reconcile_errors: u64,
     pub file_writes: u64,
     pub removals_refused: u64,
 }
@@ -79,7 +81,7 @@ impl Shared {
     /// Prometheus text format.
     pub fn metrics(&self) -> String {
         let s = self.lock();
-        let metrics: [(&str, &str, &str, f64); 8] = [
+        let metrics: [(&str, &str, &str, f64); 10] = [
             (
                 "peers",
                 "gauge",
@@ -115,6 +117,18 @@ impl Shared {
                 "counter",
                 "Node reconciles that failed.",
                 s.counters.reconcile_errors as f64,
+            ),
+            (
+                "segment_reconciles_total",
+                "counter",
+                "Segment network reconciles run (one per --segment-config and round).",
+                s.counters.segment_reconciles as f64,
+            ),
+            (
+                "segment_reconcile_errors_total",
+                "counter",
+                "Segment network reconciles that failed.",
+                s.counters.segment_reconcile_errors as f64,
             ),
             (
                 "peers_file_writes_total",
@@ -165,8 +179,10 @@ pub fn describe(state_dir: &Path) -> String {
         .collect();
     files.sort();
     for f in files {
-        let Some(s) = std::fs::read(&f)
+        // Regular files only, never through a link, never blocking on a FIFO.
+        let Some(s) = crate::nofollow::read(&f)
             .ok()
+            .flatten()
             .and_then(|t| serde_json::from_slice::<Status>(&t).ok())
         else {
             continue;
@@ -194,4 +210,40 @@ pub fn describe(state_dir: &Path) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `show` reads the agents' status files: a FIFO or a link planted at such a name in
+    /// stateDir must neither block it nor be followed.
+    #[test]
+    fn a_fifo_or_link_at_a_status_name_is_skipped_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("a.agent.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let secret = dir.path().join("secret");
+        let status = |network: &str| {
+            serde_json::to_vec(&Status {
+                network: network.into(),
+                ..Status::default()
+            })
+            .unwrap()
+        };
+        std::fs::write(&secret, status("leaked")).unwrap();
+        std::os::unix::fs::symlink(&secret, dir.path().join("b.agent.json")).unwrap();
+        std::fs::write(dir.path().join("c.agent.json"), status("shown")).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        std::thread::spawn(move || tx.send(describe(&path)).unwrap());
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        if got.is_err() {
+            // Unblock the reader before failing, so no thread is left waiting.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        let out = got.expect("describe blocked on a FIFO at a status file name");
+        assert!(!out.contains("leaked"), "a link was followed: {out}");
+        assert!(out.contains("agent for network shown"), "{out}");
+    }
 }

@@ -16,6 +16,8 @@ pub enum ArgsError {
     MissingValue(&'static str),
     #[error("option {0} is given twice")]
     Repeated(&'static str),
+    #[error("option {option} is given twice with the same value {value:?}")]
+    RepeatedValue { option: &'static str, value: String },
     #[error("{0:?}: this option takes no value")]
     FlagWithValue(String),
     #[error("unexpected argument {arg:?} for `{verb}`")]
@@ -33,6 +35,8 @@ pub struct Spec {
     pub verb: &'static str,
     pub flags: &'static [&'static str],
     pub values: &'static [&'static str],
+    /// Those of `values` that may be given more than once (each value once).
+    pub repeatable: &'static [&'static str],
     /// Names of the positional arguments, in order (all required).
     pub positionals: &'static [&'static str],
 }
@@ -42,7 +46,7 @@ pub struct Spec {
 pub struct Parsed {
     pub positionals: Vec<String>,
     flags: BTreeSet<&'static str>,
-    values: BTreeMap<&'static str, String>,
+    values: BTreeMap<&'static str, Vec<String>>,
 }
 
 impl Parsed {
@@ -50,8 +54,19 @@ impl Parsed {
         self.flags.contains(name)
     }
 
+    /// The value of an option (the first, for a repeatable one).
     pub fn value(&self, name: &str) -> Option<&str> {
-        self.values.get(name).map(String::as_str)
+        self.values_of(name).first().copied()
+    }
+
+    /// Every value of a repeatable option, in the order given.
+    pub fn values_of(&self, name: &str) -> Vec<&str> {
+        self.values
+            .get(name)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect()
     }
 }
 
@@ -108,9 +123,17 @@ pub fn parse(args: &[String], globals: &[&'static str], spec: &Spec) -> Result<P
             if value.is_empty() {
                 return Err(ArgsError::MissingValue(name));
             }
-            if parsed.values.insert(name, value).is_some() {
+            let given = parsed.values.entry(name).or_default();
+            if given.contains(&value) && spec.repeatable.contains(name) {
+                return Err(ArgsError::RepeatedValue {
+                    option: name,
+                    value,
+                });
+            }
+            if !given.is_empty() && !spec.repeatable.contains(name) {
                 return Err(ArgsError::Repeated(name));
             }
+            given.push(value);
         } else if let Some(name) = spec.flags.iter().find(|n| **n == name) {
             if inline.is_some() {
                 return Err(ArgsError::FlagWithValue(arg.clone()));
@@ -149,7 +172,8 @@ mod tests {
     const SHOW: Spec = Spec {
         verb: "show",
         flags: &["--json"],
-        values: &["--ifname"],
+        values: &["--ifname", "--label"],
+        repeatable: &["--label"],
         positionals: &["<namespace>/<pod>"],
     };
 
@@ -194,5 +218,19 @@ mod tests {
         assert!(err(&["show", "a/b", "--network", "x", "--network=y"]).contains("--network"));
         let p = parse(&args(&["show", "--", "-odd"]), &GLOBALS, &SHOW).unwrap();
         assert_eq!(p.positionals, ["-odd"]);
+        assert!(err(&["show", "a/b", "--label", "x", "--label=x"]).contains("\"x\""));
+    }
+
+    #[test]
+    fn a_repeatable_option_keeps_every_value_in_order() {
+        let p = parse(
+            &args(&["show", "a/b", "--label", "x", "--label=y", "--label", "w"]),
+            &GLOBALS,
+            &SHOW,
+        )
+        .unwrap();
+        assert_eq!(p.values_of("--label"), ["x", "y", "w"]);
+        assert_eq!(p.value("--label"), Some("x"));
+        assert!(p.values_of("--ifname").is_empty());
     }
 }

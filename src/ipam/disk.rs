@@ -7,7 +7,18 @@
 //! never behind a trusted index). Dropping the store brings the index up to date, still under
 //! the lock. Every record write is crash-safe: temp file, fsync, rename; the
 //! directory is fsynced once by [`DiskStore::sync`] before the command reports success, so
-//! the caller never acknowledges what a power cut could undo. Hints (`last_reserved_ip.<N>`,
+//! the caller never acknowledges what a power cut could undo.
+//!
+//! A lease whose file already exists is rewritten in place instead when the new body fits in
+//! the old file and that file is at most one disk sector ([`SECTOR`]): one `pwrite` of the
+//! body padded to the old length, then `fdatasync`. That is DEL's common case (attached →
+//! released, same name) and a returning pod's (released → attached). Nothing in the directory
+//! changes, so there is no directory fsync and no index to stamp; the one write is a single
+//! sector, which a device writes whole or not at all, and a killed process leaves the old
+//! body or the new one (the page cache takes the write whole). For the body to fit, new lease
+//! files are written padded with spaces to a multiple of [`SLOT`] bytes with at least
+//! [`GROWTH`] spare: the release fields need at most that. A body that does not fit, a file
+//! longer than a sector or one with another hard link takes the temp-file path. Hints (`last_reserved_ip.<N>`,
 //! as in host-local, and the release counter, lease clock and metrics counters) are written in
 //! place without fsync: a torn or lost hint is detected or harmless, and rewriting them by
 //! rename would make ext4 flush on every call.
@@ -32,7 +43,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::index;
-use super::record::Record;
+use super::record::{Body, Record};
 use super::store::{self, Index, Note, Store, StoreError};
 use crate::{crash, nofollow};
 
@@ -243,6 +254,31 @@ impl DiskStore {
         Ok(())
     }
 
+    /// Rewrites the lease file `name` in place when it exists, is this directory's alone, is
+    /// at most one sector long and `bytes` fit in it: one write of `bytes` padded to its
+    /// length, then fdatasync. `false` when it does not qualify (the caller replaces it).
+    fn overwrite(&mut self, name: &str, bytes: &[u8]) -> Result<bool, StoreError> {
+        use std::os::unix::fs::FileExt;
+        self.writable(name)?;
+        let path = self.dir.join(name);
+        let Ok((file, meta)) =
+            nofollow::open_single_link(&path, fs::OpenOptions::new().write(true))
+        else {
+            // Absent, a link, not a regular file, hard-linked: the temp-file path decides.
+            return Ok(false);
+        };
+        let len = meta.len();
+        if len > SECTOR || bytes.len() as u64 > len {
+            return Ok(false);
+        }
+        let body = pad(bytes.to_vec(), |_| len as usize);
+        file.write_all_at(&body, 0)
+            .map_err(io("rewriting", &path))?;
+        crash::point("rewritten in place");
+        file.sync_data().map_err(io("syncing", &path))?;
+        Ok(true)
+    }
+
     fn unlink(&mut self, name: &str) -> Result<(), StoreError> {
         self.writable(name)?;
         let path = self.dir.join(name);
@@ -263,9 +299,15 @@ impl DiskStore {
         self.writable(name)?;
         use std::os::unix::fs::FileExt;
         let path = self.dir.join(name);
-        // It may create the file: a change of the directory.
-        self.wrote = true;
-        let written = nofollow::open_for_rewrite(&path, 0o644).and_then(|f| {
+        let opened = match nofollow::open_single_link(&path, fs::OpenOptions::new().write(true)) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                // Creating it changes the directory: the index is stamped anew.
+                self.wrote = true;
+                nofollow::open_for_rewrite(&path, 0o644)
+            }
+            other => other.map(|(file, _)| file),
+        };
+        let written = opened.and_then(|f| {
             f.write_all_at(text.as_bytes(), 0)?;
             f.set_len(text.len() as u64)
         });
@@ -329,6 +371,37 @@ impl Drop for DiskStore {
 /// Bytes the STATUS probe writes: one block, more than any record body.
 const PROBE_BYTES: usize = 4096;
 
+/// The longest file rewritten in place on the normal path: one disk sector, which a power cut
+/// leaves old or new, never half.
+const SECTOR: u64 = 512;
+/// New lease files are padded to a multiple of this many bytes...
+const SLOT: usize = 64;
+/// ...with at least this many spare: a release adds at most two 20-digit numbers where
+/// attached has zeros (`releaseSeq`, `releasedAt`).
+const GROWTH: usize = 38;
+
+/// The padded length of a new lease file whose body is `len` bytes.
+fn slot_len(len: usize) -> usize {
+    (len + GROWTH).div_ceil(SLOT) * SLOT
+}
+
+/// `body` padded with spaces to `to(len)` bytes (never shortened), the padding before a final
+/// newline: the JSON reader skips it, as every release since the format's first did.
+fn pad(mut body: Vec<u8>, to: impl FnOnce(usize) -> usize) -> Vec<u8> {
+    let target = to(body.len());
+    if body.len() < target {
+        let newline = body.last() == Some(&b'\n');
+        if newline {
+            body.pop();
+        }
+        body.resize(target - usize::from(newline), b' ');
+        if newline {
+            body.push(b'\n');
+        }
+    }
+    body
+}
+
 /// No space or no quota left.
 fn is_full(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
@@ -341,17 +414,7 @@ fn rewrite_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let (file, meta) = nofollow::open_single_link(path, fs::OpenOptions::new().write(true))?;
     let old = usize::try_from(meta.len()).unwrap_or(usize::MAX);
-    let mut body = bytes.to_vec();
-    if body.len() < old {
-        let newline = body.last() == Some(&b'\n');
-        if newline {
-            body.pop();
-        }
-        body.resize(old - usize::from(newline), b' ');
-        if newline {
-            body.push(b'\n');
-        }
-    }
+    let body = pad(bytes.to_vec(), |len| len.max(old));
     file.write_all_at(&body, 0)?;
     file.sync_data()
 }
@@ -373,7 +436,14 @@ impl Store for DiskStore {
     }
 
     fn write(&mut self, record: &Record) -> Result<(), StoreError> {
-        self.replace(&record.name, &record.to_bytes())?;
+        let bytes = record.to_bytes();
+        if let Body::Lease(_) = record.body {
+            if !self.overwrite(&record.name, &bytes)? {
+                self.replace(&record.name, &pad(bytes, slot_len))?;
+            }
+        } else {
+            self.replace(&record.name, &bytes)?;
+        }
         self.index.insert(&record.name);
         Ok(())
     }
@@ -461,5 +531,40 @@ mod tests {
         assert!(!dir.join(".tmp.999.1").exists());
         assert!(s.index().is_taken("10.0.0.2".parse().unwrap()));
         assert_eq!(s.last_reserved(0), Some("10.0.0.2".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_padded_lease_reads_as_every_release_has_read_it_and_has_room_to_be_released() {
+        use crate::ipam::record::{LEASE_FORMAT, Lease, State};
+        let lease = Lease {
+            format: LEASE_FORMAT.to_string(),
+            container_id: "c".repeat(64),
+            ifname: "eth0".into(),
+            namespace: "ns".into(),
+            pod: "web".into(),
+            pod_uid: "0f7e3a5c-8a4b-4c3e-9d2f-1a2b3c4d5e6f".into(),
+            boot: "820a6aca-c91d-450f-aba8-a30fb67398ed".into(),
+            state: State::Attached,
+            release_seq: 0,
+            released_at: 0,
+        };
+        let bare = serde_json::to_vec(&lease).unwrap();
+        let mut line = bare.clone();
+        line.push(b'\n');
+        let padded = pad(line.clone(), slot_len);
+        assert_eq!(padded.len() % SLOT, 0);
+        assert!(padded.len() >= line.len() + GROWTH);
+        assert!(padded.ends_with(b" \n") && padded.iter().filter(|b| **b == b'\n').count() == 1);
+        // The first release parsed bodies with serde_json::from_slice, which skips the padding.
+        assert_eq!(serde_json::from_slice::<Lease>(&padded).unwrap(), lease);
+        let most = Lease {
+            state: State::Released,
+            release_seq: u64::MAX,
+            released_at: u64::MAX,
+            ..lease
+        };
+        assert!(serde_json::to_vec(&most).unwrap().len() < padded.len());
+        // Never shortened.
+        assert_eq!(pad(line.clone(), |_| 3), line);
     }
 }

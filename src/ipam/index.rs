@@ -25,7 +25,9 @@
 //!
 //! Bucket and stamp files are written in place without fsync: after a power cut, a bucket
 //! that did not reach the disk fails its hash, a stamp that did not fails its sum or names an
-//! older mtime, and the directory is listed again. Nothing is ever written through a symlink.
+//! older mtime, and the directory is listed again. Nothing is ever written through a link: a
+//! symlink or a hard-linked file (or a FIFO) at a bucket's or the stamp's name is replaced by
+//! a new file of ours (the index directory is ours; what the name led to is not).
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::Read;
@@ -38,8 +40,9 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, futimens};
 use nix::sys::time::TimeSpec;
 use nix::time::{ClockId, clock_gettime};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use crate::crash;
+use crate::{crash, nofollow};
 
 /// The index directory, inside the network directory.
 pub const DIR: &str = "sticky-index";
@@ -103,6 +106,44 @@ pub fn fnv(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Appends `h` as 16 lowercase hex digits. The stamp holds 512 of them and is written by every
+/// call that changes the directory: `format!` per hash was a third of an ADD's instructions.
+fn push_hex(out: &mut Vec<u8>, h: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut word = [0u8; 16];
+    for (i, digit) in word.iter_mut().enumerate() {
+        *digit = DIGITS[((h >> ((15 - i) * 4)) & 0xf) as usize];
+    }
+    out.extend_from_slice(&word);
+}
+
+/// Exactly 16 lowercase hex digits, as [`push_hex`] writes them; anything else is `None`.
+fn parse_hex(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() != 16 {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |h, b| {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => return None,
+        };
+        Some(h << 4 | u64::from(digit))
+    })
+}
+
+/// The stamp's line of hashes: `2 * BUCKETS` words of [`push_hex`], one space between.
+fn parse_hashes(line: &[u8]) -> Option<Vec<u64>> {
+    if line.len() != 2 * BUCKETS * 17 - 1 {
+        return None;
+    }
+    line.chunks(17)
+        .map(|word| match word {
+            [hex @ .., b' '] | hex => parse_hex(hex),
+        })
+        .collect()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
     #[error("{action} {path}: {source}")]
@@ -160,28 +201,53 @@ fn libc_flags(flags: OFlag) -> i32 {
     flags.bits()
 }
 
+/// The content of `name` in `dir`, if it is a regular file (`O_NONBLOCK`: a FIFO there cannot
+/// block the call; it is simply not an index file).
 fn read_in(dir: &File, name: &str) -> Option<Vec<u8>> {
     let fd = openat(
         dir.as_fd(),
         name,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .ok()?;
+    let mut file = File::from(fd);
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
     let mut bytes = Vec::new();
-    File::from(fd).read_to_end(&mut bytes).ok()?;
+    file.read_to_end(&mut bytes).ok()?;
     Some(bytes)
 }
 
+/// Writes `bytes` as the whole of `name` in `dir`, in place. Only a regular file that is
+/// this name's alone is written ([`nofollow::single_link`]): a link, a FIFO or a file with
+/// another hard link at the name is not ours to write. The index directory is ours, so our
+/// name is unlinked and a new file made in its place; what it led to is left as it is.
 fn write_in(dir: &File, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
-    let fd = openat(
-        dir.as_fd(),
-        name,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o644),
-    )?;
-    let file = File::from(fd);
+    let open = |new: OFlag| -> std::io::Result<File> {
+        let fd = openat(
+            dir.as_fd(),
+            name,
+            OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_CLOEXEC
+                | new,
+            Mode::from_bits_truncate(0o644),
+        )
+        .map_err(|e| nofollow::explain(e.into()))?;
+        nofollow::single_link(File::from(fd)).map(|(file, _)| file)
+    };
+    let file = match open(OFlag::empty()) {
+        Err(e) if nofollow::refusal(&e).is_some() => {
+            unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir)?;
+            open(OFlag::O_EXCL)?
+        }
+        opened => opened?,
+    };
     file.write_all_at(bytes, 0)?;
     file.set_len(bytes.len() as u64)
 }
@@ -193,7 +259,7 @@ impl Stored {
         let dir = open_index_dir(&index_dir).ok()?;
         let text = String::from_utf8(read_in(&dir, STAMP)?).ok()?;
         let (body, sum) = text.rsplit_once("sum ")?;
-        if format!("{:016x}", fnv(body.as_bytes())) != sum.trim_end() {
+        if parse_hex(sum.trim_end().as_bytes())? != fnv(body.as_bytes()) {
             return None;
         }
         let mut lines = body.lines();
@@ -208,12 +274,8 @@ impl Stored {
         if DirState(state) != DirState::of(&fs::metadata(net_dir).ok()?) {
             return None;
         }
-        let hashes: Vec<u64> = lines
-            .next()?
-            .split(' ')
-            .map(|h| u64::from_str_radix(h, 16).ok())
-            .collect::<Option<_>>()?;
-        (hashes.len() == 2 * BUCKETS).then_some(Stored {
+        let hashes = parse_hashes(lines.next()?.as_bytes())?;
+        Some(Stored {
             dir: Arc::new(dir),
             hashes,
         })
@@ -283,18 +345,25 @@ pub fn save(
             path: net_dir.to_path_buf(),
         });
     }
-    let mut body = MAGIC.to_string();
+    let mut body = Vec::with_capacity(128 + 2 * BUCKETS * 17 + 22);
+    body.extend_from_slice(MAGIC.as_bytes());
     for n in state.0 {
-        body.push_str(&format!(" {n}"));
+        body.extend_from_slice(format!(" {n}").as_bytes());
     }
-    body.push('\n');
-    let words: Vec<String> = hashes.iter().map(|h| format!("{h:016x}")).collect();
-    body.push_str(&words.join(" "));
-    body.push('\n');
-    let sum = fnv(body.as_bytes());
-    body.push_str(&format!("sum {sum:016x}\n"));
+    body.push(b'\n');
+    for (i, h) in hashes.iter().enumerate() {
+        if i > 0 {
+            body.push(b' ');
+        }
+        push_hex(&mut body, *h);
+    }
+    body.push(b'\n');
+    let sum = fnv(&body);
+    body.extend_from_slice(b"sum ");
+    push_hex(&mut body, sum);
+    body.push(b'\n');
     let path = index_dir.join(STAMP);
-    write_in(&dir, STAMP, body.as_bytes()).map_err(io_err("writing", &path))?;
+    write_in(&dir, STAMP, &body).map_err(io_err("writing", &path))?;
     crash::point("index stamped");
     Ok(())
 }
@@ -307,4 +376,43 @@ fn stamp_time() -> Result<TimeSpec, nix::Error> {
         (ns.div_euclid(1_000_000_000)) as i64,
         (ns.rem_euclid(1_000_000_000)) as i64,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_refuses_what_it_never_writes() {
+        for h in [0, 1, 0xdead_beef, u64::MAX, fnv(b"10.1.2.3_ns_pod\n")] {
+            let mut text = Vec::new();
+            push_hex(&mut text, h);
+            assert_eq!(text, format!("{h:016x}").into_bytes());
+            assert_eq!(parse_hex(&text), Some(h));
+        }
+        for bad in [
+            "",
+            "0",
+            "00000000000000000",
+            "000000000000000G",
+            "+00000000000000f",
+            "00000000000000F0",
+        ] {
+            assert_eq!(parse_hex(bad.as_bytes()), None, "{bad:?}");
+        }
+        let line = (0..2 * BUCKETS as u64)
+            .map(|h| format!("{h:016x}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let parsed = parse_hashes(line.as_bytes()).unwrap();
+        assert_eq!(parsed, (0..2 * BUCKETS as u64).collect::<Vec<_>>());
+        for broken in [
+            line.replacen(' ', "_", 1),
+            line[..line.len() - 1].to_string(),
+            format!("{line} "),
+            line.replacen(' ', "", 1) + " ",
+        ] {
+            assert_eq!(parse_hashes(broken.as_bytes()), None, "{}", &broken[..40]);
+        }
+    }
 }

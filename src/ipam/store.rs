@@ -198,8 +198,15 @@ impl Index {
         for b in &touched {
             names.ensure(*b);
         }
-        names.add(name);
-        names.dirty.extend(touched);
+        // A name already listed changes no bucket (a lease rewritten under its own name).
+        let listed = names.by_ip.get(&ip).is_some_and(|f| match suffix {
+            None => f.plain,
+            Some(_) => f.named.iter().any(|n| n == name),
+        });
+        if !listed {
+            names.add(name);
+            names.dirty.extend(touched);
+        }
         true
     }
 

@@ -145,11 +145,14 @@ impl Config {
         }
         let nodes: Vec<Ipv4Addr> =
             get(obj, "nodes", "a list of IPv4 underlay addresses")?.unwrap_or_default();
-        if let Some(n) = nodes
+        if let Some((n, what)) = nodes
             .iter()
-            .find(|n| n.is_unspecified() || n.is_multicast())
+            .find_map(|n| Some((n, crate::vxlan::peers::not_a_node(*n)?)))
         {
-            return Err(bad("nodes", format!("{n} is not a unicast address")));
+            return Err(bad(
+                "nodes",
+                format!("{n} is {what}: a node is named by its unicast underlay address"),
+            ));
         }
         let mtu = shared::mtu(obj)?;
         let up = get(obj, "up", "true or false")?.unwrap_or(true);
@@ -273,6 +276,10 @@ mod tests {
             ("peersFile", json!("relative"), "peersFile"),
             ("nodes", json!(["nope"]), "nodes"),
             ("nodes", json!(["0.0.0.0"]), "nodes"),
+            // No node sits at an address a peer entry may not name (the main mode's rule).
+            ("nodes", json!(["127.0.0.1"]), "nodes"),
+            ("nodes", json!(["169.254.0.7"]), "nodes"),
+            ("nodes", json!(["255.255.255.255"]), "nodes"),
             ("mtu", json!(100), "mtu"),
             ("up", json!("yes"), "up"),
             (

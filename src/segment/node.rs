@@ -1,14 +1,21 @@
 //! This node and the segment's other nodes, from the same peer sources as the main mode
 //! (`peers`, `peersFile`, parsed by [`crate::vxlan::peers`]), optionally narrowed to the
-//! config's `nodes`.
+//! config's `nodes`. Which entry is this node follows the main mode's rule
+//! ([`crate::vxlan::node::Observed::node_addresses`], [`crate::vxlan::peers::split_local`]).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
 use super::Error;
 use super::config::Config;
 use crate::netlink::link::Link;
 use crate::vxlan::kernel::Kernel;
+use crate::vxlan::node::Observed;
 use crate::vxlan::peers::{self, Peer};
+
+/// A peer list error, with the main mode's code.
+fn peer_error(e: peers::Error) -> Error {
+    Error::Vxlan(crate::vxlan::Error::Peers(e))
+}
 
 /// This node as the segment sees it.
 #[derive(Debug, Clone)]
@@ -45,7 +52,7 @@ pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Node, Error> {
         cfg.peers_file.as_deref(),
         &cfg.last_good_peers_path(),
     )
-    .map_err(|e| Error::Vxlan(crate::vxlan::Error::Peers(e)))?;
+    .map_err(peer_error)?;
     let peers_file_error = file_error.map(|e| {
         eprintln!(
             "sticky-vxlan: segment {}: {e}; using the last peers file that was valid and removing no flood entry",
@@ -53,15 +60,17 @@ pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Node, Error> {
         );
         e.to_string()
     });
-    let addrs = k.addresses()?;
-    // This node's entry (the first whose ip is one of its addresses) and the interface with it.
-    let (local_ip, index) = all
-        .iter()
-        .find_map(|p| {
-            let (i, _) = addrs.iter().find(|(_, n)| n.addr() == IpAddr::V4(p.ip))?;
-            Some((p.ip, *i))
-        })
-        .ok_or(Error::NoLocalEntry)?;
+    // This node is the one entry naming one of its addresses, by the main mode's rule: a
+    // loopback or link-local address is never this node's, two such entries are refused, and
+    // no other node may sit at the network or broadcast address of the underlay's subnet.
+    let seen = Observed::read_for_node(k)?;
+    let (local, others) = peers::split_local(&all, &seen.node_addresses()).map_err(peer_error)?;
+    let local_ip = local.ok_or(Error::NoLocalEntry)?.ip;
+    let underlay = seen
+        .holder(local_ip)
+        .cloned()
+        .ok_or(crate::vxlan::Error::LocalIpNotHere { ip: local_ip })?;
+    crate::vxlan::node::check_underlay_edges(&seen, &underlay, &others)?;
     let members = members(&all, &cfg.nodes);
     if !members.contains(&local_ip) {
         return Err(Error::NotInSegment {
@@ -74,13 +83,6 @@ pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Node, Error> {
                 .join(", "),
         });
     }
-    let underlay = k
-        .links()?
-        .into_iter()
-        .find(|l| l.index == index)
-        .ok_or(Error::Vxlan(crate::vxlan::Error::LocalIpNotHere {
-            ip: local_ip,
-        }))?;
     let mtu = crate::vxlan::node::mtu_for(&underlay, cfg.mtu)?;
     let remote = members
         .iter()
@@ -143,6 +145,60 @@ mod tests {
             resolve(&mut k, &big),
             Err(Error::Vxlan(crate::vxlan::Error::MtuTooLarge { .. }))
         ));
+    }
+
+    /// The main mode's rule (`vxlan::node`): a loopback or link-local address is never this
+    /// node's, two entries naming this node are refused, and no other node may sit at the
+    /// network or broadcast address of the underlay's subnet.
+    #[test]
+    fn loopback_link_local_and_second_own_entries_never_become_this_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Fake::node("192.0.2.2/24");
+        k.add_link("lo", "loopback");
+        k.add_address("lo", "127.0.0.1/8");
+        k.add_address("eth0", "169.254.0.7/16");
+        let odd = |ip: Ipv4Addr, s: &str| Peer {
+            ip,
+            subnets: vec![s.parse().unwrap()],
+            mac: None,
+        };
+        // (The config and the peers file refuse these entries; even if one got here it is
+        // not this node.)
+        let mut c = cfg(&dir, json!({}));
+        c.peers.push(odd(Ipv4Addr::LOCALHOST, "10.244.8.0/24"));
+        c.peers
+            .push(odd(Ipv4Addr::new(169, 254, 0, 7), "10.244.9.0/24"));
+        let n = resolve(&mut k, &c).unwrap();
+        assert_eq!(n.local_ip, Ipv4Addr::new(192, 0, 2, 2));
+        assert_eq!(n.underlay.name, "eth0");
+
+        k.add_address("eth0", "192.0.2.101/24");
+        let mut two = cfg(&dir, json!({}));
+        two.peers
+            .push(odd(Ipv4Addr::new(192, 0, 2, 101), "10.244.101.0/24"));
+        let err = resolve(&mut k, &two).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Vxlan(crate::vxlan::Error::Peers(peers::Error::ManyLocal { .. }))
+            ),
+            "{err}"
+        );
+
+        for edge in [Ipv4Addr::new(192, 0, 2, 255), Ipv4Addr::new(192, 0, 2, 0)] {
+            let mut c = cfg(&dir, json!({}));
+            c.peers.push(odd(edge, "10.244.9.0/24"));
+            let err = resolve(&mut Fake::node("192.0.2.2/24"), &c).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::Vxlan(crate::vxlan::Error::Peers(
+                        peers::Error::UnderlayEdge { .. }
+                    ))
+                ),
+                "{edge}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -26,9 +26,11 @@ STATUS, VERSION). Run by hand:
 
   sticky-vxlan mac --local <underlay IPv4> --vni <n>
       print the kept VTEP MAC of a node (to annotate flannel nodes, or to check a peer)
-  sticky-vxlan reconcile --config <file.conflist|file.conf>
+  sticky-vxlan reconcile --config <file.conflist|file.conf> [--config <file> ...]
       create/repair the VTEP and bridge and program the peers, without a pod
-      (for a boot-time unit, before kubelet starts)
+      (for a boot-time unit, before kubelet starts); a segment network's file
+      restores that segment. Several --config are reconciled in turn: one that
+      fails is reported and the others are still reconciled
   sticky-vxlan show [--state-dir /run/sticky-vxlan]
       print every VXLAN device of this namespace, its MAC, the programmed peers,
       the pods attached by sticky-vxlan, and where the agent got the peers from
@@ -48,7 +50,8 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  runtime error (netlink, peers file, state dir)
-  2  usage error (unknown verb or option, missing or bad argument, bad --config)";
+  2  usage error (unknown verb or option, missing or bad argument, bad --config)
+With several --config, the highest code of the networks that failed.";
 
 /// A mistake of the operator's command line or config, or the plugin's own error at run
 /// time. Not a CNI error: it never reaches [`crate::codes`].
@@ -75,6 +78,17 @@ pub enum CliError {
     Vxlan(#[from] Error),
     #[error(transparent)]
     Segment(#[from] crate::segment::Error),
+    #[error(
+        "--config {0}: not a segment network (its sticky-vxlan entry has no \"mode\": \"segment\")"
+    )]
+    NotSegment(PathBuf),
+    /// `reconcile` with several `--config`: what was done, and each file that failed.
+    #[error("{} of {total} networks were not reconciled", failed.len())]
+    Networks {
+        total: usize,
+        done: String,
+        failed: Vec<(PathBuf, CliError)>,
+    },
 }
 
 impl CliError {
@@ -84,7 +98,22 @@ impl CliError {
             // An unusable `--config` is a usage error in either mode.
             CliError::Segment(S::Config(_) | S::Mode(_)) => EXIT_USAGE,
             CliError::Vxlan(_) | CliError::Segment(_) => EXIT_RUNTIME,
+            CliError::Networks { failed, .. } => failed
+                .iter()
+                .map(|(_, e)| e.exit_code())
+                .max()
+                .unwrap_or(EXIT_RUNTIME),
             _ => EXIT_USAGE,
+        }
+    }
+
+    /// The message, naming the file it is about when it does not already.
+    pub fn about(&self, path: &Path) -> String {
+        match self {
+            CliError::Conflist(_) | CliError::Config { .. } | CliError::NotSegment(_) => {
+                self.to_string()
+            }
+            _ => format!("--config {}: {self}", path.display()),
         }
     }
 }
@@ -93,18 +122,21 @@ const MAC: Spec = Spec {
     verb: "mac",
     flags: &[],
     values: &["--local", "--vni"],
+    repeatable: &[],
     positionals: &[],
 };
 const RECONCILE: Spec = Spec {
     verb: "reconcile",
     flags: &[],
     values: &["--config"],
+    repeatable: &["--config"],
     positionals: &[],
 };
 const SHOW: Spec = Spec {
     verb: "show",
     flags: &[],
     values: &["--state-dir"],
+    repeatable: &[],
     positionals: &[],
 };
 
@@ -117,6 +149,12 @@ pub fn main(args: Vec<String>) -> ExitCode {
             ExitCode::from(EXIT_OK)
         }
         Err(err) => {
+            if let CliError::Networks { done, failed, .. } = &err {
+                print!("{done}");
+                for (path, e) in failed {
+                    eprintln!("sticky-vxlan: {}", e.about(path));
+                }
+            }
             eprintln!("sticky-vxlan: {err}");
             if err.exit_code() == EXIT_USAGE {
                 eprintln!("Try `sticky-vxlan --help`.");
@@ -156,18 +194,10 @@ pub fn run(args: &[String]) -> Result<String, CliError> {
         }
         Some("reconcile") => {
             let parsed = parse(args, &[], &RECONCILE)?;
-            let path = parsed
-                .value("--config")
-                .ok_or(required("reconcile", "--config <file>"))?;
-            let loaded = load_entry(Path::new(path))?;
-            match crate::segment::mode::mode(&loaded.entry)? {
-                Mode::Segment => Ok(crate::segment::reconcile::network(
-                    &loaded.conf.name,
-                    &loaded.entry,
-                )?),
-                Mode::Main => {
-                    reconcile(&config_of(Path::new(path), &loaded)?).map_err(CliError::from)
-                }
+            match parsed.values_of("--config")[..] {
+                [] => Err(required("reconcile", "--config <file>").into()),
+                [one] => reconcile_file(Path::new(one)),
+                ref several => reconcile_files(several),
             }
         }
         Some("show") => {
@@ -179,6 +209,52 @@ pub fn run(args: &[String]) -> Result<String, CliError> {
         }
         Some(other) => Err(CliError::UnknownVerb(other.to_string())),
         None => Err(CliError::NoVerb),
+    }
+}
+
+/// `reconcile --config <path>`: the main network's node or a segment, as the file says.
+fn reconcile_file(path: &Path) -> Result<String, CliError> {
+    let loaded = load_entry(path)?;
+    match crate::segment::mode::mode(&loaded.entry)? {
+        Mode::Segment => Ok(crate::segment::reconcile::network(
+            &loaded.conf.name,
+            &loaded.entry,
+        )?),
+        Mode::Main => reconcile(&config_of(path, &loaded)?).map_err(CliError::from),
+    }
+}
+
+/// `reconcile` with several `--config`: each in turn, whatever happened to the ones before
+/// (a boot unit must not leave a segment down because another file is broken).
+fn reconcile_files(paths: &[&str]) -> Result<String, CliError> {
+    let mut done = String::new();
+    let mut failed = Vec::new();
+    for path in paths.iter().map(Path::new) {
+        match reconcile_file(path) {
+            Ok(out) => done.push_str(&out),
+            Err(e) => failed.push((path.to_path_buf(), e)),
+        }
+    }
+    if failed.is_empty() {
+        return Ok(done);
+    }
+    Err(CliError::Networks {
+        total: paths.len(),
+        done,
+        failed,
+    })
+}
+
+/// `sticky-vxlan reconcile --config <path>` for a file that must be a segment network (the
+/// agent's `--segment-config`): brings it to what the peers say and says what it did.
+pub fn reconcile_segment(path: &Path) -> Result<String, CliError> {
+    let loaded = load_entry(path)?;
+    match crate::segment::mode::mode(&loaded.entry)? {
+        Mode::Segment => Ok(crate::segment::reconcile::network(
+            &loaded.conf.name,
+            &loaded.entry,
+        )?),
+        Mode::Main => Err(CliError::NotSegment(path.to_path_buf())),
     }
 }
 
@@ -340,12 +416,45 @@ mod tests {
             &["mac", "--local", "192.0.2.1", "--vni", "1", "--force"],
             &["reconcile"],
             &["reconcile", "--config"],
+            &["reconcile", "--config", "/a.conf", "--config=/a.conf"],
             &["show", "now"],
             &["frobnicate"],
         ] {
             let err = run(&args(bad)).unwrap_err();
             assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}: {err}");
         }
+    }
+
+    /// Several `--config`: every file is tried and each failure kept with its file; the exit
+    /// code is the highest of them.
+    #[test]
+    fn several_configs_are_each_tried_and_every_failure_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("10-missing.conflist");
+        let bad = dir.path().join("20-bad.conflist");
+        std::fs::write(&bad, "{").unwrap();
+        let (m, b) = (missing.to_str().unwrap(), bad.to_str().unwrap());
+        let err = run(&args(&["reconcile", "--config", m, "--config", b])).unwrap_err();
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+        let CliError::Networks {
+            total,
+            done,
+            failed,
+        } = &err
+        else {
+            panic!("{err:?}");
+        };
+        assert_eq!((*total, done.as_str()), (2, ""));
+        let paths: Vec<&Path> = failed.iter().map(|(p, _)| p.as_path()).collect();
+        assert_eq!(paths, [missing.as_path(), bad.as_path()]);
+        assert!(failed[1].1.about(&bad).contains("20-bad.conflist"));
+        let runtime = CliError::Networks {
+            total: 2,
+            done: String::new(),
+            failed: vec![(missing.clone(), CliError::Vxlan(Error::NoRemotePeer))],
+        };
+        assert_eq!(runtime.exit_code(), EXIT_RUNTIME);
+        assert!(runtime.to_string().contains("1 of 2 networks"));
     }
 
     #[test]

@@ -257,19 +257,15 @@ impl Config {
         }
         let local_ip = match get::<IpAddr>(obj, "localIp", "an IPv4 address")? {
             None => None,
-            Some(IpAddr::V4(a))
-                if a.is_unspecified()
-                    || a.is_multicast()
-                    || a.is_broadcast()
-                    || a.is_loopback()
-                    || a.is_link_local() =>
-            {
-                return Err(bad(
-                    "localIp",
-                    format!("{a} is not a unicast address other nodes can reach"),
-                ));
-            }
-            Some(IpAddr::V4(a)) => Some(a),
+            Some(IpAddr::V4(a)) => match super::peers::not_a_node(a) {
+                None => Some(a),
+                Some(what) => {
+                    return Err(bad(
+                        "localIp",
+                        format!("{a} is {what}, not a unicast address other nodes can reach"),
+                    ));
+                }
+            },
             Some(IpAddr::V6(a)) => {
                 return Err(bad(
                     "localIp",

@@ -69,17 +69,26 @@ impl Observed {
             .collect()
     }
 
-    /// This node's addresses that could be an underlay address (not loopback, not
-    /// link-local: a peer entry naming one of those would make every node "this node").
-    fn node_addresses(&self) -> Vec<IpAddr> {
+    /// This node's addresses that could be an underlay address ([`peers::not_a_node`]: not
+    /// loopback, not link-local; a peer entry naming one of those would make every node
+    /// "this node").
+    pub fn node_addresses(&self) -> Vec<IpAddr> {
         self.addresses
             .iter()
             .map(|(_, n)| n.addr())
             .filter(|a| match a {
-                IpAddr::V4(a) => !a.is_loopback() && !a.is_link_local(),
+                IpAddr::V4(a) => peers::not_a_node(*a).is_none(),
                 IpAddr::V6(_) => false,
             })
             .collect()
+    }
+
+    /// The link holding address `ip`.
+    pub fn holder(&self, ip: Ipv4Addr) -> Option<&Link> {
+        self.addresses
+            .iter()
+            .find(|(_, n)| n.addr() == IpAddr::V4(ip))
+            .and_then(|(i, _)| self.link_index(*i))
     }
 }
 
@@ -210,7 +219,11 @@ pub fn identify(
 
 /// A remote peer at the network or broadcast address of an underlay subnet is not a node:
 /// its FDB entry would send pod traffic to every host of the underlay.
-fn check_underlay_edges(seen: &Observed, underlay: &Link, remote: &[Peer]) -> Result<(), Error> {
+pub fn check_underlay_edges(
+    seen: &Observed,
+    underlay: &Link,
+    remote: &[Peer],
+) -> Result<(), Error> {
     for net in seen.addresses_of(underlay.index) {
         let IpNet::V4(net) = net else { continue };
         if net.prefix_len() >= 31 {
@@ -250,13 +263,7 @@ fn underlay(
             _ => None,
         })
     };
-    let holder = |ip: Ipv4Addr| {
-        seen.addresses
-            .iter()
-            .find(|(_, n)| n.addr() == IpAddr::V4(ip))
-            .and_then(|(i, _)| seen.link_index(*i))
-            .cloned()
-    };
+    let holder = |ip: Ipv4Addr| seen.holder(ip).cloned();
     if let Some(name) = &cfg.device {
         let dev = seen
             .link(name)

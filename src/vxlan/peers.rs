@@ -130,8 +130,9 @@ fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 
-/// Why `ip` can never be a node's underlay address, if it cannot.
-fn not_a_node(ip: Ipv4Addr) -> Option<&'static str> {
+/// Why `ip` can never be a node's underlay address, if it cannot: the one rule for peer
+/// entries, `localIp`, a segment's `nodes` and which of this node's addresses may name it.
+pub fn not_a_node(ip: Ipv4Addr) -> Option<&'static str> {
     if ip.is_unspecified() {
         Some("unspecified")
     } else if ip.is_loopback() {

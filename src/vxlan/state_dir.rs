@@ -32,8 +32,9 @@ pub struct Lock {
     _file: File,
 }
 
-/// Creates `dir` (0700) if missing; it must be a directory itself, not a link to one.
-fn create_dir(dir: &Path) -> std::io::Result<()> {
+/// Creates `dir` (0700) if missing; it must be a directory itself, not a link to one. The
+/// one way a `stateDir` is made, by the plugin and the node agent alike.
+pub fn create_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

@@ -63,6 +63,7 @@ const SPEC: Spec = Spec {
     verb: "downgrade",
     flags: &["--json", "--drop-leases"],
     values: &[],
+    repeatable: &[],
     positionals: &[],
 };
 

@@ -43,6 +43,7 @@ const SPEC: Spec = Spec {
     verb: "forget",
     flags: &["--json", "--force"],
     values: &["--ifname"],
+    repeatable: &[],
     positionals: &["<namespace>/<pod>"],
 };
 

@@ -42,6 +42,7 @@ const SPEC: Spec = Spec {
     verb: "gc",
     flags: &["--json", "--dry-run"],
     values: &[],
+    repeatable: &[],
     positionals: &[],
 };
 

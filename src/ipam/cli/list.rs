@@ -46,6 +46,7 @@ const SPEC: Spec = Spec {
     verb: "list",
     flags: &["--json"],
     values: &[],
+    repeatable: &[],
     positionals: &[],
 };
 

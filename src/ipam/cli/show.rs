@@ -52,6 +52,7 @@ const SPEC: Spec = Spec {
     verb: "show",
     flags: &["--json"],
     values: &["--ifname", "--uid"],
+    repeatable: &[],
     positionals: &["<namespace>/<pod>"],
 };
 
