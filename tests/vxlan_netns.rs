@@ -6,7 +6,7 @@ mod vxlan_support;
 use std::path::Path;
 
 use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::link::LinkMessage;
+use netlink_packet_route::link::{InfoKind, LinkMessage};
 use sticky_cni::netlink::{Socket, link, netns, sysctl};
 use vxlan_support::*;
 
@@ -131,6 +131,12 @@ fn links_read_field_by_field_are_what_full_decoding_reads_from_the_kernel() {
             })
             .collect();
         let one = link::get(&mut sock, "vt0").unwrap();
+        let vxlan = link::list_kind(&mut sock, InfoKind::Vxlan).unwrap();
+        let at = link::get_at(&mut sock, one.as_ref().unwrap().index).unwrap();
+        let none = link::get_at(&mut sock, 999_999).unwrap();
+        assert_eq!(vxlan, vec![one.clone().unwrap()], "only the VXLAN device");
+        assert_eq!(at, one);
+        assert_eq!(none, None);
         (fast, full, one)
     })
     .unwrap();

@@ -25,12 +25,35 @@ fn a_foreign_route_on_a_peer_subnet_is_an_error_naming_it_and_is_left_alone() {
     let conf = topo.conf(1, json!({"peers": peers}));
     let a = topo.new_pod(1, "a");
     let out = topo.try_add(&a, &conf);
-    expect_error(&out, 121, "198.51.100.0/24 via 192.0.2.254");
+    let err = expect_error(&out, 121, "198.51.100.0/24 via 192.0.2.254");
+    // eth0 is not one of the links ADD reads (VXLAN devices, the VTEP's and the bridge's
+    // names): it is asked for by index to name it.
+    assert!(err["msg"].as_str().unwrap().contains("(dev eth0)"), "{err}");
     assert_eq!(topo.ip(1, &["route", "show", "198.51.100.0/24"]), before);
     // The peer goes away: the route is still not ours to delete.
     let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
     topo.add(&a, &conf);
     assert_eq!(topo.ip(1, &["route", "show", "198.51.100.0/24"]), before);
+}
+
+#[test]
+fn a_device_of_another_kind_under_the_vteps_name_is_refused_and_left_alone() {
+    if !can_run() {
+        return;
+    }
+    let (mut topo, conf) = one_node();
+    // ADD reads VXLAN devices by kind, and the VTEP's name whatever its kind.
+    topo.ip(1, &["link", "add", "sticky.1", "type", "bridge"]);
+    let a = topo.new_pod(1, "a");
+    let out = topo.try_add(&a, &conf);
+    expect_error(
+        &out,
+        121,
+        "\"sticky.1\" exists but is a bridge device, not a vxlan",
+    );
+    let still = topo.ip(1, &["-d", "link", "show", "sticky.1"]);
+    assert!(still.contains("bridge"), "{still}");
+    assert_eq!(topo.pod_veths(1), 0);
 }
 
 #[test]

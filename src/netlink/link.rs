@@ -394,6 +394,31 @@ pub fn list(sock: &mut Socket) -> Result<Vec<Link>, Error> {
         .map_err(ctx("*"))
 }
 
+/// The links of one kind (`vxlan`, `bridge`): the kernel leaves the others out of the dump
+/// (when it knows the kind), and they are dropped here if it did not.
+pub fn list_kind(sock: &mut Socket, kind: InfoKind) -> Result<Vec<Link>, Error> {
+    let name = kind.to_string();
+    let mut msg = LinkMessage::default();
+    msg.attributes
+        .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(kind)]));
+    let found = sock
+        .dump_with("list links", query(msg), &mut links_of)
+        .map_err(ctx("*"))?;
+    Ok(found
+        .into_iter()
+        .filter(|l| l.kind.as_deref() == Some(name.as_str()))
+        .collect())
+}
+
+/// The link of index `index`, or `None` if there is none.
+pub fn get_at(sock: &mut Socket, index: u32) -> Result<Option<Link>, Error> {
+    match sock.request_with("get link", query(indexed(index)), 0, &mut links_of) {
+        Ok(found) => Ok(found.into_iter().next()),
+        Err(e) if e.is(Errno::ENODEV) => Ok(None),
+        Err(e) => Err(ctx(&format!("#{index}"))(e)),
+    }
+}
+
 fn set(sock: &mut Socket, link: &Link, msg: LinkMessage) -> Result<(), Error> {
     sock.request("change link", RouteNetlinkMessage::SetLink(msg), 0)
         .map(drop)

@@ -97,8 +97,15 @@ impl Kernel for Fake {
     fn links(&mut self) -> Result<Vec<Link>, Error> {
         Ok(self.seen.links.clone())
     }
+    fn vxlan_links(&mut self) -> Result<Vec<Link>, Error> {
+        let vxlan = |l: &&Link| l.kind.as_deref() == Some("vxlan");
+        Ok(self.seen.links.iter().filter(vxlan).cloned().collect())
+    }
     fn link(&mut self, name: &str) -> Result<Option<Link>, Error> {
         Ok(self.seen.link(name).cloned())
+    }
+    fn link_at(&mut self, index: u32) -> Result<Option<Link>, Error> {
+        Ok(self.seen.link_index(index).cloned())
     }
     fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error> {
         Ok(self.seen.addresses.clone())

@@ -10,6 +10,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{Error, firewall};
+use netlink_packet_route::link::InfoKind;
+
 use crate::netlink::link::{self, Link, VxlanSpec};
 use crate::netlink::neigh::{self, Fdb, Neighbour};
 use crate::netlink::route::{self, Route};
@@ -29,7 +31,10 @@ pub enum LinkChange {
 /// What sticky-vxlan reads from and writes to the node's kernel.
 pub trait Kernel {
     fn links(&mut self) -> Result<Vec<Link>, Error>;
+    /// Every VXLAN device of the namespace (and no other link).
+    fn vxlan_links(&mut self) -> Result<Vec<Link>, Error>;
     fn link(&mut self, name: &str) -> Result<Option<Link>, Error>;
+    fn link_at(&mut self, index: u32) -> Result<Option<Link>, Error>;
     /// Every address of the namespace, with the index of the interface holding it.
     fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error>;
     /// Every unicast route of the main table.
@@ -65,8 +70,14 @@ impl Kernel for Live<'_> {
     fn links(&mut self) -> Result<Vec<Link>, Error> {
         Ok(link::list(self.sock)?)
     }
+    fn vxlan_links(&mut self) -> Result<Vec<Link>, Error> {
+        Ok(link::list_kind(self.sock, InfoKind::Vxlan)?)
+    }
     fn link(&mut self, name: &str) -> Result<Option<Link>, Error> {
         Ok(link::get(self.sock, name)?)
+    }
+    fn link_at(&mut self, index: u32) -> Result<Option<Link>, Error> {
+        Ok(link::get_at(self.sock, index)?)
     }
     fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error> {
         Ok(addr::list_all(self.sock)?)

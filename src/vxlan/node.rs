@@ -14,8 +14,8 @@ use crate::netlink::link::Link;
 use crate::netlink::neigh::{Fdb, Neighbour};
 use crate::netlink::route::Route;
 
-/// What the node's kernel holds, read once: every link, address and main-table route, and
-/// the entries on the VTEP (when a link of its name exists).
+/// What the node's kernel holds, read once: links (see [`Observed::read`]), every address and
+/// main-table route, and the entries on the VTEP (when a link of its name exists).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
     pub links: Vec<Link>,
@@ -26,8 +26,20 @@ pub struct Observed {
 }
 
 impl Observed {
-    pub fn read(k: &mut impl Kernel, vtep_name: &str) -> Result<Observed, Error> {
-        let links = k.links()?;
+    /// What programming the node needs. Links: every VXLAN device (the VTEP, any VTEP an
+    /// earlier config left, any other device on the VNI), and the links named as the VTEP
+    /// and the bridge, whatever their kind. The node's other links (on a busy node, a veth
+    /// per pod) are not read: [`resolve`] asks for the underlay by name or index when it is
+    /// not among these.
+    pub fn read(k: &mut impl Kernel, vtep_name: &str, bridge: &str) -> Result<Observed, Error> {
+        let mut links = k.vxlan_links()?;
+        for name in [vtep_name, bridge] {
+            if !links.iter().any(|l| l.name == name)
+                && let Some(l) = k.link(name)?
+            {
+                links.push(l);
+            }
+        }
         let vtep = links.iter().find(|l| l.name == vtep_name).map(|l| l.index);
         let (vtep_fdb, vtep_neighbours) = match vtep {
             Some(i) => (k.fdb(i)?, k.neighbours(i)?),
@@ -42,8 +54,8 @@ impl Observed {
         })
     }
 
-    /// Only what working out the node needs (links and addresses): for the commands that
-    /// do not program the node (DEL, CHECK, GC, STATUS).
+    /// Only what working out the node needs (every link, and the addresses): for the
+    /// commands that do not program the node (DEL, CHECK, GC, STATUS).
     pub fn read_for_node(k: &mut impl Kernel) -> Result<Observed, Error> {
         Ok(Observed {
             links: k.links()?,
@@ -263,12 +275,25 @@ fn underlay(
             _ => None,
         })
     };
-    let holder = |ip: Ipv4Addr| seen.holder(ip).cloned();
+    // The links not read with the rest (see `Observed::read`) are asked for.
+    let mut at = |index: u32| match seen.link_index(index) {
+        Some(l) => Ok(Some(l.clone())),
+        None => k.link_at(index),
+    };
+    let mut holder = |ip: Ipv4Addr| match seen
+        .addresses
+        .iter()
+        .find(|(_, n)| n.addr() == IpAddr::V4(ip))
+    {
+        Some((i, _)) => at(*i),
+        None => Ok(None),
+    };
     if let Some(name) = &cfg.device {
-        let dev = seen
-            .link(name)
-            .cloned()
-            .ok_or_else(|| Error::NoDevice { name: name.clone() })?;
+        let dev = match seen.link(name) {
+            Some(l) => Some(l.clone()),
+            None => k.link(name)?,
+        }
+        .ok_or_else(|| Error::NoDevice { name: name.clone() })?;
         // Of the device's addresses, the one this node's peer entry names: the others' FDB
         // entries point at it and their MAC for this node is computed from it.
         let named = seen.addresses.iter().find_map(|(i, n)| match n.addr() {
@@ -282,12 +307,12 @@ fn underlay(
         return Ok((ip, dev));
     }
     if let Some(ip) = cfg.local_ip {
-        let dev = holder(ip).ok_or(Error::LocalIpNotHere { ip })?;
+        let dev = holder(ip)?.ok_or(Error::LocalIpNotHere { ip })?;
         return Ok((ip, dev));
     }
     // The entry naming this node gives its underlay address directly.
     if let Some(own) = all.iter().find(|p| node_addrs.contains(&IpAddr::V4(p.ip)))
-        && let Some(dev) = holder(own.ip)
+        && let Some(dev) = holder(own.ip)?
     {
         return Ok((own.ip, dev));
     }
@@ -299,10 +324,11 @@ fn underlay(
     let (Some(oif), Some(IpAddr::V4(src))) = (oif, src) else {
         return Err(Error::NoRouteToPeer { peer: target.ip });
     };
-    let dev = seen
-        .link_index(oif)
-        .cloned()
-        .ok_or(Error::NoRouteToPeer { peer: target.ip })?;
+    let dev = match seen.link_index(oif) {
+        Some(l) => Some(l.clone()),
+        None => k.link_at(oif)?,
+    }
+    .ok_or(Error::NoRouteToPeer { peer: target.ip })?;
     Ok((src, dev))
 }
 
@@ -324,7 +350,7 @@ mod tests {
     }
 
     fn identify_on(k: &mut Fake, cfg: &Config, all: &[Peer]) -> Result<Node, Error> {
-        let seen = Observed::read(k, &cfg.vtep_name).unwrap();
+        let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge).unwrap();
         identify(k, cfg, &seen, all, None)
     }
 

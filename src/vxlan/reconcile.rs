@@ -44,10 +44,10 @@ pub fn node(cfg: &Config) -> Result<Report, Error> {
 /// [`node()`] through a given kernel (ADD passes the socket it keeps using for the pod).
 pub fn node_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let _guard = state_dir::lock(cfg)?;
-    let seen = Observed::read(k, &cfg.vtep_name)?;
+    let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge)?;
     let node = node::resolve(k, cfg, &seen)?;
     node.check(cfg.vni)?;
-    let plan = plan::plan(cfg, &node, &seen)?;
+    let plan = plan::plan(cfg, &node, &seen).map_err(|e| name_device(k, e))?;
     let Devices { vtep, bridge } = apply::apply(k, cfg, &plan, &seen)?;
     Ok(Report {
         node,
@@ -55,6 +55,23 @@ pub fn node_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
         bridge,
         plan,
     })
+}
+
+/// A foreign route's device, named for the error when the plan had not read that link.
+fn name_device(k: &mut impl Kernel, e: Error) -> Error {
+    match e {
+        Error::ForeignRoute {
+            route,
+            device: None,
+        } => {
+            let device = route
+                .oif
+                .and_then(|i| k.link_at(i).ok().flatten())
+                .map(|l| l.name);
+            Error::ForeignRoute { route, device }
+        }
+        e => e,
+    }
 }
 
 #[cfg(test)]
@@ -99,5 +116,33 @@ mod tests {
             "{:?}",
             again.plan
         );
+    }
+
+    #[test]
+    fn a_foreign_routes_device_is_named_though_its_link_was_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = conf(json!({
+            "stateDir": dir.path(),
+            "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]},
+                      {"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]}]
+        }));
+        let mut k = Fake::node("192.0.2.1/24");
+        let eth1 = k.add_link("eth1", "veth");
+        k.seen.routes.push(crate::netlink::route::Route {
+            dst: "10.244.2.0/24".parse().unwrap(),
+            gateway: Some("198.51.100.254".parse().unwrap()),
+            oif: Some(eth1),
+            onlink: false,
+            protocol: 3,
+        });
+        let seen = Observed::read(&mut k, &cfg.vtep_name, &cfg.bridge).unwrap();
+        assert!(seen.link("eth1").is_none(), "a plain link is not read");
+        let err = node_with(&mut k, &cfg).unwrap_err();
+        assert!(
+            matches!(&err, Error::ForeignRoute { device: Some(d), .. } if d == "eth1"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("(dev eth1)"), "{err}");
+        assert!(k.writes.is_empty(), "{:?}", k.writes);
     }
 }
