@@ -362,7 +362,7 @@ impl Drop for DiskStore {
         if known.is_some() && changed.is_empty() && !self.wrote {
             return;
         }
-        if let Err(e) = index::save(&self.dir, known.as_deref(), &changed) {
+        if let Err(e) = index::save(&self.dir, known.as_ref(), &changed) {
             eprintln!("sticky-ipam: index not saved (the next call lists the directory): {e}");
         }
     }

@@ -132,16 +132,43 @@ fn parse_hex(bytes: &[u8]) -> Option<u64> {
     })
 }
 
-/// The stamp's line of hashes: `2 * BUCKETS` words of [`push_hex`], one space between.
-fn parse_hashes(line: &[u8]) -> Option<Vec<u64>> {
-    if line.len() != 2 * BUCKETS * 17 - 1 {
-        return None;
+/// The stamp's line of bucket hashes, kept as the text it is: `2 * BUCKETS` words of
+/// [`push_hex`], one space between. A call reads two or three buckets, so a word is parsed
+/// when its bucket is read, and the words of buckets not rewritten are copied, never parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashes(Vec<u8>);
+
+const WORD: usize = 17;
+
+impl Hashes {
+    /// Every bucket empty.
+    fn empty() -> Hashes {
+        let mut line = Vec::with_capacity(2 * BUCKETS * WORD);
+        for slot in 0..2 * BUCKETS {
+            if slot > 0 {
+                line.push(b' ');
+            }
+            push_hex(&mut line, fnv(b""));
+        }
+        Hashes(line)
     }
-    line.chunks(17)
-        .map(|word| match word {
-            [hex @ .., b' '] | hex => parse_hex(hex),
-        })
-        .collect()
+
+    /// The line if it has the shape [`Hashes`] writes; each word is checked when used.
+    fn parse(line: &[u8]) -> Option<Hashes> {
+        let shaped = line.len() == 2 * BUCKETS * WORD - 1
+            && line.iter().skip(WORD - 1).step_by(WORD).all(|b| *b == b' ');
+        shaped.then(|| Hashes(line.to_vec()))
+    }
+
+    fn get(&self, slot: usize) -> Option<u64> {
+        parse_hex(self.0.get(slot * WORD..slot * WORD + 16)?)
+    }
+
+    fn set(&mut self, slot: usize, h: u64) {
+        let mut word = Vec::with_capacity(16);
+        push_hex(&mut word, h);
+        self.0[slot * WORD..slot * WORD + 16].copy_from_slice(&word);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,7 +214,7 @@ impl DirState {
 #[derive(Debug, Clone)]
 pub struct Stored {
     dir: Arc<File>,
-    hashes: Vec<u64>,
+    hashes: Hashes,
 }
 
 fn open_index_dir(path: &Path) -> std::io::Result<File> {
@@ -274,7 +301,7 @@ impl Stored {
         if DirState(state) != DirState::of(&fs::metadata(net_dir).ok()?) {
             return None;
         }
-        let hashes = parse_hashes(lines.next()?.as_bytes())?;
+        let hashes = Hashes::parse(lines.next()?.as_bytes())?;
         Some(Stored {
             dir: Arc::new(dir),
             hashes,
@@ -284,14 +311,14 @@ impl Stored {
     /// A bucket's names, when its file matches the stamp.
     pub fn load(&self, bucket: Bucket) -> Option<Vec<String>> {
         let bytes = read_in(&self.dir, &bucket.file_name())?;
-        if fnv(&bytes) != self.hashes[bucket.slot()] {
+        if Some(fnv(&bytes)) != self.hashes.get(bucket.slot()) {
             return None;
         }
         let text = String::from_utf8(bytes).ok()?;
         Some(text.lines().map(str::to_string).collect())
     }
 
-    pub fn hashes(&self) -> &[u64] {
+    pub fn hashes(&self) -> &Hashes {
         &self.hashes
     }
 }
@@ -301,7 +328,7 @@ impl Stored {
 /// hashes of the buckets not rewritten; without them every bucket must be in `changed`.
 pub fn save(
     net_dir: &Path,
-    known: Option<&[u64]>,
+    known: Option<&Hashes>,
     changed: &[(Bucket, Vec<String>)],
 ) -> Result<(), IndexError> {
     let index_dir = net_dir.join(DIR);
@@ -311,10 +338,7 @@ pub fn save(
         Err(e) => return Err(io_err("creating", &index_dir)(e)),
     }
     let dir = open_index_dir(&index_dir).map_err(io_err("opening", &index_dir))?;
-    let mut hashes = match known {
-        Some(h) => h.to_vec(),
-        None => vec![fnv(b""); 2 * BUCKETS],
-    };
+    let mut hashes = known.cloned().unwrap_or_else(Hashes::empty);
     for (bucket, names) in changed {
         let mut text = String::new();
         for name in names {
@@ -323,7 +347,7 @@ pub fn save(
         }
         let path = index_dir.join(bucket.file_name());
         write_in(&dir, &bucket.file_name(), text.as_bytes()).map_err(io_err("writing", &path))?;
-        hashes[bucket.slot()] = fnv(text.as_bytes());
+        hashes.set(bucket.slot(), fnv(text.as_bytes()));
         crash::point("index bucket written");
     }
     if known.is_none() {
@@ -351,12 +375,7 @@ pub fn save(
         body.extend_from_slice(format!(" {n}").as_bytes());
     }
     body.push(b'\n');
-    for (i, h) in hashes.iter().enumerate() {
-        if i > 0 {
-            body.push(b' ');
-        }
-        push_hex(&mut body, *h);
-    }
+    body.extend_from_slice(&hashes.0);
     body.push(b'\n');
     let sum = fnv(&body);
     body.extend_from_slice(b"sum ");
@@ -404,15 +423,28 @@ mod tests {
             .map(|h| format!("{h:016x}"))
             .collect::<Vec<_>>()
             .join(" ");
-        let parsed = parse_hashes(line.as_bytes()).unwrap();
-        assert_eq!(parsed, (0..2 * BUCKETS as u64).collect::<Vec<_>>());
+        let mut hashes = Hashes::parse(line.as_bytes()).unwrap();
+        for slot in 0..2 * BUCKETS {
+            assert_eq!(hashes.get(slot), Some(slot as u64));
+        }
+        hashes.set(7, u64::MAX);
+        assert_eq!(hashes.get(7), Some(u64::MAX));
+        assert_eq!((hashes.get(6), hashes.get(8)), (Some(6), Some(8)));
+        assert_eq!(hashes.0.len(), line.len());
+        assert_eq!(
+            Hashes::parse(&Hashes::empty().0).unwrap().get(300),
+            Some(fnv(b""))
+        );
+        // A word that is not hex is found when its bucket is read: that bucket is not trusted.
+        let bad = line.replacen("0000000000000003", "000000000000000X", 1);
+        assert_eq!(Hashes::parse(bad.as_bytes()).unwrap().get(3), None);
         for broken in [
             line.replacen(' ', "_", 1),
             line[..line.len() - 1].to_string(),
             format!("{line} "),
             line.replacen(' ', "", 1) + " ",
         ] {
-            assert_eq!(parse_hashes(broken.as_bytes()), None, "{}", &broken[..40]);
+            assert_eq!(Hashes::parse(broken.as_bytes()), None, "{}", &broken[..40]);
         }
     }
 }

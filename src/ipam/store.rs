@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use super::index::{Bucket, Family, Stored};
+use super::index::{Bucket, Family, Hashes, Stored};
 use super::record::{Record, parse_name};
 
 #[derive(Debug, thiserror::Error)]
@@ -308,13 +308,13 @@ impl Index {
     /// What the stored index needs: the hashes of buckets kept (`None`: rewrite all), and
     /// the buckets to rewrite with their names. `None` when nothing changed.
     #[allow(clippy::type_complexity)]
-    pub fn to_save(&self) -> Option<(Option<Vec<u64>>, Vec<(Bucket, Vec<String>)>)> {
+    pub fn to_save(&self) -> Option<(Option<Hashes>, Vec<(Bucket, Vec<String>)>)> {
         let names = self.names.borrow();
         if names.unlistable {
             return None;
         }
         let known = match (&names.backing, names.rebuilt) {
-            (Some(b), false) => Some(b.stored.hashes().to_vec()),
+            (Some(b), false) => Some(b.stored.hashes().clone()),
             _ => None,
         };
         if known.is_some() && names.dirty.is_empty() {
