@@ -206,3 +206,74 @@ fn ipam_ranges_come_from_the_nodes_own_peer_entry() {
         assert!(!state.sticky(ip).attached, "{ip} still attached");
     }
 }
+
+/// sticky-ipam, which sticky-vxlan carries, runs in sticky-vxlan's own process: the
+/// `sticky-ipam` on CNI_PATH (here a wrapper that would leave a mark) is never exec'd, yet the
+/// lease is written, kept on DEL and found again, exactly as by the binary; without a
+/// `sticky-ipam` on CNI_PATH the call fails as an exec would.
+#[test]
+fn sticky_ipam_runs_in_the_plugins_own_process() {
+    if !can_run() {
+        return;
+    }
+    let mut topo = Topo::new(1500);
+    let mark = topo.cni_path.join("exec-mark");
+    let wrapper = topo.cni_path.join("sticky-ipam");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ntouch '{}'\nexec '{IPAM}' \"$@\"\n",
+            mark.display()
+        ),
+    )
+    .expect("write wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod wrapper");
+    let mut confs = topo.three_nodes();
+    for c in &mut confs {
+        c["ipam"]["type"] = json!("sticky-ipam");
+    }
+    let data = std::path::PathBuf::from(confs[2]["ipam"]["dataDir"].as_str().unwrap());
+    let web_id = support::Pod::new("shop", "web", "uid-web");
+    let web = topo.new_pod(3, "web");
+    let first = topo.add_args(&web, &confs[2], &web_id.kubelet_args(&web.id));
+    let ip = ip_of(&first, false);
+    let net = confs[2]["name"].as_str().unwrap().to_string();
+    let lease = data.join(&net).join(format!("{ip}_shop_web"));
+    let body = std::fs::read_to_string(&lease).expect("the lease was not written");
+    assert!(body.contains("\"state\":\"attached\""), "{body}");
+
+    let del = topo.cni(
+        3,
+        "DEL",
+        &web,
+        &web.path(),
+        &confs[2],
+        &web_id.kubelet_args(&web.id),
+    );
+    succeeded(&del, "DEL web");
+    let body = std::fs::read_to_string(&lease).expect("the lease is gone after DEL");
+    assert!(body.contains("\"state\":\"released\""), "{body}");
+    topo.drop_ns(&web.ns);
+    let again = topo.new_pod(3, "web2");
+    let second = topo.add_args(&again, &confs[2], &web_id.kubelet_args(&again.id));
+    assert_eq!(
+        ip_of(&second, false),
+        ip,
+        "the recreated pod lost its address"
+    );
+    assert!(!mark.exists(), "sticky-ipam was exec'd from CNI_PATH");
+
+    std::fs::remove_file(&wrapper).unwrap();
+    let other = topo.new_pod(3, "other");
+    let out = topo.cni(3, "ADD", &other, &other.path(), &confs[2], "");
+    assert!(
+        !out.status.success(),
+        "ADD without sticky-ipam on CNI_PATH succeeded"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("was not found in CNI_PATH"), "{text}");
+}

@@ -4,14 +4,20 @@
 //!
 //! Executing is behind [`Exec`] ([`Process`] is the real one), so what a plugin's answer
 //! means ([`read_answer`]) and the callers' decisions are tested without running anything.
+//! [`Linked`] runs a plugin compiled into the caller's own binary the same way: the
+//! environment the exec'd plugin would get (`CNI_COMMAND` replaced), the same stdin, its
+//! JSON answer read by the same [`read_answer`], on a thread so that it still runs while the
+//! caller does its own work.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
 
 use serde_json::Value;
 
-use super::{Call, CniResult};
+use super::skel::{self, Plugin};
+use super::{Call, CniError, CniResult, Env};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -108,6 +114,65 @@ impl Running for Child {
             success: out.status.success(),
             status: out.status.to_string(),
             stdout: out.stdout,
+        })
+    }
+}
+
+/// Runs plugin `P`, compiled into this binary, in this process: what it answers is what the
+/// exec'd plugin would print, for the environment it would see.
+pub struct Linked<P>(pub P);
+
+/// A linked plugin under way on its own thread.
+pub struct LinkedRun {
+    plugin: PathBuf,
+    thread: JoinHandle<Result<Option<Value>, CniError>>,
+}
+
+impl<P: Plugin + Clone + Send + 'static> Exec for Linked<P> {
+    type Running = LinkedRun;
+
+    fn start(&self, plugin: &Path, command: &str, stdin: &[u8]) -> Result<LinkedRun, Error> {
+        // The environment a child would inherit, CNI_COMMAND replaced (see Process).
+        let env = Env::from_vars(|name| match name {
+            "CNI_COMMAND" => Some(command.to_string()),
+            _ => std::env::var(name).ok(),
+        });
+        let (linked, stdin) = (self.0.clone(), stdin.to_vec());
+        let thread = std::thread::Builder::new()
+            .name("ipam".into())
+            .spawn(move || skel::dispatch(&linked, env, &stdin))
+            .map_err(|source| Error::Exec {
+                plugin: plugin.to_path_buf(),
+                source,
+            })?;
+        Ok(LinkedRun {
+            plugin: plugin.to_path_buf(),
+            thread,
+        })
+    }
+}
+
+impl Running for LinkedRun {
+    fn finish(self) -> Result<Answer, Error> {
+        let outcome = self.thread.join().map_err(|_| Error::Exec {
+            plugin: self.plugin.clone(),
+            source: std::io::Error::other("the linked plugin panicked"),
+        })?;
+        // Exactly what skel::run would have printed, and its exit status.
+        Ok(match outcome {
+            Ok(json) => Answer {
+                success: true,
+                status: "linked: success".into(),
+                stdout: json.map(|j| j.to_string().into_bytes()).unwrap_or_default(),
+            },
+            Err(err) => {
+                eprintln!("{err}");
+                Answer {
+                    success: false,
+                    status: "linked: failure".into(),
+                    stdout: err.to_json().into_bytes(),
+                }
+            }
         })
     }
 }
@@ -216,6 +281,59 @@ pub fn start<E: Exec>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A plugin compiled in: GC succeeds, STATUS says it is not available.
+    #[derive(Clone)]
+    struct Compiled;
+
+    impl Plugin for Compiled {
+        type Error = CniError;
+        fn add(&self, _: &Call) -> Result<CniResult, CniError> {
+            unreachable!("not asked")
+        }
+        fn del(&self, _: &Call) -> Result<(), CniError> {
+            unreachable!("not asked")
+        }
+        fn check(&self, _: &Call) -> Result<(), CniError> {
+            unreachable!("not asked")
+        }
+        fn gc(&self, call: &Call) -> Result<(), CniError> {
+            assert_eq!(call.env.command, super::super::Command::Gc);
+            Ok(())
+        }
+        fn status(&self, _: &Call) -> Result<(), CniError> {
+            Err(CniError::new(50, "the data dir is full"))
+        }
+    }
+
+    #[test]
+    fn a_linked_plugin_answers_as_the_exec_would_have() {
+        let p = Path::new("/opt/cni/bin/compiled");
+        let stdin = br#"{"cniVersion":"1.1.0","name":"n","type":"compiled"}"#;
+        let run = |command: &str| {
+            let answer = Linked(Compiled)
+                .start(p, command, stdin)
+                .unwrap()
+                .finish()
+                .unwrap();
+            read_answer(p, &answer)
+        };
+        assert_eq!(run("GC").unwrap(), None);
+        let err = run("STATUS").unwrap_err();
+        assert!(
+            matches!(&err, Error::Failed { code: 50, msg, .. } if msg == "the data dir is full"),
+            "{err:?}"
+        );
+        // The config is checked by the plugin, as by its binary: GC in 0.4.0 is refused.
+        let old = br#"{"cniVersion":"0.4.0","name":"n","type":"compiled"}"#;
+        let answer = Linked(Compiled)
+            .start(p, "GC", old)
+            .unwrap()
+            .finish()
+            .unwrap();
+        assert!(!answer.success);
+        assert!(matches!(read_answer(p, &answer), Err(Error::Failed { .. })));
+    }
 
     fn answer(success: bool, out: &str) -> Answer {
         Answer {

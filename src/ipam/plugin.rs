@@ -15,6 +15,9 @@ use super::{Error, resolv};
 use super::{check, del};
 use crate::cni::{Call, CniResult, Command, Dns, IpConfig, Plugin, attachments};
 
+/// sticky-ipam: the binary's plugin, and what sticky-vxlan runs in its own process for `ipam.type`
+/// `sticky-ipam` (see [`crate::vxlan::delegate::Runner`]).
+#[derive(Debug, Clone, Copy, Default)]
 pub struct IpamPlugin;
 
 /// What every command reads before it touches the data dir.

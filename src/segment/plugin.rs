@@ -22,7 +22,7 @@ use super::config::Config;
 use super::node::{self, Node};
 use super::pod::{self, Iface};
 use super::{Error, datapath, slice};
-use crate::cni::delegate::{Error as Delegate, Process};
+use crate::cni::delegate::Error as Delegate;
 use crate::cni::{Call, CniResult, IpConfig, Plugin};
 use crate::netlink::Socket;
 use crate::netlink::link::{self, parse_mac};
@@ -180,7 +180,7 @@ impl Plugin for Segment {
         let (ipam, pending) = match addressing {
             Addressing::Fixed(ips) => (None, Err(ips)),
             Addressing::Ipam(ipam) => {
-                let pending = ipam.start(&Process, call, "ADD")?;
+                let pending = ipam.start(&ipam.runner(), call, "ADD")?;
                 (Some(ipam), Ok(pending))
             }
         };
@@ -193,7 +193,7 @@ impl Plugin for Segment {
         let allocated = pending.map(|p| p.result().map_err(|e| Error::Vxlan(e.into())));
         let give_back = || {
             if let Some(ipam) = &ipam
-                && let Err(e) = ipam.run(&Process, call, "DEL")
+                && let Err(e) = ipam.run(&ipam.runner(), call, "DEL")
             {
                 eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
             }
@@ -273,7 +273,7 @@ impl Plugin for Segment {
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
         // IPAM DEL runs while the veth is removed.
         let pending = config(call).and_then(|cfg| match addressing_late(call, &cfg)? {
-            Addressing::Ipam(ipam) => Ok(Some(ipam.start(&Process, call, "DEL")?)),
+            Addressing::Ipam(ipam) => Ok(Some(ipam.start(&ipam.runner(), call, "DEL")?)),
             Addressing::Fixed(_) => Ok(None),
         });
         let removed = remove_link(&host).map_err(Error::from);
@@ -288,7 +288,7 @@ impl Plugin for Segment {
         let cfg = config(call)?;
         crate::vxlan::pod::check_attachment(call, &cfg.bridge())?;
         if let Addressing::Ipam(ipam) = addressing_late(call, &cfg)? {
-            ipam.run(&Process, call, "CHECK")?;
+            ipam.run(&ipam.runner(), call, "CHECK")?;
         }
         Ok(())
     }
@@ -309,7 +309,7 @@ impl Plugin for Segment {
                     Addressing::Ipam(ipam) => ipam,
                     Addressing::Fixed(_) => Ipam::verbatim(call, t),
                 };
-                ipam.run(&Process, call, "GC")
+                ipam.run(&ipam.runner(), call, "GC")
                     .map(drop)
                     .map_err(Error::from)
             }
@@ -337,7 +337,7 @@ impl Plugin for Segment {
                 plugin_type: t.clone(),
                 stdin,
             };
-            ipam.run(&Process, call, "STATUS")?;
+            ipam.run(&ipam.runner(), call, "STATUS")?;
         }
         Ok(())
     }

@@ -14,12 +14,12 @@ use ipnet::IpNet;
 
 use super::Error;
 use super::config::Config;
-use super::delegate::Ipam;
+use super::delegate::{Ipam, Runner};
 use super::kernel::Live;
 use super::node::{self, Observed, gateway_of};
 use super::pod::{self, Container, host_veth_name};
 use super::reconcile::{self, Report};
-use crate::cni::delegate::{Exec, Process};
+use crate::cni::delegate::Exec;
 use crate::cni::{Attachment, Call, CniResult, IpConfig, Plugin, attachments};
 use crate::netlink::link::{self, Link};
 use crate::netlink::{Socket, addr};
@@ -61,7 +61,7 @@ impl Plugin for StickyVxlan {
 
     fn add(&self, call: &Call) -> Result<CniResult, Error> {
         let cfg = config(call)?;
-        add(&Process, call, &cfg)
+        add(&Runner::for_type(&cfg.ipam_type), call, &cfg)
     }
 
     fn del(&self, call: &Call) -> Result<(), Error> {
@@ -96,7 +96,7 @@ impl Plugin for StickyVxlan {
         pod::check_attachment(call, &cfg.bridge)?;
         let mut sock = Socket::open()?;
         let ipam = Ipam::for_call(call, &cfg, || local_subnets(&mut sock, call, &cfg))?;
-        ipam.run(&Process, call, "CHECK")?;
+        ipam.run(&ipam.runner(), call, "CHECK")?;
         Ok(())
     }
 
@@ -113,7 +113,7 @@ impl Plugin for StickyVxlan {
         };
         let mut sock = Socket::open()?;
         let released = Ipam::for_call(call, &cfg, || local_subnets(&mut sock, call, &cfg))
-            .and_then(|ipam| ipam.run(&Process, call, "GC"))
+            .and_then(|ipam| ipam.run(&ipam.runner(), call, "GC"))
             .map(drop);
         removed.and(released)
     }
@@ -135,7 +135,7 @@ impl Plugin for StickyVxlan {
             .map_err(not_ready)?;
         let ipam =
             Ipam::for_call(call, &cfg, || Ok(node.local.subnets.clone())).map_err(not_ready)?;
-        ipam.run(&Process, call, "STATUS")?;
+        ipam.run(&ipam.runner(), call, "STATUS")?;
         Ok(())
     }
 }
@@ -236,7 +236,7 @@ fn release(call: &Call) -> Result<(), Error> {
         local_subnets(&mut Socket::open()?, call, &cfg)
     })
     .unwrap_or_else(|_| Ipam::for_release(call, &cfg));
-    ipam.run(&Process, call, "DEL").map(drop)
+    ipam.run(&ipam.runner(), call, "DEL").map(drop)
 }
 
 /// Removes the veths of `network` (by their alias) whose attachment is not in `valid`; the
