@@ -159,20 +159,11 @@ impl Running for LinkedRun {
             source: std::io::Error::other("the linked plugin panicked"),
         })?;
         // Exactly what skel::run would have printed, and its exit status.
-        Ok(match outcome {
-            Ok(json) => Answer {
-                success: true,
-                status: "linked: success".into(),
-                stdout: json.map(|j| j.to_string().into_bytes()).unwrap_or_default(),
-            },
-            Err(err) => {
-                eprintln!("{err}");
-                Answer {
-                    success: false,
-                    status: "linked: failure".into(),
-                    stdout: err.to_json().into_bytes(),
-                }
-            }
+        let (text, success) = skel::printed(outcome);
+        Ok(Answer {
+            success,
+            status: format!("linked: {}", if success { "success" } else { "failure" }),
+            stdout: text.into_bytes(),
         })
     }
 }

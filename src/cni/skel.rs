@@ -100,19 +100,31 @@ pub fn run<P: Plugin>(plugin: &P) -> ExitCode {
         Ok(_) => dispatch(plugin, env, &stdin),
         Err(e) => Err(CniError::new(code::IO, format!("reading stdin: {e}"))),
     };
-    let (text, status) = match outcome {
-        Ok(Some(json)) => (json.to_string(), ExitCode::SUCCESS),
-        Ok(None) => (String::new(), ExitCode::SUCCESS),
-        Err(err) => {
-            eprintln!("{err}");
-            (err.to_json(), ExitCode::FAILURE)
-        }
+    let (text, success) = printed(outcome);
+    let status = if success {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     };
     let mut out = std::io::stdout().lock();
     if !text.is_empty() && writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
         return ExitCode::FAILURE;
     }
     status
+}
+
+/// What a plugin prints for `outcome` (without the final newline) and whether it exits 0; an
+/// error is also logged on stderr. Shared by [`run`] and a plugin run in process
+/// ([`super::delegate::Linked`]), so both answer alike.
+pub fn printed(outcome: Result<Option<Value>, CniError>) -> (String, bool) {
+    match outcome {
+        Ok(Some(json)) => (json.to_string(), true),
+        Ok(None) => (String::new(), true),
+        Err(err) => {
+            eprintln!("{err}");
+            (err.to_json(), false)
+        }
+    }
 }
 
 /// Version of the config if it can be read, for errors raised before full parsing.
