@@ -258,7 +258,6 @@ impl DiskStore {
     /// at most one sector long and `bytes` fit in it: one write of `bytes` padded to its
     /// length, then fdatasync. `false` when it does not qualify (the caller replaces it).
     fn overwrite(&mut self, name: &str, bytes: &[u8]) -> Result<bool, StoreError> {
-        use std::os::unix::fs::FileExt;
         self.writable(name)?;
         let path = self.dir.join(name);
         let Ok((file, meta)) =
@@ -271,11 +270,7 @@ impl DiskStore {
         if len > SECTOR || bytes.len() as u64 > len {
             return Ok(false);
         }
-        let body = pad(bytes.to_vec(), |_| len as usize);
-        file.write_all_at(&body, 0)
-            .map_err(io("rewriting", &path))?;
-        crash::point("rewritten in place");
-        file.sync_data().map_err(io("syncing", &path))?;
+        write_over(&file, len, bytes).map_err(io("rewriting", &path))?;
         Ok(true)
     }
 
@@ -411,11 +406,17 @@ fn is_full(e: &std::io::Error) -> bool {
 /// final newline of a lease) to at least the old length, so that no byte of the old body is
 /// left after it and no new block is needed.
 fn rewrite_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
     let (file, meta) = nofollow::open_single_link(path, fs::OpenOptions::new().write(true))?;
-    let old = usize::try_from(meta.len()).unwrap_or(usize::MAX);
-    let body = pad(bytes.to_vec(), |len| len.max(old));
-    file.write_all_at(&body, 0)?;
+    write_over(&file, meta.len(), bytes)
+}
+
+/// Writes `bytes` over the start of `file`, whose length is `old`, padded to at least `old`
+/// (no byte of the old body left after it), then fdatasync.
+fn write_over(file: &File, old: u64, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let old = usize::try_from(old).unwrap_or(usize::MAX);
+    file.write_all_at(&pad(bytes.to_vec(), |len| len.max(old)), 0)?;
+    crash::point("rewritten in place");
     file.sync_data()
 }
 
