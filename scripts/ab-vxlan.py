@@ -25,11 +25,8 @@ import sys
 import tempfile
 import time
 
-CNI_DIR = "/usr/lib/cni"
-
-
-def sh(*args):
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchnode import CNI_DIR, cni_bin_dir, make_node, sh  # noqa: E402
 
 
 def quartiles(values):
@@ -65,18 +62,8 @@ def main():
 
     try:
         bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
-        os.symlink(os.path.join(CNI_DIR, "host-local"), os.path.join(bindir, "host-local"))
-        ipam_type = os.path.basename(args.ipam)
-        if ipam_type != "host-local":
-            os.symlink(os.path.abspath(args.ipam), os.path.join(bindir, ipam_type))
-        sh("ip", "netns", "add", node)
-        namespaces.append(node)
-        sh("ip", "-n", node, "link", "set", "lo", "up")
-        sh("ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-        sh("ip", "-n", node, "addr", "add", "192.0.2.1/24", "dev", "eth0")
-        sh("ip", "-n", node, "link", "set", "eth0", "up")
-        sh("ip", "-n", node, "link", "set", "eth0p", "up")
+        ipam_type = cni_bin_dir(bindir, args.ipam)
+        make_node(node, namespaces)
         # scripts/bench-vxlan.py's config, with a /16 so that busy nodes and bursts fit.
         conf = json.dumps({
             "cniVersion": "1.0.0", "name": "bench-sticky", "type": "sticky-vxlan", "vni": 1,

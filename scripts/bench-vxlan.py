@@ -30,12 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-CNI_DIR = "/usr/lib/cni"
-
-
-def sh(*args):
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+from benchnode import CNI_DIR, cni_bin_dir, make_node, sh  # noqa: E402
 
 
 def cni(node, binary, command, cid, netns, conf, cni_path):
@@ -86,21 +81,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bench-vxlan-")
     try:
         bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
+        ipam_type = cni_bin_dir(bindir, args.ipam, plugins=("bridge", "host-local"))
         os.symlink(sticky, os.path.join(bindir, "sticky-vxlan"))
-        for plugin in ("bridge", "host-local"):
-            os.symlink(os.path.join(CNI_DIR, plugin), os.path.join(bindir, plugin))
-        ipam_type = os.path.basename(args.ipam)
-        if ipam_type != "host-local":
-            os.symlink(os.path.abspath(args.ipam), os.path.join(bindir, ipam_type))
-
-        sh("ip", "netns", "add", node)
-        namespaces.append(node)
-        sh("ip", "-n", node, "link", "set", "lo", "up")
-        sh("ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-        sh("ip", "-n", node, "addr", "add", "192.0.2.1/24", "dev", "eth0")
-        sh("ip", "-n", node, "link", "set", "eth0", "up")
-        sh("ip", "-n", node, "link", "set", "eth0p", "up")
+        make_node(node, namespaces)
 
         confs = {
             "sticky-vxlan": {

@@ -1,0 +1,36 @@
+"""The netns node that scripts/bench-vxlan.py and scripts/ab-vxlan.py measure on: one shared
+piece so that the two benchmarks time plugins on the same node."""
+
+import os
+import subprocess
+
+CNI_DIR = "/usr/lib/cni"
+
+
+def sh(*args):
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def cni_bin_dir(bindir, ipam, plugins=("host-local",)):
+    """Fills `bindir` (the calls' CNI_PATH) with links to Debian's `plugins` and to `ipam` under
+    its own name; returns the IPAM type to put in the config."""
+    os.mkdir(bindir)
+    for plugin in plugins:
+        os.symlink(os.path.join(CNI_DIR, plugin), os.path.join(bindir, plugin))
+    ipam_type = os.path.basename(ipam)
+    if ipam_type not in plugins:
+        os.symlink(os.path.abspath(ipam), os.path.join(bindir, ipam_type))
+    return ipam_type
+
+
+def make_node(node, namespaces):
+    """Network namespace `node` with its underlay: eth0 at 192.0.2.1/24 (TEST-NET-1) on a veth
+    whose peer stays in the node too, so nothing leaves it. Appended to `namespaces` (the
+    caller removes them) as soon as it exists."""
+    sh("ip", "netns", "add", node)
+    namespaces.append(node)
+    sh("ip", "-n", node, "link", "set", "lo", "up")
+    sh("ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+    sh("ip", "-n", node, "addr", "add", "192.0.2.1/24", "dev", "eth0")
+    sh("ip", "-n", node, "link", "set", "eth0", "up")
+    sh("ip", "-n", node, "link", "set", "eth0p", "up")
