@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchnode import CNI_DIR, cni_bin_dir, make_node, sh  # noqa: E402
+from benchnode import CNI_DIR, cni_bin_dir, cni_env, make_node, sh  # noqa: E402
 
 
 def quartiles(values):
@@ -76,9 +76,7 @@ def main():
         }).encode()
 
         def start(binary, command, ns):
-            env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": command,
-                   "CNI_CONTAINERID": ns, "CNI_NETNS": f"/run/netns/{ns}", "CNI_IFNAME": "eth0",
-                   "CNI_PATH": bindir}
+            env = cni_env(command, ns, f"/run/netns/{ns}", bindir)
             proc = subprocess.Popen(["ip", "netns", "exec", node, binary], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE)

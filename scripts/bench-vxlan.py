@@ -30,22 +30,14 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchnode import CNI_DIR, cni_bin_dir, make_node, sh  # noqa: E402
+from benchnode import CNI_DIR, cni_bin_dir, cni_env, make_node, sh  # noqa: E402
 
 
 def cni(node, binary, command, cid, netns, conf, cni_path):
-    env = {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "CNI_COMMAND": command,
-        "CNI_CONTAINERID": cid,
-        "CNI_NETNS": netns,
-        "CNI_IFNAME": "eth0",
-        "CNI_PATH": cni_path,
-    }
     out = subprocess.run(
         ["ip", "netns", "exec", node, binary],
         input=json.dumps(conf).encode(),
-        env=env,
+        env=cni_env(command, cid, netns, cni_path),
         capture_output=True,
     )
     if out.returncode != 0:

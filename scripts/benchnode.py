@@ -23,6 +23,23 @@ def cni_bin_dir(bindir, ipam, plugins=("host-local",)):
     return ipam_type
 
 
+def cni_env(command, cid, netns, cni_path):
+    """A CNI call's environment as kubelet's runtimes (containerd, CRI-O) set it, CNI_ARGS
+    included: sticky-ipam finds a pod's lease by its name, and a call without one takes
+    host-local's full scan (docs: runtimes that matter send it). `IgnoreUnknown=1` lets
+    host-local accept the Kubernetes keys, as it does under kubelet."""
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": cni_path,
+        "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=%s;"
+                    "K8S_POD_INFRA_CONTAINER_ID=%s;K8S_POD_UID=uid-%s" % (cid, cid, cid),
+    }
+
+
 def make_node(node, namespaces):
     """Network namespace `node` with its underlay: eth0 at 192.0.2.1/24 (TEST-NET-1) on a veth
     whose peer stays in the node too, so nothing leaves it. Appended to `namespaces` (the
