@@ -308,14 +308,15 @@ impl Stored {
         })
     }
 
-    /// A bucket's names, when its file matches the stamp.
-    pub fn load(&self, bucket: Bucket) -> Option<Vec<String>> {
+    /// A bucket's text, one name per line, when its file matches the stamp. The caller
+    /// walks the lines and copies only the names it keeps: a bucket of a 60,000-record
+    /// directory holds a few hundred names, and an allocation each was most of a call.
+    pub fn load(&self, bucket: Bucket) -> Option<String> {
         let bytes = read_in(&self.dir, &bucket.file_name())?;
         if Some(fnv(&bytes)) != self.hashes.get(bucket.slot()) {
             return None;
         }
-        let text = String::from_utf8(bytes).ok()?;
-        Some(text.lines().map(str::to_string).collect())
+        String::from_utf8(bytes).ok()
     }
 
     pub fn hashes(&self) -> &Hashes {

@@ -65,7 +65,13 @@ struct Backing {
     stored: Stored,
     /// Where to list names when a bucket fails its check.
     dir: PathBuf,
+    /// Buckets whose names are in the maps.
     loaded: HashSet<Bucket>,
+    /// Buckets read and checked but not put in the maps: a question about one address or one
+    /// pod is answered from the text, without a map entry (allocations) for each of the
+    /// hundreds of names a bucket of a large directory holds. A bucket goes into the maps
+    /// before it changes, so its text stays the truth until then.
+    texts: HashMap<Bucket, String>,
 }
 
 impl Names {
@@ -91,12 +97,16 @@ impl Names {
         if !backing.loaded.insert(bucket) {
             return;
         }
-        let Some(names) = backing.stored.load(bucket) else {
+        let Some(text) = backing
+            .texts
+            .remove(&bucket)
+            .or_else(|| backing.stored.load(bucket))
+        else {
             let dir = backing.dir.clone();
             self.relist(&dir);
             return;
         };
-        for name in &names {
+        for name in text.lines() {
             let Some((ip, suffix)) = parse_name(name) else {
                 continue;
             };
@@ -106,7 +116,9 @@ impl Names {
                     let files = self.by_ip.entry(ip).or_default();
                     match suffix {
                         None => files.plain = true,
-                        Some(_) if !files.named.contains(name) => files.named.push(name.clone()),
+                        Some(_) if !files.named.iter().any(|n| n == name) => {
+                            files.named.push(name.to_string())
+                        }
                         Some(_) => {}
                     }
                 }
@@ -117,6 +129,51 @@ impl Names {
                 }
             }
         }
+    }
+
+    /// The names of `bucket` that `keep` selects, from the bucket's text, when the bucket is
+    /// not in the maps; `None` when the maps answer (the bucket is in them, the index is
+    /// complete, or the bucket failed its check and the directory was listed).
+    fn scan(&mut self, bucket: Bucket, keep: impl Fn(&str) -> bool) -> Option<Vec<String>> {
+        let backing = self.backing.as_mut()?;
+        if backing.loaded.contains(&bucket) {
+            return None;
+        }
+        if !backing.texts.contains_key(&bucket) {
+            let Some(text) = backing.stored.load(bucket) else {
+                let dir = backing.dir.clone();
+                self.relist(&dir);
+                return None;
+            };
+            backing.texts.insert(bucket, text);
+        }
+        let text = backing.texts.get(&bucket)?;
+        Some(
+            text.lines()
+                .filter(|n| keep(n))
+                .map(str::to_string)
+                .collect(),
+        )
+    }
+
+    /// The names of `ip`'s records, `<ip>` first: from the maps or its bucket's text.
+    fn of_ip(&mut self, ip: IpAddr) -> Vec<String> {
+        let text = ip.to_string();
+        let of_ip = |n: &str| n.starts_with(&text) && parse_name(n).is_some_and(|(i, _)| i == ip);
+        if let Some(mut found) = self.scan(Bucket::of_ip(ip), of_ip) {
+            // Sorted in the bucket, so `<ip>` is already first; kept explicit.
+            found.sort_by_key(|n| n.contains('_'));
+            return found;
+        }
+        let Some(files) = self.by_ip.get(&ip) else {
+            return Vec::new();
+        };
+        files
+            .plain
+            .then_some(text)
+            .into_iter()
+            .chain(files.named.iter().cloned())
+            .collect()
     }
 
     fn ensure_all_ips(&mut self) {
@@ -176,6 +233,7 @@ impl Index {
                     stored,
                     dir: dir.to_path_buf(),
                     loaded: HashSet::new(),
+                    texts: HashMap::new(),
                 }),
                 ..Names::default()
             }),
@@ -193,20 +251,18 @@ impl Index {
             return false;
         };
         let names = self.names.get_mut();
+        // A name already listed changes no bucket (a lease rewritten under its own name): known
+        // from the address's bucket text, without putting either bucket in the maps.
+        if names.of_ip(ip).iter().any(|n| n == name) {
+            return true;
+        }
         let mut touched = vec![Bucket::of_ip(ip)];
         touched.extend(suffix.map(Bucket::of_suffix));
         for b in &touched {
             names.ensure(*b);
         }
-        // A name already listed changes no bucket (a lease rewritten under its own name).
-        let listed = names.by_ip.get(&ip).is_some_and(|f| match suffix {
-            None => f.plain,
-            Some(_) => f.named.iter().any(|n| n == name),
-        });
-        if !listed {
-            names.add(name);
-            names.dirty.extend(touched);
-        }
+        names.add(name);
+        names.dirty.extend(touched);
         true
     }
 
@@ -249,21 +305,12 @@ impl Index {
     /// Whether any record, of any kind, holds `ip`.
     pub fn is_taken(&self, ip: IpAddr) -> bool {
         let mut names = self.names.borrow_mut();
-        names.ensure(Bucket::of_ip(ip));
-        names.unlistable || names.by_ip.contains_key(&ip)
+        let held = !names.of_ip(ip).is_empty();
+        names.unlistable || held
     }
 
     pub fn names(&self, ip: IpAddr) -> Vec<String> {
-        let mut names = self.names.borrow_mut();
-        names.ensure(Bucket::of_ip(ip));
-        let Some(files) = names.by_ip.get(&ip) else {
-            return Vec::new();
-        };
-        let plain = files.plain.then(|| ip.to_string());
-        plain
-            .into_iter()
-            .chain(files.named.iter().cloned())
-            .collect()
+        self.names.borrow_mut().of_ip(ip)
     }
 
     fn sorted_ips(&self, keep: impl Fn(&Files) -> bool) -> Vec<IpAddr> {
@@ -287,7 +334,15 @@ impl Index {
     /// Addresses with a file named `<ip><suffix>`: one bucket read, however many records.
     pub fn ips_with_suffix(&self, suffix: &str) -> Vec<IpAddr> {
         let mut names = self.names.borrow_mut();
-        names.ensure(Bucket::of_suffix(suffix));
+        let with_suffix =
+            |n: &str| n.ends_with(suffix) && parse_name(n).is_some_and(|(_, s)| s == Some(suffix));
+        if let Some(found) = names.scan(Bucket::of_suffix(suffix), with_suffix) {
+            let ips: BTreeSet<IpAddr> = found
+                .iter()
+                .filter_map(|n| parse_name(n).map(|(ip, _)| ip))
+                .collect();
+            return ips.into_iter().collect();
+        }
         names
             .by_suffix
             .get(suffix)
@@ -502,5 +557,84 @@ mod tests {
         assert_eq!(ix.ips_with_identity(), [ip("10.0.0.3"), ip("10.0.0.4")]);
         ix.remove("10.0.0.2");
         assert!(!ix.is_taken(ip("10.0.0.2")));
+    }
+
+    /// A stored index answers questions about one address or one pod from a bucket's text
+    /// (nothing put in the maps); the answers must be those of the complete index, for names
+    /// that share a prefix or a suffix with the question, before and after a change.
+    #[test]
+    fn answers_from_bucket_text_are_the_complete_index_answers() {
+        // An address whose text starts with another's, in the same bucket: the one answer a
+        // bucket's text could get wrong. (IPv4 has none: such addresses differ only in their
+        // last byte, which always moves the bucket.)
+        let (short, long) = (1..=0xffu16)
+            .flat_map(|x| (1..=0xfffu16).map(move |y| (x, y)))
+            .map(|(x, y)| (format!("2001:db8::{x:x}"), format!("2001:db8::{x:x}:{y:x}")))
+            .find(|(a, b)| {
+                let bucket = |s: &str| Bucket::of_ip(s.parse().unwrap());
+                b.len() > a.len() && b.starts_with(a.as_str()) && bucket(a) == bucket(b)
+            })
+            .unwrap();
+        let names = [
+            short.clone(),
+            format!("{short}_ns_a"),
+            format!("{short}_ns_b"),
+            long.clone(),
+            format!("{long}_ns_a"),
+            "10.0.0.1".into(),
+            "10.0.0.1_ns_a".into(),
+            "10.0.0.10_ns_a".into(),
+            "10.0.0.100_x_ns_a".into(),
+            "10.0.0.2_x_a".into(),
+            "10.0.0.3_a".into(),
+            "2001:db8::1".into(),
+            "2001:db8::1_ns_a".into(),
+            "2001:db8::10_ns_a".into(),
+        ];
+        let mut complete = Index::default();
+        for n in &names {
+            complete.insert(n);
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (_, changed) = complete.to_save().unwrap();
+        super::super::index::save(tmp.path(), None, &changed).unwrap();
+        let stored = || Index::stored(Stored::open(tmp.path()).unwrap(), tmp.path());
+        let ips: Vec<IpAddr> = [&short, &long, "10.0.0.1", "10.0.0.10", "10.0.0.100"]
+            .into_iter()
+            .chain([
+                "10.0.0.2",
+                "10.0.0.3",
+                "10.0.0.4",
+                "2001:db8::1",
+                "2001:db8::10",
+            ])
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let suffixes = ["_ns_a", "_ns_b", "_x_a", "_s_a", "_a", "_x_ns_a"];
+        let same = |ix: &Index, complete: &Index, when: &str| {
+            for ip in &ips {
+                assert_eq!(ix.names(*ip), complete.names(*ip), "names({ip}) {when}");
+                assert_eq!(
+                    ix.is_taken(*ip),
+                    complete.is_taken(*ip),
+                    "is_taken({ip}) {when}"
+                );
+            }
+            for s in suffixes {
+                assert_eq!(
+                    ix.ips_with_suffix(s),
+                    complete.ips_with_suffix(s),
+                    "ips_with_suffix({s}) {when}"
+                );
+            }
+        };
+        same(&stored(), &complete, "from bucket text");
+        let mut changed = stored();
+        let _ = changed.ips_with_suffix("_ns_a");
+        for ix in [&mut changed, &mut complete] {
+            ix.insert("10.0.0.4_ns_a");
+            ix.remove(&format!("{short}_ns_a"));
+        }
+        same(&changed, &complete, "after an insert and a removal");
     }
 }
