@@ -68,25 +68,36 @@ struct Backing {
     /// Buckets whose names are in the maps.
     loaded: HashSet<Bucket>,
     /// Buckets read and checked but not put in the maps: a question about one address or one
-    /// pod is answered from the text, without a map entry (allocations) for each of the
-    /// hundreds of names a bucket of a large directory holds. A bucket goes into the maps
-    /// before it changes, so its text stays the truth until then.
+    /// pod is answered from the text, and a change is a line added or removed, without a map
+    /// entry (allocations) for each of the hundreds of names a bucket of a large directory
+    /// holds. A bucket is in `loaded` or here, never both.
     texts: HashMap<Bucket, String>,
 }
 
 impl Names {
     fn add(&mut self, name: &str) -> Option<(IpAddr, Option<String>)> {
         let (ip, suffix) = parse_name(name)?;
+        self.add_ip(ip, name, suffix);
+        if let Some(s) = suffix {
+            self.add_suffix(s, ip);
+        }
+        Some((ip, suffix.map(str::to_string)))
+    }
+
+    fn add_ip(&mut self, ip: IpAddr, name: &str, suffix: Option<&str>) {
         let files = self.by_ip.entry(ip).or_default();
         match suffix {
             None => files.plain = true,
             Some(_) if !files.named.iter().any(|n| n == name) => files.named.push(name.to_string()),
             Some(_) => {}
         }
-        if let Some(s) = suffix {
-            self.by_suffix.entry(s.to_string()).or_default().insert(ip);
-        }
-        Some((ip, suffix.map(str::to_string)))
+    }
+
+    fn add_suffix(&mut self, suffix: &str, ip: IpAddr) {
+        self.by_suffix
+            .entry(suffix.to_string())
+            .or_default()
+            .insert(ip);
     }
 
     /// Makes `bucket` known; on a failed check, lists the directory instead.
@@ -135,6 +146,18 @@ impl Names {
     /// not in the maps; `None` when the maps answer (the bucket is in them, the index is
     /// complete, or the bucket failed its check and the directory was listed).
     fn scan(&mut self, bucket: Bucket, keep: impl Fn(&str) -> bool) -> Option<Vec<String>> {
+        let text = self.text_of(bucket)?;
+        Some(
+            text.lines()
+                .filter(|n| keep(n))
+                .map(str::to_string)
+                .collect(),
+        )
+    }
+
+    /// The text of `bucket`, read and checked if need be, when the bucket is not in the maps;
+    /// `None` when the maps answer (as [`Names::scan`]).
+    fn text_of(&mut self, bucket: Bucket) -> Option<&mut String> {
         let backing = self.backing.as_mut()?;
         if backing.loaded.contains(&bucket) {
             return None;
@@ -147,13 +170,33 @@ impl Names {
             };
             backing.texts.insert(bucket, text);
         }
-        let text = backing.texts.get(&bucket)?;
-        Some(
-            text.lines()
-                .filter(|n| keep(n))
-                .map(str::to_string)
-                .collect(),
-        )
+        self.backing.as_mut()?.texts.get_mut(&bucket)
+    }
+
+    /// Adds or removes the line `name` in `bucket`'s text, keeping the lines sorted as a
+    /// saved bucket has them; `false` when the bucket is in the maps instead.
+    fn edit_text(&mut self, bucket: Bucket, name: &str, add: bool) -> bool {
+        let Some(text) = self.text_of(bucket) else {
+            return false;
+        };
+        let mut lines: Vec<&str> = text.lines().collect();
+        match (lines.iter().position(|l| *l == name), add) {
+            (None, true) => {
+                let at = lines.iter().position(|l| *l > name).unwrap_or(lines.len());
+                lines.insert(at, name);
+            }
+            (Some(at), false) => {
+                lines.remove(at);
+            }
+            _ => return true,
+        }
+        let mut edited = String::with_capacity(text.len() + name.len() + 1);
+        for line in lines {
+            edited.push_str(line);
+            edited.push('\n');
+        }
+        *text = edited;
+        true
     }
 
     /// The names of `ip`'s records, `<ip>` first: from the maps or its bucket's text.
@@ -256,13 +299,20 @@ impl Index {
         if names.of_ip(ip).iter().any(|n| n == name) {
             return true;
         }
-        let mut touched = vec![Bucket::of_ip(ip)];
-        touched.extend(suffix.map(Bucket::of_suffix));
-        for b in &touched {
-            names.ensure(*b);
+        let by_ip = Bucket::of_ip(ip);
+        if !names.edit_text(by_ip, name, true) {
+            names.ensure(by_ip);
+            names.add_ip(ip, name, suffix);
         }
-        names.add(name);
-        names.dirty.extend(touched);
+        names.dirty.insert(by_ip);
+        if let Some(s) = suffix {
+            let by_pod = Bucket::of_suffix(s);
+            if !names.edit_text(by_pod, name, true) {
+                names.ensure(by_pod);
+                names.add_suffix(s, ip);
+            }
+            names.dirty.insert(by_pod);
+        }
         true
     }
 
@@ -271,35 +321,34 @@ impl Index {
             return;
         };
         let names = self.names.get_mut();
-        let mut touched = vec![Bucket::of_ip(ip)];
-        touched.extend(suffix.map(Bucket::of_suffix));
-        for b in &touched {
-            names.ensure(*b);
-        }
-        if let Some(files) = names.by_ip.get_mut(&ip) {
-            match suffix {
-                None => files.plain = false,
-                Some(_) => files.named.retain(|n| n != name),
-            }
-            if !files.plain && files.named.is_empty() {
-                names.by_ip.remove(&ip);
-            }
-        }
-        if let Some(s) = suffix
-            && let Some(ips) = names.by_suffix.get_mut(s)
-        {
-            let still = names
-                .by_ip
-                .get(&ip)
-                .is_some_and(|f| f.named.iter().any(|n| n.ends_with(s)));
-            if !still {
-                ips.remove(&ip);
-            }
-            if ips.is_empty() {
-                names.by_suffix.remove(s);
+        let by_ip = Bucket::of_ip(ip);
+        if !names.edit_text(by_ip, name, false) {
+            names.ensure(by_ip);
+            if let Some(files) = names.by_ip.get_mut(&ip) {
+                match suffix {
+                    None => files.plain = false,
+                    Some(_) => files.named.retain(|n| n != name),
+                }
+                if !files.plain && files.named.is_empty() {
+                    names.by_ip.remove(&ip);
+                }
             }
         }
-        names.dirty.extend(touched);
+        names.dirty.insert(by_ip);
+        if let Some(s) = suffix {
+            // `<ip><s>` is this very name: the address leaves the suffix's set with it.
+            let by_pod = Bucket::of_suffix(s);
+            if !names.edit_text(by_pod, name, false) {
+                names.ensure(by_pod);
+                if let Some(ips) = names.by_suffix.get_mut(s) {
+                    ips.remove(&ip);
+                    if ips.is_empty() {
+                        names.by_suffix.remove(s);
+                    }
+                }
+            }
+            names.dirty.insert(by_pod);
+        }
     }
 
     /// Whether any record, of any kind, holds `ip`.
@@ -391,6 +440,15 @@ impl Index {
                 out.entry(b)
                     .or_default()
                     .extend(ips.iter().map(|ip| format!("{ip}{suffix}")));
+            }
+        }
+        if let Some(backing) = &names.backing {
+            for (b, text) in &backing.texts {
+                if wanted(b) {
+                    out.entry(*b)
+                        .or_default()
+                        .extend(text.lines().map(str::to_string));
+                }
             }
         }
         if known.is_some() {
@@ -636,5 +694,13 @@ mod tests {
             ix.remove(&format!("{short}_ns_a"));
         }
         same(&changed, &complete, "after an insert and a removal");
+        // The changed buckets, saved from their edited text, read back the same.
+        let (known, buckets) = changed.to_save().unwrap();
+        assert!(known.is_some() && !buckets.is_empty());
+        super::super::index::save(tmp.path(), known.as_ref(), &buckets).unwrap();
+        same(&stored(), &complete, "saved and read back");
+        let whole = stored();
+        let _ = whole.ips_with_identity();
+        same(&whole, &complete, "every address bucket in the maps");
     }
 }
