@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Pod ADD and DEL latency: sticky-vxlan vs Debian's bridge + host-local, with the kernel's floor.
 
-Both run side by side, interleaved, on the same netns "node" (a namespace with an underlay
-address on 192.0.2.0/24), each call executed inside it with `ip netns exec`, as a runtime on
-that node would. In the same rounds, a bare `ip link del` of a veth pair whose peer sits in a
+Both run side by side, interleaved (the order of the plugins and the floor turns every round),
+on the same netns "node" (a namespace with an underlay address on 192.0.2.0/24), each call
+executed inside it with `ip netns exec`, as a runtime on that node would. In the same rounds, a bare `ip link del` of a veth pair whose peer sits in a
 pod namespace (run the same way, with `ip netns exec`) measures what the kernel alone takes to
 tear a pod's veth down: DEL's floor. Prints medians, ratios and issue 10's targets (ADD <= 0.5x
 bridge + host-local; DEL <= the floor + 2 ms) and draws docs/bench-vxlan.svg. Needs root and
@@ -130,25 +130,25 @@ def main():
         adds = {k: [] for k in confs}
         dels = {k: [] for k in confs}
         floor = []
-        # One warm-up round each (creates the shared bridge/VTEP), then interleaved runs.
-        for i in range(args.runs + 1):
-            for kind in confs:
-                pod = f"{tag}-{kind[:3]}{i}"
-                sh("ip", "netns", "add", pod)
-                namespaces.append(pod)
-                cid = f"{tag}{kind[:3]}{i}"
-                netns = f"/run/netns/{pod}"
-                start = time.perf_counter()
-                cni(node, binaries[kind], "ADD", cid, netns, confs[kind], bindir)
-                added = time.perf_counter()
-                cni(node, binaries[kind], "DEL", cid, netns, confs[kind], bindir)
-                elapsed = time.perf_counter() - start
-                sh("ip", "netns", "del", pod)
-                namespaces.remove(pod)
-                if i > 0:
-                    times[kind].append(elapsed)
-                    adds[kind].append(added - start)
-                    dels[kind].append(elapsed - (added - start))
+        def pod_round(kind, i):
+            pod = f"{tag}-{kind[:3]}{i}"
+            sh("ip", "netns", "add", pod)
+            namespaces.append(pod)
+            cid = f"{tag}{kind[:3]}{i}"
+            netns = f"/run/netns/{pod}"
+            start = time.perf_counter()
+            cni(node, binaries[kind], "ADD", cid, netns, confs[kind], bindir)
+            added = time.perf_counter()
+            cni(node, binaries[kind], "DEL", cid, netns, confs[kind], bindir)
+            elapsed = time.perf_counter() - start
+            sh("ip", "netns", "del", pod)
+            namespaces.remove(pod)
+            if i > 0:
+                times[kind].append(elapsed)
+                adds[kind].append(added - start)
+                dels[kind].append(elapsed - (added - start))
+
+        def floor_round(i):
             # The kernel's floor for DEL: a pod-like veth pair, deleted with nothing else.
             pod = f"{tag}-fl{i}"
             sh("ip", "netns", "add", pod)
@@ -163,6 +163,18 @@ def main():
             namespaces.remove(pod)
             if i > 0:
                 floor.append(elapsed)
+
+        # One warm-up round (creates the shared bridge/VTEP), then the measured ones. The order
+        # of the kinds and the floor turns each round, so that each follows each other alike:
+        # a call right after a veth teardown and a namespace removal finds the kernel still
+        # finishing them (RCU grace periods, the namespace's clean-up), which costs an fsync
+        # (sticky-ipam's) three times its usual time; a fixed order put that on one plugin.
+        steps = [lambda i, k=kind: pod_round(k, i) for kind in confs] + [floor_round]
+        for i in range(args.runs + 1):
+            turn = i % len(steps)
+            for step in steps[turn:] + steps[:turn]:
+                step(i)
+
         def ms(values):
             return statistics.median(values) * 1000
 
