@@ -289,23 +289,25 @@ impl DiskStore {
         }
     }
 
-    /// Rewrites a hint in place: no temp file, no fsync, never truncated to zero first.
+    /// Rewrites a hint in place: no temp file, no fsync, never truncated to zero first. A hint
+    /// that does not exist yet is written to a temp file and renamed into place, so that a
+    /// process killed while creating it leaves a temp file (removed by the next listing), never
+    /// an empty hint.
     fn write_hint(&mut self, name: &str, text: &str) -> Result<(), StoreError> {
         self.writable(name)?;
         use std::os::unix::fs::FileExt;
         let path = self.dir.join(name);
-        let opened = match nofollow::open_single_link(&path, fs::OpenOptions::new().write(true)) {
+        let written = match nofollow::open_single_link(&path, fs::OpenOptions::new().write(true)) {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 // Creating it changes the directory: the index is stamped anew.
                 self.wrote = true;
-                nofollow::open_for_rewrite(&path, 0o644)
+                self.create_hint(&path, text)
             }
-            other => other.map(|(file, _)| file),
+            other => other.and_then(|(f, _)| {
+                f.write_all_at(text.as_bytes(), 0)?;
+                f.set_len(text.len() as u64)
+            }),
         };
-        let written = opened.and_then(|f| {
-            f.write_all_at(text.as_bytes(), 0)?;
-            f.set_len(text.len() as u64)
-        });
         match written {
             Err(e) if is_full(&e) => {
                 // A stale counter would hand out a release number twice; a missing one is
@@ -317,6 +319,20 @@ impl DiskStore {
             }
             other => other.map_err(io("writing", &path)),
         }
+    }
+
+    /// A new hint at `path`: temp file, write, rename (no fsync: a lost hint is recounted or
+    /// only moves where the next search starts).
+    fn create_hint(&self, path: &Path, text: &str) -> std::io::Result<()> {
+        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)?;
+        let done = file.write_all(text.as_bytes()).and_then(|()| {
+            crash::point("hint written");
+            fs::rename(&temp, path)
+        });
+        if done.is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+        done
     }
 
     /// The highest release number recorded in any lease: the counter's fallback.
