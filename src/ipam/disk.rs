@@ -21,7 +21,8 @@
 //! longer than a sector or one with another hard link takes the temp-file path. Hints (`last_reserved_ip.<N>`,
 //! as in host-local, and the release counter, lease clock and metrics counters) are written in
 //! place without fsync: a torn or lost hint is detected or harmless, and rewriting them by
-//! rename would make ext4 flush on every call.
+//! rename would make ext4 flush on every call. A hint that does not exist yet is written to a
+//! temp file and renamed into place, so that a killed process never leaves it empty.
 //!
 //! Nothing here follows a link ([`crate::nofollow`]): the network directory must be a real
 //! directory, the lock and hints are opened `O_NOFOLLOW`, temp files get unpredictable names
