@@ -49,19 +49,23 @@ pub fn del<S: Store>(
     }
     ips.sort();
     ips.dedup();
-    let mut released = 0;
+    let (mut released, mut before) = (0, 0);
     for ip in ips {
-        released += release_in_group(store, req, ip)?;
+        let found = release_in_group(store, req, ip)?;
+        released += found.now;
+        before += found.before;
     }
     // Fewer than one address per range set, or no ranges to count with: the rest (a previous
-    // result that lists only some of them) can only be records without identity.
-    if released < range_sets || range_sets == 0 {
+    // result that lists only some of them) can only be records without identity. A lease this
+    // attachment released before counts as found: a repeated DEL (kubelet sends one when it
+    // stops a sandbox and again when it removes it) must not read every host-local record.
+    if released + before < range_sets || range_sets == 0 {
         for ip in store.index().ips_without_identity() {
             if store
                 .read(&ip.to_string())?
                 .is_some_and(|r| r.is_attachment(req.container_id, req.ifname))
             {
-                released += release_in_group(store, req, ip)?;
+                released += release_in_group(store, req, ip)?.now;
             }
         }
     }
@@ -75,7 +79,7 @@ pub fn del<S: Store>(
                     .read(name)?
                     .is_some_and(|r| r.is_attachment(req.container_id, req.ifname))
                 {
-                    released += release_in_group(store, req, ip)?;
+                    released += release_in_group(store, req, ip)?.now;
                     break;
                 }
             }
@@ -84,12 +88,30 @@ pub fn del<S: Store>(
     Ok(released)
 }
 
+/// What [`release_in_group`] found of the attachment at one address.
+struct Found {
+    /// Records released by this call.
+    now: usize,
+    /// Leases of the attachment released by an earlier DEL.
+    before: usize,
+}
+
 fn release_in_group<S: Store>(
     store: &mut S,
     req: &Request,
     ip: IpAddr,
-) -> Result<usize, StoreError> {
+) -> Result<Found, StoreError> {
     let records = group(store, ip)?;
+    let before = records
+        .iter()
+        .filter(|r| {
+            r.lease_ref().is_some_and(|l| {
+                l.state == State::Released
+                    && l.container_id == req.container_id
+                    && l.ifname == req.ifname
+            })
+        })
+        .count();
     let mut released = 0;
     for record in records
         .iter()
@@ -131,7 +153,10 @@ fn release_in_group<S: Store>(
     {
         write_released_lease(store, ip, pod, req)?;
     }
-    Ok(released)
+    Ok(Found {
+        now: released,
+        before,
+    })
 }
 
 /// Writes `pod`'s lease at `ip` as released by this request, next in the release order.
