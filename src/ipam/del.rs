@@ -1,7 +1,8 @@
 //! DEL: finding an attachment without reading every file, and releasing it into a lease.
 //!
 //! DEL looks at `prevResult`'s addresses, then the pod's file names; only when they do not
-//! find one address per range set does it read every record without identity (host-local's
+//! find one address per range set (a lease the attachment released before counts, so a
+//! repeated DEL reads nothing more) does it read every record without identity (host-local's
 //! full scan), and the leases too when the call carried neither a previous result nor a pod
 //! name. The container id is always verified, so a late DEL of a dead sandbox releases
 //! nothing of its replacement.
