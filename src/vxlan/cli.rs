@@ -214,13 +214,23 @@ pub fn run(args: &[String]) -> Result<String, CliError> {
 
 /// `reconcile --config <path>`: the main network's node or a segment, as the file says.
 fn reconcile_file(path: &Path) -> Result<String, CliError> {
+    reconcile_as(path, |loaded| {
+        reconcile(&config_of(path, loaded)?).map_err(CliError::from)
+    })
+}
+
+/// Reconciles the network in `path` if it is a segment; a main-mode file goes to `main`.
+fn reconcile_as(
+    path: &Path,
+    main: impl FnOnce(&Loaded) -> Result<String, CliError>,
+) -> Result<String, CliError> {
     let loaded = load_entry(path)?;
     match crate::segment::mode::mode(&loaded.entry)? {
         Mode::Segment => Ok(crate::segment::reconcile::network(
             &loaded.conf.name,
             &loaded.entry,
         )?),
-        Mode::Main => reconcile(&config_of(path, &loaded)?).map_err(CliError::from),
+        Mode::Main => main(&loaded),
     }
 }
 
@@ -248,14 +258,7 @@ fn reconcile_files(paths: &[&str]) -> Result<String, CliError> {
 /// `sticky-vxlan reconcile --config <path>` for a file that must be a segment network (the
 /// agent's `--segment-config`): brings it to what the peers say and says what it did.
 pub fn reconcile_segment(path: &Path) -> Result<String, CliError> {
-    let loaded = load_entry(path)?;
-    match crate::segment::mode::mode(&loaded.entry)? {
-        Mode::Segment => Ok(crate::segment::reconcile::network(
-            &loaded.conf.name,
-            &loaded.entry,
-        )?),
-        Mode::Main => Err(CliError::NotSegment(path.to_path_buf())),
-    }
+    reconcile_as(path, |_| Err(CliError::NotSegment(path.to_path_buf())))
 }
 
 /// Creates or repairs the node (VTEP, bridge, peers) and says what it did.
