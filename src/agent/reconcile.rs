@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::state::Shared;
+use super::state::{SegmentStatus, Shared};
 use crate::vxlan::Error;
 use crate::vxlan::config::Config;
 
@@ -127,6 +127,16 @@ pub fn round(
             *last = Some(outcome);
         }
     }
+    shared.lock().status.segments = segment_configs
+        .iter()
+        .zip(&outcomes.segments)
+        .filter_map(|(config, last)| {
+            last.as_ref().map(|o| SegmentStatus {
+                config: config.clone(),
+                error: o.as_ref().err().cloned(),
+            })
+        })
+        .collect();
     log
 }
 
@@ -196,6 +206,22 @@ mod tests {
         );
         assert_eq!(fake.calls, paths(&["/main", "/s1", "/s2", "/s3"]));
         assert_eq!(counters(&shared), [1, 1, 3, 1]);
+        // The status file (and so `show`) says how each segment fared.
+        let errors: Vec<(PathBuf, bool)> = shared
+            .lock()
+            .status
+            .segments
+            .iter()
+            .map(|s| (s.config.clone(), s.error.is_some()))
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                ("/s1".into(), false),
+                ("/s2".into(), true),
+                ("/s3".into(), false)
+            ]
+        );
         assert!(outcomes.failing());
         assert_eq!(log.len(), 4, "{log:?}");
         assert!(log[0].contains("/main is broken"), "{log:?}");
@@ -232,6 +258,14 @@ mod tests {
         assert_eq!(fake.calls, paths(&["/main", "/s1", "/s2", "/s3"]));
         assert_eq!(log.len(), 2, "main and /s2 changed: {log:?}");
         assert!(!outcomes.failing());
+        assert!(
+            shared
+                .lock()
+                .status
+                .segments
+                .iter()
+                .all(|s| s.error.is_none())
+        );
         assert_eq!(counters(&shared), [3, 2, 7, 2]);
     }
 

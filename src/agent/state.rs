@@ -24,6 +24,18 @@ pub struct Status {
     /// Set while the removal guard keeps the old peers.
     pub refused: Option<String>,
     pub pid: u32,
+    /// Every `--segment-config` reconciled so far, in order, with its last outcome. Absent
+    /// from the files of agents older than this field: then no segment is known.
+    #[serde(default)]
+    pub segments: Vec<SegmentStatus>,
+}
+
+/// The last reconcile of one segment network the agent keeps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SegmentStatus {
+    pub config: PathBuf,
+    /// Why the last reconcile failed; `None` when it succeeded.
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -208,6 +220,16 @@ pub fn describe(state_dir: &Path) -> String {
         if let Some(r) = &s.refused {
             let _ = writeln!(out, "  REFUSED: {r}");
         }
+        for seg in &s.segments {
+            let _ = match &seg.error {
+                None => writeln!(out, "  segment {}: reconciled", seg.config.display()),
+                Some(e) => writeln!(
+                    out,
+                    "  segment {}: FAILING, retried every 5 s: {e}",
+                    seg.config.display()
+                ),
+            };
+        }
     }
     out
 }
@@ -245,5 +267,52 @@ mod tests {
         let out = got.expect("describe blocked on a FIFO at a status file name");
         assert!(!out.contains("leaked"), "a link was followed: {out}");
         assert!(out.contains("agent for network shown"), "{out}");
+    }
+
+    /// `show` says how each segment the agent keeps fared, and reads an older agent's file,
+    /// which has no `segments`.
+    #[test]
+    fn show_lists_the_segments_and_reads_files_without_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Status {
+            network: "main".into(),
+            segments: vec![
+                SegmentStatus {
+                    config: "/etc/cni/net.d/20-seg-a.conflist".into(),
+                    error: None,
+                },
+                SegmentStatus {
+                    config: "/etc/cni/net.d/21-seg-b.conflist".into(),
+                    error: Some("vni 0 is not a VNI".into()),
+                },
+            ],
+            ..Status::default()
+        };
+        std::fs::write(
+            dir.path().join("main.agent.json"),
+            serde_json::to_vec(&status).unwrap(),
+        )
+        .unwrap();
+        let mut old = serde_json::to_value(Status {
+            network: "old".into(),
+            ..Status::default()
+        })
+        .unwrap();
+        old.as_object_mut().unwrap().remove("segments");
+        std::fs::write(
+            dir.path().join("old.agent.json"),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        let out = describe(dir.path());
+        assert!(
+            out.contains("  segment /etc/cni/net.d/20-seg-a.conflist: reconciled\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  segment /etc/cni/net.d/21-seg-b.conflist: FAILING, retried every 5 s: vni 0 is not a VNI"),
+            "{out}"
+        );
+        assert!(out.contains("agent for network old"), "{out}");
     }
 }
