@@ -225,7 +225,7 @@ pub fn describe(state_dir: &Path) -> String {
                 None => writeln!(out, "  segment {}: reconciled", seg.config.display()),
                 Some(e) => writeln!(
                     out,
-                    "  segment {}: FAILING, retried every 5 s: {e}",
+                    "  segment {}: FAILING, retrying: {e}",
                     seg.config.display()
                 ),
             };
@@ -310,7 +310,9 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("  segment /etc/cni/net.d/21-seg-b.conflist: FAILING, retried every 5 s: vni 0 is not a VNI"),
+            out.contains(
+                "  segment /etc/cni/net.d/21-seg-b.conflist: FAILING, retrying: vni 0 is not a VNI"
+            ),
             "{out}"
         );
         assert!(out.contains("agent for network old"), "{out}");
