@@ -797,6 +797,72 @@ fn the_agent_reconciles_every_segment_too_and_a_failing_one_stops_nothing() {
     assert!(log.contains("segment sega"), "{log}");
 }
 
+/// A segment with a peers file of its own (not the one the agent keeps) is reconciled when that
+/// file changes, as the main network is when its file does: not only at the next resync.
+#[test]
+fn a_segment_with_its_own_peers_file_is_reconciled_when_that_file_changes() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new();
+    let dir = c.topo.dir.path();
+    let conf = c.conf_files[0].to_string_lossy().into_owned();
+    let seg_peers = dir.join("segb-peers.json");
+    let write_seg = |peers: Value| {
+        let tmp = dir.join("segb-peers.tmp");
+        std::fs::write(&tmp, peers.to_string()).unwrap();
+        std::fs::rename(&tmp, &seg_peers).unwrap();
+    };
+    write_seg(json!([
+        Topo::peer(1, false),
+        Topo::peer(2, false),
+        Topo::peer(3, false)
+    ]));
+    let segment = json!({
+        "cniVersion": "1.1.0",
+        "name": "segb",
+        "type": "sticky-vxlan",
+        "mode": "segment",
+        "vni": 402,
+        "peersFile": seg_peers,
+        "stateDir": c.topo.state_dir(1),
+    });
+    let seg_file = dir.join("40-segb.conf");
+    std::fs::write(&seg_file, segment.to_string()).unwrap();
+    std::fs::write(
+        c.peers_file(1),
+        json!([Topo::peer(1, false), Topo::peer(2, false)]).to_string(),
+    )
+    .unwrap();
+    let node1 = c.topo.node_ns(1);
+    let _agent = Agent::start(
+        BIN,
+        &node1,
+        dir.join("agent-own-file.log"),
+        &[
+            "--config",
+            &conf,
+            "--no-api",
+            "--resync",
+            "3600",
+            "--segment-config",
+            seg_file.to_str().unwrap(),
+        ],
+    );
+    wait_for(
+        "the segment programmed from its own file",
+        Duration::from_secs(5),
+        || flood(&c, 1, "segvx402") == ["192.0.2.2", "192.0.2.3"],
+    );
+    // A hand edit of the segment's file alone: node 3 leaves the segment, within seconds.
+    write_seg(json!([Topo::peer(1, false), Topo::peer(2, false)]));
+    wait_for(
+        "node 3 gone from the segment without a resync",
+        Duration::from_secs(5),
+        || flood(&c, 1, "segvx402") == ["192.0.2.2"],
+    );
+}
+
 /// scripts/demo-agent.sh: the agent adding a node, narrated (ignored in the test run).
 #[test]
 #[ignore = "demo: scripts/demo-agent.sh"]

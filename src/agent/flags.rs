@@ -24,10 +24,11 @@ Where the API is (the first that applies):
   --no-api                      no API: only watch the peers file (edited by hand)
 
 Options:
-  --segment-config <file>       a segment network's conflist (\"mode\": \"segment\", on the same
-                                peers file): reconciled after the main network on the same
-                                triggers; repeat for each segment. One that fails is logged,
-                                counted and retried, and never stops the main network
+  --segment-config <file>       a segment network's conflist (\"mode\": \"segment\"):
+                                reconciled after the main network on the same triggers, and
+                                when its own peersFile changes; repeat for each segment. One
+                                that fails is logged, counted and retried, and never stops the
+                                main network
   --node-name <name>            this node's Node name (default: $NODE_NAME)
   --resync <seconds>            reconcile at least this often (default 60)
   --max-remove-fraction <f>     refuse a node list that would remove more than this fraction

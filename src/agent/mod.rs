@@ -170,6 +170,15 @@ fn main_loop(
     const RETRY: Duration = Duration::from_secs(5);
     let retry = RETRY.min(opts.resync);
     let mut seen = files::fingerprint(peers_file);
+    // Segments with a peers file of their own are reconciled when it changes, too.
+    let segment_files: Vec<PathBuf> = opts
+        .segment_configs
+        .iter()
+        .filter_map(|c| crate::vxlan::cli::segment_peers_file(c))
+        .filter(|f| f != peers_file)
+        .collect();
+    let fingerprints = |files: &[PathBuf]| files.iter().map(|f| files::fingerprint(f)).collect();
+    let mut segments_seen: Vec<_> = fingerprints(&segment_files);
     // The last round of every network, and the last round of any kind.
     let mut last_full: Option<Instant> = None;
     let mut last_try: Option<Instant> = None;
@@ -239,6 +248,13 @@ fn main_loop(
                 "the peers file was changed by hand"
             };
             shared.lock().status.peers = files::current_peers(peers_file).map_or(0, |p| p.len());
+        }
+        let segments_now: Vec<_> = fingerprints(&segment_files);
+        if segments_now != segments_seen {
+            segments_seen = segments_now;
+            if why.is_empty() {
+                why = "a segment's peers file changed";
+            }
         }
     }
 }

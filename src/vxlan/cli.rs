@@ -261,6 +261,20 @@ pub fn reconcile_segment(path: &Path) -> Result<String, CliError> {
     reconcile_as(path, |_| Err(CliError::NotSegment(path.to_path_buf())))
 }
 
+/// The peers file of the segment network in `path`; `None` for a main-mode file, one without
+/// a peers file, or one that does not load (its reconcile says why).
+pub fn segment_peers_file(path: &Path) -> Option<PathBuf> {
+    let loaded = load_entry(path).ok()?;
+    match crate::segment::mode::mode(&loaded.entry).ok()? {
+        Mode::Segment => {
+            crate::segment::config::Config::from_json(&loaded.conf.name, &loaded.entry)
+                .ok()?
+                .peers_file
+        }
+        Mode::Main => None,
+    }
+}
+
 /// Creates or repairs the node (VTEP, bridge, peers) and says what it did.
 fn reconcile(cfg: &Config) -> Result<String, Error> {
     let report = super::reconcile::node(cfg)?;
