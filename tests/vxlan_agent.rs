@@ -703,6 +703,19 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
+/// A segment network's config on node 1, flooding to the peers in `peers_file`.
+fn segment_conf(c: &Cluster, name: &str, vni: u32, peers_file: &std::path::Path) -> Value {
+    json!({
+        "cniVersion": "1.1.0",
+        "name": name,
+        "type": "sticky-vxlan",
+        "mode": "segment",
+        "vni": vni,
+        "peersFile": peers_file,
+        "stateDir": c.topo.state_dir(1),
+    })
+}
+
 /// `--segment-config` (repeatable): segments on the agent's peers file are reconciled after
 /// every change of the file and every resync, as the main network is; a segment that fails is
 /// logged and counted and stops neither the main network nor another segment.
@@ -714,15 +727,7 @@ fn the_agent_reconciles_every_segment_too_and_a_failing_one_stops_nothing() {
     let c = Cluster::new();
     let dir = c.topo.dir.path();
     let conf = c.conf_files[0].to_string_lossy().into_owned();
-    let segment = json!({
-        "cniVersion": "1.1.0",
-        "name": "sega",
-        "type": "sticky-vxlan",
-        "mode": "segment",
-        "vni": 401,
-        "peersFile": c.peers_file(1),
-        "stateDir": c.topo.state_dir(1),
-    });
+    let segment = segment_conf(&c, "sega", 401, &c.peers_file(1));
     let seg_file = dir.join("40-sega.conf");
     std::fs::write(&seg_file, segment.to_string()).unwrap();
     let broken = dir.join("41-broken.conf");
@@ -818,15 +823,7 @@ fn a_segment_with_its_own_peers_file_is_reconciled_when_that_file_changes() {
         Topo::peer(2, false),
         Topo::peer(3, false)
     ]));
-    let segment = json!({
-        "cniVersion": "1.1.0",
-        "name": "segb",
-        "type": "sticky-vxlan",
-        "mode": "segment",
-        "vni": 402,
-        "peersFile": seg_peers,
-        "stateDir": c.topo.state_dir(1),
-    });
+    let segment = segment_conf(&c, "segb", 402, &seg_peers);
     let seg_file = dir.join("40-segb.conf");
     std::fs::write(&seg_file, segment.to_string()).unwrap();
     std::fs::write(
