@@ -511,15 +511,19 @@ mod tests {
     use super::*;
     use netlink_packet_core::{Emitable, Parseable};
 
-    fn round_trip(msg: &LinkMessage) -> LinkMessage {
+    fn bytes(msg: &LinkMessage) -> Vec<u8> {
         let mut buf = vec![0; msg.buffer_len()];
         msg.emit(&mut buf);
-        LinkMessage::parse(buf.as_slice()).unwrap()
+        buf
     }
 
-    #[test]
-    fn vxlan_message_carries_mac_vni_port_local_and_no_learning() {
-        let spec = VxlanSpec {
+    fn round_trip(msg: &LinkMessage) -> LinkMessage {
+        LinkMessage::parse(bytes(msg).as_slice()).unwrap()
+    }
+
+    /// The VTEP the tests build: node 192.0.2.1, VNI 7, on the underlay link 3.
+    fn vtep_spec(learning: bool) -> VxlanSpec {
+        VxlanSpec {
             name: "vtep0".into(),
             vni: 7,
             port: 8472,
@@ -527,8 +531,13 @@ mod tests {
             underlay: Some(3),
             mac: [0x0a, 0x07, 192, 0, 2, 1],
             mtu: 1450,
-            learning: false,
-        };
+            learning,
+        }
+    }
+
+    #[test]
+    fn vxlan_message_carries_mac_vni_port_local_and_no_learning() {
+        let spec = vtep_spec(false);
         let link = Link::from_message(&round_trip(&vxlan_message(&spec)));
         assert_eq!(link.name, "vtep0");
         assert_eq!(link.mac, Some(spec.mac));
@@ -580,25 +589,9 @@ mod tests {
         );
     }
 
-    fn bytes(msg: &LinkMessage) -> Vec<u8> {
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.emit(&mut buf);
-        buf
-    }
-
     #[test]
     fn reading_only_our_fields_gives_what_full_decoding_gives() {
-        let spec = VxlanSpec {
-            name: "vtep0".into(),
-            vni: 7,
-            port: 8472,
-            local: Ipv4Addr::new(192, 0, 2, 1),
-            underlay: Some(3),
-            mac: [0x0a, 0x07, 192, 0, 2, 1],
-            mtu: 1450,
-            learning: true,
-        };
-        let mut vtep = vxlan_message(&spec);
+        let mut vtep = vxlan_message(&vtep_spec(true));
         vtep.header.index = 9;
         vtep.header.flags = LinkFlags::Up | LinkFlags::Running;
         vtep.attributes.extend([
