@@ -81,14 +81,20 @@ mod tests {
     use crate::vxlan::plan::Step;
     use serde_json::json;
 
-    #[test]
-    fn the_entry_point_resolves_plans_and_applies_under_the_lock_and_converges() {
+    /// This node (192.0.2.1) and one peer, state in a temp dir kept alive by the caller.
+    fn two_nodes() -> (tempfile::TempDir, Config) {
         let dir = tempfile::tempdir().unwrap();
         let cfg = conf(json!({
             "stateDir": dir.path(),
             "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]},
                       {"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]}]
         }));
+        (dir, cfg)
+    }
+
+    #[test]
+    fn the_entry_point_resolves_plans_and_applies_under_the_lock_and_converges() {
+        let (dir, cfg) = two_nodes();
         let mut k = Fake::node("192.0.2.1/24");
         let report = node_with(&mut k, &cfg).unwrap();
         assert!(dir.path().join("edge.lock").exists());
@@ -120,12 +126,7 @@ mod tests {
 
     #[test]
     fn a_foreign_routes_device_is_named_though_its_link_was_not_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = conf(json!({
-            "stateDir": dir.path(),
-            "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]},
-                      {"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]}]
-        }));
+        let (_dir, cfg) = two_nodes();
         let mut k = Fake::node("192.0.2.1/24");
         let eth1 = k.add_link("eth1", "veth");
         k.seen.routes.push(crate::netlink::route::Route {
