@@ -18,7 +18,6 @@ python3; every namespace and temp file it makes is removed at the end, also on f
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchnode import CNI_DIR, cni_bin_dir, cni_env, make_node, sh  # noqa: E402
+from benchnode import CNI_DIR, clean_up, cni_bin_dir, cni_env, make_node, sh  # noqa: E402
 
 
 def quartiles(values):
@@ -119,9 +118,7 @@ def main():
                 line += f"\n  {'DEL':18} {quartiles(dels[b])}"
             print(line)
     finally:
-        for ns in reversed(namespaces):
-            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
-        shutil.rmtree(tmp, ignore_errors=True)
+        clean_up(namespaces, tmp)
 
 
 if __name__ == "__main__":

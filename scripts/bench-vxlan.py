@@ -22,7 +22,6 @@ Every namespace and temp file it makes is removed at the end, also on failure.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchnode import CNI_DIR, cni_bin_dir, cni_env, make_node, sh  # noqa: E402
+from benchnode import CNI_DIR, clean_up, cni_bin_dir, cni_env, make_node, sh  # noqa: E402
 
 
 def cni(node, binary, command, cid, netns, conf, cni_path):
@@ -214,9 +213,7 @@ def main():
                  "ip link del (kernel floor)": "#888"})
             print(f"plot: {os.path.abspath(args.plot)}")
     finally:
-        for ns in reversed(namespaces):
-            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
-        shutil.rmtree(tmp, ignore_errors=True)
+        clean_up(namespaces, tmp)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 piece so that the two benchmarks time plugins on the same node."""
 
 import os
+import shutil
 import subprocess
 
 CNI_DIR = "/usr/lib/cni"
@@ -51,3 +52,10 @@ def make_node(node, namespaces):
     sh("ip", "-n", node, "addr", "add", "192.0.2.1/24", "dev", "eth0")
     sh("ip", "-n", node, "link", "set", "eth0", "up")
     sh("ip", "-n", node, "link", "set", "eth0p", "up")
+
+
+def clean_up(namespaces, tmp):
+    """Removes the namespaces a run made (newest first) and its temp dir, whatever failed."""
+    for ns in reversed(namespaces):
+        subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+    shutil.rmtree(tmp, ignore_errors=True)
