@@ -668,33 +668,6 @@ fn without_kubernetes_the_agent_programs_the_hand_kept_file_and_heals_drift_ever
     assert!(c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3)));
 }
 
-/// The flood (all-zero MAC) entries of node `n`'s segment device `dev`, sorted; none when the
-/// device does not exist.
-fn flood(c: &Cluster, n: u8, dev: &str) -> Vec<String> {
-    let out = sh(&[
-        "ip",
-        "netns",
-        "exec",
-        &c.topo.node_ns(n),
-        "bridge",
-        "-j",
-        "fdb",
-        "show",
-        "dev",
-        dev,
-    ]);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let mut dsts: Vec<String> = v
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["mac"] == "00:00:00:00:00:00")
-        .filter_map(|e| e["dst"].as_str().map(str::to_string))
-        .collect();
-    dsts.sort();
-    dsts
-}
-
 /// A metric's value from a `/metrics` answer.
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
@@ -764,21 +737,24 @@ fn the_agent_reconciles_every_segment_too_and_a_failing_one_stops_nothing() {
     wait_for(
         "the main network and the segment programmed from the file",
         Duration::from_secs(5),
-        || c.routes(1, &Topo::subnet(3)) && flood(&c, 1, "segvx401") == ["192.0.2.2", "192.0.2.3"],
+        || {
+            c.routes(1, &Topo::subnet(3))
+                && c.topo.flood(1, "segvx401") == ["192.0.2.2", "192.0.2.3"]
+        },
     );
     // A hand edit: node 3 leaves both.
     write(json!([Topo::peer(1, false), Topo::peer(2, false)]));
     wait_for(
         "node 3 gone from the main network and the segment",
         Duration::from_secs(5),
-        || !c.routes(1, &Topo::subnet(3)) && flood(&c, 1, "segvx401") == ["192.0.2.2"],
+        || !c.routes(1, &Topo::subnet(3)) && c.topo.flood(1, "segvx401") == ["192.0.2.2"],
     );
     // Drift: the segment's devices deleted under the agent come back with the next resync.
     for dev in ["segvx401", "segbr401"] {
         ok(&["ip", "-n", &node1, "link", "del", dev]);
     }
     wait_for("the segment's devices back", Duration::from_secs(5), || {
-        flood(&c, 1, "segvx401") == ["192.0.2.2"]
+        c.topo.flood(1, "segvx401") == ["192.0.2.2"]
     });
     assert!(c.routes(1, &Topo::subnet(2)));
     let netns = PathBuf::from(format!("/run/netns/{node1}"));
@@ -849,14 +825,14 @@ fn a_segment_with_its_own_peers_file_is_reconciled_when_that_file_changes() {
     wait_for(
         "the segment programmed from its own file",
         Duration::from_secs(5),
-        || flood(&c, 1, "segvx402") == ["192.0.2.2", "192.0.2.3"],
+        || c.topo.flood(1, "segvx402") == ["192.0.2.2", "192.0.2.3"],
     );
     // A hand edit of the segment's file alone: node 3 leaves the segment, within seconds.
     write_seg(json!([Topo::peer(1, false), Topo::peer(2, false)]));
     wait_for(
         "node 3 gone from the segment without a resync",
         Duration::from_secs(5),
-        || flood(&c, 1, "segvx402") == ["192.0.2.2"],
+        || c.topo.flood(1, "segvx402") == ["192.0.2.2"],
     );
 }
 

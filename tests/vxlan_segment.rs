@@ -113,32 +113,6 @@ impl Drop for Capture {
     }
 }
 
-/// The flood (all-zero MAC) entries on node `n`'s segment device `dev`.
-fn flood(topo: &Topo, n: u8, dev: &str) -> Vec<String> {
-    let out = ok(&[
-        "ip",
-        "netns",
-        "exec",
-        &topo.node_ns(n),
-        "bridge",
-        "-j",
-        "fdb",
-        "show",
-        "dev",
-        dev,
-    ]);
-    let v: Value = serde_json::from_str(&out).expect("bridge -j");
-    let mut dsts: Vec<String> = v
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["mac"] == "00:00:00:00:00:00")
-        .filter_map(|e| e["dst"].as_str().map(str::to_string))
-        .collect();
-    dsts.sort();
-    dsts
-}
-
 #[test]
 fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers_broadcasts() {
     let Some((mut topo, dir)) = nodes(3) else {
@@ -473,17 +447,17 @@ fn flood_entries_follow_the_peers_file() {
         topo.add_args(&pod, &conf(1), &k8s(&format!("f{n}")));
     };
     add_on_1(&mut topo);
-    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2", "192.0.2.3"]);
+    assert_eq!(topo.flood(1, "segvx301"), ["192.0.2.2", "192.0.2.3"]);
     topo.write_peers_file(
         "peers.json",
         &json!([Topo::peer(1, false), Topo::peer(2, false)]),
     );
     add_on_1(&mut topo);
-    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2"], "node 3 left");
+    assert_eq!(topo.flood(1, "segvx301"), ["192.0.2.2"], "node 3 left");
     // A broken file removes nothing.
     std::fs::write(&file, "[{\"ip\": ").unwrap();
     add_on_1(&mut topo);
-    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2"]);
+    assert_eq!(topo.flood(1, "segvx301"), ["192.0.2.2"]);
     // Node 3 comes back; `reconcile` (no pod) follows the file, and rebuilds the segment's
     // devices after they are gone (a reboot).
     topo.write_peers_file("peers.json", &all_peers());
@@ -497,7 +471,7 @@ fn flood_entries_follow_the_peers_file() {
     let said = reconcile(&topo);
     assert!(said.contains("segment segf vni 301"), "{said}");
     assert_eq!(
-        flood(&topo, 1, "segvx301"),
+        topo.flood(1, "segvx301"),
         ["192.0.2.2", "192.0.2.3"],
         "node 3 is back"
     );
@@ -519,14 +493,14 @@ fn flood_entries_follow_the_peers_file() {
         ok(&["ip", "-n", &topo.node_ns(1), "link", "del", dev]);
     }
     reconcile(&topo);
-    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.2", "192.0.2.3"]);
+    assert_eq!(topo.flood(1, "segvx301"), ["192.0.2.2", "192.0.2.3"]);
     assert_eq!(members(), 3, "the running pods are back on the bridge");
     // `nodes` narrows the segment to a subset of the peers.
     let mut narrow = conf(1);
     narrow["nodes"] = json!(["192.0.2.1", "192.0.2.3"]);
     let pod = with_ifname(topo.new_pod(1, "narrow"), "net1");
     topo.add_args(&pod, &narrow, &k8s("narrow"));
-    assert_eq!(flood(&topo, 1, "segvx301"), ["192.0.2.3"]);
+    assert_eq!(topo.flood(1, "segvx301"), ["192.0.2.3"]);
 
     // STATUS: ready on a node of the segment, 50 on one outside its `nodes`.
     let out = topo.cni(1, "STATUS", &pod, "", &narrow, "");
@@ -777,7 +751,7 @@ fn one_reconcile_restores_the_main_network_and_every_segment_and_a_failing_one_s
         "{out}"
     );
     assert!(routed(), "the main network's peer is programmed");
-    assert_eq!(flood(&topo, 1, "segvx501"), ["192.0.2.2"]);
+    assert_eq!(topo.flood(1, "segvx501"), ["192.0.2.2"]);
 
     // After a "reboot" (devices gone), a segment whose bridge is someone else's fails at run
     // time (exit 1) and the main network and the other segment still come back.
@@ -795,7 +769,7 @@ fn one_reconcile_restores_the_main_network_and_every_segment_and_a_failing_one_s
         "{err}"
     );
     assert!(routed(), "the main network is back");
-    assert_eq!(flood(&topo, 1, "segvx501"), ["192.0.2.2"], "segb is back");
+    assert_eq!(topo.flood(1, "segvx501"), ["192.0.2.2"], "segb is back");
 
     // All usable: exit 0. The same file twice is a usage error that does nothing.
     let (code, out, err) = reconcile(&[&main_file, &seg_file]);

@@ -411,6 +411,34 @@ pub fn one_node_with_pod() -> (Topo, Value) {
 }
 
 impl Topo {
+    /// The flood (all-zero MAC) entries on node `n`'s VXLAN device `dev`: the remote VTEPs
+    /// its broadcast and unknown traffic goes to, sorted; none while the device does not
+    /// exist (a test polling for it).
+    pub fn flood(&self, n: u8, dev: &str) -> Vec<String> {
+        let out = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.node_ns(n),
+            "bridge",
+            "-j",
+            "fdb",
+            "show",
+            "dev",
+            dev,
+        ]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let mut dsts: Vec<String> = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["mac"] == "00:00:00:00:00:00")
+            .filter_map(|e| e["dst"].as_str().map(str::to_string))
+            .collect();
+        dsts.sort();
+        dsts
+    }
+
     /// Pod `a` on node 1 and pod `b` on node 2, added with `conf1` and `conf2`: `a`, and
     /// `b`'s IPv4 address, what the cross-node tests ping.
     pub fn pods_a_and_b(&mut self, conf1: &Value, conf2: &Value) -> (Pod, String) {
