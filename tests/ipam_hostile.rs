@@ -22,6 +22,19 @@ struct Scene {
 }
 
 impl Scene {
+    /// A data dir where `pod` was added and deleted (container `c0`): its released lease, the
+    /// hints and the index all exist.
+    fn with_released(pod: &Pod) -> Scene {
+        let s = Scene::new();
+        Plugin::sticky()
+            .run(&Call::add("c0", &s.conf).pod(pod))
+            .ok();
+        Plugin::sticky()
+            .run(&Call::del("c0", &s.conf).pod(pod))
+            .ok_empty();
+        s
+    }
+
     fn new() -> Scene {
         let tmp = temp_dir();
         let data = tmp.path().join("data");
@@ -582,14 +595,8 @@ fn the_tool_reads_the_cluster_conflist_as_the_plugin_does() {
 #[test]
 fn no_hint_is_rewritten_through_a_hard_link() {
     for hint in ["last_reserved_ip.0", "release_seq", "lease_clock"] {
-        let s = Scene::new();
         let pod = Pod::new("ns", "a", "uid-a");
-        Plugin::sticky()
-            .run(&Call::add("c0", &s.conf).pod(&pod))
-            .ok();
-        Plugin::sticky()
-            .run(&Call::del("c0", &s.conf).pod(&pod))
-            .ok_empty();
+        let s = Scene::with_released(&pod);
         let _ = fs::remove_file(s.dir().join(hint));
         fs::hard_link(s.victim(), s.dir().join(hint)).unwrap();
         let b = Pod::new("ns", "b", "uid-b");
@@ -606,14 +613,8 @@ fn no_hint_is_rewritten_through_a_hard_link() {
 #[test]
 fn no_index_file_is_rewritten_through_a_hard_link() {
     for file in ["ip.00", "pod.ff", "stamp"] {
-        let s = Scene::new();
         let pod = Pod::new("ns", "a", "uid-a");
-        Plugin::sticky()
-            .run(&Call::add("c0", &s.conf).pod(&pod))
-            .ok();
-        Plugin::sticky()
-            .run(&Call::del("c0", &s.conf).pod(&pod))
-            .ok_empty();
+        let s = Scene::with_released(&pod);
         let planted = s.dir().join(INDEX_DIR).join(file);
         let _ = fs::remove_file(&planted);
         fs::hard_link(s.victim(), &planted).unwrap();
