@@ -72,7 +72,7 @@ if [[ ${1:-} == --in-namespace ]]; then
     for d in .rustup .cargo; do
         [[ -d /root/$d ]] || continue
         mkdir -p "$run/$d-up" "$run/$d-work" "$root/root/$d"
-        mount -t overlay overlay -o "lowerdir=/root/$d,upperdir=$run/$d-up,workdir=$run/$d-work" "$root/root/$d"
+        mount -t overlay overlay -o "lowerdir=/root/$d,upperdir=$run/$d-up,workdir=$run/$d-work,redirect_dir=on" "$root/root/$d"
     done
     mount -t proc proc "$root/proc"
     mount --rbind /sys "$root/sys"
