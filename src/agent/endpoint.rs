@@ -3,17 +3,19 @@
 //! (kubectl's format: server, CA, token or client certificate), or a plain `--server URL`
 //! (e.g. YurtHub's proxy on the node).
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
-
-use super::http::Target;
+use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
 
 pub const IN_CLUSTER_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 pub const IN_CLUSTER_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+/// A kubeconfig, a CA or a token larger than this is refused before it is parsed.
+pub const MAX_FILE: u64 = 1024 * 1024;
+/// YAML nested deeper than this is refused before it is parsed (a kubeconfig is 4 deep).
+const MAX_YAML_DEPTH: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -23,14 +25,22 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path} is larger than {MAX_FILE} bytes: not a kubeconfig, CA or token")]
+    TooLarge { path: PathBuf },
     #[error("kubeconfig {path}: {reason}")]
     Kubeconfig { path: PathBuf, reason: String },
     #[error("server URL {url:?}: {reason}")]
     Url { url: String, reason: String },
     #[error("{what}: {reason}")]
     Pem { what: String, reason: String },
-    #[error("TLS settings: {0}")]
-    Tls(#[from] rustls::Error),
+    #[error(
+        "server URL {url:?}: {what} would be sent in clear over http:// to a host that is not this machine; use https:// (http:// is allowed only to a loopback address, e.g. YurtHub's proxy at http://127.0.0.1:10261)"
+    )]
+    Cleartext { url: String, what: &'static str },
+    #[error(
+        "token {from}: it holds a control character (a CR, LF or NUL would inject headers): refused"
+    )]
+    TokenControl { from: String },
 }
 
 /// How requests are authenticated.
@@ -46,26 +56,39 @@ pub enum Auth {
 /// An API server (or cache) to talk to.
 #[derive(Clone)]
 pub struct Endpoint {
-    pub target: Target,
-    /// Path prefix of the server URL (usually empty).
+    /// `scheme://host:port[/base]`, without a trailing `/`.
     pub base: String,
+    /// The server is this machine (loopback): no proxy, and http:// may carry credentials.
+    pub loopback: bool,
+    /// For https: whom to trust (the cluster CA only) and the client certificate.
+    pub tls: Option<TlsConfig>,
     pub auth: Auth,
-    /// For the log: the URL.
+    /// For the log: the URL as given.
     pub url: String,
 }
 
+/// Refuses a token that could inject a header (CR, LF, NUL or any other control character).
+fn checked_token(token: &str, from: impl FnOnce() -> String) -> Result<String, Error> {
+    let token = token.trim();
+    if token.chars().any(char::is_control) {
+        return Err(Error::TokenControl { from: from() });
+    }
+    Ok(token.to_string())
+}
+
 impl Endpoint {
-    /// The `Authorization` header for the next request, if any.
+    /// The `Authorization` header for the next request, if any: a token file is read again
+    /// every time (it rotates) and checked every time.
     pub fn authorization(&self) -> Result<Option<String>, Error> {
         match &self.auth {
             Auth::None => Ok(None),
             Auth::Token(t) => Ok(Some(format!("Bearer {t}"))),
             Auth::TokenFile(p) => {
-                let t = std::fs::read_to_string(p).map_err(|source| Error::Read {
-                    path: p.clone(),
-                    source,
+                let t = read(p)?;
+                let t = checked_token(&String::from_utf8_lossy(&t), || {
+                    format!("file {}", p.display())
                 })?;
-                Ok(Some(format!("Bearer {}", t.trim())))
+                Ok(Some(format!("Bearer {t}")))
             }
         }
     }
@@ -84,6 +107,9 @@ fn parse_url(url: &str) -> Result<Url, Error> {
         url: url.to_string(),
         reason: reason.to_string(),
     };
+    if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(bad("holds white space or a control character"));
+    }
     let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("http://") {
@@ -95,6 +121,9 @@ fn parse_url(url: &str) -> Result<Url, Error> {
         Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
         None => (rest, ""),
     };
+    if authority.contains('@') {
+        return Err(bad("credentials in the URL are not supported"));
+    }
     let default_port = if tls { 443 } else { 80 };
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let (h, after) = v6
@@ -123,13 +152,30 @@ fn parse_url(url: &str) -> Result<Url, Error> {
     })
 }
 
-fn pem_certs(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, Error> {
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<_, _>>()
+/// True for `localhost` and loopback addresses: the only hosts http:// may carry
+/// credentials to.
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn pem_items(what: &str, pem: &[u8]) -> Result<Vec<PemItem<'static>>, Error> {
+    ureq::tls::parse_pem(pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Error::Pem {
             what: what.to_string(),
             reason: e.to_string(),
-        })?;
+        })
+}
+
+fn pem_certs(what: &str, pem: &[u8]) -> Result<Vec<Certificate<'static>>, Error> {
+    let certs: Vec<Certificate<'static>> = pem_items(what, pem)?
+        .into_iter()
+        .filter_map(|i| match i {
+            PemItem::Certificate(c) => Some(c),
+            _ => None,
+        })
+        .collect();
     if certs.is_empty() {
         return Err(Error::Pem {
             what: what.to_string(),
@@ -139,31 +185,33 @@ fn pem_certs(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, Err
     Ok(certs)
 }
 
+fn pem_key(pem: &[u8]) -> Result<PrivateKey<'static>, Error> {
+    pem_items("client key", pem)?
+        .into_iter()
+        .find_map(|i| match i {
+            PemItem::PrivateKey(k) => Some(k),
+            _ => None,
+        })
+        .ok_or_else(|| Error::Pem {
+            what: "client key".into(),
+            reason: "no PEM private key in it".into(),
+        })
+}
+
 /// TLS settings trusting only `ca_pem` (the cluster CA), with an optional client certificate.
-pub fn tls_config(
-    ca_pem: &[u8],
-    client: Option<(&[u8], &[u8])>,
-) -> Result<Arc<rustls::ClientConfig>, Error> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in pem_certs("cluster CA", ca_pem)? {
-        roots.add(c)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots);
-    let cfg = match client {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => {
-            let chain = pem_certs("client certificate", cert)?;
-            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| Error::Pem {
-                what: "client key".into(),
-                reason: e.to_string(),
-            })?;
-            builder.with_client_auth_cert(chain, key)?
-        }
+pub fn tls_config(ca_pem: &[u8], client: Option<(&[u8], &[u8])>) -> Result<TlsConfig, Error> {
+    let roots = RootCerts::Specific(Arc::new(pem_certs("cluster CA", ca_pem)?));
+    let client = match client {
+        None => None,
+        Some((cert, key)) => Some(ClientCert::new_with_certs(
+            &pem_certs("client certificate", cert)?,
+            pem_key(key)?,
+        )),
     };
-    Ok(Arc::new(cfg))
+    Ok(TlsConfig::builder()
+        .root_certs(roots)
+        .client_cert(client)
+        .build())
 }
 
 fn endpoint(
@@ -173,6 +221,23 @@ fn endpoint(
     auth: Auth,
 ) -> Result<Endpoint, Error> {
     let u = parse_url(url)?;
+    let loopback = is_loopback(&u.host);
+    if !u.tls && !loopback {
+        let what = match (&auth, client) {
+            (_, Some(_)) => Some("a client certificate"),
+            (Auth::None, None) => None,
+            _ => Some("the bearer token"),
+        };
+        if let Some(what) = what {
+            return Err(Error::Cleartext {
+                url: url.to_string(),
+                what,
+            });
+        }
+    }
+    if let Auth::Token(t) = &auth {
+        checked_token(t, || "in the kubeconfig".to_string())?;
+    }
     let tls = match (u.tls, ca) {
         (false, _) => None,
         (true, Some(ca)) => Some(tls_config(ca, client)?),
@@ -183,23 +248,74 @@ fn endpoint(
             });
         }
     };
+    let host = if u.host.contains(':') {
+        format!("[{}]", u.host)
+    } else {
+        u.host
+    };
+    let scheme = if u.tls { "https" } else { "http" };
     Ok(Endpoint {
-        target: Target {
-            host: u.host,
-            port: u.port,
-            tls,
-        },
-        base: u.base,
+        base: format!("{scheme}://{host}:{}{}", u.port, u.base),
+        loopback,
+        tls,
         auth,
         url: url.to_string(),
     })
 }
 
+/// A small file read whole: a regular file of at most [`MAX_FILE`] bytes (a FIFO or
+/// `/dev/zero` is refused, never read forever).
 fn read(path: &Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|source| Error::Read {
+    use std::io::Read;
+    let err = |source| Error::Read {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let file = std::fs::File::open(path).map_err(err)?;
+    let meta = file.metadata().map_err(err)?;
+    if !meta.is_file() {
+        return Err(err(std::io::Error::other("not a regular file")));
+    }
+    let mut text = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut text)
+        .map_err(err)?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(Error::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(text)
+}
+
+/// How deeply `text` nests `[`/`{` or YAML indentation, cheaply over-estimated: refuses a
+/// hostile kubeconfig before the YAML parser recurses through it.
+fn nesting(text: &[u8]) -> usize {
+    let mut depth: usize = 0;
+    let mut max = 0;
+    let mut indent_max = 0;
+    let mut at_line_start = true;
+    let mut indent = 0;
+    for &b in text {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if b == b'\n' {
+            at_line_start = true;
+            indent = 0;
+        } else if at_line_start && (b == b' ' || b == b'-') {
+            indent += 1;
+        } else if at_line_start {
+            at_line_start = false;
+            indent_max = indent_max.max(indent / 2);
+        }
+    }
+    max.max(indent_max)
 }
 
 /// `--server URL` with an optional CA file and token file.
@@ -215,7 +331,7 @@ pub fn from_server(
 
 /// In a pod: `KUBERNETES_SERVICE_HOST/PORT`, the service account's CA and token.
 pub fn in_cluster(host: &str, port: &str) -> Result<Endpoint, Error> {
-    let host = if host.contains(':') {
+    let host = if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]")
     } else {
         host.to_string()
@@ -291,6 +407,11 @@ pub fn from_kubeconfig(path: &Path) -> Result<Endpoint, Error> {
         reason,
     };
     let text = read(path)?;
+    if nesting(&text) > MAX_YAML_DEPTH {
+        return Err(bad(format!(
+            "nested more than {MAX_YAML_DEPTH} levels deep: not a kubeconfig"
+        )));
+    }
     let kc: Kubeconfig = serde_yaml_ng::from_slice(&text).map_err(|e| bad(e.to_string()))?;
     let ctx = kc
         .contexts
@@ -469,5 +590,54 @@ mod tests {
         assert!(from_kubeconfig(&kc).is_err());
         write("    token: abc\n", "    insecure-skip-tls-verify: true\n");
         assert!(from_kubeconfig(&kc).is_err());
+    }
+
+    #[test]
+    fn credentials_never_go_out_in_clear_except_to_this_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").unwrap();
+        for url in [
+            "http://127.0.0.1:10261",
+            "http://localhost:8080",
+            "http://[::1]:80",
+        ] {
+            assert!(from_server(url, None, Some(&token)).is_ok(), "{url}");
+        }
+        let err = from_server("http://192.0.2.10:8080", None, Some(&token))
+            .err()
+            .unwrap();
+        assert!(matches!(err, Error::Cleartext { .. }), "{err}");
+        assert!(err.to_string().contains("bearer token"), "{err}");
+        // Without credentials, plain http is only a choice (an unauthenticated cache).
+        assert!(from_server("http://192.0.2.10:8080", None, None).is_ok());
+    }
+
+    #[test]
+    fn a_token_with_a_control_character_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "tok\r\nX-Injected: yes").unwrap();
+        let e = from_server("http://127.0.0.1:8080", None, Some(&token)).unwrap();
+        let err = e.authorization().unwrap_err();
+        assert!(matches!(err, Error::TokenControl { .. }), "{err}");
+        // A trailing newline (how token files are written) is not a control character.
+        std::fs::write(&token, "tok\n").unwrap();
+        assert_eq!(e.authorization().unwrap().unwrap(), "Bearer tok");
+    }
+
+    #[test]
+    fn files_that_are_not_small_regular_files_are_refused_at_once() {
+        assert!(matches!(
+            from_kubeconfig(Path::new("/dev/zero")),
+            Err(Error::Read { .. })
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let kc = dir.path().join("kubeconfig");
+        std::fs::write(&kc, "[".repeat(100_000)).unwrap();
+        let err = from_kubeconfig(&kc).err().unwrap();
+        assert!(err.to_string().contains("nested more than"), "{err}");
+        std::fs::write(&kc, vec![b' '; MAX_FILE as usize + 1]).unwrap();
+        assert!(matches!(from_kubeconfig(&kc), Err(Error::TooLarge { .. })));
     }
 }

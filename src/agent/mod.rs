@@ -1,4 +1,4 @@
-//! `sticky-vxlan agent`: a long-running node agent that learns the peers from the
+//! `sticky-vxlan-agent`: a long-running node agent that learns the peers from the
 //! Kubernetes API's Node objects when it answers, writes them to the peers file the plugin
 //! reads, and reconciles the node whenever that file changes.
 //!
@@ -6,22 +6,28 @@
 //! the peers file. The agent only writes that file, so the data path survives any outage of
 //! the control plane: offline, the last good file stays and the node is programmed from it.
 //!
-//! [`flags`] is the command line, [`endpoint`] finds the API and its credentials, [`http`] is
-//! a small blocking HTTP/1.1 client over rustls, [`client`] the three API calls, [`objects`]
-//! the typed subset of the Node object, [`mapping`] turns nodes into peers and guards removals,
-//! [`sync`] is the list/watch thread, [`files`] writes the peers file, [`reconcile`] programs
-//! the node, [`state`] and [`serve`] are the metrics, `/healthz` and the status file, and
-//! [`publish`] sets flannel's annotations on the agent's own Node.
+//! It is a program of its own (`src/bin/sticky-vxlan-agent.rs`): the plugin binary kubelet
+//! executes for every pod links no TLS, HTTP or YAML.
+//!
+//! [`flags`] is the command line, [`endpoint`] finds the API and its credentials, [`api`] is
+//! what the agent asks of the API (a trait), [`kube`] its HTTP implementation, [`objects`] the
+//! typed subset of the Node object, [`reflector`] the list/watch state machine over the
+//! [`api`] and [`clock`] traits, [`mapping`] turns nodes into peers and guards removals,
+//! [`sync`] keeps the nodes and writes the peers file, [`files`] the files it writes,
+//! [`reconcile`] programs the node, [`state`] and [`serve`] are the metrics, `/healthz` and the
+//! status file, and [`publish`] sets flannel's annotations on the agent's own Node.
 
-pub mod client;
+pub mod api;
+pub mod clock;
 pub mod endpoint;
 pub mod files;
 pub mod flags;
-pub mod http;
+pub mod kube;
 pub mod mapping;
 pub mod objects;
 pub mod publish;
 pub mod reconcile;
+pub mod reflector;
 pub mod serve;
 pub mod state;
 pub mod sync;
@@ -57,10 +63,10 @@ pub enum Error {
 }
 
 fn log(msg: &str) {
-    eprintln!("sticky-vxlan agent: {msg}");
+    eprintln!("sticky-vxlan-agent: {msg}");
 }
 
-/// `sticky-vxlan agent ...`: runs until killed; returns only on a mistake or a fatal error.
+/// `sticky-vxlan-agent ...`: runs until killed; returns only on a mistake or a fatal error.
 /// Exit codes as the tools' other verbs: 2 for a command-line mistake, 1 at run time.
 pub fn main(args: &[String]) -> ExitCode {
     if args
@@ -76,11 +82,11 @@ pub fn main(args: &[String]) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Error::Usage(e)) => {
-            eprintln!("sticky-vxlan agent: {e}\nRun `sticky-vxlan agent --help` for the options.");
+            eprintln!("sticky-vxlan-agent: {e}\nRun `sticky-vxlan-agent --help` for the options.");
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("sticky-vxlan agent: {e}");
+            eprintln!("sticky-vxlan-agent: {e}");
             ExitCode::FAILURE
         }
     }
@@ -134,21 +140,29 @@ fn run(opts: Options) -> Result<(), Error> {
                 peers_file.display()
             ));
             let publisher = match (&opts.node_name, opts.publish) {
-                (Some(name), true) => Some(publish::Publisher {
-                    node_name: name.clone(),
-                    vni: cfg.vni,
-                }),
+                (Some(name), true) => Some((
+                    publish::Publisher {
+                        node_name: name.clone(),
+                        vni: cfg.vni,
+                    },
+                    kube::Kube::new(e.clone()),
+                )),
                 _ => None,
             };
             let sync = sync::NodeSync::new(
-                client::Client::new(e),
                 peers_file.clone(),
                 opts.max_remove_fraction,
                 shared.clone(),
                 tx,
                 publisher,
             );
-            std::thread::spawn(move || sync.run());
+            let reflector = reflector::Reflector::new(
+                kube::Kube::new(e),
+                clock::SystemClock,
+                sync,
+                clock::Backoff::new(),
+            );
+            std::thread::spawn(move || reflector.run());
         }
     }
     main_loop(&opts, &cfg.state_dir, &peers_file, &shared, &rx);

@@ -1,6 +1,9 @@
 //! The small typed subset of the Kubernetes API objects the agent reads: Node (name,
-//! resourceVersion, annotations, pod CIDRs, addresses), NodeList, a watch event and Status.
-//! Every other field of a real object is ignored.
+//! resourceVersion, the annotations it reads, pod CIDRs, InternalIP addresses), NodeList, a
+//! watch event and Status. Every other field of a real object is skipped while it is read
+//! (a real Node is 10-40 KB, mostly `status.images`): what is kept of one Node is bounded
+//! (annotations under the two prefixes the agent reads, each value at most
+//! [`MAX_ANNOTATION`] bytes), so 5,000 Nodes in memory are a few MB.
 
 use std::collections::BTreeMap;
 
@@ -12,8 +15,57 @@ pub struct ObjectMeta {
     pub name: String,
     #[serde(default, rename = "resourceVersion")]
     pub resource_version: String,
-    #[serde(default, deserialize_with = "null_as_default")]
+    /// Only the annotations the agent reads ([`KEPT_PREFIXES`]).
+    #[serde(default, deserialize_with = "kept_annotations")]
     pub annotations: BTreeMap<String, String>,
+}
+
+/// The annotation prefixes the agent reads: its own and flannel's.
+pub const KEPT_PREFIXES: [&str; 2] = ["sticky-cni.io/", "flannel.alpha.coreos.com/"];
+/// An annotation value longer than this is kept as a short marker that no rule accepts.
+pub const MAX_ANNOTATION: usize = 4096;
+
+fn kept_annotations<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Kept;
+    impl<'de> serde::de::Visitor<'de> for Kept {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map of annotations")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(Kept)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if !KEPT_PREFIXES.iter().any(|p| key.starts_with(p)) {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    continue;
+                }
+                let value: String = map.next_value()?;
+                let value = if value.len() > MAX_ANNOTATION {
+                    format!("<{} bytes: longer than {MAX_ANNOTATION}>", value.len())
+                } else {
+                    value
+                };
+                out.insert(key, value);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_option(Kept)
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -33,8 +85,21 @@ pub struct NodeAddress {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct NodeStatus {
-    #[serde(default, deserialize_with = "null_as_default")]
+    /// At most [`MAX_ADDRESSES`] of the node's addresses.
+    #[serde(default, deserialize_with = "bounded_addresses")]
     pub addresses: Vec<NodeAddress>,
+}
+
+/// How many of a Node's addresses are kept (kubelet reports a handful).
+pub const MAX_ADDRESSES: usize = 16;
+
+fn bounded_addresses<'de, D>(d: D) -> Result<Vec<NodeAddress>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let mut all: Vec<NodeAddress> = null_as_default(d)?;
+    all.truncate(MAX_ADDRESSES);
+    Ok(all)
 }
 
 /// A Node object (`/api/v1/nodes/<name>`), reduced to what the agent uses.
@@ -76,14 +141,6 @@ pub struct Status {
     pub message: String,
 }
 
-/// One line of a watch stream.
-#[derive(Debug, Clone, Deserialize)]
-pub struct RawEvent {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub object: serde_json::Value,
-}
-
 /// A watch event, decoded by type.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -95,23 +152,52 @@ pub enum Event {
     Error(Status),
 }
 
+/// Why a line of a watch stream is not an event.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("watch event is not JSON of the form {{\"type\", \"object\"}}: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("{kind} event: the object is not a Node: {source}")]
+    Object {
+        kind: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("unknown watch event type {0:?}")]
+    Kind(String),
+}
+
+/// One line of a watch stream, with the object left unparsed until its type is known.
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(borrow)]
+    object: &'a serde_json::value::RawValue,
+}
+
 impl Event {
     /// Decodes one line of a watch stream.
-    pub fn parse(line: &[u8]) -> Result<Event, String> {
-        let raw: RawEvent =
-            serde_json::from_slice(line).map_err(|e| format!("watch event is not JSON: {e}"))?;
-        let node = |v: serde_json::Value| {
-            serde_json::from_value::<Node>(v).map_err(|e| format!("{} event: {e}", raw.kind))
+    pub fn parse(line: &[u8]) -> Result<Event, EventError> {
+        let raw: Line = serde_json::from_slice(line).map_err(EventError::Json)?;
+        let node = |text: &str| {
+            serde_json::from_str::<Node>(text).map_err(|source| EventError::Object {
+                kind: raw.kind.clone(),
+                source,
+            })
         };
         Ok(match raw.kind.as_str() {
-            "ADDED" => Event::Added(node(raw.object)?),
-            "MODIFIED" => Event::Modified(node(raw.object)?),
-            "DELETED" => Event::Deleted(node(raw.object)?),
-            "BOOKMARK" => Event::Bookmark(node(raw.object)?.metadata.resource_version),
-            "ERROR" => Event::Error(
-                serde_json::from_value(raw.object).map_err(|e| format!("ERROR event: {e}"))?,
-            ),
-            other => return Err(format!("unknown watch event type {other:?}")),
+            "ADDED" => Event::Added(node(raw.object.get())?),
+            "MODIFIED" => Event::Modified(node(raw.object.get())?),
+            "DELETED" => Event::Deleted(node(raw.object.get())?),
+            "BOOKMARK" => Event::Bookmark(node(raw.object.get())?.metadata.resource_version),
+            "ERROR" => Event::Error(serde_json::from_str(raw.object.get()).map_err(|source| {
+                EventError::Object {
+                    kind: raw.kind.clone(),
+                    source,
+                }
+            })?),
+            other => return Err(EventError::Kind(other.to_string())),
         })
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::client::{Client, Error};
+use super::api::NodeApi;
 use super::mapping::{
     self, FLANNEL_BACKEND_DATA, FLANNEL_BACKEND_TYPE, FLANNEL_KUBE_MANAGED, FLANNEL_PUBLIC_IP,
     KEPT_MAC_ANNOTATION,
@@ -37,7 +37,7 @@ impl Publisher {
     }
 
     /// Patches the Node if one of its annotations differs; true when it did.
-    pub fn publish(&self, client: &Client, own: &Node) -> Result<bool, String> {
+    pub fn publish(&self, api: &mut impl NodeApi, own: &Node) -> Result<bool, String> {
         let wanted = self
             .wanted(own)
             .map_err(|e| format!("node {}: {e}", self.node_name))?;
@@ -45,9 +45,8 @@ impl Publisher {
         if wanted.iter().all(|(k, v)| current.get(k) == Some(v)) {
             return Ok(false);
         }
-        client
-            .annotate_node(&self.node_name, &wanted)
-            .map_err(|e: Error| e.to_string())?;
+        api.annotate(&self.node_name, &wanted)
+            .map_err(|e| e.to_string())?;
         Ok(true)
     }
 }

@@ -20,6 +20,13 @@ pub struct Status {
     pub last_api_answer: Option<u64>,
     /// Unix seconds of the last complete list.
     pub last_sync: Option<u64>,
+    /// Unix seconds since which the peers may miss changes made in the API: from the first
+    /// failure until the next complete list. Absent from older agents' files.
+    #[serde(default)]
+    pub stale_since: Option<u64>,
+    /// The last failure talking to the API.
+    #[serde(default)]
+    pub last_error: Option<String>,
     pub peers: usize,
     /// Set while the removal guard keeps the old peers.
     pub refused: Option<String>,
@@ -46,6 +53,9 @@ pub struct Counters {
     pub segment_reconcile_errors: u64,
     pub file_writes: u64,
     pub removals_refused: u64,
+    pub lists: u64,
+    pub list_failures: u64,
+    pub watch_failures: u64,
 }
 
 #[derive(Debug)]
@@ -93,7 +103,31 @@ impl Shared {
     /// Prometheus text format.
     pub fn metrics(&self) -> String {
         let s = self.lock();
-        let metrics: [(&str, &str, &str, f64); 10] = [
+        let metrics: [(&str, &str, &str, f64); 14] = [
+            (
+                "stale",
+                "gauge",
+                "1 while the peers may miss changes made in the API (no complete list since the last failure).",
+                f64::from(u8::from(s.status.stale_since.is_some())),
+            ),
+            (
+                "lists_total",
+                "counter",
+                "Complete node lists.",
+                s.counters.lists as f64,
+            ),
+            (
+                "list_failures_total",
+                "counter",
+                "Node lists that failed (each followed by a backoff).",
+                s.counters.list_failures as f64,
+            ),
+            (
+                "watch_failures_total",
+                "counter",
+                "Node watches that failed (each followed by a backoff, then a relist unless the connection broke).",
+                s.counters.watch_failures as f64,
+            ),
             (
                 "peers",
                 "gauge",
@@ -217,6 +251,14 @@ pub fn describe(state_dir: &Path) -> String {
             ago(s.last_api_answer),
             ago(s.last_sync),
         );
+        if let Some(t) = s.stale_since {
+            let _ = writeln!(
+                out,
+                "  STALE since {} (no complete node list since then): {}",
+                ago(Some(t)),
+                s.last_error.as_deref().unwrap_or("the API does not answer")
+            );
+        }
         if let Some(r) = &s.refused {
             let _ = writeln!(out, "  REFUSED: {r}");
         }

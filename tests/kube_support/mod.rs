@@ -7,7 +7,8 @@
 //!   a chunked stream of `ADDED/MODIFIED/DELETED/BOOKMARK` events after that version; a
 //!   version older than the kept history is an `ERROR` event with a 410 Status, as the real
 //!   server sends it.
-//! - `PATCH /api/v1/nodes/<name>` with a JSON merge patch of annotations.
+//! - `PATCH /api/v1/nodes/<name>/status` with a JSON merge patch of annotations (the whole
+//!   Node is refused: the agent's RBAC allows `nodes/status` only, as flannel's).
 //! - Misbehaviour on demand: close every watch stream ([`ApiServer::close_watches`]), cut the
 //!   next lists half-way ([`ApiServer::cut_lists`]), stop listening altogether and come back
 //!   on the same address ([`ApiServer::stop`], [`ApiServer::start`]), forget the history
@@ -687,7 +688,25 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
 }
 
 fn patch(w: &mut impl Write, shared: &Shared, req: &Req) {
-    let name = req.path.trim_start_matches("/api/v1/nodes/").to_string();
+    // Only the status subresource, as flannel's RBAC (`nodes/status: patch`) allows: a patch
+    // of the whole Node is refused as a real API server would refuse it to such an agent.
+    let Some(name) = req
+        .path
+        .trim_start_matches("/api/v1/nodes/")
+        .strip_suffix("/status")
+        .map(str::to_string)
+    else {
+        respond(
+            w,
+            403,
+            &status_json(
+                403,
+                "Forbidden",
+                "nodes is forbidden: patch is allowed on nodes/status only",
+            ),
+        );
+        return;
+    };
     let Ok(p) = serde_json::from_slice::<Value>(&req.body) else {
         respond(w, 400, &status_json(400, "BadRequest", "not JSON"));
         return;
