@@ -126,10 +126,6 @@ pub enum FileError {
     },
 }
 
-fn overlaps(a: &IpNet, b: &IpNet) -> bool {
-    a.contains(&b.network()) || b.contains(&a.network())
-}
-
 /// Why `ip` can never be a node's underlay address, if it cannot: the one rule for peer
 /// entries, `localIp`, a segment's `nodes` and which of this node's addresses may name it.
 pub fn not_a_node(ip: Ipv4Addr) -> Option<&'static str> {
@@ -197,47 +193,155 @@ pub fn check_entries(entries: &[PeerEntry]) -> Result<Vec<Peer>, Error> {
 }
 
 /// Union of two peer lists. The same peer may appear in both; the same `ip` with different
-/// subnets or MAC, or two peers whose subnets overlap, is an error.
+/// subnets or MAC, or two peers whose subnets overlap, is an error. O(n log n): every peer is
+/// checked against a [`Claims`] index of those before it, in the order of their `ip`.
 pub fn merge(a: &[Peer], b: &[Peer]) -> Result<Vec<Peer>, Error> {
-    let mut by_ip: BTreeMap<Ipv4Addr, Peer> = BTreeMap::new();
+    let mut by_ip: BTreeMap<Ipv4Addr, &Peer> = BTreeMap::new();
     for p in a.iter().chain(b) {
         match by_ip.get(&p.ip) {
-            Some(existing) if existing == p => {}
+            Some(existing) if *existing == p => {}
             Some(_) => return Err(Error::Twice { ip: p.ip }),
             None => {
-                by_ip.insert(p.ip, p.clone());
+                by_ip.insert(p.ip, p);
             }
         }
     }
-    let all: Vec<Peer> = by_ip.into_values().collect();
-    // A pod subnet is routed through the VTEP: one holding an underlay address would take the
-    // underlay's own traffic (VXLAN included) with it and cut the node off.
-    for p in &all {
-        for &subnet in &p.subnets {
-            if let Some(q) = all.iter().find(|q| subnet.contains(&IpAddr::V4(q.ip))) {
-                return Err(Error::HoldsUnderlay {
-                    ip: p.ip,
+    let mut claims = Claims::default();
+    for p in by_ip.values() {
+        claims.conflict(p).map_or(Ok(()), Err)?;
+        claims.insert(p);
+    }
+    Ok(by_ip.into_values().cloned().collect())
+}
+
+/// What the peers of a list hold (their underlay address and their pod subnets), indexed so
+/// that whether a new peer conflicts with them is answered in O(log n): the one place the
+/// "no two peers share an address or overlapping subnets" rules live, used to check a whole
+/// list ([`merge`]) and, peer by peer, by the agent.
+#[derive(Debug, Default, Clone)]
+pub struct Claims {
+    /// Underlay address → nothing (the peer is identified by it).
+    ips: std::collections::BTreeSet<Ipv4Addr>,
+    /// (is IPv6, network address, prefix length) → the peer holding that subnet.
+    subnets: BTreeMap<(bool, u128, u8), Ipv4Addr>,
+}
+
+fn subnet_key(net: &IpNet) -> (bool, u128, u8) {
+    match net {
+        IpNet::V4(n) => (false, u128::from(u32::from(n.network())), n.prefix_len()),
+        IpNet::V6(n) => (true, u128::from(n.network()), n.prefix_len()),
+    }
+}
+
+/// `addr` with all but the first `prefix` bits cleared, in a family of `bits` bits.
+fn truncate(addr: u128, prefix: u8, bits: u8) -> u128 {
+    if prefix == 0 {
+        0
+    } else {
+        let host = u32::from(bits - prefix);
+        addr >> host << host
+    }
+}
+
+impl Claims {
+    /// The peer already holding `ip` as its underlay address, or a subnet that contains
+    /// `ip`, or a subnet overlapping `net`: whichever `peer` runs into first.
+    pub fn conflict(&self, peer: &Peer) -> Option<Error> {
+        if self.ips.contains(&peer.ip) {
+            return Some(Error::Twice { ip: peer.ip });
+        }
+        // Its underlay address inside a subnet already held (or one of its own).
+        let own = IpNet::from(IpAddr::V4(peer.ip));
+        if let Some((subnet, holder)) = self.containing(&own) {
+            return Some(Error::HoldsUnderlay {
+                ip: holder,
+                subnet,
+                holder: peer.ip,
+            });
+        }
+        for &subnet in &peer.subnets {
+            // An underlay address already held inside one of its subnets, or its own.
+            if let IpNet::V4(n) = subnet
+                && let Some(&holder) = self.ips.range(n.network()..=n.broadcast()).next()
+            {
+                return Some(Error::HoldsUnderlay {
+                    ip: peer.ip,
                     subnet,
-                    holder: q.ip,
+                    holder,
+                });
+            }
+            if subnet.contains(&IpAddr::V4(peer.ip)) {
+                return Some(Error::HoldsUnderlay {
+                    ip: peer.ip,
+                    subnet,
+                    holder: peer.ip,
+                });
+            }
+            if let Some((other_subnet, other)) =
+                self.containing(&subnet).or_else(|| self.inside(&subnet))
+            {
+                return Some(Error::Overlap {
+                    ip: other,
+                    subnet: other_subnet,
+                    other: peer.ip,
+                    other_subnet: subnet,
                 });
             }
         }
+        None
     }
-    for (i, p) in all.iter().enumerate() {
-        for q in &all[i + 1..] {
-            for &subnet in &p.subnets {
-                if let Some(&t) = q.subnets.iter().find(|t| overlaps(&subnet, t)) {
-                    return Err(Error::Overlap {
-                        ip: p.ip,
-                        subnet,
-                        other: q.ip,
-                        other_subnet: t,
-                    });
-                }
+
+    /// Records what `peer` holds (after [`Claims::conflict`] said it may).
+    pub fn insert(&mut self, peer: &Peer) {
+        self.ips.insert(peer.ip);
+        for subnet in &peer.subnets {
+            self.subnets.insert(subnet_key(subnet), peer.ip);
+        }
+    }
+
+    /// Forgets what `peer` holds.
+    pub fn remove(&mut self, peer: &Peer) {
+        self.ips.remove(&peer.ip);
+        for subnet in &peer.subnets {
+            if self.subnets.get(&subnet_key(subnet)) == Some(&peer.ip) {
+                self.subnets.remove(&subnet_key(subnet));
             }
         }
     }
-    Ok(all)
+
+    /// A held subnet equal to or containing `net`.
+    fn containing(&self, net: &IpNet) -> Option<(IpNet, Ipv4Addr)> {
+        let (v6, addr, prefix) = subnet_key(net);
+        let bits = net.max_prefix_len();
+        (0..=prefix).find_map(|p| {
+            let key = (v6, truncate(addr, p, bits), p);
+            self.subnets.get(&key).map(|&holder| (key_net(key), holder))
+        })
+    }
+
+    /// A held subnet strictly inside `net`.
+    fn inside(&self, net: &IpNet) -> Option<(IpNet, Ipv4Addr)> {
+        let (v6, addr, prefix) = subnet_key(net);
+        let host_bits = u32::from(net.max_prefix_len() - prefix);
+        let last = if host_bits >= 128 {
+            u128::MAX
+        } else {
+            addr | ((1u128 << host_bits) - 1)
+        };
+        self.subnets
+            .range((v6, addr, prefix)..=(v6, last, u8::MAX))
+            .next()
+            .map(|(&key, &holder)| (key_net(key), holder))
+    }
+}
+
+fn key_net((v6, addr, prefix): (bool, u128, u8)) -> IpNet {
+    if v6 {
+        IpNet::V6(ipnet::Ipv6Net::new(addr.into(), prefix).unwrap_or_default())
+    } else {
+        let v4 = Ipv4Addr::from(u32::try_from(addr).unwrap_or(0));
+        IpNet::V4(ipnet::Ipv4Net::new(v4, prefix).unwrap_or_default())
+    }
 }
 
 /// Reads a peers file: a JSON list of entries, or `{"peers": [...]}`, with the exact bytes
@@ -401,6 +505,77 @@ mod tests {
                 .contains("holds the underlay address of peer 192.0.2.1"),
             "{err}"
         );
+    }
+
+    /// The index answers what the pairwise rules answered, whatever the order and the sizes.
+    #[test]
+    fn claims_find_every_overlap_and_held_underlay_in_either_direction() {
+        let held = [
+            peer("192.0.2.1", &["10.244.1.0/24", "fd00:1::/64"]),
+            peer("192.0.2.2", &["10.245.0.0/16"]),
+        ];
+        let mut c = Claims::default();
+        for p in &held {
+            assert!(c.conflict(p).is_none());
+            c.insert(p);
+        }
+        let conflicts = |ip: &str, subnets: &[&str]| c.conflict(&peer(ip, subnets));
+        // Inside, around, equal; IPv6 too.
+        for (subnets, why) in [
+            (&["10.244.1.128/25"][..], "inside a held /24"),
+            (&["10.244.0.0/16"][..], "around a held /24"),
+            (&["10.245.3.0/24"][..], "inside a held /16"),
+            (&["10.244.1.0/24"][..], "equal"),
+            (&["10.9.0.0/24", "fd00:1::/80"][..], "IPv6 inside"),
+            (&["10.9.0.0/24", "fd00::/16"][..], "IPv6 around"),
+        ] {
+            assert!(
+                matches!(conflicts("192.0.2.9", subnets), Some(Error::Overlap { .. })),
+                "{why}"
+            );
+        }
+        assert!(conflicts("192.0.2.9", &["10.9.0.0/24", "fd00:2::/64"]).is_none());
+        assert!(matches!(
+            conflicts("192.0.2.1", &["10.9.0.0/24"]),
+            Some(Error::Twice { .. })
+        ));
+        // An underlay address inside a held subnet, a subnet around a held underlay address,
+        // a subnet around its own.
+        assert!(matches!(
+            conflicts("10.245.9.9", &["10.9.0.0/24"]),
+            Some(Error::HoldsUnderlay { .. })
+        ));
+        assert!(matches!(
+            conflicts("192.0.2.9", &["192.0.2.0/30"]),
+            Some(Error::HoldsUnderlay { .. })
+        ));
+        assert!(matches!(
+            conflicts("10.9.0.1", &["10.9.0.0/24"]),
+            Some(Error::HoldsUnderlay { .. })
+        ));
+        // Forgotten claims are free again.
+        c.remove(&held[1]);
+        assert!(c.conflict(&peer("192.0.2.9", &["10.245.3.0/24"])).is_none());
+    }
+
+    /// 5,000 peers merge in O(n log n): the pairwise check took seconds here.
+    #[test]
+    fn a_5000_peer_list_merges_and_its_one_conflict_is_found() {
+        let mut all: Vec<Peer> = (0..5000u32)
+            .map(|i| {
+                let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i + 1);
+                Peer {
+                    ip,
+                    subnets: vec![IpNet::V4(
+                        ipnet::Ipv4Net::new(Ipv4Addr::from((10u32 << 24) + (i << 8)), 24).unwrap(),
+                    )],
+                    mac: None,
+                }
+            })
+            .collect();
+        assert_eq!(merge(&[], &all).unwrap().len(), 5000);
+        all[4999].subnets = vec!["10.0.3.0/24".parse().unwrap()];
+        assert!(matches!(merge(&[], &all), Err(Error::Overlap { .. })));
     }
 
     #[test]
