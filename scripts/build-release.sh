@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds the release binaries as they ship, statically linked against musl at a fixed address,
-# into target/release/sticky-ipam and sticky-vxlan (or $CARGO_TARGET_DIR/release/).
+# into target/release/sticky-ipam, sticky-vxlan and sticky-vxlan-agent (or
+# $CARGO_TARGET_DIR/release/). The agent is a daemon, not a per-call plugin, so start-up speed
+# matters less for it, but it ships the same way: one static binary for every node, and the
+# image (scripts/build-image.sh) needs no C library.
 #
 #   scripts/build-release.sh [cargo options, e.g. --quiet]
 #
@@ -38,7 +41,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 musl=x86_64-unknown-linux-musl
 out=${CARGO_TARGET_DIR:-target}
-bins=(sticky-ipam sticky-vxlan)
+bins=(sticky-ipam sticky-vxlan sticky-vxlan-agent)
 mkdir -p "$out/release"
 
 has_musl() {
