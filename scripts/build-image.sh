@@ -6,7 +6,10 @@
 #
 # Without --bin-dir it runs scripts/build-release.sh (static binaries) and takes target/release.
 # The image is the binaries and exactly what they need, on an empty base:
-#   /sticky-cni/bin/sticky-ipam, sticky-vxlan    the plugins (copied to the node) and the agent
+#   /sticky-cni/bin/sticky-ipam, sticky-vxlan    the plugins (the init container copies them to the
+#                                                node's /opt/cni/bin)
+#   /sticky-cni/bin/sticky-vxlan-agent           the node agent (the DaemonSet's main container runs
+#                                                it; it is never copied to the node)
 #   the shared libraries `ldd` lists for them, and the dynamic loader, at the paths ldd prints
 #       (none for the static binaries scripts/build-release.sh makes; a dynamic --bin-dir build
 #       brings its glibc)
@@ -86,7 +89,7 @@ copyright_of() {
     return 0
 }
 
-for b in sticky-ipam sticky-vxlan; do
+for b in sticky-ipam sticky-vxlan sticky-vxlan-agent; do
     [[ -x $bin_dir/$b ]] || { echo "build-image.sh: no $bin_dir/$b" >&2; exit 1; }
     put "$bin_dir/$b" "/sticky-cni/bin/$b"
     # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and "/lib64/ld-linux-x86-64.so.2 (0x...)"

@@ -15,6 +15,12 @@ use std::process::Command;
 const MANIFEST: &str = "packaging/kubernetes/sticky-cni-daemonset.yaml";
 const CONFLIST: &str = "conf-examples/11-sticky-vxlan-cluster.conflist";
 const CONFLIST_NAME: &str = "11-sticky-vxlan-cluster.conflist";
+/// The plugins the init container copies to the node.
+const PLUGINS: [&str; 2] = ["sticky-ipam", "sticky-vxlan"];
+/// The node agent: in the image, run by the DaemonSet's main container, never copied.
+const AGENT: &str = "sticky-vxlan-agent";
+/// Every binary the image carries.
+const BINARIES: [&str; 3] = ["sticky-ipam", "sticky-vxlan", AGENT];
 
 fn repo_file(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -89,6 +95,22 @@ fn host_path_at<'a>(pod: &'a Value, container: &Value, mount_path: &str) -> (&'a
         .as_str()
         .unwrap_or_else(|| panic!("volume {volume_name} is not a hostPath"));
     (path, volume["hostPath"]["type"].as_str().unwrap_or(""))
+}
+
+/// The volume mount of `container` that `path` is under: the one with the longest mount path
+/// that is `path` or one of its ancestors (the runtime mounts deeper paths over shallower ones).
+fn mount_of<'a>(container: &'a Value, path: &Path) -> &'a Value {
+    container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["mountPath"].as_str().is_some_and(|p| path.starts_with(p)))
+        .max_by_key(|m| {
+            m["mountPath"]
+                .as_str()
+                .map_or(0, |p| Path::new(p).components().count())
+        })
+        .unwrap_or_else(|| panic!("nothing mounted where {} is", path.display()))
 }
 
 /// `name:tag[@sha256:<64 hex>]` with an exact version as the tag, or an error saying why not.
@@ -188,34 +210,39 @@ fn manifest_runs_the_agent_with_a_service_account_that_only_reads_nodes() {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    assert_eq!(&command[..2], ["/sticky-cni/bin/sticky-vxlan", "agent"]);
+    assert_eq!(
+        command[0],
+        format!("/sticky-cni/bin/{AGENT}"),
+        "the agent's own binary, not the deprecated `sticky-vxlan agent`"
+    );
+    assert!(!command.contains(&"agent"), "{command:?}");
     let config = command
         .iter()
         .position(|a| *a == "--config")
         .and_then(|i| command.get(i + 1))
         .expect("--config");
     assert_eq!(*config, format!("/etc/cni/net.d/{CONFLIST_NAME}"));
-    // RBAC: get/list/watch on nodes; patch exactly when the agent publishes.
+    // RBAC: get/list/watch on nodes, nothing more on nodes ever; patch on nodes/status (where
+    // the agent publishes flannel's annotations, as flannel does) exactly when it publishes.
     let rules = doc(&docs, "ClusterRole")["rules"]
         .as_array()
         .expect("rules")
         .clone();
-    assert_eq!(rules.len(), 1, "{rules:?}");
-    assert_eq!(rules[0]["resources"], serde_json::json!(["nodes"]));
-    let verbs: Vec<&str> = rules[0]["verbs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let read_nodes = serde_json::json!({
+        "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]
+    });
+    let patch_status = serde_json::json!({
+        "apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]
+    });
     let publishes = command.contains(&"--publish-flannel-annotations");
-    let mut want = vec!["get", "list", "watch"];
     if publishes {
-        want.push("patch");
+        assert_eq!(rules, [read_nodes, patch_status.clone()]);
+    } else {
+        assert_eq!(rules, [read_nodes]);
     }
-    assert_eq!(verbs, want);
-    // Host network namespace, NET_ADMIN and nothing else, the node's /etc/cni (conflist in,
-    // peers file out) and the plugin's lock dir at the same paths.
+    // The rule the manifest tells an operator to uncomment for publishing is that one.
+    assert_eq!(commented_rules(), [patch_status]);
+    // Host network namespace, NET_ADMIN and nothing else.
     assert_eq!(
         agent["securityContext"]["capabilities"]["add"],
         serde_json::json!(["NET_ADMIN"])
@@ -225,17 +252,7 @@ fn manifest_runs_the_agent_with_a_service_account_that_only_reads_nodes() {
         serde_json::json!(["ALL"])
     );
     assert_ne!(agent["securityContext"]["privileged"], true);
-    for dir in ["/etc/cni", "/run/sticky-vxlan"] {
-        let (host, _) = host_path_at(pod, agent, dir);
-        assert_eq!(host, dir);
-    }
-    let conf: Value =
-        serde_json::from_str(&fs::read_to_string(repo_file(CONFLIST)).unwrap()).unwrap();
-    let peers_file = conf["plugins"][0]["peersFile"].as_str().unwrap();
-    assert!(
-        peers_file.starts_with("/etc/cni/"),
-        "the agent writes {peers_file} through /etc/cni"
-    );
+    agent_mounts_only_what_it_writes_read_write(pod, agent, Path::new(config));
     // Liveness on /healthz where --metrics-addr serves it.
     let probe = &agent["livenessProbe"]["httpGet"];
     assert_eq!(probe["path"], "/healthz");
@@ -261,6 +278,71 @@ fn manifest_runs_the_agent_with_a_service_account_that_only_reads_nodes() {
         tolerates_all,
         "needs a toleration {{operator: Exists}} for every taint"
     );
+}
+
+/// The rules of the ClusterRole's commented-out block (`  # - apiGroups: ...`), uncommented.
+fn commented_rules() -> Vec<Value> {
+    use serde::Deserialize;
+    let text = fs::read_to_string(repo_file(MANIFEST)).unwrap();
+    let role = text
+        .split("\n---\n")
+        .find(|d| d.contains("\nkind: ClusterRole\n"))
+        .expect("the ClusterRole document");
+    let yaml: String = role
+        .lines()
+        .filter_map(|l| l.strip_prefix("  # "))
+        .filter(|l| l.starts_with("- ") || l.starts_with("  "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    Vec::<Value>::deserialize(serde_yaml_ng::Deserializer::from_str(&yaml))
+        .unwrap_or_else(|e| panic!("the commented rule is not YAML: {e}\n{yaml}"))
+}
+
+/// The agent's mounts, from what the DaemonSet's conflist (`config`, at the path the agent is
+/// given) names: read-write exactly where it writes (the peers file's directory, for its temp
+/// file and rename, and the stateDir), read-only where the conflists are, each a hostPath of
+/// the same path.
+fn agent_mounts_only_what_it_writes_read_write(pod: &Value, agent: &Value, config: &Path) {
+    let conf: Value =
+        serde_json::from_str(&fs::read_to_string(repo_file(CONFLIST)).unwrap()).unwrap();
+    let cfg = sticky_cni::vxlan::config::Config::from_json("n", &conf["plugins"][0])
+        .expect("the DaemonSet's conflist");
+    let peers_dir = cfg
+        .peers_file
+        .as_deref()
+        .and_then(Path::parent)
+        .expect("the conflist names a peers file");
+    let mounts = agent["volumeMounts"].as_array().expect("volumeMounts");
+    let read_write: Vec<&str> = mounts
+        .iter()
+        .filter(|m| m["readOnly"] != true)
+        .filter_map(|m| m["mountPath"].as_str())
+        .collect();
+    assert_eq!(
+        read_write,
+        [peers_dir, cfg.state_dir.as_path()].map(|p| p.to_str().unwrap()),
+        "read-write: the peers file's directory and the stateDir, nothing else"
+    );
+    for dir in [peers_dir, cfg.state_dir.as_path()] {
+        let dir = dir.to_str().unwrap();
+        assert_eq!(host_path_at(pod, agent, dir).0, dir);
+    }
+    // The peers file itself is under a read-write mount, the conflist under a read-only one.
+    let peers_file = cfg.peers_file.as_deref().unwrap();
+    assert_ne!(mount_of(agent, peers_file)["readOnly"], true);
+    let conf_mount = mount_of(agent, config);
+    assert_eq!(
+        conf_mount["readOnly"],
+        true,
+        "{} must be read-only for the agent",
+        config.display()
+    );
+    let conf_dir = conf_mount["mountPath"].as_str().unwrap();
+    assert_eq!(host_path_at(pod, agent, conf_dir).0, conf_dir);
+    // And the init container installs the conflist into the same host directory.
+    let install = install_container(pod);
+    let (host_net, _) = host_path_at(pod, install, env_value(install, "HOST_CNI_NET_DIR"));
+    assert_eq!(Path::new(host_net), config.parent().unwrap());
 }
 
 #[test]
@@ -396,7 +478,9 @@ fn install_script_replaces_files_by_temp_file_and_rename() {
         dir("data"),
         dir("config"),
     );
-    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+    // The agent is in the image too, and must stay there.
+    fs::write(image_bin.join(AGENT), "the agent\n").expect("write");
+    for plugin in PLUGINS {
         fs::write(image_bin.join(plugin), format!("new {plugin}\n")).expect("write");
         // An old binary on the node, with a second name: an in-place rewrite would change
         // what that second name reads, a rename leaves it alone.
@@ -425,7 +509,11 @@ fn install_script_replaces_files_by_temp_file_and_rename() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+    assert!(
+        !host_bin.join(AGENT).exists(),
+        "the agent is not a plugin: it is not copied to the node"
+    );
+    for plugin in PLUGINS {
         let installed = host_bin.join(plugin);
         assert_eq!(
             fs::read_to_string(&installed).unwrap(),
@@ -512,10 +600,15 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The binaries this test run built (target/debug): the image tests package them.
 fn built_bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_sticky-vxlan"))
+    let dir = Path::new(env!("CARGO_BIN_EXE_sticky-vxlan"))
         .parent()
-        .expect("the binaries' directory")
-        .to_path_buf()
+        .expect("the binaries' directory");
+    assert_eq!(
+        Path::new(env!("CARGO_BIN_EXE_sticky-vxlan-agent")).parent(),
+        Some(dir),
+        "the agent is built beside the plugins"
+    );
+    dir.to_path_buf()
 }
 
 /// Runs `scripts/build-image.sh --bin-dir BIN_DIR --out OUT EXTRA...`; the digest it printed,
@@ -614,7 +707,7 @@ fn image_build_is_reproducible_and_carries_exactly_what_the_binaries_need() {
     // The same binaries, copied at different times, with different modes and mtimes.
     for (dir, mode, mtime) in [(&a, 0o755, 1_000_000_000), (&b, 0o775, 1_600_000_000)] {
         fs::create_dir_all(dir).expect("mkdir");
-        for plugin in ["sticky-ipam", "sticky-vxlan"] {
+        for plugin in BINARIES {
             let dest = dir.join(plugin);
             fs::copy(built_bin_dir().join(plugin), &dest).expect("copy binary");
             fs::set_permissions(&dest, fs::Permissions::from_mode(mode)).expect("chmod");
@@ -695,11 +788,12 @@ fn image_build_is_reproducible_and_carries_exactly_what_the_binaries_need() {
     let mut wanted = vec![
         "sticky-cni/bin/sticky-ipam".to_owned(),
         "sticky-cni/bin/sticky-vxlan".to_owned(),
+        format!("sticky-cni/bin/{AGENT}"),
         "bin/busybox".to_owned(),
         "bin/sh".to_owned(),
         format!("sticky-cni/conf-examples/{CONFLIST_NAME}"),
     ];
-    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+    for plugin in BINARIES {
         assert_eq!(
             fs::read(rootfs.join("sticky-cni/bin").join(plugin)).unwrap(),
             fs::read(a.join(plugin)).unwrap(),
@@ -901,7 +995,8 @@ fn output_text(o: &std::process::Output) -> String {
 }
 
 /// Loads the built image into podman, runs the DaemonSet's install step from it against temp
-/// dirs mounted where the manifest mounts the node's, then the agent's `--help` and `--version`.
+/// dirs mounted where the manifest mounts the node's, then the agent's `--help` (directly and
+/// through the deprecated `sticky-vxlan agent`) and the image's default command (`--version`).
 #[test]
 fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
     let what = "image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent";
@@ -979,7 +1074,7 @@ fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
     let bin_volume = volume_at("HOST_CNI_BIN_DIR");
     let conflist_src = volume_at("CONFLIST_DIR").join(CONFLIST_NAME);
     fs::copy(repo_file(CONFLIST), &conflist_src).expect("conflist");
-    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+    for plugin in PLUGINS {
         // An old binary with a second name: only a rename leaves the second name alone.
         fs::write(bin_volume.join(plugin), "old\n").expect("write");
         fs::hard_link(
@@ -991,7 +1086,11 @@ fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
     let out = podman.run(&[], &args);
     assert!(out.status.success(), "install step: {}", output_text(&out));
 
-    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+    assert!(
+        !bin_volume.join(AGENT).exists(),
+        "the install step copied the agent to the node"
+    );
+    for plugin in PLUGINS {
         let installed = bin_volume.join(plugin);
         assert!(
             fs::read(&installed).unwrap() == fs::read(built_bin_dir().join(plugin)).unwrap(),
@@ -1037,33 +1136,44 @@ fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
     // The agent container's binary, with its capabilities.
     let agent = agent_container(pod);
     let agent_bin = agent["command"][0].as_str().expect("agent command");
+    assert_eq!(agent_bin, format!("/sticky-cni/bin/{AGENT}"));
     let help = podman.run(
         &["NET_ADMIN"],
         &[
             format!("--entrypoint={agent_bin}"),
+            image.clone(),
+            "--help".into(),
+        ],
+    );
+    assert!(
+        help.status.success(),
+        "{AGENT} --help: {}",
+        output_text(&help)
+    );
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("--metrics-addr"),
+        "{AGENT} --help: {}",
+        output_text(&help)
+    );
+    // The deprecated `sticky-vxlan agent` still runs it, from beside itself, and says so.
+    let alias = podman.run(
+        &["NET_ADMIN"],
+        &[
+            "--entrypoint=/sticky-cni/bin/sticky-vxlan".into(),
             image.clone(),
             "agent".into(),
             "--help".into(),
         ],
     );
     assert!(
-        help.status.success(),
-        "agent --help: {}",
-        output_text(&help)
+        alias.status.success()
+            && String::from_utf8_lossy(&alias.stdout).contains("--metrics-addr")
+            && String::from_utf8_lossy(&alias.stderr).contains("deprecated"),
+        "sticky-vxlan agent --help: {}",
+        output_text(&alias)
     );
-    assert!(
-        String::from_utf8_lossy(&help.stdout).contains("--metrics-addr"),
-        "agent --help: {}",
-        output_text(&help)
-    );
-    let version = podman.run(
-        &["NET_ADMIN"],
-        &[
-            format!("--entrypoint={agent_bin}"),
-            image,
-            "--version".into(),
-        ],
-    );
+    // The image's default command.
+    let version = podman.run(&[], &[image]);
     assert_eq!(
         String::from_utf8_lossy(&version.stdout).trim(),
         format!("sticky-vxlan {VERSION}"),
