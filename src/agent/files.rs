@@ -50,6 +50,23 @@ pub fn write_atomic(path: &Path, text: &[u8]) -> Result<(), Error> {
     result.map_err(err)
 }
 
+/// Removes the temp files a writer of `path` killed half-way left beside it
+/// (`.<name>.agent.*`, see [`write_atomic`]); a link is removed, never followed.
+pub fn remove_stale_temps(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.agent.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Writes the status file of `status.network` in `state_dir` ([`write_atomic`]). The
 /// directory is created as the plugin creates it ([`state_dir::create_dir`]: 0700, and a link
 /// at its name is refused, so nothing is written where it points).

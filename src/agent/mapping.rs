@@ -7,13 +7,13 @@
 //! annotation carries a `VtepMAC`) and has no `sticky-cni.io/` annotation gets that MAC.
 //! Entries are checked by the peers file's own rules ([`crate::vxlan::peers`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::IpNet;
 
 use super::objects::Node;
-use crate::vxlan::peers::{self, Peer, PeerEntry};
+use crate::vxlan::peers::{Peer, PeerEntry};
 
 /// Sets a node's underlay address explicitly.
 pub const UNDERLAY_ANNOTATION: &str = "sticky-cni.io/underlay-ip";
@@ -138,41 +138,6 @@ pub fn node_entry(node: &Node) -> Result<PeerEntry, Skip> {
     })
 }
 
-/// The peers the nodes stand for, and the nodes left out with why. Each node is checked
-/// alone by the peers file's rules; a node that conflicts with another (same underlay,
-/// overlapping subnets) is left out, the first by name is kept.
-pub fn peers_from(nodes: &BTreeMap<String, Node>) -> (Vec<Peer>, Vec<(String, String)>) {
-    let mut checked: Vec<(String, Peer)> = Vec::new();
-    let mut skipped = Vec::new();
-    for (name, node) in nodes {
-        let entry = match node_entry(node) {
-            Ok(e) => e,
-            Err(why) => {
-                skipped.push((name.clone(), why.to_string()));
-                continue;
-            }
-        };
-        match peers::check_entries(&[entry]) {
-            Ok(mut p) if p.len() == 1 => checked.push((name.clone(), p.remove(0))),
-            Ok(_) => skipped.push((name.clone(), "is not one peer".into())),
-            Err(why) => skipped.push((name.clone(), why.to_string())),
-        }
-    }
-    let all: Vec<Peer> = checked.iter().map(|(_, p)| p.clone()).collect();
-    if let Ok(merged) = peers::merge(&[], &all) {
-        return (merged, skipped);
-    }
-    // Rare: find the nodes that conflict, one by one.
-    let mut kept: Vec<Peer> = Vec::new();
-    for (name, p) in checked {
-        match peers::merge(&kept, std::slice::from_ref(&p)) {
-            Ok(m) => kept = m,
-            Err(why) => skipped.push((name, why.to_string())),
-        }
-    }
-    (kept, skipped)
-}
-
 /// The peers file's text for `peers`: a JSON list, sorted by underlay address, one entry
 /// per line.
 pub fn file_text(peers: &[Peer]) -> Vec<u8> {
@@ -192,46 +157,6 @@ pub fn file_text(peers: &[Peer]) -> Vec<u8> {
     }
     out.extend_from_slice(b"]\n");
     out
-}
-
-/// A change the removal guard refused.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Refused {
-    pub removed: Vec<Ipv4Addr>,
-    pub of: usize,
-    pub max_fraction: f64,
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the API's node list would remove {} of {} peers ({:.0}% > --max-remove-fraction {}); keeping the current peers file. If the cluster really shrank, raise --max-remove-fraction or edit the peers file",
-            self.removed.len(),
-            self.of,
-            100.0 * self.removed.len() as f64 / self.of as f64,
-            self.max_fraction
-        )
-    }
-}
-
-/// The guard against a list that would remove most peers at once (an API answering an empty
-/// list after a restore): removing more than `max_fraction` of the current peers is refused.
-pub fn guard_removals(old: &[Peer], new: &[Peer], max_fraction: f64) -> Result<(), Refused> {
-    let keep: BTreeSet<Ipv4Addr> = new.iter().map(|p| p.ip).collect();
-    let removed: Vec<Ipv4Addr> = old
-        .iter()
-        .map(|p| p.ip)
-        .filter(|ip| !keep.contains(ip))
-        .collect();
-    if old.is_empty() || removed.len() as f64 <= max_fraction * old.len() as f64 {
-        return Ok(());
-    }
-    Err(Refused {
-        removed,
-        of: old.len(),
-        max_fraction,
-    })
 }
 
 /// What changed between two peer lists, one line each, for the log.
@@ -339,19 +264,6 @@ mod tests {
     }
 
     #[test]
-    fn nodes_without_a_pod_cidr_are_skipped_and_said_so() {
-        let list = nodes(vec![
-            node("a", "192.0.2.1", &["10.244.1.0/24"], ""),
-            node("new", "192.0.2.9", &[], ""),
-        ]);
-        let (peers, skipped) = peers_from(&list);
-        assert_eq!(peers.len(), 1);
-        assert_eq!(skipped.len(), 1);
-        assert_eq!(skipped[0].0, "new");
-        assert!(skipped[0].1.contains("no pod CIDR"), "{}", skipped[0].1);
-    }
-
-    #[test]
     fn flannel_nodes_bring_their_mac_and_public_ip_sticky_nodes_do_not() {
         let flannel = r#""flannel.alpha.coreos.com/backend-data":"{\"VNI\":1,\"VtepMAC\":\"6e:3c:8a:11:22:33\"}","flannel.alpha.coreos.com/backend-type":"vxlan","flannel.alpha.coreos.com/kube-subnet-manager":"true","flannel.alpha.coreos.com/public-ip":"192.0.2.44""#;
         let e = node_entry(&node("f", "192.0.2.4", &["10.244.4.0/24"], flannel)).unwrap();
@@ -370,21 +282,6 @@ mod tests {
     }
 
     #[test]
-    fn conflicting_nodes_are_left_out_not_the_whole_list() {
-        let list = nodes(vec![
-            node("a", "192.0.2.1", &["10.244.1.0/24"], ""),
-            node("b", "192.0.2.2", &["10.244.1.0/25"], ""),
-            node("c", "192.0.2.3", &["10.244.3.0/24"], ""),
-            node("d", "192.0.2.4", &["10.244.4.1/24"], ""),
-        ]);
-        let (peers, skipped) = peers_from(&list);
-        let ips: Vec<String> = peers.iter().map(|p| p.ip.to_string()).collect();
-        assert_eq!(ips, ["192.0.2.1", "192.0.2.3"]);
-        let names: Vec<&str> = skipped.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["d", "b"]);
-    }
-
-    #[test]
     fn the_written_file_reads_back_as_the_same_peers() {
         let list = nodes(vec![
             node("b", "192.0.2.2", &["10.244.2.0/24", "fd00:2::/64"], ""),
@@ -395,9 +292,16 @@ mod tests {
                 r#""flannel.alpha.coreos.com/backend-data":"{\"VtepMAC\":\"6e:3c:8a:11:22:33\"}""#,
             ),
         ]);
-        let (peers, _) = peers_from(&list);
+        let peers: Vec<Peer> = list
+            .values()
+            .map(|n| {
+                crate::vxlan::peers::check_entries(&[node_entry(n).unwrap()])
+                    .unwrap()
+                    .remove(0)
+            })
+            .collect();
         let text = file_text(&peers);
-        assert_eq!(peers::parse_file(&text).unwrap(), peers);
+        assert_eq!(crate::vxlan::peers::parse_file(&text).unwrap(), peers);
         assert!(String::from_utf8_lossy(&text).starts_with("[\n  {\"ip\":\"192.0.2.1\""));
     }
 
@@ -407,23 +311,6 @@ mod tests {
             subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
             mac: None,
         }
-    }
-
-    #[test]
-    fn removing_more_than_the_fraction_is_refused() {
-        let three: Vec<Peer> = (1..=3).map(peer).collect();
-        assert!(guard_removals(&three, &three[..2], 0.5).is_ok(), "1 of 3");
-        let refused = guard_removals(&three, &[], 0.5).unwrap_err();
-        assert_eq!((refused.removed.len(), refused.of), (3, 3));
-        assert!(refused.to_string().contains("remove 3 of 3"));
-        assert!(guard_removals(&three, &three[..1], 0.5).is_err(), "2 of 3");
-        assert!(guard_removals(&three, &[], 1.0).is_ok(), "guard off");
-        assert!(guard_removals(&[], &[], 0.5).is_ok(), "nothing to remove");
-        // Half of two is allowed: a two-node cluster can lose a node.
-        assert!(guard_removals(&three[..2], &three[..1], 0.5).is_ok());
-        // Additions never count.
-        let more: Vec<Peer> = (1..=9).map(peer).collect();
-        assert!(guard_removals(&three, &more, 0.0).is_ok());
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod clock;
 pub mod endpoint;
 pub mod files;
 pub mod flags;
+pub mod guard;
 pub mod kube;
 pub mod mapping;
 pub mod objects;
@@ -31,12 +32,14 @@ pub mod reflector;
 pub mod serve;
 pub mod state;
 pub mod sync;
+pub mod table;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::vxlan::config::Config;
 use flags::{Options, Source};
 use state::{Shared, Status};
 
@@ -128,11 +131,16 @@ fn run(opts: Options) -> Result<(), Error> {
         log(&format!("serving /metrics and /healthz on {bound}"));
     }
     let (tx, rx) = mpsc::channel();
-    match endpoint {
-        None => log(&format!(
-            "no API: watching {} for hand edits",
-            peers_file.display()
-        )),
+    files::remove_stale_temps(&peers_file);
+    files::remove_stale_temps(&state::status_path(&cfg.state_dir, &cfg.name));
+    let api = match endpoint {
+        None => {
+            log(&format!(
+                "no API: watching {} for hand edits",
+                peers_file.display()
+            ));
+            None
+        }
         Some(e) => {
             log(&format!(
                 "peers from the Kubernetes API at {}, kept in {}",
@@ -149,25 +157,172 @@ fn run(opts: Options) -> Result<(), Error> {
                 )),
                 _ => None,
             };
-            let sync = sync::NodeSync::new(
-                peers_file.clone(),
-                opts.max_remove_fraction,
-                shared.clone(),
-                tx,
-                publisher,
-            );
             let reflector = reflector::Reflector::new(
                 kube::Kube::new(e),
                 clock::SystemClock,
-                sync,
+                sync::Feed::new(tx, opts.node_name.clone()),
                 clock::Backoff::new(),
             );
             std::thread::spawn(move || reflector.run());
+            Some(ApiSide {
+                keeper: sync::Keeper::new(
+                    peers_file.clone(),
+                    opts.node_name.clone(),
+                    cfg.vni,
+                    guard::Guard::new(opts.max_remove_fraction),
+                ),
+                publisher,
+                refused_at: None,
+            })
         }
-    }
-    main_loop(&opts, &cfg.state_dir, &peers_file, &shared, &rx);
+    };
+    main_loop(&opts, &cfg, &peers_file, &shared, &rx, api);
     Ok(())
 }
+
+/// The API's half of the main loop: the Nodes as the reflector sends them, turned into the
+/// peers file; and the publisher of this node's flannel annotations.
+struct ApiSide {
+    keeper: sync::Keeper,
+    publisher: Option<(publish::Publisher, kube::Kube)>,
+    /// When the guard last refused (the change is tried again every [`RETRY`]).
+    refused_at: Option<Instant>,
+}
+
+/// How long the main loop keeps collecting a burst of updates once the first arrived.
+const BURST: Duration = Duration::from_millis(20);
+const MAX_BURST: Duration = Duration::from_millis(200);
+
+/// Waits up to `poll` for the first update, then takes the whole burst.
+fn take_burst(rx: &mpsc::Receiver<sync::Update>, poll: Duration) -> Vec<sync::Update> {
+    let mut got = Vec::new();
+    let Ok(first) = rx.recv_timeout(poll) else {
+        return got;
+    };
+    got.push(first);
+    let start = Instant::now();
+    loop {
+        got.extend(rx.try_iter());
+        if start.elapsed() >= MAX_BURST {
+            return got;
+        }
+        match rx.recv_timeout(BURST) {
+            Ok(u) => got.push(u),
+            Err(_) => return got,
+        }
+    }
+}
+
+/// This node's plugin's own check of a peer list ([`crate::vxlan::node::accepts`]).
+fn plugin_accepts(cfg: &Config, list: &[crate::vxlan::peers::Peer]) -> Result<(), table::Refusal> {
+    let mut sock = crate::netlink::socket::Socket::open()
+        .map_err(|e| table::Refusal::Other(format!("netlink: {e}")))?;
+    let mut k = crate::vxlan::kernel::Live { sock: &mut sock };
+    crate::vxlan::node::accepts(&mut k, cfg, list).map_err(|e| match e {
+        crate::vxlan::Error::Peers(p) => table::Refusal::Peers(p),
+        other => table::Refusal::Other(other.to_string()),
+    })
+}
+
+impl ApiSide {
+    /// Applies a burst of updates; writes the peers file when the peers changed (or a
+    /// refused change is due to be tried again). True when the file was written.
+    fn apply(&mut self, updates: Vec<sync::Update>, cfg: &Config, shared: &Shared) -> bool {
+        let mut dirty = false;
+        let mut own = None;
+        for u in updates {
+            match u {
+                sync::Update::State(s) => {
+                    if let Some(line) = sync::record_state(shared, &s) {
+                        log(&line);
+                    }
+                }
+                sync::Update::Own(n) => own = Some(n),
+                u => dirty |= self.keeper.apply(u),
+            }
+        }
+        if let (Some(n), Some((p, kube))) = (own, &mut self.publisher) {
+            match p.publish(kube, &n) {
+                Ok(false) => {}
+                Ok(true) => log(&format!(
+                    "published flannel annotations on Node {}",
+                    p.node_name
+                )),
+                Err(e) => log(&format!("publishing flannel annotations: {e}")),
+            }
+        }
+        let accept = accept_changes_path(cfg);
+        let accepted = self.refused_at.is_some() && accept.exists();
+        if accepted {
+            let _ = std::fs::remove_file(&accept);
+            log(&format!(
+                "{}: the operator accepts the refused change",
+                accept.display()
+            ));
+            self.keeper.guard.accept_once();
+        }
+        let retry = self.refused_at.is_some_and(|t| t.elapsed() >= RETRY);
+        if !dirty && !retry && !accepted {
+            return false;
+        }
+        let held = {
+            let copy = crate::vxlan::state_dir::last_good(&cfg.last_good_peers_path());
+            if copy.is_empty() {
+                files::current_peers(&self.keeper.peers_file).unwrap_or_default()
+            } else {
+                copy
+            }
+        };
+        let (outcome, lines) = self
+            .keeper
+            .write(Instant::now(), &held, |list| plugin_accepts(cfg, list));
+        for l in lines {
+            log(&l);
+        }
+        let mut s = shared.lock();
+        s.status.left_out = self.keeper.left_out().len();
+        let refused = match outcome {
+            sync::Outcome::Written { lines } => {
+                for l in lines {
+                    log(&l);
+                }
+                s.counters.file_writes += 1;
+                s.own_write = files::fingerprint(&self.keeper.peers_file);
+                self.refused_at = None;
+                s.status.refused = None;
+                return true;
+            }
+            sync::Outcome::Unchanged => None,
+            sync::Outcome::Refused(r) => {
+                s.counters.removals_refused += 1;
+                Some(r)
+            }
+            sync::Outcome::Unusable(why) => Some(format!(
+                "no peer list this node's plugin accepts can be made from the Nodes: {why}; keeping the peers file as it is"
+            )),
+            sync::Outcome::Failed(why) => {
+                log(&why);
+                None
+            }
+        };
+        self.refused_at = refused.as_ref().map(|_| Instant::now());
+        if refused != s.status.refused {
+            if let Some(r) = &refused {
+                log(&format!("REFUSED: {r}"));
+            }
+            s.status.refused = refused;
+        }
+        false
+    }
+}
+
+/// The file whose existence accepts a change the guard refused, once.
+fn accept_changes_path(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join(format!("{}.accept-changes", cfg.name))
+}
+
+/// A refused change is tried again this often (the window may have passed).
+const RETRY: Duration = Duration::from_secs(5);
 
 /// Reconciles at once (from the file as it is: offline, that is the last good one), then
 /// after every change of the peers file and every `--resync`: the main network, then each
@@ -175,13 +330,14 @@ fn run(opts: Options) -> Result<(), Error> {
 /// `--resync`, if shorter). Writes the status file.
 fn main_loop(
     opts: &Options,
-    state_dir: &Path,
+    cfg: &Config,
     peers_file: &Path,
     shared: &Shared,
-    rx: &mpsc::Receiver<()>,
+    rx: &mpsc::Receiver<sync::Update>,
+    mut api: Option<ApiSide>,
 ) {
+    let state_dir = &cfg.state_dir;
     const POLL: Duration = Duration::from_millis(500);
-    const RETRY: Duration = Duration::from_secs(5);
     let retry = RETRY.min(opts.resync);
     let mut seen = files::fingerprint(peers_file);
     // Segments with a peers file of their own are reconciled when it changes, too.
@@ -250,8 +406,11 @@ fn main_loop(
             written_status = Some(status);
         }
         why = "";
-        let told = rx.recv_timeout(POLL).is_ok();
-        while rx.try_recv().is_ok() {}
+        let burst = take_burst(rx, POLL);
+        let told = match &mut api {
+            Some(api) => api.apply(burst, cfg, shared),
+            None => false,
+        };
         let now = files::fingerprint(peers_file);
         if now != seen || told {
             seen = now;

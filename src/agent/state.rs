@@ -30,6 +30,9 @@ pub struct Status {
     pub peers: usize,
     /// Set while the removal guard keeps the old peers.
     pub refused: Option<String>,
+    /// Nodes left out of the peers (each logged with why when it happens).
+    #[serde(default)]
+    pub left_out: usize,
     pub pid: u32,
     /// Every `--segment-config` reconciled so far, in order, with its last outcome. Absent
     /// from the files of agents older than this field: then no segment is known.
@@ -103,7 +106,13 @@ impl Shared {
     /// Prometheus text format.
     pub fn metrics(&self) -> String {
         let s = self.lock();
-        let metrics: [(&str, &str, &str, f64); 14] = [
+        let metrics: [(&str, &str, &str, f64); 15] = [
+            (
+                "nodes_left_out",
+                "gauge",
+                "Nodes left out of the peers: not a valid peer, or in conflict with another (the log names each and why).",
+                s.status.left_out as f64,
+            ),
             (
                 "stale",
                 "gauge",
@@ -257,6 +266,13 @@ pub fn describe(state_dir: &Path) -> String {
                 "  STALE since {} (no complete node list since then): {}",
                 ago(Some(t)),
                 s.last_error.as_deref().unwrap_or("the API does not answer")
+            );
+        }
+        if s.left_out > 0 {
+            let _ = writeln!(
+                out,
+                "  {} node(s) left out of the peers (the agent's log names each and why)",
+                s.left_out
             );
         }
         if let Some(r) = &s.refused {

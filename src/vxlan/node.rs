@@ -187,6 +187,16 @@ pub fn peer_list(cfg: &Config) -> Result<(Vec<Peer>, Option<String>), Error> {
     Ok((all, file_error))
 }
 
+/// Whether this node's plugin would accept `file_peers` as its peers file: the rules ADD and
+/// `reconcile` apply to the whole list (merged with the config's own peers, exactly one entry
+/// naming this node, a VTEP MAC of its own for every peer, no peer at an underlay subnet's
+/// network or broadcast address). Reads links and addresses; writes nothing.
+pub fn accepts(k: &mut impl Kernel, cfg: &Config, file_peers: &[Peer]) -> Result<(), Error> {
+    let all = peers::merge(&cfg.peers, file_peers)?;
+    let seen = Observed::read_for_node(k)?;
+    identify(k, cfg, &seen, &all, None)?.check(cfg.vni)
+}
+
 /// Works out the underlay, the MTU and the peers from config, peers file and the host.
 pub fn resolve(k: &mut impl Kernel, cfg: &Config, seen: &Observed) -> Result<Node, Error> {
     let (all, peers_file_error) = peer_list(cfg)?;
