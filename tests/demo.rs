@@ -6,12 +6,14 @@
 //! the recreated pod got the same IP, the VTEP MAC was the same before and after its deletion,
 //! the script exited 0, and no namespace (`*-demo<pid>`) nor temp dir was left behind.
 //!
-//! - `full_demo`: as root, the whole demo (two netns nodes, VXLAN). Without root it is skipped,
-//!   except when `CI` is set: then it fails.
+//! - `full_demo`: the whole demo (two netns nodes, VXLAN). It needs root, so it is
+//!   `#[ignore = "needs root: ..."]`: reported as skipped without root, run as root with
+//!   `cargo nextest run --run-ignored all` (scripts/test.sh does), where not being root fails it.
 //! - `ipam_part`: the part that runs without root — as root through `--ipam-only`, otherwise
 //!   the script's own non-root path, which must say what it skipped.
-//! - `demo_installs_what_a_fresh_box_lacks`: as root, with `ping` missing from `PATH` (a fresh
-//!   Debian box) the demo installs it with apt-get (a recording fake here) and runs through.
+//! - `demo_installs_what_a_fresh_box_lacks`: as root (ignored like `full_demo`), with `ping`
+//!   missing from `PATH` (a fresh Debian box) the demo installs it with apt-get (a recording
+//!   fake here) and runs through.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -139,15 +141,20 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// Panics unless root: the tests that call it are ignored without root (see the file's doc).
+fn assert_root() {
+    assert!(
+        is_root(),
+        "the full demo needs root (network namespaces): run the suite as root \
+         (scripts/test.sh), or leave out --run-ignored / --include-ignored to have it reported \
+         as skipped"
+    );
+}
+
 #[test]
+#[ignore = "needs root: network namespaces (the full demo)"]
 fn full_demo() {
-    if !is_root() {
-        if std::env::var_os("CI").is_some() {
-            panic!("CI is set but the full demo needs root (network namespaces): run as root");
-        }
-        eprintln!("SKIP: the full demo needs root (network namespaces)");
-        return;
-    }
+    assert_root();
     let run = demo(&[]);
     assert_clean(&run);
     let out = &run.out;
@@ -241,11 +248,9 @@ fn ipam_part() {
 /// is a mirror of the system's without `ping`, and `apt-get` a fake that records its arguments
 /// and then makes the real `ping` appear, so nothing is installed on this machine.
 #[test]
+#[ignore = "needs root: network namespaces (the full demo)"]
 fn demo_installs_what_a_fresh_box_lacks() {
-    if !is_root() {
-        eprintln!("SKIP: the full demo needs root (network namespaces)");
-        return;
-    }
+    assert_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).expect("mkdir");

@@ -13,7 +13,7 @@ const NET: &str = "adopt";
 
 #[test]
 fn host_local_data_dir_is_adopted() {
-    let Some(hl) = host_local_bin() else { return };
+    let hl = host_local_bin();
     let hl = Plugin::at(hl);
     let tmp = temp_dir();
     let conf = Conf::new(

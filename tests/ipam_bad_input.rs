@@ -531,10 +531,9 @@ impl Drop for SmallFs {
 }
 
 #[test]
+#[ignore = "needs root: mounting a small tmpfs"]
 fn a_full_disk_is_an_io_error_that_leaves_the_data_dir_consistent() {
-    if !require_root("mounting a small tmpfs") {
-        return;
-    }
+    assert_root("mounting a small tmpfs");
     let fs = SmallFs::new("64k");
     let data = fs.dir.path().join("data");
     let conf = Conf::v4(NET, &data, "10.33.0.0/24");
@@ -567,10 +566,9 @@ fn a_full_disk_is_an_io_error_that_leaves_the_data_dir_consistent() {
 }
 
 #[test]
+#[ignore = "needs root: a read-only bind mount"]
 fn a_read_only_data_dir_is_an_io_error() {
-    if !require_root("a read-only bind mount") {
-        return;
-    }
+    assert_root("a read-only bind mount");
     let tmp = temp_dir();
     let data = tmp.path().join("data");
     let conf = Conf::v4(NET, &data, "10.34.0.0/24");

@@ -161,7 +161,7 @@ fn downgrade_then_host_local_never_hands_out_a_held_address() {
     assert_host_local_layout(&s.dir(), &s.held);
 
     // Debian's host-local on the converted dir: every free address once, no held one.
-    let Some(hl) = host_local_bin() else { return };
+    let hl = host_local_bin();
     let hl = Plugin::at(hl);
     let conf = s.host_local_conf();
     let free = 29 - s.held.len();

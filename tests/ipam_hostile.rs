@@ -419,10 +419,9 @@ impl Drop for SmallFs {
 }
 
 #[test]
+#[ignore = "needs root: mounting a small tmpfs"]
 fn a_full_data_dir_never_blocks_teardown_and_status_says_so() {
-    if !require_root("mounting a small tmpfs") {
-        return;
-    }
+    assert_root("mounting a small tmpfs");
     let s = Scene::new();
     let small = SmallFs::mount(&s.data, "256k");
     let conf = s.conf.clone().version("1.1.0");
@@ -480,10 +479,9 @@ fn list_show_and_gc_dry_run_write_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: a read-only bind mount"]
 fn list_and_show_work_on_a_read_only_data_dir() {
-    if !require_root("a read-only bind mount") {
-        return;
-    }
+    assert_root("a read-only bind mount");
     let s = Scene::new();
     let pod = Pod::new("ns", "a", "uid-a");
     Plugin::sticky()
@@ -540,10 +538,9 @@ fn tool_on_node(addr: &str, args: &[&str]) -> (i32, String, String) {
 }
 
 #[test]
+#[ignore = "needs root: a network namespace standing in for a node"]
 fn the_tool_reads_the_cluster_conflist_as_the_plugin_does() {
-    if !require_root("a network namespace standing in for a node") {
-        return;
-    }
+    assert_root("a network namespace standing in for a node");
     let s = Scene::new();
     let peers = s.tmp.path().join("peers.json");
     fs::write(
@@ -699,10 +696,9 @@ fn a_fifo_in_the_index_blocks_no_call() {
 }
 
 #[test]
+#[ignore = "needs root: mounting a small tmpfs"]
 fn del_succeeds_when_no_inode_is_left() {
-    if !require_root("mounting a small tmpfs") {
-        return;
-    }
+    assert_root("mounting a small tmpfs");
     let s = Scene::new();
     fs::create_dir_all(&s.data).unwrap();
     sh(&[

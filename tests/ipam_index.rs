@@ -145,14 +145,7 @@ fn an_index_replaced_by_a_symlink_is_not_written_through() {
 /// buckets and records, however many records exist.
 #[test]
 fn calls_list_nothing_when_the_index_holds() {
-    if std::process::Command::new("strace")
-        .arg("-V")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIP: strace is not installed");
-        return;
-    }
+    assert_installed("strace", "strace");
     let tmp = temp_dir();
     let c = conf(tmp.path());
     let net = tmp.path().join(NET);

@@ -483,10 +483,9 @@ fn status_fails_with_50_when_the_data_dir_is_not_a_directory() {
 }
 
 #[test]
+#[ignore = "needs root: a read-only bind mount inside unshare -m"]
 fn status_fails_with_50_on_a_read_only_data_dir() {
-    if !require_root("a read-only bind mount inside unshare -m") {
-        return;
-    }
+    assert_root("a read-only bind mount inside unshare -m");
     let e = Env::new();
     let conf = e.conf(json!({ "subnet": "10.41.3.0/24" }));
     e.add(&conf, "c-a", &pod("a"));
@@ -774,10 +773,9 @@ const BOOT1: &str = "b0000001-0000-4000-8000-000000000001";
 const BOOT2: &str = "b0000002-0000-4000-8000-000000000002";
 
 #[test]
+#[ignore = "needs root: simulating a reboot with unshare -m and a bind mount"]
 fn attachments_of_an_earlier_boot_become_released_leases_at_the_first_add() {
-    if !require_root("simulating a reboot with unshare -m and a bind mount") {
-        return;
-    }
+    assert_root("simulating a reboot with unshare -m and a bind mount");
     let e = Env::new();
     let range =
         json!({ "subnet": "10.43.0.0/24", "rangeStart": "10.43.0.10", "rangeEnd": "10.43.0.14" });
@@ -827,10 +825,9 @@ fn attachments_of_an_earlier_boot_become_released_leases_at_the_first_add() {
 }
 
 #[test]
+#[ignore = "needs root: simulating a boot id with unshare -m and a bind mount"]
 fn in_the_same_boot_attached_leases_are_never_taken() {
-    if !require_root("simulating a boot id with unshare -m and a bind mount") {
-        return;
-    }
+    assert_root("simulating a boot id with unshare -m and a bind mount");
     let e = Env::new();
     let range =
         json!({ "subnet": "10.43.1.0/24", "rangeStart": "10.43.1.10", "rangeEnd": "10.43.1.11" });
@@ -848,10 +845,9 @@ fn in_the_same_boot_attached_leases_are_never_taken() {
 }
 
 #[test]
+#[ignore = "needs root: simulating a reboot with unshare -m and a bind mount"]
 fn gc_also_sweeps_an_earlier_boot_even_for_listed_containers() {
-    if !require_root("simulating a reboot with unshare -m and a bind mount") {
-        return;
-    }
+    assert_root("simulating a reboot with unshare -m and a bind mount");
     let e = Env::new();
     let conf = e.conf(json!({ "subnet": "10.43.2.0/24" }));
     let (b1, b2) = (booted(&e, BOOT1), booted(&e, BOOT2));
@@ -871,10 +867,9 @@ fn gc_also_sweeps_an_earlier_boot_even_for_listed_containers() {
 }
 
 #[test]
+#[ignore = "needs root: simulating a boot id with unshare -m and a bind mount"]
 fn an_unreadable_boot_id_never_judges_a_lease_to_be_from_an_earlier_boot() {
-    if !require_root("simulating a boot id with unshare -m and a bind mount") {
-        return;
-    }
+    assert_root("simulating a boot id with unshare -m and a bind mount");
     let e = Env::new();
     let conf = e.conf(json!({ "subnet": "10.43.3.0/24" }));
     let b1 = booted(&e, BOOT1);
@@ -894,10 +889,9 @@ fn an_unreadable_boot_id_never_judges_a_lease_to_be_from_an_earlier_boot() {
 }
 
 #[test]
+#[ignore = "needs root: simulating a reboot with unshare -m and a bind mount"]
 fn leases_released_by_the_boot_sweep_expire_after_the_hold() {
-    if !require_root("simulating a reboot with unshare -m and a bind mount") {
-        return;
-    }
+    assert_root("simulating a reboot with unshare -m and a bind mount");
     let e = Env::new();
     let net = e.net();
     let conf = e

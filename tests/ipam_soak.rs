@@ -11,15 +11,7 @@ use support::*;
 
 #[test]
 fn reduced_soak_passes() {
-    let python = Command::new("python3").arg("--version").output();
-    if python.is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "python3 is missing and CI is set"
-        );
-        eprintln!("SKIP: python3 is missing");
-        return;
-    }
+    assert_installed("python3", "python3");
     let bin = Plugin::sticky().bin;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/soak-ipam.py");
     let tmp = temp_dir();

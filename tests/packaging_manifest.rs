@@ -671,37 +671,21 @@ fn ldd_paths(binary: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Says why `what` is skipped and gives `None`; under CI (env `CI` set) a skip is a failure.
-fn skip<T>(what: &str, why: &str) -> Option<T> {
-    if std::env::var_os("CI").is_some() {
-        panic!("{what}: CI is set but the test cannot run: {why}");
-    }
-    eprintln!("SKIP {what}: {why}");
-    None
-}
-
-/// The static busybox build-image.sh puts in the image, or a skip (see [`skip`]).
-fn busybox_static(what: &str) -> Option<()> {
+/// Asserts that the static busybox build-image.sh puts in the image is installed.
+fn assert_busybox_static() {
     let dynamic = Command::new("ldd")
         .arg("/bin/busybox")
         .output()
         .map_or(true, |o| o.status.success());
-    if !Path::new("/bin/busybox").exists() || dynamic {
-        return skip(
-            what,
-            "no static /bin/busybox (apt-get install busybox-static)",
-        );
-    }
-    Some(())
+    assert!(
+        Path::new("/bin/busybox").exists() && !dynamic,
+        "no static /bin/busybox: apt-get install busybox-static (.ci/run installs it)"
+    );
 }
 
 #[test]
 fn image_build_is_reproducible_and_carries_exactly_what_the_binaries_need() {
-    if busybox_static("image_build_is_reproducible_and_carries_exactly_what_the_binaries_need")
-        .is_none()
-    {
-        return;
-    }
+    assert_busybox_static();
     let root = tempfile::tempdir().expect("tempdir");
     let (a, b) = (root.path().join("a"), root.path().join("b"));
     // The same binaries, copied at different times, with different modes and mtimes.
@@ -832,10 +816,7 @@ fn image_build_is_reproducible_and_carries_exactly_what_the_binaries_need() {
 
 #[test]
 fn update_manifest_pins_both_containers_to_the_built_digest_and_changes_nothing_else() {
-    let what = "update_manifest_pins_both_containers_to_the_built_digest_and_changes_nothing_else";
-    if busybox_static(what).is_none() {
-        return;
-    }
+    assert_busybox_static();
     let root = tempfile::tempdir().expect("tempdir");
     let copy = root.path().join("daemonset.yaml");
     fs::copy(repo_file(MANIFEST), &copy).expect("copy manifest");
@@ -881,23 +862,23 @@ struct Podman {
 const PODMAN_SYSTEM_DIRS: [&str; 2] = ["/var/lib/containers", "/run/containers"];
 
 impl Podman {
-    /// `None` (with a message) when podman or runc is missing or we are not root; under CI
-    /// (env `CI` set) that is a failure.
-    fn new(what: &str) -> Option<Podman> {
-        if !nix::unistd::geteuid().is_root() {
-            return skip(what, "needs root");
-        }
+    /// Panics when we are not root (the tests that use podman are ignored without root) or
+    /// podman or runc is missing, saying what to install (`.ci/run` installs both).
+    fn new() -> Podman {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "podman tests need root: run the suite as root (scripts/test.sh), or leave out \
+             --run-ignored / --include-ignored to have them reported as skipped"
+        );
         for tool in ["podman", "runc"] {
-            if Command::new(tool).arg("--version").output().is_err() {
-                return skip(
-                    what,
-                    &format!("{tool} is not installed (apt-get install {tool})"),
-                );
-            }
+            assert!(
+                Command::new(tool).arg("--version").output().is_ok(),
+                "{tool} is not installed: apt-get install {tool} (.ci/run installs it)"
+            );
         }
         let dir = tempfile::tempdir().expect("tempdir");
         fs::create_dir_all(dir.path().join("tmp")).expect("mkdir");
-        Some(Podman {
+        Podman {
             dir,
             cgroup_parent: format!("/sticky-image-test-{}", std::process::id()),
             created: PODMAN_SYSTEM_DIRS
@@ -905,7 +886,7 @@ impl Podman {
                 .map(PathBuf::from)
                 .filter(|d| !d.exists())
                 .collect(),
-        })
+        }
     }
 
     fn cmd(&self) -> Command {
@@ -998,11 +979,10 @@ fn output_text(o: &std::process::Output) -> String {
 /// dirs mounted where the manifest mounts the node's, then the agent's `--help` (directly and
 /// through the deprecated `sticky-vxlan agent`) and the image's default command (`--version`).
 #[test]
+#[ignore = "needs root: podman containers"]
 fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
-    let what = "image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent";
-    let Some(podman) = busybox_static(what).and_then(|()| Podman::new(what)) else {
-        return;
-    };
+    assert_busybox_static();
+    let podman = Podman::new();
     let root = tempfile::tempdir().expect("tempdir");
     let archive = root.path().join("sticky-cni.oci.tar");
     let digest = build_image(&built_bin_dir(), &archive, &[]);

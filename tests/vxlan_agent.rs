@@ -130,10 +130,9 @@ impl Cluster {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn agents_add_a_node_within_5s_survive_the_api_going_away_and_remove_deleted_nodes() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut c = Cluster::new();
     c.api.put_node(Cluster::node(1));
     c.api.put_node(Cluster::node(2));
@@ -241,10 +240,9 @@ fn count(text: &str, needle: &str) -> usize {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn list_cut_half_way_wrong_token_closed_watch_hand_edits_metrics_and_flannel_annotations() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let c = Cluster::new();
     let flannel = node_json(
         "flannel-9",
@@ -457,9 +455,7 @@ fn list_cut_half_way_wrong_token_closed_watch_hand_edits_metrics_and_flannel_ann
 #[test]
 #[ignore = "benchmark: scripts/bench-agent.sh"]
 fn bench_node_change_to_programmed_peers() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let c = Cluster::new();
     for n in 1..=3 {
         c.api.put_node(Cluster::node(n));
@@ -518,9 +514,7 @@ fn bench_node_change_to_programmed_peers() {
 #[test]
 #[ignore = "benchmark: scripts/bench-agent.sh"]
 fn bench_idle_with_500_nodes() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut c = Cluster::new();
     c.api.stop();
     c.api.bookmark_every = Duration::from_secs(60);
@@ -602,10 +596,9 @@ fn bench_idle_with_500_nodes() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn without_kubernetes_the_agent_programs_the_hand_kept_file_and_heals_drift_every_resync() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let c = Cluster::new();
     let conf = c.conf_files[0].to_string_lossy().into_owned();
     let log = c.topo.dir.path().join("agent-noapi.log");
@@ -693,10 +686,9 @@ fn segment_conf(c: &Cluster, name: &str, vni: u32, peers_file: &std::path::Path)
 /// every change of the file and every resync, as the main network is; a segment that fails is
 /// logged and counted and stops neither the main network nor another segment.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn the_agent_reconciles_every_segment_too_and_a_failing_one_stops_nothing() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let c = Cluster::new();
     let dir = c.topo.dir.path();
     let conf = c.conf_files[0].to_string_lossy().into_owned();
@@ -781,10 +773,9 @@ fn the_agent_reconciles_every_segment_too_and_a_failing_one_stops_nothing() {
 /// A segment with a peers file of its own (not the one the agent keeps) is reconciled when that
 /// file changes, as the main network is when its file does: not only at the next resync.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_segment_with_its_own_peers_file_is_reconciled_when_that_file_changes() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let c = Cluster::new();
     let dir = c.topo.dir.path();
     let conf = c.conf_files[0].to_string_lossy().into_owned();
@@ -840,9 +831,7 @@ fn a_segment_with_its_own_peers_file_is_reconciled_when_that_file_changes() {
 #[test]
 #[ignore = "demo: scripts/demo-agent.sh"]
 fn demo_agent_adds_a_node() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let say = |s: &str| println!("DEMO {s}");
     let c = Cluster::new();
     say(&format!(

@@ -7,10 +7,9 @@ use serde_json::json;
 use vxlan_support::*;
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn three_nodes_two_pods_each_all_to_all_and_vtep_recreated_keeps_its_mac() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     let confs = topo.three_nodes();
     let mut pods = Vec::new();
@@ -99,10 +98,9 @@ fn three_nodes_two_pods_each_all_to_all_and_vtep_recreated_keeps_its_mac() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn vtep_deleted_then_reconcile_without_any_pod() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     let confs = topo.three_nodes();
     let (a, ip_b) = topo.pods_a_and_b(&confs[0], &confs[1]);
@@ -123,10 +121,9 @@ fn vtep_deleted_then_reconcile_without_any_pod() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn pod_recreated_on_its_old_ip_keeps_its_mac() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     let confs = topo.three_nodes();
     let a = topo.new_pod(1, "a");

@@ -20,10 +20,9 @@ fn entry(n: u8, subnet: &str) -> Value {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn own_subnet_moved_and_taken_by_a_new_peer() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(3, 1500);
@@ -70,10 +69,9 @@ fn own_subnet_moved_and_taken_by_a_new_peer() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn subnets_swapped_between_two_nodes_and_a_node_removed_and_readded() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);
@@ -115,10 +113,9 @@ fn subnets_swapped_between_two_nodes_and_a_node_removed_and_readded() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn lowered_underlay_mtu_is_followed_by_vtep_bridge_and_new_pods() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node_with_pod();
     topo.ip(1, &["link", "set", "eth0", "mtu", "1400"]);
     topo.reconciled(1, &conf);
@@ -152,10 +149,9 @@ fn del_after_the_nodes_entry_was_removed(before_del: impl FnOnce(&Topo)) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn host_local_del_after_the_nodes_entry_was_removed_without_prev_result() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     del_after_the_nodes_entry_was_removed(|_| {});
 }
 
@@ -163,10 +159,9 @@ fn host_local_del_after_the_nodes_entry_was_removed_without_prev_result() {
 /// subnets the node served. host-local releases by container id whatever range it is given, so
 /// the DEL still gives the address back instead of failing on every retry (rule 7).
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn host_local_del_without_prev_result_entry_or_bridge() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     del_after_the_nodes_entry_was_removed(|topo| {
         let bridges = topo.ip(1, &["-o", "link", "show", "type", "bridge"]);
         let names: Vec<&str> = bridges

@@ -12,10 +12,9 @@ use serde_json::json;
 use vxlan_support::*;
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn add_killed_at_every_crash_point_then_del_leaves_nothing_and_retry_works() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));

@@ -8,10 +8,9 @@ use serde_json::{Value, json};
 use vxlan_support::*;
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn vni_taken_by_another_device_is_a_clear_error() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let n1 = topo.node_ns(1);
@@ -44,10 +43,9 @@ fn vni_taken_by_another_device_is_a_clear_error() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn our_vtep_whose_parameters_changed_is_recreated_with_the_kept_mac() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let n1 = topo.node_ns(1);
@@ -70,10 +68,9 @@ fn our_vtep_whose_parameters_changed_is_recreated_with_the_kept_mac() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn parallel_adds_all_succeed_and_hairpin_is_on() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);
@@ -98,10 +95,9 @@ fn parallel_adds_all_succeed_and_hairpin_is_on() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn ip_masq_and_peer_only_port_rules_work_on_packets() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     for n in 1..=3 {
         topo.add_node(n, 1500);

@@ -11,10 +11,9 @@ use vxlan_support::*;
 /// Rule 2: a new `vni` (so a new default VTEP name) retires the old VTEP instead of
 /// refusing its routes as foreign; pods reach the peer again.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_changed_vni_retires_the_old_vtep_and_traffic_follows() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     let confs = topo.three_nodes();
     let (a, ip_b) = topo.pods_a_and_b(&confs[0], &confs[1]);
@@ -40,10 +39,9 @@ fn a_changed_vni_retires_the_old_vtep_and_traffic_follows() {
 /// Rule 2: a narrower own subnet replaces the bridge's gateway; an address someone else put
 /// on the bridge is not ours to remove (rule 3).
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_narrowed_subnet_moves_the_gateway_and_leaves_foreign_addresses() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (topo, conf) = one_node_with_pod();
     topo.ip(1, &["addr", "add", "192.168.50.7/24", "dev", "stickybr0"]);
     let mut narrow = conf.clone();
@@ -61,10 +59,9 @@ fn a_narrowed_subnet_moves_the_gateway_and_leaves_foreign_addresses() {
 /// Rule 2: a peer whose VTEP MAC changes (a flannel node restarted) gets a new FDB and
 /// neighbour entry, and the old FDB entry goes.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_peer_whose_mac_changed_is_reprogrammed() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (topo, _) = one_node();
     let peers = |mac: &str| json!([Topo::peer(1, false), {"ip": "192.0.2.4", "subnets": ["10.244.4.0/24"], "mac": mac}]);
     let c = topo.conf(1, json!({"peers": peers("6e:3c:8a:11:22:33")}));
@@ -94,10 +91,9 @@ fn a_peer_whose_mac_changed_is_reprogrammed() {
 /// Rule 3: the underlay device named as the VTEP or the bridge is refused and untouched; a
 /// `proto 118` route someone put on another device is never removed.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn the_underlay_as_vtep_or_bridge_and_foreign_proto_118_routes_are_left_alone() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     let before = topo.ip(1, &["addr", "show", "eth0"]);
     let a = topo.new_pod(1, "a");
@@ -130,10 +126,9 @@ fn the_underlay_as_vtep_or_bridge_and_foreign_proto_118_routes_are_left_alone() 
 
 /// Rule 4: `localIp` can no more name loopback or link-local than a peer entry can.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn local_ip_cannot_be_loopback_or_link_local() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     for bad in ["127.0.0.1", "169.254.3.4"] {
@@ -148,10 +143,9 @@ fn local_ip_cannot_be_loopback_or_link_local() {
 /// Rule 5: a `stateDir` that is a link, or a FIFO at the lock, is refused at once (128), and
 /// nothing is created where the link points.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_state_dir_link_or_a_fifo_lock_is_refused_without_writing_or_blocking() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, mut conf) = one_node();
     let elsewhere = topo.dir.path().join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
@@ -180,10 +174,9 @@ fn a_state_dir_link_or_a_fifo_lock_is_refused_without_writing_or_blocking() {
 /// Rule 9: a character device (through a link: links are followed for ConfigMap volumes) or a
 /// directory at the peers file is refused at once; ADD goes on with the config's peers.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_device_or_a_directory_at_the_peers_file_does_not_block_add() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, _) = one_node();
     let zero = topo.dir.path().join("peers-zero");
     std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
@@ -209,10 +202,9 @@ fn a_device_or_a_directory_at_the_peers_file_does_not_block_add() {
 
 /// Rule 9: two networks with their own VTEP names but one VNI and port are refused too.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_second_network_on_the_same_vni_and_port_under_another_name_is_refused() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node_with_pod();
     let mut other = conf.clone();
     other["name"] = json!(format!("{}-2", topo.net));
@@ -227,10 +219,9 @@ fn a_second_network_on_the_same_vni_and_port_under_another_name_is_refused() {
 /// Rule 7: with host-local, a DEL while the peers file is broken (and no prevResult) still
 /// releases: the node's entry comes from the last good copy.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn host_local_del_while_the_peers_file_is_broken_releases() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let file = topo.write_peers_file("peers.json", &json!([Topo::peer(1, false)]));

@@ -9,10 +9,9 @@ use serde_json::{Value, json};
 use vxlan_support::*;
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     let b = topo.new_pod(1, "b");
@@ -53,10 +52,9 @@ fn del_twice_with_empty_netns_and_after_netns_gone_all_succeed() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn add_failing_in_ipam_or_after_it_leaves_nothing_behind() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, mut conf) = one_node();
     conf["ipam"]["ranges"] = json!([[{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.10", "rangeEnd": "10.244.1.10"}]]);
     let a = topo.new_pod(1, "a");
@@ -84,10 +82,9 @@ fn add_failing_in_ipam_or_after_it_leaves_nothing_behind() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn check_passes_then_sees_a_missing_address() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     let result = topo.add(&a, &conf);
@@ -102,10 +99,9 @@ fn check_passes_then_sees_a_missing_address() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn gc_status_and_add_reach_ipam_with_the_same_stdin_and_env() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     // A recording IPAM plugin: writes its command, CNI_ARGS and stdin, answers like an IPAM.
@@ -149,10 +145,9 @@ fn gc_status_and_add_reach_ipam_with_the_same_stdin_and_env() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn result_follows_the_config_version() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let conf = topo.conf(
@@ -173,10 +168,9 @@ fn result_follows_the_config_version() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn an_ipam_gateway_other_than_the_first_address_answers_on_the_bridge() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, mut conf) = one_node();
     conf["ipam"]["ranges"] = json!([[{"subnet": Topo::subnet(1), "gateway": "10.244.1.254"}]]);
     let a = topo.new_pod(1, "a");
@@ -197,10 +191,9 @@ fn an_ipam_gateway_other_than_the_first_address_answers_on_the_bridge() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn gc_removes_only_this_networks_veths_missing_from_the_valid_list() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     // Debian's host-local speaks up to 1.0.0: ADD with that; GC needs 1.1.0.
@@ -271,10 +264,9 @@ fn status_is_50_when_the_config_cannot_work() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn ipam_add_that_succeeds_with_an_unusable_result_is_released() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     // An IPAM plugin that allocates (exit 0) but answers with something that is not a result
@@ -302,10 +294,9 @@ fn ipam_add_that_succeeds_with_an_unusable_result_is_released() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn status_is_50_when_the_node_cannot_be_worked_out() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let fake = topo.cni_path.join("ready-ipam");
@@ -330,10 +321,9 @@ fn status_is_50_when_the_node_cannot_be_worked_out() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn an_address_outside_this_nodes_subnets_is_refused_and_released() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);
@@ -362,10 +352,9 @@ fn an_address_outside_this_nodes_subnets_is_refused_and_released() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn del_without_prev_result_releases_even_when_the_peers_could_not_be_programmed() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     // No ranges: they come from this node's peer entry, also for DEL.
@@ -391,10 +380,9 @@ fn del_without_prev_result_releases_even_when_the_peers_could_not_be_programmed(
 /// A GC whose attachment list has one malformed entry is refused as a whole (code 7) before
 /// anything is removed: read as "no valid entry", it would tear down every pod of the node.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn gc_with_a_malformed_attachment_list_removes_nothing() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     let a = topo.new_pod(1, "a");
     let b = topo.new_pod(1, "b");

@@ -16,10 +16,9 @@ fn frag_creates(topo: &Topo, ns: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn full_size_pod_packets_cross_a_1400_underlay_without_fragments() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1400);
     topo.add_node(1, 1400);
     topo.add_node(2, 1400);
@@ -81,10 +80,9 @@ fn full_size_pod_packets_cross_a_1400_underlay_without_fragments() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn dual_stack_pods_reach_each_other_over_ipv6_on_the_ipv4_underlay() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);

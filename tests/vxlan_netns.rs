@@ -15,10 +15,9 @@ fn my_netns() -> std::path::PathBuf {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn work_in_a_namespace_runs_there_and_never_leaks_back() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let topo = Topo::new(1500);
     let path = format!("/run/netns/{}", topo.underlay);
     let before = my_netns();
@@ -56,10 +55,9 @@ fn work_in_a_namespace_runs_there_and_never_leaks_back() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn kernel_errno_reaches_the_caller() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let topo = Topo::new(1500);
     let path = format!("/run/netns/{}", topo.underlay);
     netns::run_in(Path::new(&path), || {
@@ -86,10 +84,9 @@ fn kernel_errno_reaches_the_caller() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn links_read_field_by_field_are_what_full_decoding_reads_from_the_kernel() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let ns = topo.node_ns(1);

@@ -11,10 +11,9 @@ use serde_json::json;
 use vxlan_support::*;
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_foreign_route_on_a_peer_subnet_is_an_error_naming_it_and_is_left_alone() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, _) = one_node();
     topo.ip(
         1,
@@ -37,10 +36,9 @@ fn a_foreign_route_on_a_peer_subnet_is_an_error_naming_it_and_is_left_alone() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_device_of_another_kind_under_the_vteps_name_is_refused_and_left_alone() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     // ADD reads VXLAN devices by kind, and the VTEP's name whatever its kind.
     topo.ip(1, &["link", "add", "sticky.1", "type", "bridge"]);
@@ -57,10 +55,9 @@ fn a_device_of_another_kind_under_the_vteps_name_is_refused_and_left_alone() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_bridge_or_vtep_we_did_not_make_is_refused_and_left_as_it_was() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     // Another plugin's bridge.
     topo.ip(1, &["link", "add", "cni0", "type", "bridge"]);
@@ -97,10 +94,9 @@ fn a_bridge_or_vtep_we_did_not_make_is_refused_and_left_as_it_was() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn the_uplink_bridge_holding_the_underlay_address_is_never_used() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     // The node's uplink is a bridge holding the underlay address, as on many hosts.
@@ -120,10 +116,9 @@ fn the_uplink_bridge_holding_the_underlay_address_is_never_used() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn devices_we_make_carry_a_marker_and_a_previous_release_node_is_adopted() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node_with_pod();
     for dev in ["sticky.1", "stickybr0"] {
         let shown = topo.ip(1, &["-d", "link", "show", dev]);
@@ -143,10 +138,9 @@ fn devices_we_make_carry_a_marker_and_a_previous_release_node_is_adopted() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn the_add_result_reports_the_mac_the_bridge_really_has() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node_with_pod();
     topo.ip(
         1,
@@ -159,10 +153,9 @@ fn the_add_result_reports_the_mac_the_bridge_really_has() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn network_names_that_differ_only_in_punctuation_get_their_own_tables() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     let mut confs = Vec::new();
     for (i, name) in ["edge-1", "edge_1"].iter().enumerate() {
@@ -206,10 +199,9 @@ fn network_names_that_differ_only_in_punctuation_get_their_own_tables() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn an_ipam_gateway_outside_the_nodes_subnets_is_not_put_on_the_bridge() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, mut conf) = one_node();
     use std::os::unix::fs::PermissionsExt;
     let fake = topo.cni_path.join("gw-ipam");
@@ -230,10 +222,9 @@ fn an_ipam_gateway_outside_the_nodes_subnets_is_not_put_on_the_bridge() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_peer_entry_cannot_make_the_node_mistake_who_it_is() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, _) = one_node_with_pod();
     let identity = |topo: &Topo| topo.ip(1, &["-d", "link", "show", "sticky.1"]);
     let before = identity(&topo);
@@ -275,10 +266,9 @@ fn topo_drop(topo: &Topo, pod: &Pod) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn state_dir_links_and_network_names_never_lead_outside_it() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let (mut topo, conf) = one_node();
     let state = topo.state_dir(1);
     std::fs::create_dir_all(&state).unwrap();
@@ -302,10 +292,9 @@ fn state_dir_links_and_network_names_never_lead_outside_it() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_fifo_at_the_peers_file_does_not_block_add() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let fifo = topo.dir.path().join("peers.fifo");
@@ -334,10 +323,9 @@ fn a_fifo_at_the_peers_file_does_not_block_add() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn two_networks_on_one_vtep_are_refused_and_the_first_keeps_its_peers() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let conf = topo.conf(

@@ -20,10 +20,9 @@ fn vtep_state(topo: &Topo, n: u8) -> (String, String, String) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn peers_file_add_remove_and_bad_file_keeps_peers() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     for n in 1..=3 {
         topo.add_node(n, 1500);
@@ -101,10 +100,9 @@ fn peers_file_add_remove_and_bad_file_keeps_peers() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn overlapping_subnets_and_missing_local_entry_are_clear_errors() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let pod = topo.new_pod(1, "a");
@@ -121,10 +119,9 @@ fn overlapping_subnets_and_missing_local_entry_are_clear_errors() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn bad_peers_file_without_a_kept_copy_never_closes_the_vxlan_port_to_programmed_peers() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     for n in 1..=2 {
         topo.add_node(n, 1500);
@@ -161,10 +158,9 @@ fn bad_peers_file_without_a_kept_copy_never_closes_the_vxlan_port_to_programmed_
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn two_peers_behind_one_vtep_mac_are_refused() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     let pod = topo.new_pod(1, "a");
@@ -197,10 +193,9 @@ fn two_peers_behind_one_vtep_mac_are_refused() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_pod_subnet_holding_an_underlay_address_is_refused_before_it_cuts_the_node_off() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);
@@ -221,10 +216,9 @@ fn a_pod_subnet_holding_an_underlay_address_is_refused_before_it_cuts_the_node_o
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn with_device_set_the_underlay_address_is_the_one_this_nodes_entry_names() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);
@@ -246,10 +240,9 @@ fn with_device_set_the_underlay_address_is_the_one_this_nodes_entry_names() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn an_underlay_other_than_the_address_this_nodes_entry_names_is_refused() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.ip(

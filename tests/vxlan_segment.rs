@@ -22,18 +22,16 @@ fn all_peers() -> Value {
     ])
 }
 
-/// Nodes 1 to `count` on a 1500-byte underlay and the test's temp dir, or `None` when the
-/// test cannot run here.
-fn nodes(count: u8) -> Option<(Topo, PathBuf)> {
-    if !can_run() {
-        return None;
-    }
+/// Nodes 1 to `count` on a 1500-byte underlay and the test's temp dir; panics when the test
+/// cannot run here (see [`assert_can_run`]).
+fn nodes(count: u8) -> (Topo, PathBuf) {
+    assert_can_run();
     let mut topo = Topo::new(1500);
     for n in 1..=count {
         topo.add_node(n, 1500);
     }
     let dir = topo.dir.path().to_path_buf();
-    Some((topo, dir))
+    (topo, dir)
 }
 
 /// A segment network for node `n`; `extra` keys are merged in.
@@ -114,10 +112,9 @@ impl Drop for Capture {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers_broadcasts() {
-    let Some((mut topo, dir)) = nodes(3) else {
-        return;
-    };
+    let (mut topo, dir) = nodes(3);
     // The README's example: one NetworkAttachmentDefinition per segment, the per-pod
     // annotation's `ip=` and `route=` as the attachments table.
     let vxeth1 = |n| {
@@ -270,10 +267,9 @@ fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_pod_recreated_on_its_static_address_keeps_its_mac_and_is_reached_with_nothing_run_elsewhere() {
-    let Some((mut topo, dir)) = nodes(2) else {
-        return;
-    };
+    let (mut topo, dir) = nodes(2);
     std::os::unix::fs::symlink("/usr/lib/cni/static", topo.cni_path.join("static")).unwrap();
     // The reference `static` IPAM with the `ips` capability, as Multus passes it.
     let conf = |n: u8, ip: &str| {
@@ -334,10 +330,9 @@ fn a_pod_recreated_on_its_static_address_keeps_its_mac_and_is_reached_with_nothi
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn two_segments_never_see_each_others_frames_and_share_node_and_port_with_the_main_mode() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     let dir = topo.dir.path().to_path_buf();
     let mains = topo.three_nodes();
@@ -430,10 +425,9 @@ fn two_segments_never_see_each_others_frames_and_share_node_and_port_with_the_ma
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn flood_entries_follow_the_peers_file() {
-    let Some((mut topo, dir)) = nodes(3) else {
-        return;
-    };
+    let (mut topo, dir) = nodes(3);
     let file = topo.write_peers_file("peers.json", &all_peers());
     let conf = |n: u8| {
         let mut c = segment(&dir, "segf", 301, n, json!({"peersFile": file}));
@@ -510,10 +504,9 @@ fn flood_entries_follow_the_peers_file() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_device_that_is_not_ours_is_refused_and_bad_config_changes_nothing() {
-    let Some((mut topo, dir)) = nodes(2) else {
-        return;
-    };
+    let (mut topo, dir) = nodes(2);
     let node = topo.node_ns(1);
     ok(&[
         "ip", "-n", &node, "link", "add", "segbr401", "type", "bridge",
@@ -572,10 +565,9 @@ fn a_device_that_is_not_ours_is_refused_and_bad_config_changes_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_failed_add_gives_the_address_back_and_leaves_no_veth() {
-    let Some((mut topo, dir)) = nodes(2) else {
-        return;
-    };
+    let (mut topo, dir) = nodes(2);
     let data = dir.join("seg-ipam");
     let conf = segment(
         &dir,
@@ -617,10 +609,9 @@ fn a_failed_add_gives_the_address_back_and_leaves_no_veth() {
 /// planted at the lock's name, or a stateDir that is a link, is refused with 128 and nothing is
 /// created through it.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_link_at_the_segment_lock_or_state_dir_is_refused_without_writing() {
-    let Some((mut topo, dir)) = nodes(1) else {
-        return;
-    };
+    let (mut topo, dir) = nodes(1);
     let ipam = |n: &str| {
         json!({"cniVersion": "1.0.0",
                "ipam": {"type": "host-local", "dataDir": dir.join(n),
@@ -653,10 +644,9 @@ fn a_link_at_the_segment_lock_or_state_dir_is_refused_without_writing() {
 /// network or broadcast address of the underlay's subnet, or a second entry naming this node,
 /// is a bad peer list (124). Nothing is made for any of them.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_peer_entry_or_node_cannot_make_a_segment_node_mistake_who_it_is() {
-    let Some((mut topo, dir)) = nodes(1) else {
-        return;
-    };
+    let (mut topo, dir) = nodes(1);
     let node = topo.node_ns(1);
     let with = |ip: &str| json!([Topo::peer(1, false), {"ip": ip, "subnets": ["10.244.9.0/24"]}]);
     let cases = [
@@ -705,10 +695,9 @@ fn a_peer_entry_or_node_cannot_make_a_segment_node_mistake_who_it_is() {
 /// Each is reconciled in turn; one that fails (an unusable file, a device that is not ours)
 /// is reported, stops none of the others, and the exit code says so.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn one_reconcile_restores_the_main_network_and_every_segment_and_a_failing_one_stops_no_other() {
-    let Some((topo, dir)) = nodes(2) else {
-        return;
-    };
+    let (topo, dir) = nodes(2);
     let node = topo.node_ns(1);
     let peers = topo.write_peers_file(
         "peers.json",

@@ -35,10 +35,9 @@ fn node1_overlay_state(topo: &Topo) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn pod_recreated_on_node_3_keeps_ip_and_mac_and_node_1_reaches_it_untouched() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     let confs = three_nodes_with_sticky_ipam(&mut topo);
     let client = topo.new_pod(1, "client");
@@ -129,10 +128,9 @@ fn pod_recreated_on_node_3_keeps_ip_and_mac_and_node_1_reaches_it_untouched() {
 /// subnets from the (shared) peers file. The test's nodes share one filesystem, so only the
 /// data and state dirs differ between them; the ranges do not appear anywhere.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn ipam_ranges_come_from_the_nodes_own_peer_entry() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     std::os::unix::fs::symlink(IPAM, topo.cni_path.join("sticky-ipam")).expect("symlink");
     for n in 1..=2 {
@@ -212,10 +210,9 @@ fn ipam_ranges_come_from_the_nodes_own_peer_entry() {
 /// lease is written, kept on DEL and found again, exactly as by the binary; without a
 /// `sticky-ipam` on CNI_PATH the call fails as an exec would.
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn sticky_ipam_runs_in_the_plugins_own_process() {
-    if !can_run() {
-        return;
-    }
+    assert_can_run();
     let mut topo = Topo::new(1500);
     let mark = topo.cni_path.join("exec-mark");
     let wrapper = topo.cni_path.join("sticky-ipam");

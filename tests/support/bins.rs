@@ -1,5 +1,5 @@
 //! Where the binaries under test come from: sticky-ipam from this build, the reference
-//! plugins from Debian's package, the crash-points build; and the root check.
+//! plugins from Debian's package, the crash-points build; and the root assertion.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,42 +12,44 @@ pub fn sticky_bin() -> PathBuf {
     }
 }
 
-/// Debian's reference host-local. `None` (and a message) when it is not installed; under CI
-/// its absence is a failure, since `.ci/run` installs it.
-pub fn host_local_bin() -> Option<PathBuf> {
+/// Debian's reference host-local; panics with what to install when it is missing.
+pub fn host_local_bin() -> PathBuf {
     reference_plugin("host-local")
 }
 
-/// Debian's reference plugin `name` from `/usr/lib/cni`.
-pub fn reference_plugin(name: &str) -> Option<PathBuf> {
+/// Debian's reference plugin `name` from `/usr/lib/cni`. A test that uses it cannot do without
+/// it, so its absence is a failure, with what to install (`.ci/run` installs it).
+pub fn reference_plugin(name: &str) -> PathBuf {
     let p = Path::new("/usr/lib/cni").join(name);
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "{} is missing: install containernetworking-plugins",
-            p.display()
-        );
-    }
-    eprintln!(
-        "SKIP: {} is missing (apt-get install containernetworking-plugins)",
+    assert!(
+        p.exists(),
+        "{} is missing: apt-get install containernetworking-plugins (.ci/run installs it)",
         p.display()
     );
-    None
+    p
 }
 
-/// True when running as root. Otherwise prints why the test is skipped and returns false —
-/// except under CI (env `CI` set), where not being root fails the test.
-pub fn require_root(what: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{what} needs root, and CI is set: run the suite as root");
-    }
-    eprintln!("SKIP: {what} needs root");
-    false
+/// Panics unless running as root. The tests that call it are `#[ignore = "needs root: ..."]`,
+/// so a run without root reports them as skipped; they run as root with
+/// `cargo nextest run --run-ignored all` (or `cargo test -- --include-ignored`), and there a
+/// missing root is a failure, never a silent pass.
+pub fn assert_root(what: &str) {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root ({what}): run the suite as root (scripts/test.sh), or leave out \
+         --run-ignored / --include-ignored to have it reported as skipped"
+    );
+}
+
+/// Panics unless the command `tool` is on `PATH`, naming the Debian package that has it
+/// (`.ci/run` installs every tool the suite uses): a test that needs a tool fails without it,
+/// it never passes having checked nothing.
+pub fn assert_installed(tool: &str, package: &str) {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    assert!(
+        std::env::split_paths(&path).any(|d| d.join(tool).is_file()),
+        "{tool} is not installed: apt-get install {package} (.ci/run installs it)"
+    );
 }
 
 /// sticky-ipam built with the `crash-points` feature into `target/crash` (once per test

@@ -235,7 +235,9 @@ impl Plugin {
     }
 
     /// The same plugin run under `strace -f -e trace=<syscalls>`, its log written to `log`.
+    /// Panics when strace is not installed.
     pub fn traced(&self, syscalls: &str, log: &Path) -> Plugin {
+        super::bins::assert_installed("strace", "strace");
         Plugin {
             bin: self.bin.clone(),
             wrapper: vec![
