@@ -4,13 +4,14 @@
 #   sudo bash scripts/test-packages.sh        (CI runs it as root: bash scripts/test-packages.sh)
 #
 # .deb: built with cargo-deb, installed with `dpkg -i`, /opt/cni/bin/sticky-ipam must answer
-#       CNI VERSION, then `dpkg --purge` must leave an existing lease data dir untouched.
+#       CNI VERSION, /usr/sbin/sticky-vxlan-agent must run (and `sticky-vxlan agent`, its
+#       deprecated alias), then `dpkg --purge` must leave an existing lease data dir untouched.
 # .rpm: built with cargo-generate-rpm, checked without installing (`rpm -qlp`, `rpm -qp
 #       --scripts`): this is not an RPM system.
 #
 # Safe on a CI machine: it refuses to run if sticky-cni is already installed or its binaries are
-# already in /opt/cni/bin, purges the package and removes the test data dir (and any of
-# /var/lib/cni, /opt/cni it created) on every exit. Build tools it installs when missing
+# already in /opt/cni/bin or /usr/sbin, purges the package and removes the test data dir (and
+# any of /var/lib/cni, /opt/cni it created) on every exit. Build tools it installs when missing
 # (cargo-deb, cargo-generate-rpm with `cargo install --locked`; rpm with apt-get) are kept.
 #
 # Prints one line per check and, last, "N passed, M failed"; exits non-zero on any failure.
@@ -27,6 +28,16 @@ data_dir="$data_root/networks/$test_net"
 record="$data_dir/10.244.1.5_default_web"
 unit=/usr/lib/systemd/system/sticky-vxlan-reconcile.service
 agent_unit=/usr/lib/systemd/system/sticky-vxlan-agent.service
+# The plugins (/opt/cni/bin) and the agent, a daemon (/usr/sbin): every binary is built and
+# checked alike.
+plugins=(sticky-ipam sticky-vxlan)
+agent=sticky-vxlan-agent
+agent_path=/usr/sbin/$agent
+binaries=("${plugins[@]}" "$agent")
+# Where each binary is installed.
+installed_path() { if [ "$1" = "$agent" ]; then echo "$agent_path"; else echo "/opt/cni/bin/$1"; fi; }
+# The highest systemd-analyze security exposure the units may have (docs/agent.md: 1.8 and 1.6).
+max_exposure=2.5
 
 passed=0
 failed=0
@@ -65,7 +76,8 @@ if [ -n "$(pkg_state)" ] && [ "$(pkg_state)" != not-installed ]; then
     echo "$pkg is installed on this machine: refusing to test packages over it" >&2
     exit 1
 fi
-for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan; do
+for b in "${binaries[@]}"; do
+    f=$(installed_path "$b")
     if [ -e "$f" ]; then
         echo "$f exists (not from the $pkg package): refusing to overwrite it" >&2
         exit 1
@@ -122,7 +134,7 @@ t0=$(now)
 scripts/build-release.sh || die "scripts/build-release.sh"
 echo "release build: $(($(now) - t0)) s"
 musl_target=$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-musl
-for b in sticky-ipam sticky-vxlan; do
+for b in "${binaries[@]}"; do
     check "$b is statically linked, not PIE (runs on any x86_64 Linux, no start-up relocation)" \
         bash -c "file -b '$CARGO_TARGET_DIR/release/$b' | grep -q 'LSB executable.*statically linked'"
     # build-release.sh falls back to glibc only when the musl target cannot be had.
@@ -150,20 +162,30 @@ check ".deb built ($deb)" test -f "$deb"
 check ".rpm built ($rpm_file)" test -f "$rpm_file"
 [ -f "$deb" ] && [ -f "$rpm_file" ] || finish
 
-# Scripts must neither remove lease data nor enable/start the unit (comments stripped first).
+# Scripts must neither remove lease data nor enable/start a unit (comments stripped first); the
+# one restart allowed is `try-restart sticky-vxlan-agent.service` (on upgrade: it starts nothing
+# that was not running).
 scripts_are_safe() { # FILE...
     local code
     code=$(sed -e 's/#.*//' "$@")
     ! grep -q '/var/lib/cni' <<<"$code" &&
-        ! grep -Eq 'systemctl[^;|&]*[[:space:]](enable|start|restart|reload-or-restart)[[:space:]]' <<<"$code" &&
+        ! grep -Eq 'systemctl[^;|&]*[[:space:]](enable|start|restart|reload-or-restart|try-reload-or-restart)[[:space:]]' <<<"$code" &&
+        ! grep -Eq 'try-restart' <<<"$(grep -v 'systemctl try-restart sticky-vxlan-agent\.service' <<<"$code")" &&
         ! grep -Eq 'deb-systemd-(helper|invoke)[^;|&]*[[:space:]](enable|start)' <<<"$code"
+}
+# The upgrade path restarts a running agent: FILE... hold the try-restart.
+restarts_agent_on_upgrade() { # FILE...
+    sed -e 's/#.*//' "$@" | grep -q 'systemctl try-restart sticky-vxlan-agent\.service'
 }
 
 # --- .deb: contents -------------------------------------------------------------------------
 deb_list=$(dpkg-deb -c "$deb")
-for f in ./opt/cni/bin/sticky-ipam ./opt/cni/bin/sticky-vxlan; do
+for b in "${binaries[@]}"; do
+    f=.$(installed_path "$b")
     check "deb ships $f mode 755" grep -Eq "^-rwxr-xr-x .* ${f}\$" <<<"$deb_list"
 done
+check "deb ships no agent in /opt/cni/bin (it is not a plugin)" \
+    bash -c "! grep -q ' ./opt/cni/bin/$agent\$' <<<\"\$1\"" _ "$deb_list"
 for f in README.md install.md sticky-cni.default conf-examples/10-sticky-vxlan.conflist; do
     check "deb ships /usr/share/doc/$pkg/$f" grep -q " ./usr/share/doc/$pkg/$f\$" <<<"$deb_list"
 done
@@ -176,17 +198,26 @@ ctrl=$(mktemp -d)
 dpkg-deb -e "$deb" "$ctrl/DEBIAN"
 check "deb maintainer scripts present (postinst prerm postrm)" \
     test -x "$ctrl/DEBIAN/postinst" -a -x "$ctrl/DEBIAN/prerm" -a -x "$ctrl/DEBIAN/postrm"
-check "deb maintainer scripts never touch /var/lib/cni nor enable/start the unit" \
+check "deb maintainer scripts never touch /var/lib/cni nor enable/start a unit" \
     scripts_are_safe "$ctrl"/DEBIAN/postinst "$ctrl"/DEBIAN/prerm "$ctrl"/DEBIAN/postrm
+check "deb postinst try-restarts a running agent on upgrade" \
+    restarts_agent_on_upgrade "$ctrl/DEBIAN/postinst"
 check "deb has no conffiles (nothing in /etc)" test ! -s "$ctrl/DEBIAN/conffiles"
 rm -rf "$ctrl"
 
 # --- .deb: install, answer VERSION, purge keeps the data dir ------------------------------------
 check "dpkg -i installs the .deb" quiet dpkg -i "$deb"
-for b in sticky-ipam sticky-vxlan; do
-    check "/opt/cni/bin/$b installed, mode 755" \
-        bash -c "[ -f /opt/cni/bin/$b ] && [ \"\$(stat -c %a /opt/cni/bin/$b)\" = 755 ]"
+for b in "${binaries[@]}"; do
+    f=$(installed_path "$b")
+    check "$f installed, mode 755" \
+        bash -c "[ -f $f ] && [ \"\$(stat -c %a $f)\" = 755 ]"
 done
+agent_help=$("$agent_path" --help 2>&1)
+check "$agent_path --help runs" grep -q -- '--metrics-addr' <<<"$agent_help"
+# The deprecated alias finds the agent on $PATH (not beside /opt/cni/bin/sticky-vxlan) and says so.
+alias_out=$(env PATH=/usr/sbin:/usr/bin:/sbin:/bin /opt/cni/bin/sticky-vxlan agent --help 2>&1)
+check "sticky-vxlan agent --help (deprecated) runs $agent_path and says it is deprecated" \
+    bash -c 'grep -q -- --metrics-addr <<<"$1" && grep -q deprecated <<<"$1"' _ "$alias_out"
 version_reply=$(echo '{"cniVersion":"1.0.0"}' | CNI_COMMAND=VERSION /opt/cni/bin/sticky-ipam 2>/dev/null)
 # VERSION reply per the CNI spec: {"cniVersion": ..., "supportedVersions": [...]}.
 version_reply_ok() {
@@ -203,6 +234,11 @@ for u in "$unit" "$agent_unit"; do
     check "unit installed at $u" test -f "$u"
     if command -v systemd-analyze >/dev/null; then
         check "systemd-analyze verify accepts $u" quiet systemd-analyze verify "$u"
+        # The sandbox (docs/agent.md): an exposure above max_exposure means a setting was lost.
+        exposure=$(systemd-analyze security --offline=yes "$u" 2>/dev/null |
+            sed -n 's/.*Overall exposure level for .*: \([0-9.]*\).*/\1/p')
+        check "$(basename "$u") is sandboxed: systemd-analyze security exposure ${exposure:-?} <= $max_exposure" \
+            awk -v e="${exposure:-99}" -v m="$max_exposure" 'BEGIN { exit !(e <= m) }'
     else
         echo "note: no systemd-analyze here, unit syntax not verified"
     fi
@@ -221,21 +257,23 @@ check "dpkg -i over the installed version (reinstall/upgrade path)" quiet dpkg -
 check "dpkg --purge $pkg" quiet dpkg --purge "$pkg"
 check "package gone after purge (state: $(pkg_state))" \
     bash -c '[ -z "$1" ] || [ "$1" = not-installed ]' _ "$(pkg_state)"
-check "binaries gone after purge" test ! -e /opt/cni/bin/sticky-ipam -a ! -e /opt/cni/bin/sticky-vxlan
+check "binaries gone after purge" \
+    test ! -e /opt/cni/bin/sticky-ipam -a ! -e /opt/cni/bin/sticky-vxlan -a ! -e "$agent_path"
 check "data dir $data_dir survives purge" test -d "$data_dir" -a -f "$data_dir/lock"
 check "lease record survives purge unchanged" \
     bash -c "[ \"\$(sha256sum '$record' 2>/dev/null)\" = '$record_sum' ]"
 
 # --- .rpm: file list and scriptlets ---------------------------------------------------------
 rpm_list=$(rpm -qlp "$rpm_file" 2>/dev/null)
-for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan "$unit" "$agent_unit" \
+for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan "$agent_path" "$unit" "$agent_unit" \
     "/usr/share/doc/$pkg/README.md" "/usr/share/doc/$pkg/install.md" \
     "/usr/share/doc/$pkg/conf-examples/10-sticky-vxlan.conflist"; do
     check "rpm lists $f" grep -qx "$f" <<<"$rpm_list"
 done
 rpm_modes=$(rpm -qp --queryformat '[%{FILEMODES:perms} %{FILENAMES}\n]' "$rpm_file" 2>/dev/null)
-for b in sticky-ipam sticky-vxlan; do
-    check "rpm installs /opt/cni/bin/$b mode 755" grep -qx -- "-rwxr-xr-x /opt/cni/bin/$b" <<<"$rpm_modes"
+for b in "${binaries[@]}"; do
+    f=$(installed_path "$b")
+    check "rpm installs $f mode 755" grep -qx -- "-rwxr-xr-x $f" <<<"$rpm_modes"
 done
 check "rpm writes nothing under /etc nor /var/lib/cni" \
     bash -c "! grep -Eq '^/(etc|var/lib/cni)(/|\$)' <<<\"\$1\"" _ "$rpm_list"
@@ -244,7 +282,8 @@ check "rpm has postinstall, preuninstall and postuninstall scriptlets" \
     bash -c 'grep -q "^postinstall scriptlet" <<<"$1" && grep -q "^preuninstall scriptlet" <<<"$1" && grep -q "^postuninstall scriptlet" <<<"$1"' _ "$rpm_scripts"
 scripts_file=$(mktemp)
 printf '%s\n' "$rpm_scripts" >"$scripts_file"
-check "rpm scriptlets never touch /var/lib/cni nor enable/start the unit" scripts_are_safe "$scripts_file"
+check "rpm scriptlets never touch /var/lib/cni nor enable/start a unit" scripts_are_safe "$scripts_file"
+check "rpm %post try-restarts a running agent on upgrade" restarts_agent_on_upgrade "$scripts_file"
 rm -f "$scripts_file"
 
 finish
