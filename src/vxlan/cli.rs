@@ -34,7 +34,7 @@ STATUS, VERSION). Run by hand:
   sticky-vxlan show [--state-dir /run/sticky-vxlan]
       print every VXLAN device of this namespace, its MAC, the programmed peers,
       the pods attached by sticky-vxlan, and where the agent got the peers from
-  sticky-vxlan agent --config <file.conflist> ...   (see sticky-vxlan agent --help)
+  sticky-vxlan-agent --config <file.conflist> ...   (see sticky-vxlan-agent --help)
       keep the peers file current from the Kubernetes API and reconcile on every change
   sticky-vxlan --help | --version
 ";
