@@ -33,7 +33,12 @@ Options:
   --resync <seconds>            reconcile at least this often (default 60)
   --max-remove-fraction <f>     refuse a node list that would remove more than this fraction
                                 of the current peers at once (default 0.5; 1 turns it off)
-  --metrics-addr <addr:port>    serve /metrics and /healthz (default: off)
+  --metrics-addr <addr:port>    serve /metrics and /healthz (default: off), e.g.
+                                127.0.0.1:9767: a loopback address unless
+                                --metrics-allow-remote
+  --metrics-allow-remote        allow a --metrics-addr other machines can reach (0.0.0.0:9767,
+                                a node address): the endpoints need no credentials; a warning
+                                is logged at start
   --publish-flannel-annotations set flannel's annotations on this node's Node object
                                 (needs --node-name and patch on nodes)
 
@@ -71,7 +76,11 @@ pub struct Options {
 
 const SPEC: Spec = Spec {
     verb: "agent",
-    flags: &["--no-api", "--publish-flannel-annotations"],
+    flags: &[
+        "--no-api",
+        "--publish-flannel-annotations",
+        "--metrics-allow-remote",
+    ],
     values: &[
         "--config",
         "--kubeconfig",
@@ -119,7 +128,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             .filter(|f| (0.0..=1.0).contains(f))
             .ok_or_else(|| format!("--max-remove-fraction {v:?}: expected a number from 0 to 1"))?,
     };
-    let metrics_addr = p
+    let metrics_addr: Option<SocketAddr> = p
         .value("--metrics-addr")
         .map(|v| {
             v.parse().map_err(|_| {
@@ -127,6 +136,16 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             })
         })
         .transpose()?;
+    if let Some(addr) = metrics_addr
+        && !addr.ip().to_canonical().is_loopback()
+        && !p.flag("--metrics-allow-remote")
+    {
+        return Err(format!(
+            "--metrics-addr {addr}: other machines could reach /metrics and /healthz, which need \
+             no credentials; use a loopback address like 127.0.0.1:9767, or add \
+             --metrics-allow-remote if that is what you want"
+        ));
+    }
     let config = config.ok_or("agent needs --config <file.conflist>")?;
     let source = match (no_api, kubeconfig, server) {
         (true, None, None) => Source::None,
@@ -255,5 +274,39 @@ mod tests {
         ] {
             assert!(parse(&args(bad), none).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_metrics_address_other_machines_reach_must_be_asked_for() {
+        let none = |_: &str| None;
+        let with = |addr: &str, extra: &[&str]| {
+            let mut list = args(&["--config", "/c", "--no-api", "--metrics-addr", addr]);
+            list.extend(args(extra));
+            parse(&list, none)
+        };
+        for local in [
+            "127.0.0.1:9767",
+            "127.1.2.3:0",
+            "[::1]:9767",
+            "[::ffff:127.0.0.1]:9767",
+        ] {
+            let o = with(local, &[]).unwrap();
+            assert_eq!(o.metrics_addr, Some(local.parse().unwrap()));
+        }
+        for remote in [
+            "0.0.0.0:9767",
+            "10.0.0.5:9767",
+            "[::]:9767",
+            "[::ffff:10.0.0.5]:1",
+        ] {
+            let e = with(remote, &[]).unwrap_err();
+            assert!(
+                e.contains("--metrics-addr") && e.contains("--metrics-allow-remote"),
+                "{e}"
+            );
+            let o = with(remote, &["--metrics-allow-remote"]).unwrap();
+            assert_eq!(o.metrics_addr, Some(remote.parse().unwrap()));
+        }
+        assert!(HELP.contains("--metrics-allow-remote"));
     }
 }
