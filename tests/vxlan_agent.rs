@@ -1,133 +1,18 @@
-//! `sticky-vxlan agent` against a test API server (tests/kube_support: TLS with a test CA,
+//! `sticky-vxlan-agent` against a test API server (tests/kube_support: TLS with a test CA,
 //! bearer token, list + chunked watch): three node namespaces with an agent each, real packets
 //! between pods. A real Kubernetes API server is not run here.
 
+mod agent_support;
 mod kube_support;
 mod vxlan_support;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agent_support::*;
 use kube_support::*;
 use serde_json::{Value, json};
 use vxlan_support::*;
-
-const API_IP: &str = "192.0.2.254";
-
-struct Cluster {
-    topo: Topo,
-    api: ApiServer,
-    confs: Vec<Value>,
-    conf_files: Vec<PathBuf>,
-    ca: PathBuf,
-    token: PathBuf,
-}
-
-impl Cluster {
-    fn new() -> Cluster {
-        let mut topo = Topo::new(1500);
-        for n in 1..=3 {
-            topo.add_node(n, 1500);
-        }
-        // The API server's address lives on the underlay bridge, in the test's namespace.
-        ok(&[
-            "ip",
-            "-n",
-            &topo.underlay,
-            "addr",
-            "add",
-            &format!("{API_IP}/24"),
-            "dev",
-            "br0",
-        ]);
-        let netns = PathBuf::from(format!("/run/netns/{}", topo.underlay));
-        let api = ApiServer::new(API_IP, Some(&netns));
-        let (ca, token) = api.credentials(topo.dir.path());
-        let mut confs = Vec::new();
-        let mut conf_files = Vec::new();
-        for n in 1..=3u8 {
-            let peers = topo.dir.path().join(format!("peers-{n}.json"));
-            let conf = topo.conf(n, json!({"peersFile": peers}));
-            let file = topo.dir.path().join(format!("node-{n}.conf"));
-            std::fs::write(&file, conf.to_string()).expect("conf");
-            confs.push(conf);
-            conf_files.push(file);
-        }
-        Cluster {
-            topo,
-            api,
-            confs,
-            conf_files,
-            ca,
-            token,
-        }
-    }
-
-    fn node(n: u8) -> Value {
-        node_json(
-            &format!("node-{n}"),
-            &Topo::node_ip(n),
-            &[&Topo::subnet(n)],
-            json!({}),
-        )
-    }
-
-    fn peers_file(&self, n: u8) -> PathBuf {
-        self.topo.dir.path().join(format!("peers-{n}.json"))
-    }
-
-    fn agent(&self, n: u8, extra: &[&str]) -> Agent {
-        let conf = self.conf_files[usize::from(n) - 1]
-            .to_string_lossy()
-            .into_owned();
-        let url = self.api.url();
-        let (ca, token) = (self.ca.to_string_lossy(), self.token.to_string_lossy());
-        let name = format!("node-{n}");
-        let mut args = vec![
-            "--config",
-            &conf,
-            "--server",
-            &url,
-            "--ca-file",
-            &ca,
-            "--token-file",
-            &token,
-            "--node-name",
-            &name,
-            "--resync",
-            "60",
-        ];
-        args.extend_from_slice(extra);
-        let log = self.topo.dir.path().join(format!("agent-{n}.log"));
-        Agent::start(BIN, &self.topo.node_ns(n), log, &args)
-    }
-
-    /// An agent that finds the API through a kubeconfig file (YAML, CA by path, token).
-    fn agent_kubeconfig(&self, n: u8) -> Agent {
-        let conf = self.conf_files[usize::from(n) - 1]
-            .to_string_lossy()
-            .into_owned();
-        let kubeconfig = self.api.kubeconfig(self.topo.dir.path());
-        let log = self.topo.dir.path().join(format!("agent-{n}.log"));
-        let args = [
-            "--config",
-            &conf,
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-        ];
-        Agent::start(BIN, &self.topo.node_ns(n), log, &args)
-    }
-
-    /// True when node `n` routes `subnet` through its VTEP.
-    fn routes(&self, n: u8, subnet: &str) -> bool {
-        let out = sh(&["ip", "-n", &self.topo.node_ns(n), "route", "show", subnet]);
-        String::from_utf8_lossy(&out.stdout).contains("dev sticky.1")
-    }
-
-    fn file_has(&self, n: u8, ip: &str) -> bool {
-        std::fs::read_to_string(self.peers_file(n)).is_ok_and(|t| t.contains(&format!("\"{ip}\"")))
-    }
-}
 
 #[test]
 #[ignore = "needs root: network namespaces"]
@@ -268,7 +153,7 @@ fn list_cut_half_way_wrong_token_closed_watch_hand_edits_metrics_and_flannel_ann
     let ca = c.ca.to_string_lossy().into_owned();
     let log = c.topo.dir.path().join("agent-wrong.log");
     let mut refused = Agent::start(
-        BIN,
+        AGENT_BIN,
         &c.topo.node_ns(1),
         log,
         &[
@@ -604,7 +489,7 @@ fn without_kubernetes_the_agent_programs_the_hand_kept_file_and_heals_drift_ever
     let log = c.topo.dir.path().join("agent-noapi.log");
     let node1 = c.topo.node_ns(1);
     let agent = Agent::start(
-        BIN,
+        AGENT_BIN,
         &node1,
         log,
         &["--config", &conf, "--no-api", "--resync", "1"],
@@ -699,7 +584,7 @@ fn the_agent_reconciles_every_segment_too_and_a_failing_one_stops_nothing() {
     std::fs::write(&broken, "{\"name\": ").unwrap();
     let node1 = c.topo.node_ns(1);
     let agent = Agent::start(
-        BIN,
+        AGENT_BIN,
         &node1,
         dir.join("agent-segments.log"),
         &[
@@ -800,7 +685,7 @@ fn a_segment_with_its_own_peers_file_is_reconciled_when_that_file_changes() {
     .unwrap();
     let node1 = c.topo.node_ns(1);
     let _agent = Agent::start(
-        BIN,
+        AGENT_BIN,
         &node1,
         dir.join("agent-own-file.log"),
         &[
@@ -845,7 +730,7 @@ fn demo_agent_adds_a_node() {
     );
     let agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
     say(
-        "started `sticky-vxlan agent --config node-N.conf --server <url> --ca-file ... --token-file ...` in node-1, node-2, node-3",
+        "started `sticky-vxlan-agent --config node-N.conf --server <url> --ca-file ... --token-file ...` in node-1, node-2, node-3",
     );
     wait_for("nodes 1 and 2", Duration::from_secs(10), || {
         c.routes(1, &Topo::subnet(2)) && c.routes(2, &Topo::subnet(1))

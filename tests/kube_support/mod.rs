@@ -16,6 +16,8 @@
 //!
 //! Node objects are full Node JSON as a real API server returns them ([`node_json`]).
 
+#![allow(dead_code)]
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -169,6 +171,12 @@ struct State {
     /// Bumped to end every open watch stream.
     watch_epoch: u64,
     cut_lists: usize,
+    /// When set, every watch is answered with this HTTP status and message.
+    watch_failure: Option<(u16, String)>,
+    /// When set, every list page carries a new continue token: a list that never ends.
+    endless_continue: bool,
+    /// List pages served (every page, first or not).
+    pages: u64,
     /// The most items the server puts in one page (it may return fewer than asked).
     page_size: usize,
     down: bool,
@@ -390,6 +398,18 @@ impl ApiServer {
         self.change(|s| s.cut_lists = n);
     }
 
+    /// Every watch is answered with HTTP `code` and a Status saying `message` (504 "Too large
+    /// resource version" after a restore at a lower resourceVersion, 410, 500...), until
+    /// called with `None`.
+    pub fn fail_watches(&self, failure: Option<(u16, &str)>) {
+        self.change(|s| s.watch_failure = failure.map(|(c, m)| (c, m.to_string())));
+    }
+
+    /// Every list page carries a new `continue` token, so a list never ends.
+    pub fn endless_continue(&self, on: bool) {
+        self.change(|s| s.endless_continue = on);
+    }
+
     /// Lists come in pages of at most `n` nodes.
     pub fn page_size(&self, n: usize) {
         self.change(|s| s.page_size = n);
@@ -398,6 +418,11 @@ impl ApiServer {
     /// Lists started (first pages).
     pub fn lists(&self) -> usize {
         self.shared.state.lock().unwrap().lists
+    }
+
+    /// List pages served, first pages and continued ones.
+    pub fn pages(&self) -> u64 {
+        self.shared.state.lock().unwrap().pages
     }
 
     pub fn watches(&self) -> usize {
@@ -557,6 +582,18 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
         .get("limit")
         .and_then(|l| l.parse().ok())
         .unwrap_or(usize::MAX);
+    if s.endless_continue {
+        s.pages += 1;
+        let page = s.pages;
+        let items: Vec<&Value> = s.nodes.values().collect();
+        let body = json!({"kind": "NodeList", "apiVersion": "v1",
+            "metadata": {"resourceVersion": s.rv.to_string(), "continue": format!("endless-{page}")},
+            "items": items})
+        .to_string();
+        drop(s);
+        respond(w, 200, &body);
+        return;
+    }
     let (offset, rv) = match req.query.get("continue") {
         None => (0, s.rv),
         Some(t) => {
@@ -576,6 +613,7 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
             (offset, rv)
         }
     };
+    s.pages += 1;
     let limit = limit.min(s.page_size);
     let items: Vec<&Value> = s.nodes.values().skip(offset).take(limit).collect();
     let last_page = offset + items.len() >= s.nodes.len();
@@ -612,6 +650,15 @@ fn chunk(w: &mut impl Write, line: &str) -> bool {
 }
 
 fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duration) {
+    let failure = {
+        let mut s = shared.state.lock().unwrap();
+        s.watches += 1;
+        s.watch_failure.clone()
+    };
+    if let Some((code, message)) = failure {
+        respond(w, code, &status_json(code, "Failure", &message));
+        return;
+    }
     let from: u64 = req
         .query
         .get("resourceVersion")
@@ -634,7 +681,6 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
     let _ = w.flush();
     let started = Instant::now();
     let mut s = shared.state.lock().unwrap();
-    s.watches += 1;
     let epoch = s.watch_epoch;
     if from < s.oldest {
         let line = json!({"type": "ERROR", "object": serde_json::from_str::<Value>(&status_json(410, "Expired", &format!("too old resource version: {from} ({})", s.oldest))).unwrap()}).to_string();
@@ -758,7 +804,10 @@ pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> 
     start.elapsed()
 }
 
-/// `sticky-vxlan agent` running inside a node namespace, its stderr kept in a file; killed on
+/// The agent's binary, built by cargo for the tests.
+pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_sticky-vxlan-agent");
+
+/// `sticky-vxlan-agent` running inside a node namespace, its stderr kept in a file; killed on
 /// drop.
 pub struct Agent {
     child: std::process::Child,
@@ -768,8 +817,10 @@ pub struct Agent {
 impl Agent {
     pub fn start(bin: &str, netns: &str, log: PathBuf, args: &[&str]) -> Agent {
         let err = std::fs::File::create(&log).expect("agent log");
+        // STICKY_AGENT_BIN runs another build instead (to see a test fail on an older agent).
+        let bin = std::env::var("STICKY_AGENT_BIN").unwrap_or_else(|_| bin.to_string());
         let child = std::process::Command::new("ip")
-            .args(["netns", "exec", netns, bin, "agent"])
+            .args(["netns", "exec", netns, &bin])
             .args(args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
