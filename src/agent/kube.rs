@@ -27,7 +27,10 @@ pub const USER_AGENT_NAME: &str = "sticky-vxlan-agent";
 /// wire; only a few MB of it is kept).
 pub const LIST_BODY_LIMIT: u64 = 1024 * 1024 * 1024;
 /// Nodes in one list, all pages together (Kubernetes supports 5,000).
-pub const MAX_NODES: usize = 20_000;
+pub const MAX_NODES: usize = 10_000;
+/// The longest JSON string believed (etcd keeps objects of up to 1.5 MiB): a longer one,
+/// anywhere in a list or an event, fails the read before it is held in memory whole.
+pub const MAX_STRING: u64 = 1024 * 1024;
 /// Pages in one list (500 nodes a page).
 pub const MAX_PAGES: usize = 200;
 /// One watch event (one Node object: etcd's limit is 1.5 MiB).
@@ -166,23 +169,70 @@ pub fn status_error(what: &str, code: u16, reason: String, message: String) -> A
     }
 }
 
-/// A reader that counts what went through it: tells a body cut at the limit from a body that
-/// is merely broken.
-struct Counted<R> {
+/// A reader that counts what went through it (to tell a body cut at the limit from one that
+/// is merely broken) and refuses a JSON string longer than [`MAX_STRING`] as it streams by.
+struct Guarded<R> {
     inner: R,
     count: u64,
+    in_string: bool,
+    escaped: bool,
+    string_len: u64,
+    too_long: bool,
 }
 
-impl<R: Read> Read for Counted<R> {
+impl<R> Guarded<R> {
+    fn new(inner: R) -> Guarded<R> {
+        Guarded {
+            inner,
+            count: 0,
+            in_string: false,
+            escaped: false,
+            string_len: 0,
+            too_long: false,
+        }
+    }
+}
+
+impl<R: Read> Read for Guarded<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.count += n as u64;
+        for &b in &buf[..n] {
+            if !self.in_string {
+                if b == b'"' {
+                    self.in_string = true;
+                    self.string_len = 0;
+                }
+                continue;
+            }
+            match (self.escaped, b) {
+                (true, _) => self.escaped = false,
+                (false, b'\\') => self.escaped = true,
+                (false, b'"') => {
+                    self.in_string = false;
+                    continue;
+                }
+                _ => {}
+            }
+            self.string_len += 1;
+            if self.string_len > MAX_STRING {
+                self.too_long = true;
+                return Err(std::io::Error::other(
+                    "a JSON string over the agent's limit",
+                ));
+            }
+        }
         Ok(n)
     }
 }
 
-/// A NodeList page whose items stop being kept after [`MAX_NODES`] (the rest is skipped as
-/// it streams, and `overflow` says so).
+thread_local! {
+    /// Set by [`BoundedItems`] when a page holds more than [`MAX_NODES`] Nodes.
+    static OVERFLOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A NodeList page; more than [`MAX_NODES`] items stop the read at once ([`OVERFLOW`] says
+/// so), and a Node that cannot be kept ([`Node::keepable`]) is skipped.
 #[derive(Deserialize)]
 struct BoundedList {
     #[serde(default)]
@@ -194,7 +244,6 @@ struct BoundedList {
 #[derive(Default)]
 struct BoundedItems {
     nodes: Vec<Node>,
-    overflow: bool,
 }
 
 impl<'de> Deserialize<'de> for BoundedItems {
@@ -213,14 +262,15 @@ impl<'de> Deserialize<'de> for BoundedItems {
                 mut seq: A,
             ) -> Result<BoundedItems, A::Error> {
                 let mut out = BoundedItems::default();
-                while !out.overflow {
-                    match seq.next_element::<Node>()? {
-                        Some(n) if out.nodes.len() < MAX_NODES => out.nodes.push(n),
-                        Some(_) => out.overflow = true,
-                        None => return Ok(out),
+                while let Some(n) = seq.next_element::<Node>()? {
+                    if out.nodes.len() == MAX_NODES {
+                        OVERFLOW.with(|o| o.set(true));
+                        return Err(serde::de::Error::custom("too many Nodes"));
+                    }
+                    if n.keepable() {
+                        out.nodes.push(n);
                     }
                 }
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
                 Ok(out)
             }
         }
@@ -254,17 +304,22 @@ impl NodeApi for Kube {
             (None, ListFrom::Latest) => {}
         }
         let mut resp = self.get(&path, CALL_SILENCE)?;
-        let mut reader = Counted {
-            inner: resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1),
-            count: 0,
-        };
+        let mut reader = Guarded::new(resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1));
+        OVERFLOW.with(|o| o.set(false));
         let parsed: Result<BoundedList, _> = serde_json::from_reader(BufReader::new(&mut reader));
+        let too_large = |limit, unit| ApiError::TooLarge {
+            what: path.clone(),
+            limit,
+            unit,
+        };
         if reader.count > LIST_BODY_LIMIT {
-            return Err(ApiError::TooLarge {
-                what: path,
-                limit: LIST_BODY_LIMIT,
-                unit: "bytes",
-            });
+            return Err(too_large(LIST_BODY_LIMIT, "bytes"));
+        }
+        if reader.too_long {
+            return Err(too_large(MAX_STRING, "bytes in one JSON string"));
+        }
+        if OVERFLOW.with(std::cell::Cell::get) {
+            return Err(too_large(MAX_NODES as u64, "nodes in one page"));
         }
         let page = parsed.map_err(|e| {
             if e.is_io() {
@@ -279,13 +334,6 @@ impl NodeApi for Kube {
                 }
             }
         })?;
-        if page.items.overflow {
-            return Err(ApiError::TooLarge {
-                what: path,
-                limit: MAX_NODES as u64,
-                unit: "nodes in one page",
-            });
-        }
         Ok(NodePage {
             items: page.items.nodes,
             resource_version: page.metadata.resource_version,
@@ -374,6 +422,15 @@ impl Events for Watch {
                 });
             }
             return match Event::parse(&line) {
+                Ok(Event::Added(n) | Event::Modified(n) | Event::Deleted(n)) if !n.keepable() => {
+                    Err(ApiError::Decode {
+                        what: self.path.clone(),
+                        reason: format!(
+                            "a Node name of {} bytes (Kubernetes allows 253)",
+                            n.metadata.name.len()
+                        ),
+                    })
+                }
                 Ok(Event::Error(s)) => Err(status_error(
                     &format!("{} (ERROR event)", self.path),
                     s.code,
@@ -395,7 +452,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_page_keeps_at_most_max_nodes_and_says_it_overflowed() {
+    fn a_page_of_more_than_max_nodes_stops_the_read_and_says_so() {
         let items: Vec<String> = (0..MAX_NODES + 2)
             .map(|i| format!(r#"{{"metadata":{{"name":"n{i}"}}}}"#))
             .collect();
@@ -403,12 +460,41 @@ mod tests {
             r#"{{"kind":"NodeList","metadata":{{"resourceVersion":"7"}},"items":[{}]}}"#,
             items.join(",")
         );
-        let page: BoundedList = serde_json::from_str(&text).unwrap();
-        assert!(page.items.overflow);
-        assert_eq!(page.items.nodes.len(), MAX_NODES);
-        let small: BoundedList =
-            serde_json::from_str(r#"{"metadata":{"resourceVersion":"7"},"items":null}"#).unwrap();
-        assert!(!small.items.overflow && small.items.nodes.is_empty());
+        OVERFLOW.with(|o| o.set(false));
+        assert!(serde_json::from_str::<BoundedList>(&text).is_err());
+        assert!(OVERFLOW.with(std::cell::Cell::get));
+        let long = "x".repeat(300);
+        let small: BoundedList = serde_json::from_str(&format!(
+            r#"{{"metadata":{{"resourceVersion":"7"}},"items":[{{"metadata":{{"name":"{long}"}}}},{{"metadata":{{"name":"ok"}}}}]}}"#
+        ))
+        .unwrap();
+        let names: Vec<&str> = small
+            .items
+            .nodes
+            .iter()
+            .map(|n| n.metadata.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["ok"],
+            "a name Kubernetes would refuse is not a Node"
+        );
+    }
+
+    #[test]
+    fn a_string_over_the_limit_fails_the_read_as_it_streams() {
+        let mut body = br#"{"items":[{"metadata":{"name":""#.to_vec();
+        body.extend(std::iter::repeat_n(b'a', MAX_STRING as usize + 10));
+        body.extend(br#""}}]}"#);
+        let mut r = Guarded::new(&body[..]);
+        assert!(serde_json::from_reader::<_, BoundedList>(&mut r).is_err());
+        assert!(r.too_long);
+        // Escaped quotes do not end a string; long strings elsewhere are fine up to the limit.
+        let ok = br#"{"items":[{"metadata":{"name":"a\"b","annotations":{"k":"\\"}}}]}"#;
+        let mut r = Guarded::new(&ok[..]);
+        let page: BoundedList = serde_json::from_reader(&mut r).unwrap();
+        assert_eq!(page.items.nodes[0].metadata.name, "a\"b");
+        assert!(!r.too_long);
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! The small typed subset of the Kubernetes API objects the agent reads: Node (name,
 //! resourceVersion, the annotations it reads, pod CIDRs, InternalIP addresses), NodeList, a
 //! watch event and Status. Every other field of a real object is skipped while it is read
-//! (a real Node is 10-40 KB, mostly `status.images`): what is kept of one Node is bounded
-//! (annotations under the two prefixes the agent reads, each value at most
-//! [`MAX_ANNOTATION`] bytes), so 5,000 Nodes in memory are a few MB.
+//! (a real Node is 10-40 KB, mostly `status.images`), and what is kept of one Node is bounded
+//! whatever the API sends: a name of at most [`MAX_NAME`] bytes (a longer one is not a Node),
+//! the [`KEPT_ANNOTATIONS`] only, each at most [`MAX_ANNOTATION`] bytes, at most
+//! [`MAX_KEPT_ADDRESSES`] InternalIP addresses and [`MAX_CIDRS`] pod CIDRs of at most
+//! [`MAX_SHORT`] bytes each (a longer value is kept as a short marker no rule accepts). So one
+//! kept Node is at most about 4 KB, and 10,000 of them 40 MB.
 
 use std::collections::BTreeMap;
 
@@ -13,17 +16,60 @@ use serde::Deserialize;
 pub struct ObjectMeta {
     #[serde(default)]
     pub name: String,
-    #[serde(default, rename = "resourceVersion")]
+    #[serde(default, rename = "resourceVersion", deserialize_with = "short")]
     pub resource_version: String,
-    /// Only the annotations the agent reads ([`KEPT_PREFIXES`]).
+    /// Only the annotations the agent reads ([`KEPT_ANNOTATIONS`]), and [`STICKY_MARKER`] when
+    /// the Node has any other `sticky-cni.io/` annotation.
     #[serde(default, deserialize_with = "kept_annotations")]
     pub annotations: BTreeMap<String, String>,
 }
 
-/// The annotation prefixes the agent reads: its own and flannel's.
-pub const KEPT_PREFIXES: [&str; 2] = ["sticky-cni.io/", "flannel.alpha.coreos.com/"];
+/// The annotations the agent reads.
+pub const KEPT_ANNOTATIONS: [&str; 6] = [
+    "sticky-cni.io/underlay-ip",
+    "sticky-cni.io/kept-mac",
+    "flannel.alpha.coreos.com/backend-data",
+    "flannel.alpha.coreos.com/backend-type",
+    "flannel.alpha.coreos.com/public-ip",
+    "flannel.alpha.coreos.com/kube-subnet-manager",
+];
+/// Kept (with an empty value) for a Node that has any `sticky-cni.io/` annotation: it is run
+/// by sticky-cni.
+pub const STICKY_MARKER: &str = "sticky-cni.io/";
+/// A Node name longer than this (Kubernetes allows 253) is not a Node.
+pub const MAX_NAME: usize = 253;
 /// An annotation value longer than this is kept as a short marker that no rule accepts.
-pub const MAX_ANNOTATION: usize = 4096;
+pub const MAX_ANNOTATION: usize = 1024;
+/// An address, a CIDR or a resourceVersion longer than this is kept as a marker.
+pub const MAX_SHORT: usize = 64;
+pub const MAX_KEPT_ADDRESSES: usize = 8;
+pub const MAX_CIDRS: usize = 4;
+
+/// `value`, or a short marker saying how long it was when it is longer than `max`.
+fn bounded(value: String, max: usize) -> String {
+    if value.len() > max {
+        format!("<{} bytes: longer than {max}>", value.len())
+    } else {
+        value
+    }
+}
+
+fn short<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(bounded(String::deserialize(d)?, MAX_SHORT))
+}
+
+fn short_option<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.map(|v| bounded(v, MAX_SHORT)))
+}
+
+fn cidrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let all: Vec<String> = null_as_default(d)?;
+    Ok(all
+        .into_iter()
+        .take(MAX_CIDRS)
+        .map(|c| bounded(c, MAX_SHORT))
+        .collect())
+}
 
 fn kept_annotations<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
 where
@@ -50,17 +96,15 @@ where
         ) -> Result<Self::Value, A::Error> {
             let mut out = BTreeMap::new();
             while let Some(key) = map.next_key::<String>()? {
-                if !KEPT_PREFIXES.iter().any(|p| key.starts_with(p)) {
-                    map.next_value::<serde::de::IgnoredAny>()?;
+                if KEPT_ANNOTATIONS.contains(&key.as_str()) {
+                    let value: String = map.next_value()?;
+                    out.insert(key, bounded(value, MAX_ANNOTATION));
                     continue;
                 }
-                let value: String = map.next_value()?;
-                let value = if value.len() > MAX_ANNOTATION {
-                    format!("<{} bytes: longer than {MAX_ANNOTATION}>", value.len())
-                } else {
-                    value
-                };
-                out.insert(key, value);
+                if key.starts_with(STICKY_MARKER) {
+                    out.insert(STICKY_MARKER.to_string(), String::new());
+                }
+                map.next_value::<serde::de::IgnoredAny>()?;
             }
             Ok(out)
         }
@@ -70,9 +114,9 @@ where
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct NodeSpec {
-    #[serde(default, rename = "podCIDR")]
+    #[serde(default, rename = "podCIDR", deserialize_with = "short_option")]
     pub pod_cidr: Option<String>,
-    #[serde(default, rename = "podCIDRs", deserialize_with = "null_as_default")]
+    #[serde(default, rename = "podCIDRs", deserialize_with = "cidrs")]
     pub pod_cidrs: Vec<String>,
 }
 
@@ -85,21 +129,32 @@ pub struct NodeAddress {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct NodeStatus {
-    /// At most [`MAX_ADDRESSES`] of the node's addresses.
-    #[serde(default, deserialize_with = "bounded_addresses")]
+    /// The first [`MAX_KEPT_ADDRESSES`] InternalIP addresses.
+    #[serde(default, deserialize_with = "internal_addresses")]
     pub addresses: Vec<NodeAddress>,
 }
 
-/// How many of a Node's addresses are kept (kubelet reports a handful).
-pub const MAX_ADDRESSES: usize = 16;
-
-fn bounded_addresses<'de, D>(d: D) -> Result<Vec<NodeAddress>, D::Error>
+fn internal_addresses<'de, D>(d: D) -> Result<Vec<NodeAddress>, D::Error>
 where
     D: serde::Deserializer<'de>,
 {
-    let mut all: Vec<NodeAddress> = null_as_default(d)?;
-    all.truncate(MAX_ADDRESSES);
-    Ok(all)
+    let all: Vec<NodeAddress> = null_as_default(d)?;
+    Ok(all
+        .into_iter()
+        .filter(|a| a.kind == "InternalIP")
+        .take(MAX_KEPT_ADDRESSES)
+        .map(|a| NodeAddress {
+            kind: a.kind,
+            address: bounded(a.address, MAX_SHORT),
+        })
+        .collect())
+}
+
+impl Node {
+    /// False for a Node the agent cannot keep (a name longer than [`MAX_NAME`]).
+    pub fn keepable(&self) -> bool {
+        self.metadata.name.len() <= MAX_NAME
+    }
 }
 
 /// A Node object (`/api/v1/nodes/<name>`), reduced to what the agent uses.

@@ -161,6 +161,15 @@ impl Pki {
     }
 }
 
+/// An endless list body, under `Content-Length: 10^12`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endless {
+    /// Real-sized Node objects, one after another, forever.
+    Items,
+    /// One Node whose name never ends.
+    String,
+}
+
 #[derive(Default)]
 struct State {
     nodes: BTreeMap<String, Value>,
@@ -177,6 +186,8 @@ struct State {
     endless_continue: bool,
     /// List pages served (every page, first or not).
     pages: u64,
+    /// When set, every list is an endless body of this kind.
+    endless_body: Option<Endless>,
     /// The most items the server puts in one page (it may return fewer than asked).
     page_size: usize,
     down: bool,
@@ -405,6 +416,11 @@ impl ApiServer {
         self.change(|s| s.watch_failure = failure.map(|(c, m)| (c, m.to_string())));
     }
 
+    /// Every list is answered with an endless body (`None`: normal lists again).
+    pub fn endless_body(&self, kind: Option<Endless>) {
+        self.change(|s| s.endless_body = kind);
+    }
+
     /// Every list page carries a new `continue` token, so a list never ends.
     pub fn endless_continue(&self, on: bool) {
         self.change(|s| s.endless_continue = on);
@@ -582,6 +598,12 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
         .get("limit")
         .and_then(|l| l.parse().ok())
         .unwrap_or(usize::MAX);
+    if let Some(kind) = s.endless_body {
+        s.pages += 1;
+        drop(s);
+        endless(w, kind);
+        return;
+    }
     if s.endless_continue {
         s.pages += 1;
         let page = s.pages;
@@ -641,6 +663,40 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
         return;
     }
     respond(w, 200, &body);
+}
+
+/// Writes an endless list body until the client goes away (or 10^6 items: a test must end).
+fn endless(w: &mut impl Write, kind: Endless) {
+    let _ = write!(
+        w,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n{{\"kind\":\"NodeList\",\"metadata\":{{\"resourceVersion\":\"1\"}},\"items\":["
+    );
+    match kind {
+        Endless::Items => {
+            for i in 0..1_000_000u32 {
+                let node = node_json(
+                    &format!("endless-{i}"),
+                    &format!("198.18.{}.{}", i / 250 % 250, i % 250 + 1),
+                    &["10.250.0.0/24"],
+                    json!({}),
+                );
+                if write!(w, "{node},").is_err() {
+                    return;
+                }
+            }
+        }
+        Endless::String => {
+            if write!(w, "{{\"metadata\":{{\"name\":\"").is_err() {
+                return;
+            }
+            let block = vec![b'a'; 64 * 1024];
+            for _ in 0..100_000 {
+                if w.write_all(&block).is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 fn chunk(w: &mut impl Write, line: &str) -> bool {
