@@ -7,8 +7,8 @@
 //! - `sticky-vxlan` ([`vxlan`]) networks pods across nodes over VXLAN with a VTEP whose MAC is a
 //!   pure function of the node's underlay address, and peers known from local config.
 //!
-//!   [`segment`] is its L2 segment mode; [`agent`] (`sticky-vxlan agent`) keeps its peers file
-//!   current from the Kubernetes API.
+//!   [`segment`] is its L2 segment mode; [`agent`] (the `sticky-vxlan-agent` program) keeps its
+//!   peers file current from the Kubernetes API.
 //!
 //! [`cni`] is the protocol both share; [`codes`] is the one place errors become CNI codes;
 //! [`cli`] is the operator tools' shared argument parser and conflist loader; [`netlink`] the

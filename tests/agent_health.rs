@@ -1,6 +1,7 @@
-//! The agent's `/metrics` and `/healthz` server against hostile clients, replaying issue 19's
-//! finding 6 on the real `sticky-vxlan-agent`: a request line that never ends, connections
-//! that trickle a byte every 4 s, and a `--metrics-addr` other machines can reach.
+//! The agent as a process, without root: its `/metrics` and `/healthz` server against hostile
+//! clients, replaying issue 19's finding 6 on the real `sticky-vxlan-agent` (a request line
+//! that never ends, connections that trickle a byte every 4 s, a `--metrics-addr` other
+//! machines can reach), and the temp files a killed writer left (finding 10).
 //!
 //! The agent runs with `--no-api` and a peers file that does not exist yet: its main loop
 //! then waits for the file (going round every half second, as `/healthz` reports) and touches
@@ -357,5 +358,36 @@ fn a_metrics_address_other_machines_reach_needs_metrics_allow_remote() {
     assert!(
         warning.contains(&format!("on 0.0.0.0:{}", agent.addr.port())),
         "{warning}"
+    );
+}
+
+/// Issue 19, finding 10: 60 SIGKILLs during writes left a 108 KB peers temp file and status
+/// temp files behind. The agent removes what a killed writer left beside both files at start.
+#[test]
+fn temp_files_a_killed_writer_left_are_removed_at_start() {
+    let setup = Setup::new();
+    let state = setup.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let planted = [
+        setup.dir.path().join(".peers.json.agent.k1ll3d"),
+        state.join(".health.agent.json.agent.k1ll3d"),
+    ];
+    for p in &planted {
+        std::fs::write(p, vec![b'x'; 108 * 1024]).unwrap();
+    }
+    // Not ours: another file that merely looks alike.
+    let other = setup.dir.path().join(".peers.json.rpmsave");
+    std::fs::write(&other, "keep").unwrap();
+    let mut child = setup.spawn(&[]);
+    poll(
+        "the planted temp files removed",
+        Duration::from_secs(10),
+        || planted.iter().all(|p| !p.exists()).then_some(()),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        other.exists(),
+        "only the agent's own temp files are removed"
     );
 }

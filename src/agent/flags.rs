@@ -7,14 +7,17 @@ use std::time::Duration;
 use crate::cli::args::Spec;
 
 pub const HELP: &str = "\
-sticky-vxlan agent: keep this node's peers file and data path current.
+sticky-vxlan-agent: keep this node's peers file and data path current.
 
-  sticky-vxlan agent --config <file.conflist> [--segment-config <file>]... [options]
+  sticky-vxlan-agent --config <file.conflist> [--segment-config <file>]... [options]
+  sticky-vxlan-agent --version
 
 Learns the peers from the Kubernetes API's Node objects when it answers (list + watch), writes
 them to the conflist's peersFile when they change, and reconciles this node (as
 `sticky-vxlan reconcile` does) after every change of that file, its own or by hand, and
-periodically. Offline, the last good file stays and the node is programmed from it.
+periodically. Offline, the last good file stays and the node is programmed from it. A Node
+that is not a valid peer, or claims what another Node's accepted entry holds, is left out
+(logged, counted); the file written is always one this node's plugin accepts.
 
 Where the API is (the first that applies):
   --kubeconfig <file>           kubectl's format: server, CA, token/tokenFile or client cert
@@ -31,8 +34,10 @@ Options:
                                 main network
   --node-name <name>            this node's Node name (default: $NODE_NAME)
   --resync <seconds>            reconcile at least this often (default 60)
-  --max-remove-fraction <f>     refuse a node list that would remove more than this fraction
-                                of the current peers at once (default 0.5; 1 turns it off)
+  --max-remove-fraction <f>     refuse changes that would remove or move more than this
+                                fraction of the peers the plugin accepted within 10 minutes
+                                (default 0.5; 1 turns it off). Accept a refused change once:
+                                touch <stateDir>/<network>.accept-changes
   --metrics-addr <addr:port>    serve /metrics and /healthz (default: off), e.g.
                                 127.0.0.1:9767: a loopback address unless
                                 --metrics-allow-remote
@@ -40,7 +45,7 @@ Options:
                                 a node address): the endpoints need no credentials; a warning
                                 is logged at start
   --publish-flannel-annotations set flannel's annotations on this node's Node object
-                                (needs --node-name and patch on nodes)
+                                (needs --node-name and patch on nodes/status)
 
 Exit codes: it runs until stopped; 2 for a usage error, 1 when it cannot start (the config
 has no peersFile, credentials cannot be read, the metrics address is taken).

@@ -79,6 +79,10 @@ pub fn main(args: &[String]) -> ExitCode {
         print!("{}", flags::HELP);
         return ExitCode::SUCCESS;
     }
+    if args.first().is_some_and(|a| a == "--version") {
+        println!("sticky-vxlan-agent {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let result = flags::parse(args, |k| std::env::var(k).ok())
         .map_err(Error::Usage)
         .and_then(run);
