@@ -22,7 +22,7 @@ pub struct Error {
 }
 
 /// One route in the main table.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Route {
     pub dst: IpNet,
     pub gateway: Option<IpAddr>,
