@@ -104,6 +104,14 @@ fn subnets_swapped_between_two_nodes_and_a_node_removed_and_readded() {
     topo.write_peers_file("peers.json", &both("10.244.2.0/24", "10.244.7.0/24"));
     topo.reconciled(1, &confs[0]);
     topo.reconciled(2, &confs[1]);
+    // Node 2's subnet moved: its old /32 left the VTEP after the new one came, so the kernel
+    // did not flush its peer routes with it (no ADD needed to bring them back).
+    assert!(
+        topo.ip(2, &["route", "show", "10.244.2.0/24"])
+            .contains("dev sticky.1"),
+        "{}",
+        topo.ip(2, &["route"])
+    );
     let b2 = topo.new_pod(2, "b2");
     let rb2 = topo.add(&b2, &confs[1]);
     assert!(ip_of(&rb2, false).starts_with("10.244.7."), "{rb2}");

@@ -235,6 +235,17 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
         }
     }
 
+    // This node's own /32 first: the kernel flushes every route and neighbour of a device that
+    // loses its last IPv4 address, so the old /32 must never go before the new one is there
+    // (a node whose subnet moved lost all its peer routes until the next reconcile).
+    for net in &want.own {
+        if !vtep_addrs.contains(net) {
+            steps.push(Step::AddAddress {
+                dev: Dev::Vtep,
+                net: *net,
+            });
+        }
+    }
     let removing = node.peers_file_error.is_none();
     if removing {
         for net in &bridge_addrs {
@@ -282,14 +293,6 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
         }
     }
 
-    for net in &want.own {
-        if !vtep_addrs.contains(net) {
-            steps.push(Step::AddAddress {
-                dev: Dev::Vtep,
-                net: *net,
-            });
-        }
-    }
     for net in &want.gateways {
         if !bridge_addrs.contains(net) {
             steps.push(Step::AddAddress {
