@@ -190,10 +190,75 @@ pub fn create_temp(dir: &Path, prefix: &str, mode: u32) -> io::Result<(File, Pat
     Err(last.unwrap_or_else(|| io::Error::from(ErrorKind::AlreadyExists)))
 }
 
+/// How far a [`replace`] must go before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Whole or not at all for every reader, but may be lost in a power cut: a cache that is
+    /// rebuilt when missing.
+    Cache,
+    /// Also on disk before it returns (file and directory fsynced): state that must survive a
+    /// power cut.
+    Durable,
+}
+
+/// Replaces `path` with `bytes` so that a reader sees the old file or the new one, whole: a
+/// temp file `.<name>.<random>` created new beside it ([`create_temp`], never through
+/// anything planted), mode exactly `mode`, renamed over `path` (a link planted at `path` is
+/// replaced, not followed). A failed replace leaves no temp file.
+pub fn replace(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (mut file, tmp) = create_temp(dir, &format!(".{name}."), mode)?;
+    let result = (|| {
+        // The umask may have taken bits away; the mode must be exactly `mode`.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)?;
+        if durability == Durability::Durable {
+            file.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if durability == Durability::Durable {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn replace_swaps_the_whole_file_and_never_writes_through_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let path = tmp.path().join("state");
+        symlink(&victim, &path).unwrap();
+        for d in [Durability::Cache, Durability::Durable] {
+            replace(&path, b"new", 0o640, d).unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"new");
+            assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o640);
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "no temp file left");
+        // Into a directory that does not exist: an error, nothing made.
+        assert!(replace(&tmp.path().join("no/such"), b"x", 0o600, Durability::Cache).is_err());
+    }
 
     #[test]
     fn links_and_fifos_are_refused_and_never_followed() {

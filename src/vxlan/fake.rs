@@ -95,9 +95,11 @@ impl Fake {
 
 impl Kernel for Fake {
     fn links(&mut self) -> Result<Vec<Link>, Error> {
+        self.queries.push("dump links".into());
         Ok(self.seen.links.clone())
     }
     fn vxlan_links(&mut self) -> Result<Vec<Link>, Error> {
+        self.queries.push("dump vxlan links".into());
         let vxlan = |l: &&Link| l.kind.as_deref() == Some("vxlan");
         Ok(self.seen.links.iter().filter(vxlan).cloned().collect())
     }
@@ -108,12 +110,15 @@ impl Kernel for Fake {
         Ok(self.seen.link_index(index).cloned())
     }
     fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error> {
+        self.queries.push("dump addresses".into());
         Ok(self.seen.addresses.clone())
     }
     fn routes(&mut self) -> Result<Vec<Route>, Error> {
+        self.queries.push("dump routes".into());
         Ok(self.seen.routes.clone())
     }
     fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>, Error> {
+        self.queries.push("dump neighbours".into());
         Ok(self
             .neighbours
             .iter()
@@ -122,6 +127,7 @@ impl Kernel for Fake {
             .collect())
     }
     fn fdb(&mut self, index: u32) -> Result<Vec<Fdb>, Error> {
+        self.queries.push("dump fdb".into());
         Ok(self
             .fdb
             .iter()

@@ -31,6 +31,7 @@ pub mod plan;
 pub mod plugin;
 pub mod pod;
 pub mod reconcile;
+pub mod stamp;
 pub mod state_dir;
 
 use std::net::Ipv4Addr;

@@ -18,7 +18,7 @@ use super::delegate::{Ipam, Runner};
 use super::kernel::Live;
 use super::node::{self, Observed, gateway_of};
 use super::pod::{self, Container, host_veth_name};
-use super::reconcile::{self, Report};
+use super::reconcile::{self, ForPod};
 use crate::cni::delegate::Exec;
 use crate::cni::{Attachment, Call, CniResult, IpConfig, Plugin, attachments};
 use crate::netlink::link::{self, Link};
@@ -146,13 +146,13 @@ impl Plugin for StickyVxlan {
 fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error> {
     let host = host_veth_name(&call.env.container_id, &call.env.ifname);
     let mut sock = Socket::open()?;
-    let node_work = |sock: &mut Socket| -> Result<Report, Error> {
-        let report = reconcile::node_with(&mut Live { sock }, cfg)?;
+    let node_work = |sock: &mut Socket| -> Result<ForPod, Error> {
+        let node = reconcile::for_pod(&mut Live { sock }, cfg)?;
         // A leftover from an earlier, interrupted ADD of the same attachment.
         link::delete(sock, &host)?;
-        Ok(report)
+        Ok(node)
     };
-    let veth = |sock: &mut Socket, report: Report| -> Result<(Report, Link, Container), Error> {
+    let veth = |sock: &mut Socket, report: ForPod| -> Result<(ForPod, Link, Container), Error> {
         let host_link = pod::create_veth(
             sock,
             &pod::Veth {
@@ -160,7 +160,7 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
                 host: &host,
                 alias: pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname),
                 ifname: &call.env.ifname,
-                mtu: report.node.mtu,
+                mtu: report.ready.mtu,
                 bridge: report.bridge.index,
                 hairpin: cfg.hairpin_mode,
             },
@@ -172,7 +172,7 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
     let (ipam, node, result) = if cfg.ranges_from_peers {
         // The node's own subnets are the IPAM ranges: the node first.
         let report = node_work(&mut sock)?;
-        let ipam = Ipam::with_ranges(call, &cfg.ipam_type, &report.node.local.subnets);
+        let ipam = Ipam::with_ranges(call, &cfg.ipam_type, &report.ready.subnets);
         let pending = ipam.start(exec, call, "ADD")?;
         crate::crash::point("vxlan add: node ready");
         let node = veth(&mut sock, report);
@@ -296,14 +296,13 @@ fn attach(
     sock: &mut Socket,
     call: &Call,
     cfg: &Config,
-    report: &Report,
+    report: &ForPod,
     (host_link, container): (&Link, Container),
     ipam: &CniResult,
 ) -> Result<CniResult, Error> {
-    let node = &report.node;
     let bridge = &report.bridge;
-    let mtu = node.mtu;
-    let own = &node.local.subnets;
+    let mtu = report.ready.mtu;
+    let own = &report.ready.subnets;
     let in_own = |ip: &IpAddr| own.iter().any(|s| s.contains(ip));
     // Other nodes route only this node's subnets here: an address from anywhere else (a
     // conflist copied from another node unchanged) would be another node's, and its gateway on

@@ -11,6 +11,7 @@ use super::config::Config;
 use super::kernel::{Kernel, Live};
 use super::node::{self, Node, Observed};
 use super::plan::{self, Plan};
+use super::stamp::{self, Check, FileId, Ready, Stamp};
 use super::{Error, state_dir};
 use crate::netlink::Socket;
 use crate::netlink::link::Link;
@@ -41,14 +42,93 @@ pub fn node(cfg: &Config) -> Result<Report, Error> {
     node_with(&mut Live { sock: &mut sock }, cfg)
 }
 
-/// [`node()`] through a given kernel (ADD passes the socket it keeps using for the pod).
+/// [`node()`] through a given kernel.
 pub fn node_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let _guard = state_dir::lock(cfg)?;
+    full(k, cfg)
+}
+
+/// What a pod ADD needs of the node: its address, subnets and MTU, and the bridge.
+#[derive(Debug, Clone)]
+pub struct ForPod {
+    pub ready: Ready,
+    pub bridge: Link,
+}
+
+/// ADD's way to the node: when the last full reconcile's stamp still holds (nothing a reboot,
+/// an upgrade or a new peers file changes has changed), three link lookups and the stamp;
+/// otherwise a full reconcile ([`stamp`] says what is checked and what is left to the
+/// resync). Under the network's lock either way.
+pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
+    let _guard = state_dir::lock(cfg)?;
+    if let Some(s) = stamp::read(cfg) {
+        let file = cfg.peers_file.as_deref().and_then(FileId::of);
+        let vtep = k.link(&cfg.vtep_name)?;
+        let bridge = k.link(&cfg.bridge)?;
+        let underlay = k.link_at(s.underlay_index())?;
+        let devices = (vtep.as_ref(), bridge.as_ref(), underlay.as_ref());
+        let holds = match s.check(&stamp::settings(cfg), file, devices) {
+            Check::Holds => true,
+            Check::IfContent(want) => {
+                let same = cfg
+                    .peers_file
+                    .as_deref()
+                    .and_then(stamp::content)
+                    .is_some_and(|text| stamp::hash(&text) == want);
+                if same && file.is_some_and(|f| f.age() >= stamp::FRESH) {
+                    stamp::write(cfg, &s.clone().settled());
+                }
+                same
+            }
+            Check::Stale => false,
+        };
+        if holds && let Some(bridge) = bridge {
+            return Ok(ForPod {
+                ready: s.ready,
+                bridge,
+            });
+        }
+    }
+    let report = full(k, cfg)?;
+    Ok(ForPod {
+        ready: ready_of(&report.node),
+        bridge: report.bridge,
+    })
+}
+
+fn ready_of(node: &Node) -> Ready {
+    Ready {
+        local_ip: node.local_ip,
+        subnets: node.local.subnets.clone(),
+        mtu: node.mtu,
+    }
+}
+
+/// Read, plan, apply; then stamp what it left. The caller holds the lock.
+fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
+    // The file as it is before it is read: a write after this shows in the stamp's check.
+    let file = cfg
+        .peers_file
+        .as_deref()
+        .and_then(|p| Some((FileId::of(p)?, stamp::content(p)?)));
     let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge)?;
     let node = node::resolve(k, cfg, &seen)?;
     node.check(cfg.vni)?;
     let plan = plan::plan(cfg, &node, &seen).map_err(|e| name_device(k, e))?;
     let Devices { vtep, bridge } = apply::apply(k, cfg, &plan, &seen)?;
+    match (&cfg.peers_file, &file) {
+        // A peers file that could not be read is not stamped: every ADD looks again.
+        (Some(_), None) => stamp::forget(cfg),
+        _ => stamp::write(
+            cfg,
+            &Stamp::new(
+                cfg,
+                file.as_ref().map(|(id, text)| (*id, &text[..])),
+                (&vtep, &bridge, &node.underlay),
+                ready_of(&node),
+            ),
+        ),
+    }
     Ok(Report {
         node,
         vtep,
@@ -121,6 +201,95 @@ mod tests {
                 .all(|s| matches!(s, Step::Sysctl { .. })),
             "{:?}",
             again.plan
+        );
+    }
+
+    fn dumps(k: &Fake) -> usize {
+        k.queries.iter().filter(|q| q.starts_with("dump")).count()
+    }
+
+    #[test]
+    fn an_add_after_a_full_reconcile_reads_no_table_until_something_changes() {
+        let (dir, cfg) = two_nodes();
+        let mut k = Fake::node("192.0.2.1/24");
+        let first = for_pod(&mut k, &cfg).unwrap();
+        assert!(dumps(&k) > 0, "the first ADD reconciles in full");
+        assert!(dir.path().join("edge.stamp").exists());
+        k.queries.clear();
+        let writes = k.writes.len();
+        let again = for_pod(&mut k, &cfg).unwrap();
+        assert_eq!(dumps(&k), 0, "{:?}", k.queries);
+        assert_eq!(k.writes.len(), writes, "nothing written");
+        assert_eq!(again.ready, first.ready);
+        assert_eq!(again.bridge.index, first.bridge.index);
+        // The VTEP deleted (a reboot, `ip link del`): the next ADD reconciles in full.
+        let gone = k.seen.link("sticky.1").unwrap().index;
+        // The kernel takes the device's routes and entries with it.
+        k.seen.links.retain(|l| l.index != gone);
+        k.seen.routes.retain(|r| r.oif != Some(gone));
+        k.seen.addresses.retain(|(i, _)| *i != gone);
+        k.fdb.retain(|f| f.index != gone);
+        k.neighbours.retain(|n| n.index != gone);
+        k.queries.clear();
+        for_pod(&mut k, &cfg).unwrap();
+        assert!(dumps(&k) > 0);
+        assert!(k.seen.link("sticky.1").is_some(), "made again");
+        // The underlay's MTU lowered: in full, and the new MTU for the pod.
+        let underlay = k.seen.links.iter().position(|l| l.name == "eth0").unwrap();
+        k.seen.links[underlay].mtu = Some(1400);
+        k.queries.clear();
+        let lower = for_pod(&mut k, &cfg).unwrap();
+        assert!(dumps(&k) > 0);
+        assert_eq!(lower.ready.mtu, 1350);
+        // The stamp lost (a reboot empties /run): in full.
+        std::fs::remove_file(dir.path().join("edge.stamp")).unwrap();
+        k.queries.clear();
+        for_pod(&mut k, &cfg).unwrap();
+        assert!(dumps(&k) > 0);
+    }
+
+    #[test]
+    fn a_changed_peers_file_is_programmed_by_the_next_add() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("peers.json");
+        let write = |peers: &str| {
+            let tmp = dir.path().join("new");
+            std::fs::write(&tmp, peers).unwrap();
+            std::fs::rename(&tmp, &file).unwrap();
+        };
+        write(
+            r#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"]},{"ip":"192.0.2.2","subnets":["10.244.2.0/24"]}]"#,
+        );
+        let cfg = conf(json!({"stateDir": dir.path(), "peersFile": file}));
+        let mut k = Fake::node("192.0.2.1/24");
+        for_pod(&mut k, &cfg).unwrap();
+        k.queries.clear();
+        for_pod(&mut k, &cfg).unwrap();
+        assert_eq!(dumps(&k), 0, "the file is the one reconciled");
+        write(
+            r#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"]},{"ip":"192.0.2.3","subnets":["10.244.3.0/24"]}]"#,
+        );
+        k.queries.clear();
+        for_pod(&mut k, &cfg).unwrap();
+        assert!(dumps(&k) > 0, "a new file: in full");
+        assert!(
+            k.writes.iter().any(|w| w.contains("10.244.3.0/24")),
+            "{:?}",
+            k.writes
+        );
+        // Rewritten in place within the same clock tick, same size: the content says so.
+        let same_size = std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("192.0.2.3", "192.0.2.4")
+            .replace("10.244.3.", "10.244.4.");
+        std::fs::write(&file, same_size).unwrap();
+        k.queries.clear();
+        for_pod(&mut k, &cfg).unwrap();
+        assert!(dumps(&k) > 0);
+        assert!(
+            k.writes.iter().any(|w| w.contains("10.244.4.0/24")),
+            "{:?}",
+            k.writes
         );
     }
 

@@ -1,0 +1,384 @@
+//! What the last full reconcile left, so that a pod ADD on a node whose peers are already
+//! programmed does not re-derive the cluster: its cost stays flat whatever the number of peers.
+//!
+//! A full reconcile ([`super::reconcile`]) ends by writing `<stateDir>/<network>.stamp`: the
+//! network's settings (a hash), the peers file's identity (device, inode, size, modification
+//! and change times) and content hash, the VTEP's and the bridge's index, MAC and MTU, the
+//! underlay device's, and what an ADD needs (this node's address and subnets, the MTU). A
+//! write to the file changes its change time (no tool can set that one), except a write within
+//! the same clock tick as the one before (file times are coarse): when the stamp was taken
+//! less than [`FRESH`] after the file's last change, the ADD also compares the content hash,
+//! and the first one that finds it unchanged once the file is older than that re-stamps
+//! without the need. An ADD then checks only what a reboot, an upgrade or a changed
+//! file can break: the stamp exists and was written by this release for these settings, the
+//! peers file is the one reconciled, and the VTEP, the bridge and the underlay are the devices
+//! it saw (three link lookups, no dump). When one differs, the ADD reconciles in full, as
+//! before. What the check does not look at (an entry deleted by hand, a flushed nftables
+//! table) is repaired by the next full reconcile: the node agent's periodic resync
+//! (`--resync`, 60 s by default), `sticky-vxlan reconcile`, the boot unit (docs/vxlan.md).
+//!
+//! The stamp is a cache: losing it (a reboot empties `/run`) costs one full reconcile; it is
+//! written with the same temp-file-and-rename as the last-good copy, never through a link.
+
+use std::net::Ipv4Addr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::config::Config;
+use crate::netlink::link::Link;
+use crate::nofollow;
+
+/// Bumped when the stamp's meaning changes: an older stamp is never trusted.
+const VERSION: &str = concat!("1 ", env!("CARGO_PKG_VERSION"));
+
+/// A file changed less than this before the stamp was taken may change again without its
+/// times showing it (file times tick coarsely).
+pub const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A file's identity: a write to it changes one of these, unless it lands in the same clock
+/// tick as the write before ([`FRESH`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileId {
+    /// How long ago the file last changed (zero when the clock says it is in the future).
+    pub fn age(&self) -> std::time::Duration {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        std::time::Duration::from_nanos(u64::try_from(now - self.ctime_ns).unwrap_or(0))
+    }
+
+    /// The identity of the file at `path` (following links, as the peers file is read), or
+    /// `None` when it cannot be stat'ed.
+    pub fn of(path: &Path) -> Option<FileId> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
+    }
+}
+
+/// A device as the reconcile left it (its alias is its ownership marker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceId {
+    pub index: u32,
+    pub mac: Option<[u8; 6]>,
+    pub mtu: Option<u32>,
+    pub alias: Option<String>,
+}
+
+impl DeviceId {
+    pub fn of(l: &Link) -> DeviceId {
+        DeviceId {
+            index: l.index,
+            mac: l.mac,
+            mtu: l.mtu,
+            alias: l.alias.clone(),
+        }
+    }
+}
+
+/// The content of the regular file at `path` (following links, as the peers file is read),
+/// opened without blocking: a FIFO or a device there is not read.
+pub fn content(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = Vec::new();
+    file.read_to_end(&mut text).ok()?;
+    Some(text)
+}
+
+/// What an ADD needs of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    pub local_ip: Ipv4Addr,
+    /// This node's own pod subnets.
+    pub subnets: Vec<IpNet>,
+    /// The MTU of the VTEP, the bridge and every pod interface.
+    pub mtu: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    version: String,
+    settings: String,
+    peers_file: Option<FileId>,
+    /// The peers file's content hash, compared by ADD while `verify_content` is set.
+    peers_hash: Option<String>,
+    verify_content: bool,
+    vtep: DeviceId,
+    bridge: DeviceId,
+    underlay: DeviceId,
+    pub ready: Ready,
+}
+
+/// A content hash, as text.
+pub fn hash(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What the check of a stamp found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// The node is as the stamp says.
+    Holds,
+    /// So far as the file's times can tell; its content must still hash to this.
+    IfContent(String),
+    /// Something changed: reconcile in full.
+    Stale,
+}
+
+/// The hash of the settings that shape the node's programming (not those of one pod: IPAM,
+/// the default route, hairpin).
+pub fn settings(cfg: &Config) -> String {
+    let shaping = format!(
+        "{:?} {:?}",
+        (
+            &cfg.name,
+            cfg.vni,
+            cfg.port,
+            &cfg.device,
+            cfg.local_ip,
+            &cfg.vtep_name,
+            &cfg.bridge,
+        ),
+        (
+            cfg.mtu,
+            cfg.ip_masq,
+            cfg.cluster_cidr,
+            cfg.peer_only_port,
+            &cfg.peers,
+            &cfg.peers_file,
+            &cfg.state_dir,
+        )
+    );
+    hash(shaping.as_bytes())
+}
+
+impl Stamp {
+    /// The stamp of a full reconcile of `cfg` that left these devices.
+    /// `peers_file`: the file's identity and content as the reconcile read them.
+    pub fn new(
+        cfg: &Config,
+        peers_file: Option<(FileId, &[u8])>,
+        (vtep, bridge, underlay): (&Link, &Link, &Link),
+        ready: Ready,
+    ) -> Stamp {
+        Stamp {
+            version: VERSION.into(),
+            settings: settings(cfg),
+            peers_file: peers_file.map(|(id, _)| id),
+            peers_hash: peers_file.map(|(_, text)| hash(text)),
+            verify_content: peers_file.is_some_and(|(id, _)| id.age() < FRESH),
+            vtep: DeviceId::of(vtep),
+            bridge: DeviceId::of(bridge),
+            underlay: DeviceId::of(underlay),
+            ready,
+        }
+    }
+
+    /// Pure: whether the node is still as this stamp says, given what the ADD found (the
+    /// settings' hash, the peers file's identity now, the three devices now). The VTEP and
+    /// the bridge must be the very devices the reconcile left (same index: a device deleted
+    /// and made again by anyone has another), with the same MAC and MTU, and up.
+    pub fn check(
+        &self,
+        settings: &str,
+        peers_file: Option<FileId>,
+        (vtep, bridge, underlay): (Option<&Link>, Option<&Link>, Option<&Link>),
+    ) -> Check {
+        let same = |want: &DeviceId, l: Option<&Link>, up: bool| {
+            l.is_some_and(|l| DeviceId::of(l) == *want && (!up || l.up))
+        };
+        let holds = self.version == VERSION
+            && self.settings == settings
+            && self.peers_file == peers_file
+            && same(&self.vtep, vtep, true)
+            && same(&self.bridge, bridge, true)
+            && same(&self.underlay, underlay, false);
+        match (&self.peers_hash, holds) {
+            (_, false) => Check::Stale,
+            (Some(h), true) if self.verify_content => Check::IfContent(h.clone()),
+            _ => Check::Holds,
+        }
+    }
+
+    /// The same stamp, no longer asking ADD to compare the content: once the file is older
+    /// than [`FRESH`], a later write shows in its times.
+    pub fn settled(mut self) -> Stamp {
+        self.verify_content = false;
+        self
+    }
+
+    /// The underlay device's index, to look it up.
+    pub fn underlay_index(&self) -> u32 {
+        self.underlay.index
+    }
+}
+
+/// Where the stamp of `cfg`'s network is kept.
+pub fn path(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join(format!("{}.stamp", cfg.name))
+}
+
+/// The stamp, if there is a readable one (anything else is "no stamp": a full reconcile).
+pub fn read(cfg: &Config) -> Option<Stamp> {
+    let text = nofollow::read(&path(cfg)).ok().flatten()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Keeps `stamp` (temp file and rename). Best effort: without it the next ADD reconciles in
+/// full, which is what it did before stamps.
+pub fn write(cfg: &Config, stamp: &Stamp) {
+    let Ok(text) = serde_json::to_vec(stamp) else {
+        return;
+    };
+    if let Err(e) = nofollow::replace(&path(cfg), &text, 0o600, nofollow::Durability::Cache) {
+        eprintln!(
+            "sticky-vxlan: keeping {}: {e} (the next ADD reconciles in full)",
+            path(cfg).display()
+        );
+    }
+}
+
+/// Forgets the stamp: the next ADD reconciles in full.
+pub fn forget(cfg: &Config) {
+    let _ = std::fs::remove_file(path(cfg));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(index: u32, mac: u8, up: bool) -> Link {
+        Link {
+            index,
+            name: format!("l{index}"),
+            mac: Some([2, 0, 0, 0, 0, mac]),
+            mtu: Some(1450),
+            up,
+            ..Link::default()
+        }
+    }
+
+    fn stamp() -> (Stamp, Link, Link, Link) {
+        let (v, b, u) = (link(7, 1, true), link(8, 2, true), link(2, 3, true));
+        let cfg = crate::vxlan::fake::conf(serde_json::json!({}));
+        let ready = Ready {
+            local_ip: "192.0.2.1".parse().unwrap(),
+            subnets: vec!["10.244.1.0/24".parse().unwrap()],
+            mtu: 1450,
+        };
+        (Stamp::new(&cfg, None, (&v, &b, &u), ready), v, b, u)
+    }
+
+    #[test]
+    fn the_stamp_holds_only_while_everything_it_names_is_as_it_was() {
+        let (s, v, b, u) = stamp();
+        let cfg = crate::vxlan::fake::conf(serde_json::json!({}));
+        let h = settings(&cfg);
+        let holds = |s: &Stamp, f, d: (Option<&Link>, Option<&Link>, Option<&Link>)| {
+            s.check(&h, f, d) == Check::Holds
+        };
+        assert!(holds(&s, None, (Some(&v), Some(&b), Some(&u))));
+        // A VTEP deleted (a reboot), or made again by anyone (a new index), or down.
+        assert!(!holds(&s, None, (None, Some(&b), Some(&u))));
+        assert!(!holds(
+            &s,
+            None,
+            (Some(&link(9, 1, true)), Some(&b), Some(&u))
+        ));
+        assert!(!holds(
+            &s,
+            None,
+            (Some(&link(7, 1, false)), Some(&b), Some(&u))
+        ));
+        // A MAC rewritten; the underlay's MTU lowered.
+        assert!(!holds(
+            &s,
+            None,
+            (Some(&link(7, 9, true)), Some(&b), Some(&u))
+        ));
+        let mut lower = u.clone();
+        lower.mtu = Some(1400);
+        assert!(!holds(&s, None, (Some(&v), Some(&b), Some(&lower))));
+        // Other settings; a peers file where there was none.
+        let other = crate::vxlan::fake::conf(serde_json::json!({"mtu": 1300}));
+        assert_eq!(
+            s.check(&settings(&other), None, (Some(&v), Some(&b), Some(&u))),
+            Check::Stale
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("peers.json");
+        std::fs::write(&f, "[]").unwrap();
+        assert!(!holds(&s, FileId::of(&f), (Some(&v), Some(&b), Some(&u))));
+    }
+
+    #[test]
+    fn a_file_stamped_fresh_is_compared_by_content_until_settled() {
+        let (_, v, b, u) = stamp();
+        let cfg = crate::vxlan::fake::conf(serde_json::json!({}));
+        let h = settings(&cfg);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("peers.json");
+        std::fs::write(&f, "[1]").unwrap();
+        let id = FileId::of(&f).unwrap();
+        let ready = stamp().0.ready;
+        let s = Stamp::new(&cfg, Some((id, b"[1]")), (&v, &b, &u), ready);
+        // Just written: its times may not show a write in the same tick.
+        assert_eq!(
+            s.check(&h, Some(id), (Some(&v), Some(&b), Some(&u))),
+            Check::IfContent(hash(b"[1]"))
+        );
+        let settled = s.settled();
+        assert_eq!(
+            settled.check(&h, Some(id), (Some(&v), Some(&b), Some(&u))),
+            Check::Holds
+        );
+    }
+
+    #[test]
+    fn a_write_after_the_tick_changes_the_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("peers.json");
+        std::fs::write(&f, "[1]").unwrap();
+        let a = FileId::of(&f).unwrap();
+        assert_eq!(FileId::of(&f), Some(a), "stable while untouched");
+        // In place, same size, past the coarsest clock tick (the kernel's 4 ms jiffy at 250 Hz).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&f, "[2]").unwrap();
+        let b = FileId::of(&f).unwrap();
+        assert_ne!(a, b);
+        // By rename.
+        let t = dir.path().join("new");
+        std::fs::write(&t, "[2]").unwrap();
+        std::fs::rename(&t, &f).unwrap();
+        assert_ne!(FileId::of(&f).unwrap(), b);
+    }
+}
