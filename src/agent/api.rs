@@ -29,6 +29,9 @@ pub enum ListFrom {
     /// No resourceVersion: a consistent read (after 410 Gone or a too large resourceVersion,
     /// when the cache is known to be behind or ahead).
     Latest,
+    /// `resourceVersion=<v>&resourceVersionMatch=NotOlderThan`: after any other watch
+    /// failure, a list no older than what the agent has already seen.
+    NotOlderThan(String),
 }
 
 #[derive(Debug, thiserror::Error)]

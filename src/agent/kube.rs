@@ -302,6 +302,10 @@ impl NodeApi for Kube {
             (Some(t), _) => path.push_str(&format!("&continue={}", query_escape(t))),
             (None, ListFrom::Cache) => path.push_str("&resourceVersion=0"),
             (None, ListFrom::Latest) => {}
+            (None, ListFrom::NotOlderThan(v)) => path.push_str(&format!(
+                "&resourceVersion={}&resourceVersionMatch=NotOlderThan",
+                query_escape(v)
+            )),
         }
         let mut resp = self.get(&path, CALL_SILENCE)?;
         let mut reader = Guarded::new(resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1));

@@ -12,7 +12,8 @@
 //! - Every other failure while watching (410 Gone, 504 too large resourceVersion, 5xx, an
 //!   ERROR event, an event that is not a Node, an event too large) means "list again", after a
 //!   jittered backoff; after 410 and 504 the list is a consistent read (no resourceVersion),
-//!   otherwise from the cache again. Repeated failures back off to 30 s.
+//!   otherwise one no older than the last resourceVersion seen. Repeated failures back off
+//!   to 30 s.
 //! - [`SyncState`] says whether the API answers and since when the agent's view is stale:
 //!   from the first failure until the next complete list (or a resumed watch when no list was
 //!   needed).
@@ -42,6 +43,9 @@ pub struct SyncState {
     pub stale_since: Option<u64>,
     /// Unix seconds of the last complete list.
     pub last_list: Option<u64>,
+    /// Unix seconds the API last answered (a page, a watch opened, an event), to within
+    /// [`ANSWER_EVERY`].
+    pub last_answer: Option<u64>,
     /// The last failure, for the log and `show`.
     pub last_error: Option<String>,
     pub lists: u64,
@@ -58,6 +62,8 @@ pub enum Phase {
 
 /// How long the server should keep one watch open: 5 to 10 minutes, as client-go asks.
 const WATCH_TIMEOUT: Duration = Duration::from_secs(450);
+/// How often the last answer's time is passed on while events flow.
+const ANSWER_EVERY: Duration = Duration::from_secs(10);
 /// A watch that the server ended after less than this is resumed only after a backoff (a
 /// server that ends every watch at once must not be hammered).
 const SHORT_WATCH: Duration = Duration::from_secs(1);
@@ -109,6 +115,7 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
                 self.state.api_reachable = true;
                 self.state.stale_since = None;
                 self.state.last_list = Some(self.clock.unix());
+                self.state.last_answer = self.state.last_list;
                 self.state.last_error = None;
                 self.state.lists += 1;
                 self.sink.replace(nodes);
@@ -164,29 +171,28 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
         let timeout = self.backoff.jitter(WATCH_TIMEOUT, 1.0 / 3.0);
         let timeout = Duration::from_secs(timeout.as_secs());
         let started = self.clock.now();
+        let (state, sink, clock) = (&mut self.state, &mut self.sink, &self.clock);
         let end = match self.api.watch(&resource_version, timeout) {
             Err(e) => Err(e),
-            Ok(mut events) => loop {
-                match events.next_event() {
-                    Ok(Some(event)) => {
-                        if let Some(rv) = apply(&mut self.sink, event) {
-                            resource_version = rv;
+            Ok(mut events) => {
+                // The watch opened: the API answers, and what was missed is in this stream.
+                answered(state, sink, clock, true);
+                loop {
+                    match events.next_event() {
+                        Ok(Some(event)) => {
+                            answered(state, sink, clock, false);
+                            if let Some(rv) = apply(sink, event) {
+                                resource_version = rv;
+                            }
                         }
+                        Ok(None) => break Ok(()),
+                        Err(e) => break Err(e),
                     }
-                    Ok(None) => break Ok(()),
-                    Err(e) => break Err(e),
                 }
-            },
+            }
         };
         if let Err(e) = end {
             return self.watch_failed(e, resource_version);
-        }
-        if !self.state.api_reachable || self.state.stale_since.is_some() {
-            // The watch opened: the API answers, and what was missed is in this stream.
-            self.state.api_reachable = true;
-            self.state.stale_since = None;
-            self.state.last_error = None;
-            self.sink.state(&self.state);
         }
         if self.clock.now() - started >= SHORT_WATCH {
             self.backoff.reset();
@@ -205,6 +211,8 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
         } else {
             Phase::List(match e {
                 ApiError::Gone { .. } | ApiError::Status { code: 504, .. } => ListFrom::Latest,
+                // As client-go: no older than what this agent has already seen.
+                _ if !resource_version.is_empty() => ListFrom::NotOlderThan(resource_version),
                 _ => ListFrom::Cache,
             })
         };
@@ -223,6 +231,25 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
         let wait = self.backoff.next_wait();
         self.clock.sleep(wait);
     }
+}
+
+/// The API answered (a watch opened, or an event came): marks it reachable and in sync, and
+/// tells the sink when that changed, on `now`, or at most every [`ANSWER_EVERY`] (a watch
+/// brings hundreds of heartbeats a second in a large cluster).
+fn answered<S: Sink, C: Clock>(state: &mut SyncState, sink: &mut S, clock: &C, now: bool) {
+    let unix = clock.unix();
+    let changed = !state.api_reachable || state.stale_since.is_some();
+    let due = state
+        .last_answer
+        .is_none_or(|t| unix.saturating_sub(t) >= ANSWER_EVERY.as_secs());
+    if !(changed || due || now) {
+        return;
+    }
+    state.api_reachable = true;
+    state.stale_since = None;
+    state.last_error = None;
+    state.last_answer = Some(unix);
+    sink.state(state);
 }
 
 /// Passes one event to the sink; the resourceVersion to resume from after it.
@@ -305,21 +332,30 @@ mod tests {
     struct Recorder {
         log: Vec<String>,
         states: Vec<SyncState>,
+        /// Node calls and states in the order they came.
+        timeline: Vec<String>,
     }
 
     impl Sink for Recorder {
         fn replace(&mut self, nodes: Vec<Node>) {
             let names: Vec<&str> = nodes.iter().map(|n| n.metadata.name.as_str()).collect();
             self.log.push(format!("replace {}", names.join(",")));
+            self.timeline.push("replace".into());
         }
         fn upsert(&mut self, node: Node) {
             self.log.push(format!("upsert {}", node.metadata.name));
+            self.timeline.push(format!("upsert {}", node.metadata.name));
         }
         fn delete(&mut self, name: &str) {
             self.log.push(format!("delete {name}"));
         }
         fn state(&mut self, state: &SyncState) {
             self.states.push(state.clone());
+            self.timeline.push(format!(
+                "reachable={} stale={}",
+                state.api_reachable,
+                state.stale_since.is_some()
+            ));
         }
     }
 
@@ -414,14 +450,17 @@ mod tests {
         for (e, from) in [
             (status(410, "too old resource version"), ListFrom::Latest),
             (status(504, "Too large resource version"), ListFrom::Latest),
-            (status(500, "internal error"), ListFrom::Cache),
-            (status(403, "forbidden"), ListFrom::Cache),
+            (
+                status(500, "internal error"),
+                ListFrom::NotOlderThan("5".into()),
+            ),
+            (status(403, "forbidden"), ListFrom::NotOlderThan("5".into())),
             (
                 ApiError::Decode {
                     what: "watch".into(),
                     reason: "not a Node".into(),
                 },
-                ListFrom::Cache,
+                ListFrom::NotOlderThan("5".into()),
             ),
             (
                 ApiError::TooLarge {
@@ -429,7 +468,7 @@ mod tests {
                     limit: 1,
                     unit: "bytes",
                 },
-                ListFrom::Cache,
+                ListFrom::NotOlderThan("5".into()),
             ),
         ] {
             let what = e.to_string();
@@ -511,5 +550,31 @@ mod tests {
         steps(&mut r, 1);
         assert_eq!(r.api.calls.len(), 2);
         assert!(r.sink.log.is_empty());
+    }
+
+    #[test]
+    fn the_api_is_marked_answering_when_a_resumed_watch_opens_not_when_it_ends() {
+        let mut r = reflector(vec![
+            page(&["a"], "5", None),
+            Answer::Fail(broken()),
+            Answer::Watch(vec![Ok(Event::Modified(node("a", "6")))]),
+        ]);
+        steps(&mut r, 3);
+        let t = &r.sink.timeline;
+        let down = t
+            .iter()
+            .position(|e| e == "reachable=false stale=true")
+            .unwrap();
+        let up = t
+            .iter()
+            .skip(down)
+            .position(|e| e == "reachable=true stale=false")
+            .unwrap()
+            + down;
+        let event = t.iter().position(|e| e == "upsert a").unwrap();
+        assert!(
+            up < event,
+            "answering before the stream's first event: {t:?}"
+        );
     }
 }

@@ -16,7 +16,7 @@ pub struct Status {
     /// "kubernetes API `<url>`" or "peers file only (--no-api)".
     pub source: String,
     pub api_reachable: bool,
-    /// Unix seconds of the API's last answer (a list page, an event, a bookmark).
+    /// Unix seconds of the API's last answer (a list, a watch opened, an event; to within 10 s).
     pub last_api_answer: Option<u64>,
     /// Unix seconds of the last complete list.
     pub last_sync: Option<u64>,
@@ -95,12 +95,6 @@ impl Shared {
     /// The state; a thread that panicked while holding it left plain data, still usable.
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn api_answered(&self) {
-        let mut s = self.lock();
-        s.status.api_reachable = true;
-        s.status.last_api_answer = Some(now_unix());
     }
 
     /// Prometheus text format.

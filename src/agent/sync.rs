@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use super::files;
 use super::guard::Guard;
+use super::kube::MAX_NODES;
 use super::mapping;
 use super::objects::Node;
 use super::reflector::{Sink, SyncState};
@@ -44,6 +45,8 @@ pub struct Feed {
     own_name: Option<String>,
     mapped: BTreeMap<String, Mapped>,
     own: Option<Node>,
+    /// More than [`MAX_NODES`] were announced since the last list (said once).
+    overflowed: bool,
 }
 
 impl Feed {
@@ -53,6 +56,7 @@ impl Feed {
             own_name,
             mapped: BTreeMap::new(),
             own: None,
+            overflowed: false,
         }
     }
 
@@ -77,6 +81,7 @@ impl Feed {
 
 impl Sink for Feed {
     fn replace(&mut self, nodes: Vec<Node>) {
+        self.overflowed = false;
         for n in &nodes {
             self.own(n);
         }
@@ -89,6 +94,17 @@ impl Sink for Feed {
 
     fn upsert(&mut self, node: Node) {
         self.own(&node);
+        if self.mapped.len() >= MAX_NODES && !self.mapped.contains_key(&node.metadata.name) {
+            // A watch that keeps announcing new Nodes must not grow the agent without bound.
+            if !self.overflowed {
+                eprintln!(
+                    "sticky-vxlan-agent: more than {MAX_NODES} Nodes: Node {:?} and any further new one are ignored until the next list",
+                    node.metadata.name
+                );
+                self.overflowed = true;
+            }
+            return;
+        }
         let mapped = mapping::node_entry(&node);
         if self.mapped.get(&node.metadata.name) != Some(&mapped) {
             self.mapped
@@ -235,9 +251,7 @@ pub fn record_state(shared: &Shared, state: &SyncState) -> Option<String> {
     s.status.last_sync = state.last_list;
     s.status.stale_since = state.stale_since;
     s.status.last_error.clone_from(&state.last_error);
-    if state.api_reachable {
-        s.status.last_api_answer = Some(super::state::now_unix());
-    }
+    s.status.last_api_answer = state.last_answer;
     s.counters.lists = state.lists;
     s.counters.list_failures = state.list_failures;
     s.counters.watch_failures = state.watch_failures;
