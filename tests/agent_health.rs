@@ -318,9 +318,9 @@ fn healthz_answers_within_a_second_while_twenty_connections_trickle() {
     );
     assert!(failures.is_empty(), "/healthz failed: {failures:?}");
     assert!(rss < 64 * 1024, "the agent grew to {rss} KiB resident");
-    // The main loop, the accepting thread, 16 connections and 16 cut ones still ending, and
-    // a few that gave their slot back a moment before they ended.
-    assert!(agent_threads <= 40, "the agent ran {agent_threads} threads");
+    // The main loop, the accepting thread and one thread per open connection: 20 slow ones,
+    // never more than the 48 slots (the 20 never fill them, so none is cut).
+    assert!(agent_threads <= 52, "the agent ran {agent_threads} threads");
 }
 
 fn wait_exit(child: &mut Child, within: Duration) -> Option<ExitStatus> {

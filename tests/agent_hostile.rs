@@ -272,14 +272,15 @@ fn watch_errors_other_than_410_lead_to_a_relist_and_the_status_says_stale() {
     for n in 1..=2 {
         c.api.put_node(Cluster::node(n));
     }
-    let agent = c.agent(1, &[]);
-    wait_for("node 1 to program node 2", Duration::from_secs(10), || {
-        c.routes(1, &Topo::subnet(2))
-    });
     for (code, message) in [
         (504, "Too large resource version: 90, current: 12"),
         (500, "etcdserver: request timed out"),
     ] {
+        // A fresh agent each time: failures grow an agent's backoff for two minutes.
+        let agent = c.agent(1, &[]);
+        wait_for("node 1 to program node 2", Duration::from_secs(10), || {
+            c.routes(1, &Topo::subnet(2))
+        });
         let lists = c.api.lists();
         c.api.fail_watches(Some((code, message)));
         c.api.close_watches();
@@ -289,16 +290,16 @@ fn watch_errors_other_than_410_lead_to_a_relist_and_the_status_says_stale() {
         wait_for("show to say STALE", Duration::from_secs(10), || {
             show(&c, 1).contains("STALE since")
         });
-        // A Node that only a new list can bring.
+        // A Node that only a new list can bring (relists after 1, 2, 4, 8 s, ±50%).
         c.api.put_node(Cluster::node(3));
         wait_for(
             "node 3 in node 1's file through a relist",
-            Duration::from_secs(15),
+            Duration::from_secs(25),
             || c.file_has(1, "192.0.2.3"),
         );
         c.api.fail_watches(None);
         c.api.delete_node("node-3");
-        wait_for("the stale mark gone", Duration::from_secs(20), || {
+        wait_for("the stale mark gone", Duration::from_secs(60), || {
             !show(&c, 1).contains("STALE") && !c.file_has(1, "192.0.2.3")
         });
         assert!(

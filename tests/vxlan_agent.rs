@@ -106,9 +106,11 @@ fn agents_add_a_node_within_5s_survive_the_api_going_away_and_remove_deleted_nod
     // An API restored from an empty backup answers an empty list: beyond the threshold,
     // nothing is removed, and the agents say so.
     c.api.restore(vec![]);
+    // After the outage and the 410s, each agent's backoff may have grown to its cap (30 s,
+    // ±50%): it starts over only after two minutes without a failure, as client-go's.
     wait_for(
         "the agents to refuse the empty list",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || agents[0].log_text().contains("REFUSED") && agents[1].log_text().contains("REFUSED"),
     );
     assert!(c.file_has(1, "192.0.2.2") && c.file_has(2, "192.0.2.1"));

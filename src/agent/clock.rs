@@ -62,16 +62,20 @@ impl Clock for FakeClock {
 /// Exponential backoff with jitter, as client-go's reflector waits between failed lists and
 /// watches: from [`Backoff::MIN`] doubling to [`Backoff::MAX`], each wait spread over
 /// ±50% so a fleet of agents that lost the API at the same instant does not come back at the
-/// same instant.
+/// same instant. As client-go's, it starts over only after [`Backoff::RESET_AFTER`] without a
+/// failure: a list that succeeds between two failed watches does not reset it (an API that
+/// answers every watch with 410 is not relisted every second).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,
     rng: u64,
+    last_failure: Option<Instant>,
 }
 
 impl Backoff {
     pub const MIN: Duration = Duration::from_secs(1);
     pub const MAX: Duration = Duration::from_secs(30);
+    pub const RESET_AFTER: Duration = Duration::from_secs(120);
 
     /// Seeded from the standard library's per-process random state.
     pub fn new() -> Backoff {
@@ -86,15 +90,20 @@ impl Backoff {
         Backoff {
             next: Self::MIN,
             rng: seed | 1,
+            last_failure: None,
         }
     }
 
-    pub fn reset(&mut self) {
-        self.next = Self::MIN;
-    }
-
-    /// The next wait, jittered; doubles the one after it, up to the cap.
-    pub fn next_wait(&mut self) -> Duration {
+    /// The wait after a failure at `now`, jittered; doubles the one after it, up to the cap,
+    /// unless the previous failure is more than [`Backoff::RESET_AFTER`] ago.
+    pub fn next_wait(&mut self, now: Instant) -> Duration {
+        if self
+            .last_failure
+            .is_some_and(|t| now.duration_since(t) >= Self::RESET_AFTER)
+        {
+            self.next = Self::MIN;
+        }
+        self.last_failure = Some(now);
         let d = self.jitter(self.next, 0.5);
         self.next = (self.next * 2).min(Self::MAX);
         d
@@ -124,7 +133,8 @@ mod tests {
     #[test]
     fn waits_double_up_to_the_cap_spread_around_the_nominal_value() {
         let mut b = Backoff::seeded(42);
-        let waits: Vec<Duration> = (0..8).map(|_| b.next_wait()).collect();
+        let t = Instant::now();
+        let waits: Vec<Duration> = (0..8).map(|_| b.next_wait(t)).collect();
         for (i, w) in waits.iter().enumerate() {
             let nominal = (Backoff::MIN * 2u32.pow(i as u32)).min(Backoff::MAX);
             assert!(
@@ -132,19 +142,19 @@ mod tests {
                 "wait {i}: {w:?} is not within ±50% of {nominal:?}"
             );
         }
-        b.reset();
-        assert!(b.next_wait() <= Backoff::MIN * 3 / 2);
+        // Two minutes without a failure: from the start again.
+        assert!(b.next_wait(t + Backoff::RESET_AFTER) <= Backoff::MIN * 3 / 2);
     }
 
     #[test]
     fn two_agents_do_not_wait_in_step() {
         let a: Vec<Duration> = {
             let mut b = Backoff::seeded(1);
-            (0..5).map(|_| b.next_wait()).collect()
+            (0..5).map(|_| b.next_wait(Instant::now())).collect()
         };
         let b: Vec<Duration> = {
             let mut b = Backoff::seeded(2);
-            (0..5).map(|_| b.next_wait()).collect()
+            (0..5).map(|_| b.next_wait(Instant::now())).collect()
         };
         assert_ne!(a, b);
     }

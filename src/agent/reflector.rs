@@ -111,7 +111,6 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
     fn list(&mut self, from: ListFrom) -> Phase {
         match self.list_all(&from) {
             Ok((nodes, resource_version)) => {
-                self.backoff.reset();
                 self.state.api_reachable = true;
                 self.state.stale_since = None;
                 self.state.last_list = Some(self.clock.unix());
@@ -194,10 +193,8 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
         if let Err(e) = end {
             return self.watch_failed(e, resource_version);
         }
-        if self.clock.now() - started >= SHORT_WATCH {
-            self.backoff.reset();
-        } else {
-            let wait = self.backoff.next_wait();
+        if self.clock.now() - started < SHORT_WATCH {
+            let wait = self.backoff.next_wait(self.clock.now());
             self.clock.sleep(wait);
         }
         Phase::Watch { resource_version }
@@ -228,7 +225,7 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
         self.state.stale_since.get_or_insert(self.clock.unix());
         self.state.last_error = Some(e.to_string());
         self.sink.state(&self.state);
-        let wait = self.backoff.next_wait();
+        let wait = self.backoff.next_wait(self.clock.now());
         self.clock.sleep(wait);
     }
 }
@@ -575,6 +572,23 @@ mod tests {
         assert!(
             up < event,
             "answering before the stream's first event: {t:?}"
+        );
+    }
+
+    #[test]
+    fn lists_that_succeed_between_failed_watches_do_not_reset_the_backoff() {
+        let mut answers = vec![];
+        for _ in 0..6 {
+            answers.push(page(&["a"], "5", None));
+            answers.push(Answer::Fail(status(410, "gone")));
+        }
+        let mut r = reflector(answers);
+        steps(&mut r, 12);
+        let sleeps = &r.clock.sleeps;
+        assert_eq!(sleeps.len(), 6);
+        assert!(
+            sleeps[5] >= Backoff::MIN * 32 / 2,
+            "the sixth wait grew: {sleeps:?}"
         );
     }
 }

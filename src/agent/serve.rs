@@ -12,7 +12,7 @@
 //! is still sending its head, the new one is answered `503` at once. So misbehaving clients
 //! cannot keep `/healthz` waiting: it is answered as soon as its own head is in. A cut
 //! connection's thread ends at once, and those still ending count against twice the cap: there
-//! are never more than 32 connection threads.
+//! are never more than 96 connection threads (each with a small stack).
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -37,10 +37,13 @@ struct Limits {
 }
 
 const LIMITS: Limits = Limits {
-    connections: 16,
+    connections: 48,
     head_bytes: 8 * 1024,
     head_time: Duration::from_secs(5),
 };
+
+/// A connection thread's stack: it parses a head of at most 8 KiB and formats the metrics.
+const STACK: usize = 256 * 1024;
 
 /// An answer is written with one `write` into the socket's send buffer (it is a few KiB), so
 /// this bounds a client that does not read.
@@ -93,9 +96,11 @@ fn listen(listener: &TcpListener, shared: &Shared, limits: Limits) {
             Ok(Some(held)) => {
                 let shared = shared.clone();
                 // If no thread can be started, the closure drops: the connection is closed.
-                let _ = std::thread::Builder::new().spawn(move || {
-                    let _ = serve(&conn, &shared, &held, limits);
-                });
+                let _ = std::thread::Builder::new()
+                    .stack_size(STACK)
+                    .spawn(move || {
+                        let _ = serve(&conn, &shared, &held, limits);
+                    });
             }
             Ok(None) | Err(_) => busy(&conn),
         }
