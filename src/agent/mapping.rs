@@ -1,4 +1,5 @@
-//! Node objects → peer entries (pure), and the rule that guards removals.
+//! One Node object → its peer entry, or why it has none (pure). What the whole list may hold
+//! is [`super::table`]'s, and what a change may remove [`super::guard`]'s.
 //!
 //! For every node: underlay = the annotation `sticky-cni.io/underlay-ip` if set, else (for a
 //! flannel node) flannel's `public-ip`, else the first IPv4 `InternalIP` of

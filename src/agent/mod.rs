@@ -12,8 +12,11 @@
 //! [`flags`] is the command line, [`endpoint`] finds the API and its credentials, [`api`] is
 //! what the agent asks of the API (a trait), [`kube`] its HTTP implementation, [`objects`] the
 //! typed subset of the Node object, [`reflector`] the list/watch state machine over the
-//! [`api`] and [`clock`] traits, [`mapping`] turns nodes into peers and guards removals,
-//! [`sync`] keeps the nodes and writes the peers file, [`files`] the files it writes,
+//! [`api`] and [`clock`] traits, [`mapping`] turns one Node into its peer entry, [`table`]
+//! places the Nodes by the plugin's whole-list rules (one bad Node is left out alone, no
+//! takeover), [`guard`] refuses changes that would stop traffic on many peers at once,
+//! [`sync`] carries the Nodes from the reflector to the peers file (one write per burst),
+//! [`files`] the files it writes,
 //! [`reconcile`] programs the node, [`state`] and [`serve`] are the metrics, `/healthz` and the
 //! status file, and [`publish`] sets flannel's annotations on the agent's own Node.
 

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""sticky-vxlan's cost against cluster size: pod ADD and DEL, a reconcile with nothing changed,
+a reconcile after one peer changed, and the first programming of a node, at 10, 1,000 and 5,000
+peers, in one run.
+
+Each size gets a netns "node" of its own (underlay 198.18.0.1/15 on a veth whose peer stays in
+the node, so nothing leaves it) and a peers file of N other nodes, each with a /24; the plugins
+run inside the node with `ip netns exec`, as a runtime on that node would, with the CNI_ARGS
+kubelet's runtimes send. First programming is `sticky-vxlan reconcile` on the fresh node; a
+no-change reconcile is that command again; a one-peer change rewrites the peers file with one
+peer's subnet moved (turn and turn about, so every round changes something) and reconciles;
+pod ADD and DEL are timed with sticky-ipam. Prints medians and the ratios to 10 peers, checks
+issue 20's targets, and draws docs/bench-cluster.svg. Needs root and only python3.
+
+    scripts/bench-cluster.py [--runs 10] [--sizes 10,1000,5000]
+                             [--bin target/release/sticky-vxlan]
+                             [--ipam target/release/sticky-ipam]
+                             [--plot docs/bench-cluster.svg]
+
+Every namespace and temp file it makes is removed at the end, also on failure.
+"""
+
+import argparse
+import ipaddress
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchnode import clean_up, cni_bin_dir, cni_env, sh  # noqa: E402
+
+UNDERLAY = ipaddress.ip_address("198.18.0.1")
+
+
+def peer(i):
+    """Peer i (1-based): underlay 198.18.0.1 + i, pod subnet the i-th /24 of 10.0.0.0/8."""
+    ip = UNDERLAY + i
+    subnet = ipaddress.ip_network((int(ipaddress.ip_address("10.0.0.0")) + (i << 8), 24))
+    return {"ip": str(ip), "subnets": [str(subnet)]}
+
+
+def peers_file(path, n, moved=None):
+    """This node (the 8,000th /24) and n peers; `moved`: a peer whose subnet moves (turn about)."""
+    entries = [{"ip": str(UNDERLAY), "subnets": ["10.31.64.0/24"]}]
+    for i in range(1, n + 1):
+        e = peer(i)
+        if moved is not None and i == moved[0] and moved[1]:
+            e["subnets"] = ["10.32.0.0/24"]
+        entries.append(e)
+    tmp = path + ".new"
+    with open(tmp, "w") as f:
+        json.dump(entries, f)
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, path)
+
+
+def make_node(node, namespaces):
+    sh("ip", "netns", "add", node)
+    namespaces.append(node)
+    sh("ip", "-n", node, "link", "set", "lo", "up")
+    sh("ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+    sh("ip", "-n", node, "addr", "add", "198.18.0.1/15", "dev", "eth0")
+    sh("ip", "-n", node, "link", "set", "eth0", "up")
+    sh("ip", "-n", node, "link", "set", "eth0p", "up")
+
+
+def timed(args, env=None, stdin=None):
+    start = time.perf_counter()
+    out = subprocess.run(args, input=stdin, env=env, capture_output=True)
+    took = time.perf_counter() - start
+    if out.returncode != 0:
+        raise RuntimeError(f"{args} failed: {out.stdout!r} {out.stderr!r}")
+    return took
+
+
+def measure(size, args, tmp, namespaces, tag):
+    node = f"{tag}-n{size}"
+    make_node(node, namespaces)
+    d = os.path.join(tmp, f"n{size}")
+    os.mkdir(d)
+    bindir = os.path.join(d, "bin")
+    ipam_type = cni_bin_dir(bindir, args.ipam, plugins=())
+    os.symlink(args.bin, os.path.join(bindir, "sticky-vxlan"))
+    pf = os.path.join(d, "peers.json")
+    peers_file(pf, size)
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": f"bench{size}",
+        "type": "sticky-vxlan",
+        "vni": 1,
+        "isDefaultGateway": True,
+        "stateDir": os.path.join(d, "state"),
+        "peersFile": pf,
+        "ipam": {"type": ipam_type, "dataDir": os.path.join(d, "ipam")},
+    }
+    conf_path = os.path.join(d, "net.conf")
+    with open(conf_path, "w") as f:
+        json.dump(conf, f)
+    reconcile = ["ip", "netns", "exec", node, args.bin, "reconcile", "--config", conf_path]
+    out = {"first": timed(reconcile)}
+    out["nochange"] = [timed(reconcile) for _ in range(args.runs)]
+    changes = []
+    for r in range(args.runs):
+        peers_file(pf, size, moved=(size, r % 2 == 0))
+        changes.append(timed(reconcile))
+    out["onechange"] = changes
+    # Back to the list the pods' node was programmed with, then one full reconcile (as the
+    # agent does after writing the file), so ADD finds the node as a steady cluster leaves it.
+    peers_file(pf, size)
+    timed(reconcile)
+    adds, dels = [], []
+    for r in range(args.runs):
+        cid = f"c{size}x{r}"
+        pod = f"{tag}-p{size}x{r}"
+        sh("ip", "netns", "add", pod)
+        namespaces.append(pod)
+        netns = f"/run/netns/{pod}"
+        stdin = json.dumps(conf).encode()
+        adds.append(timed(["ip", "netns", "exec", node, args.bin], cni_env("ADD", cid, netns, bindir), stdin))
+        dels.append(timed(["ip", "netns", "exec", node, args.bin], cni_env("DEL", cid, netns, bindir), stdin))
+        subprocess.run(["ip", "netns", "del", pod], stderr=subprocess.DEVNULL)
+        namespaces.remove(pod)
+    out["add"], out["del"] = adds, dels
+    subprocess.run(["ip", "netns", "del", node], stderr=subprocess.DEVNULL)
+    namespaces.remove(node)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(here, "..", "target"))
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--sizes", default="10,1000,5000")
+    parser.add_argument("--bin", default=os.path.join(target, "release", "sticky-vxlan"))
+    parser.add_argument("--ipam", default=os.path.join(target, "release", "sticky-ipam"))
+    parser.add_argument("--plot", default=os.path.join(here, "..", "docs", "bench-cluster.svg"),
+                        help="SVG file to draw ('' for none)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench-cluster: needs root (it creates network namespaces)")
+    args.bin, args.ipam = os.path.abspath(args.bin), os.path.abspath(args.ipam)
+    for b in (args.bin, args.ipam):
+        if not os.path.exists(b):
+            sys.exit(f"bench-cluster: {b} not found: scripts/build-release.sh first, or pass --bin/--ipam")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    tag = f"bc{os.getpid()}"
+    namespaces = []
+    tmp = tempfile.mkdtemp(prefix="bench-cluster-")
+    results = {}
+    try:
+        for size in sizes:
+            results[size] = measure(size, args, tmp, namespaces, tag)
+    finally:
+        clean_up(namespaces, tmp)
+
+    def ms(v):
+        return 1000 * (statistics.median(v) if isinstance(v, list) else v)
+
+    rows = [("pod ADD", "add"), ("pod DEL", "del"), ("reconcile, nothing changed", "nochange"),
+            ("reconcile, one peer changed", "onechange"), ("first programming", "first")]
+    base = sizes[0]
+    print(f"medians of {args.runs} ({args.bin})")
+    print("%-30s" % "peers" + "".join("%14d" % s for s in sizes) + "   ratio %d/%d" % (sizes[-1], base))
+    for label, key in rows:
+        vals = [ms(results[s][key]) for s in sizes]
+        print("%-30s" % label + "".join("%11.1f ms" % v for v in vals) + "   %6.2f" % (vals[-1] / vals[0]))
+    big = sizes[-1]
+    targets = [
+        ("pod ADD at %d peers <= 1.2x at %d" % (big, base), ms(results[big]["add"]) <= 1.2 * ms(results[base]["add"])),
+        ("no-change reconcile at %d <= 60 ms" % big, ms(results[big]["nochange"]) <= 60),
+        ("one-peer-change reconcile at %d <= 60 ms" % big, ms(results[big]["onechange"]) <= 60),
+        ("first programming of %d <= 500 ms" % big, ms(results[big]["first"]) <= 500),
+    ]
+    for what, ok in targets:
+        print(("PASS " if ok else "MISS ") + what)
+    if args.plot:
+        from benchplot import plot
+        colours = ["#1f77b4", "#1f77b4", "#d62728", "#d62728", "#2ca02c"]
+        dashes = ["", "6,3", "", "6,3", ""]
+        series = [(label, colours[i], dashes[i], [(s, ms(results[s][key])) for s in sizes])
+                  for i, (label, key) in enumerate(rows)]
+        plot(args.plot, "sticky-vxlan: cost against cluster size (medians, ms, log scales)",
+             "peers on the node (log scale)", series, logx=True, logy=True)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
