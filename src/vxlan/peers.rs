@@ -233,16 +233,6 @@ fn subnet_key(net: &IpNet) -> (bool, u128, u8) {
     }
 }
 
-/// `addr` with all but the first `prefix` bits cleared, in a family of `bits` bits.
-fn truncate(addr: u128, prefix: u8, bits: u8) -> u128 {
-    if prefix == 0 {
-        0
-    } else {
-        let host = u32::from(bits - prefix);
-        addr >> host << host
-    }
-}
-
 impl Claims {
     /// The peer already holding `ip` as its underlay address, or a subnet that contains
     /// `ip`, or a subnet overlapping `net`: whichever `peer` runs into first.
@@ -309,14 +299,16 @@ impl Claims {
         }
     }
 
-    /// A held subnet equal to or containing `net`.
+    /// A held subnet equal to or containing `net`. Held subnets never overlap each other
+    /// (one is inserted only when [`Claims::conflict`] found nothing), so the only candidate is
+    /// the last one at or before `net` in the index's order: one range lookup.
     fn containing(&self, net: &IpNet) -> Option<(IpNet, Ipv4Addr)> {
-        let (v6, addr, prefix) = subnet_key(net);
-        let bits = net.max_prefix_len();
-        (0..=prefix).find_map(|p| {
-            let key = (v6, truncate(addr, p, bits), p);
-            self.subnets.get(&key).map(|&holder| (key_net(key), holder))
-        })
+        let key = subnet_key(net);
+        let (v6, _, _) = key;
+        let (&found, &holder) = self.subnets.range((v6, 0, 0)..=key).next_back()?;
+        let candidate = key_net(found);
+        (candidate.prefix_len() <= net.prefix_len() && candidate.contains(&net.network()))
+            .then_some((candidate, holder))
     }
 
     /// A held subnet strictly inside `net`.

@@ -262,11 +262,16 @@ pub fn remove_stale_veths(network: &str, valid: &[Attachment]) -> Result<(), Err
     first
 }
 
-/// This node's pod subnets, for an IPAM section without ranges: from the peer list, or, when
+/// This node's pod subnets, for an IPAM section without ranges: from the stamp of the last
+/// full reconcile while it holds, else from the peer list, or, when
 /// the node cannot be worked out (a DEL after the underlay went away), from the addresses of
 /// the previous result.
 fn local_subnets(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpNet>, Error> {
     let mut k = Live { sock };
+    // What the last full reconcile left, while it holds: no peer list read at all.
+    if let Ok(Some(node)) = reconcile::stamped(&mut k, cfg) {
+        return Ok(node.ready.subnets);
+    }
     let resolved = Observed::read_for_node(&mut k)
         .and_then(|seen| node::resolve(&mut k, cfg, &seen))
         .map(|node| node.local.subnets);

@@ -61,38 +61,49 @@ pub struct ForPod {
 /// resync). Under the network's lock either way.
 pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
     let _guard = state_dir::lock(cfg)?;
-    if let Some(s) = stamp::read(cfg) {
-        let file = cfg.peers_file.as_deref().and_then(FileId::of);
-        let vtep = k.link(&cfg.vtep_name)?;
-        let bridge = k.link(&cfg.bridge)?;
-        let underlay = k.link_at(s.underlay_index())?;
-        let devices = (vtep.as_ref(), bridge.as_ref(), underlay.as_ref());
-        let holds = match s.check(&stamp::settings(cfg), file, devices) {
-            Check::Holds => true,
-            Check::IfContent(want) => {
-                let same = cfg
-                    .peers_file
-                    .as_deref()
-                    .and_then(stamp::content)
-                    .is_some_and(|text| stamp::hash(&text) == want);
-                if same && file.is_some_and(|f| f.age() >= stamp::FRESH) {
-                    stamp::write(cfg, &s.clone().settled());
-                }
-                same
-            }
-            Check::Stale => false,
-        };
-        if holds && let Some(bridge) = bridge {
-            return Ok(ForPod {
-                ready: s.ready,
-                bridge,
-            });
-        }
+    if let Some(node) = stamped(k, cfg)? {
+        return Ok(node);
     }
     let report = full(k, cfg)?;
     Ok(ForPod {
         ready: ready_of(&report.node),
         bridge: report.bridge,
+    })
+}
+
+/// What the last full reconcile's stamp says, if it still holds ([`stamp`]: three link
+/// lookups and a `stat`); `None` when a full reconcile is needed. DEL, CHECK and GC take this
+/// node's subnets from it too, so none of them reads the peer list while it holds.
+pub fn stamped(k: &mut impl Kernel, cfg: &Config) -> Result<Option<ForPod>, Error> {
+    let Some(s) = stamp::read(cfg) else {
+        return Ok(None);
+    };
+    let file = cfg.peers_file.as_deref().and_then(FileId::of);
+    let vtep = k.link(&cfg.vtep_name)?;
+    let bridge = k.link(&cfg.bridge)?;
+    let underlay = k.link_at(s.underlay_index())?;
+    let devices = (vtep.as_ref(), bridge.as_ref(), underlay.as_ref());
+    let holds = match s.check(&stamp::settings(cfg), file, devices) {
+        Check::Holds => true,
+        Check::IfContent(want) => {
+            let same = cfg
+                .peers_file
+                .as_deref()
+                .and_then(stamp::content)
+                .is_some_and(|text| stamp::hash(&text) == want);
+            if same && file.is_some_and(|f| f.age() >= stamp::FRESH) {
+                stamp::write(cfg, &s.clone().settled());
+            }
+            same
+        }
+        Check::Stale => false,
+    };
+    Ok(match (holds, bridge) {
+        (true, Some(bridge)) => Some(ForPod {
+            ready: s.ready,
+            bridge,
+        }),
+        _ => None,
     })
 }
 
