@@ -391,3 +391,70 @@ fn temp_files_a_killed_writer_left_are_removed_at_start() {
         "only the agent's own temp files are removed"
     );
 }
+
+/// Issue 19, finding 9: the bearer token went out in clear with `--server http://...`, and a
+/// token file holding `tok\r\nX-Injected: yes` injected a header. Now the agent refuses to
+/// start with a token for a plain-http server that is not this machine, and refuses a token
+/// with a control character before anything is sent.
+#[test]
+fn credentials_never_go_out_in_clear_nor_inject_a_header() {
+    let setup = Setup::new();
+    let token = setup.dir.path().join("token");
+    std::fs::write(&token, "tok\n").unwrap();
+    let run = |server: &str| {
+        let mut child = Command::new(BIN)
+            .args(["--config", setup.conf.to_str().unwrap(), "--server", server])
+            .arg("--token-file")
+            .arg(&token)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sticky-vxlan-agent");
+        let status = wait_exit(&mut child, Duration::from_secs(10));
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        (status, err)
+    };
+    // Not a loopback address, yet one that stays on this machine should the rule ever break
+    // (Linux takes 0.0.0.0 as the local host): the agent must stop before connecting.
+    let (status, err) = run("http://0.0.0.0:1");
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
+    assert!(err.contains("in clear"), "{err}");
+
+    // Loopback (YurtHub) is allowed, but a token with CR/LF is refused before any request.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::fs::write(&token, "tok\r\nX-Injected: yes\n").unwrap();
+    let log = std::fs::File::create(setup.dir.path().join("agent.log")).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["--config", setup.conf.to_str().unwrap(), "--server"])
+        .arg(format!("http://{}", listener.local_addr().unwrap()))
+        .arg("--token-file")
+        .arg(&token)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn sticky-vxlan-agent");
+    poll(
+        "the agent to refuse the token",
+        Duration::from_secs(10),
+        || setup.log().contains("control character").then_some(()),
+    );
+    let connected = listener.accept();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        matches!(connected, Err(ref e) if e.kind() == ErrorKind::WouldBlock),
+        "nothing may be sent with that token: {connected:?}"
+    );
+}
