@@ -398,6 +398,135 @@ fn bench_node_change_to_programmed_peers() {
 /// The agent's resident memory and CPU while idle with 500 nodes in the API: 60 s after it
 /// settled, with one MODIFIED heartbeat per node every 5 minutes (what kubelets send when
 /// nothing changes) and the periodic resync every 60 s.
+/// scripts/bench-agent.sh at cluster scale (issue 20): 5,000 Node objects shaped like a real
+/// cluster's (40 images each, conditions, labels, annotations: about 12 KB), an agent on node 1.
+/// Prints its resident memory, the time from its start to 5,000 peers programmed, the time from
+/// a Node change to programmed on node 1 (median of 20), the time to program 1,000 Nodes added
+/// in one burst after the last event, its CPU while heartbeats arrive as 5,000 kubelets send
+/// them (one status update each per 5 minutes), and what the watch cost the API in bytes.
+#[test]
+#[ignore = "benchmark: scripts/bench-agent.sh"]
+fn bench_5000_nodes() {
+    assert_can_run();
+    let mut c = Cluster::new();
+    c.api.stop();
+    c.api.bookmark_every = Duration::from_secs(60);
+    c.api.start();
+    // Underlays in 198.18.0.0/15 (the range for large simulated underlays); nothing is sent
+    // there: no pod talks to these peers.
+    let fake = |i: usize| {
+        let underlay = format!("198.18.{}.{}", i / 250, i % 250 + 1);
+        let cidr = format!("10.{}.{}.0/24", 64 + i / 256, i % 256);
+        with_images(
+            node_json(&format!("edge-{i:05}"), &underlay, &[&cidr], json!({})),
+            40,
+        )
+    };
+    c.api.put_node(with_images(Cluster::node(1), 40));
+    let sample = fake(0).to_string().len();
+    for i in 1..5000usize {
+        c.api.put_node(fake(i));
+    }
+    let routes = |c: &Cluster| {
+        let out = sh(&[
+            "ip",
+            "-n",
+            &c.topo.node_ns(1),
+            "route",
+            "show",
+            "proto",
+            "118",
+        ]);
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    let start = std::time::Instant::now();
+    let agent = c.agent(1, &["--resync", "600"]);
+    wait_for("4,999 peers programmed", Duration::from_secs(120), || {
+        routes(&c) >= 4999
+    });
+    let first = start.elapsed();
+    let pid = agent.pid();
+    let rss = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+            .unwrap()
+    };
+    let after_list = rss();
+
+    // A Node change programmed on node 1: a new Node, then its deletion, 20 times.
+    let mut took = Vec::new();
+    for k in 0..20usize {
+        let n = fake(6000 + k);
+        let cidr = n["spec"]["podCIDR"].as_str().unwrap().to_string();
+        let t = std::time::Instant::now();
+        c.api.put_node(n);
+        wait_for("a new Node programmed", Duration::from_secs(10), || {
+            c.routes(1, &cidr)
+        });
+        took.push(t.elapsed());
+        c.api.delete_node(&format!("edge-{:05}", 6000 + k));
+        wait_for("its deletion programmed", Duration::from_secs(10), || {
+            !c.routes(1, &cidr)
+        });
+    }
+    took.sort();
+    let change = took[took.len() / 2];
+
+    // 1,000 Nodes in one burst.
+    for i in 7000..8000usize {
+        c.api.put_node(fake(i));
+    }
+    let last = std::time::Instant::now();
+    wait_for("the burst programmed", Duration::from_secs(60), || {
+        routes(&c) >= 5999
+    });
+    let burst = last.elapsed();
+    let peak = rss();
+
+    // Idle: heartbeats as 6,000 kubelets send them (one status update each per 300 s: 20 a
+    // second), for 60 s.
+    let ticks = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let (t0, idle_start, bytes0) = (ticks(), std::time::Instant::now(), c.api.watch_bytes());
+    let mut beats = 0usize;
+    while idle_start.elapsed() < Duration::from_secs(60) {
+        let i = 1 + beats % 4999;
+        let mut n = fake(i);
+        n["status"]["conditions"][3]["lastHeartbeatTime"] = json!(format!(
+            "2026-11-25T03:{:02}:{:02}Z",
+            beats / 60 % 60,
+            beats % 60
+        ));
+        c.api.put_node(n);
+        beats += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let idle = idle_start.elapsed().as_secs_f64();
+    let cpu = (ticks() - t0) as f64 / 100.0 / idle * 100.0;
+    let bytes_per_s = (c.api.watch_bytes() - bytes0) as f64 / idle;
+    println!(
+        "BENCH 5000 nodes ({sample} bytes each): first list to 4,999 peers programmed {:.2} s; resident {} KiB after it, {} KiB after 6,000; a Node change programmed on another node {:.0} ms (median of 20); 1,000 Nodes in one burst programmed {:.2} s after the last event; idle CPU {cpu:.2}% of one core over {idle:.0} s ({beats} heartbeats, {:.0} watch bytes/s); lists made {}",
+        first.as_secs_f64(),
+        after_list,
+        peak,
+        change.as_secs_f64() * 1000.0,
+        burst.as_secs_f64(),
+        bytes_per_s,
+        c.api.lists(),
+    );
+}
+
 #[test]
 #[ignore = "benchmark: scripts/bench-agent.sh"]
 fn bench_idle_with_500_nodes() {

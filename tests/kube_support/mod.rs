@@ -29,6 +29,24 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sticky_cni::netlink::netns;
 
+/// `node` with `count` container images in `status.images`, as kubelet reports them (a real
+/// cluster's Nodes are 10-40 KB, mostly this list).
+pub fn with_images(mut node: Value, count: usize) -> Value {
+    let images: Vec<Value> = (0..count)
+        .map(|i| {
+            json!({
+                "names": [
+                    format!("registry.example.com/team-{i}/service-{i}@sha256:{:064x}", i * 7919),
+                    format!("registry.example.com/team-{i}/service-{i}:v1.{i}.0"),
+                ],
+                "sizeBytes": 20_000_000 + i * 1_000_003,
+            })
+        })
+        .collect();
+    node["status"]["images"] = json!(images);
+    node
+}
+
 /// A Node as a real API server returns it (kubeadm worker): metadata with labels,
 /// annotations and managedFields, spec with podCIDR(s) and taints, status with capacity,
 /// conditions, addresses, daemonEndpoints and nodeInfo.
@@ -193,6 +211,8 @@ struct State {
     down: bool,
     lists: usize,
     watches: usize,
+    /// Bytes of watch events sent, every stream together.
+    watch_bytes: u64,
     patches: Vec<(String, Value)>,
     user_agents: Vec<String>,
 }
@@ -439,6 +459,11 @@ impl ApiServer {
     /// List pages served, first pages and continued ones.
     pub fn pages(&self) -> u64 {
         self.shared.state.lock().unwrap().pages
+    }
+
+    /// Bytes of watch events sent so far (every stream together).
+    pub fn watch_bytes(&self) -> u64 {
+        self.shared.state.lock().unwrap().watch_bytes
     }
 
     pub fn watches(&self) -> usize {
@@ -771,6 +796,7 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
             cursor = cursor.max(s.rv);
             json!({"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": s.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "false"}}}}).to_string()
         });
+        s.watch_bytes += lines.iter().map(|l| l.len() as u64 + 1).sum::<u64>();
         drop(s);
         for line in lines.iter().chain(bookmark.iter()) {
             if !chunk(w, line) {
