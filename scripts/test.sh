@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 # Ignored on purpose and run on their own: scripts/bench-agent.sh, scripts/demo-agent.sh.
-entry_points=(bench_node_change_to_programmed_peers bench_idle_with_500_nodes demo_agent_adds_a_node)
+entry_points=(bench_node_change_to_programmed_peers bench_idle_with_500_nodes bench_5000_nodes demo_agent_adds_a_node)
 
 status=0
 step() {
