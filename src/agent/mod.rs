@@ -180,6 +180,7 @@ fn run(opts: Options) -> Result<(), Error> {
                 ),
                 publisher,
                 refused_at: None,
+                last_good: files::PeersCache::default(),
             })
         }
     };
@@ -194,10 +195,12 @@ struct ApiSide {
     publisher: Option<(publish::Publisher, kube::Kube)>,
     /// When the guard last refused (the change is tried again every [`RETRY`]).
     refused_at: Option<Instant>,
+    /// The plugin's last-good copy of the peers file, read again only when it changed.
+    last_good: files::PeersCache,
 }
 
 /// How long the main loop keeps collecting a burst of updates once the first arrived.
-const BURST: Duration = Duration::from_millis(20);
+const BURST: Duration = Duration::from_millis(10);
 const MAX_BURST: Duration = Duration::from_millis(200);
 
 /// Waits up to `poll` for the first update, then takes the whole burst.
@@ -272,13 +275,17 @@ impl ApiSide {
         if !dirty && !retry && !accepted {
             return false;
         }
-        let held = {
-            let copy = crate::vxlan::state_dir::last_good(&cfg.last_good_peers_path());
-            if copy.is_empty() {
-                files::current_peers(&self.keeper.peers_file).unwrap_or_default()
-            } else {
-                copy
-            }
+        let copy = self
+            .last_good
+            .get(&cfg.last_good_peers_path(), |p| {
+                Some(crate::vxlan::state_dir::last_good(p))
+            })
+            .unwrap_or_default()
+            .to_vec();
+        let held = if copy.is_empty() {
+            files::current_peers(&self.keeper.peers_file).unwrap_or_default()
+        } else {
+            copy
         };
         let (outcome, lines) = self
             .keeper
@@ -289,10 +296,11 @@ impl ApiSide {
         let mut s = shared.lock();
         s.status.left_out = self.keeper.left_out().len();
         let refused = match outcome {
-            sync::Outcome::Written { lines } => {
+            sync::Outcome::Written { lines, peers } => {
                 for l in lines {
                     log(&l);
                 }
+                s.status.peers = peers;
                 s.counters.file_writes += 1;
                 s.own_write = files::fingerprint(&self.keeper.peers_file);
                 self.refused_at = None;
@@ -427,7 +435,10 @@ fn main_loop(
             } else {
                 "the peers file was changed by hand"
             };
-            shared.lock().status.peers = files::current_peers(peers_file).map_or(0, |p| p.len());
+            if !own {
+                shared.lock().status.peers =
+                    files::current_peers(peers_file).map_or(0, |p| p.len());
+            }
         }
         let segments_now: Vec<_> = fingerprints(&segment_files);
         if segments_now != segments_seen {

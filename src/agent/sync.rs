@@ -129,9 +129,8 @@ impl Sink for Feed {
 pub enum Outcome {
     /// The file already held these peers.
     Unchanged,
-    Written {
-        lines: Vec<String>,
-    },
+    /// Written: what changed, one line each, and how many peers the file holds.
+    Written { lines: Vec<String>, peers: usize },
     /// The guard keeps the file as it is.
     Refused(String),
     /// The plugin would refuse any list the agent can make: nothing is written.
@@ -152,6 +151,8 @@ pub struct Keeper {
     /// A complete list was seen: before it, no file is written (an empty start must not
     /// count as "every node is gone").
     listed: bool,
+    /// The peers file as last read or written.
+    current: files::PeersCache,
 }
 
 impl Keeper {
@@ -164,6 +165,7 @@ impl Keeper {
             nodes: BTreeMap::new(),
             left_out: BTreeMap::new(),
             listed: false,
+            current: files::PeersCache::default(),
         }
     }
 
@@ -225,7 +227,10 @@ impl Keeper {
         }
         self.left_out.clone_from(&placed.left_out);
         let new = placed.list();
-        let current = files::current_peers(&self.peers_file);
+        let current = self
+            .current
+            .get(&self.peers_file, files::current_peers)
+            .map(<[Peer]>::to_vec);
         if current.as_deref() == Some(&new[..]) {
             return (Outcome::Unchanged, log);
         }
@@ -239,7 +244,13 @@ impl Keeper {
             );
         }
         let lines = mapping::describe_changes(current.as_deref().unwrap_or(held), &new);
-        (Outcome::Written { lines }, log)
+        (
+            Outcome::Written {
+                lines,
+                peers: new.len(),
+            },
+            log,
+        )
     }
 }
 
@@ -344,7 +355,7 @@ mod tests {
             Ok(())
         });
         assert!(
-            matches!(out, Outcome::Written { ref lines } if lines.len() == 200),
+            matches!(out, Outcome::Written { ref lines, peers: 200 } if lines.len() == 200),
             "{out:?}"
         );
         assert_eq!(
