@@ -51,6 +51,23 @@ fn peers_in_file(c: &Cluster, n: u8) -> Vec<String> {
     ips
 }
 
+/// Nodes 1 to 3 in the API, an agent on each, all programmed, and every node's plugin having
+/// accepted its file (its last-good copy is what each agent's guard keeps).
+fn three_agents(c: &Cluster) -> Vec<Agent> {
+    for n in 1..=3 {
+        c.api.put_node(Cluster::node(n));
+    }
+    let agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
+    three_programmed(c, &agents);
+    for n in 1..=3 {
+        assert!(
+            node_accepts_its_file(c, n),
+            "node {n}'s plugin accepts its file"
+        );
+    }
+    agents
+}
+
 fn three_programmed(c: &Cluster, agents: &[Agent]) {
     wait_for(
         "the three nodes to program each other",
@@ -180,15 +197,7 @@ fn one_bad_node_object_is_left_out_and_every_node_keeps_working() {
 fn a_node_claiming_another_nodes_address_or_subnet_takes_nothing() {
     assert_can_run();
     let mut c = Cluster::new();
-    for n in 1..=3 {
-        c.api.put_node(Cluster::node(n));
-    }
-    let agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
-    three_programmed(&c, &agents);
-    // Wait until every plugin accepted the file (its last-good copy is what the agent keeps).
-    for n in 1..=3 {
-        assert!(node_accepts_its_file(&c, n));
-    }
+    let agents = three_agents(&c);
     let before: Vec<String> = (1..=3)
         .map(|n| std::fs::read_to_string(c.peers_file(n)).unwrap())
         .collect();
@@ -345,14 +354,7 @@ fn an_api_that_fails_every_watch_is_not_hammered() {
 fn an_unreadable_peers_file_does_not_bypass_the_guard() {
     assert_can_run();
     let c = Cluster::new();
-    for n in 1..=3 {
-        c.api.put_node(Cluster::node(n));
-    }
-    let agents: Vec<Agent> = (1..=3).map(|n| c.agent(n, &[])).collect();
-    three_programmed(&c, &agents);
-    for n in 1..=3 {
-        assert!(node_accepts_its_file(&c, n));
-    }
+    let agents = three_agents(&c);
     // Node 1: a hand edit with a syntax error; node 2: group-writable.
     std::fs::write(c.peers_file(1), "[{\"ip\": ").unwrap();
     ok(&["chmod", "0664", c.peers_file(2).to_str().unwrap()]);
@@ -432,14 +434,7 @@ fn deletions_in_a_burst_and_a_cidr_swap_are_refused_until_the_operator_accepts()
 
     // A list that swaps every pod CIDR (an API restored from another cluster's backup).
     let c2 = Cluster::new();
-    for n in 1..=3 {
-        c2.api.put_node(Cluster::node(n));
-    }
-    let agents: Vec<Agent> = (1..=3).map(|n| c2.agent(n, &[])).collect();
-    three_programmed(&c2, &agents);
-    for n in 1..=3 {
-        assert!(node_accepts_its_file(&c2, n));
-    }
+    let agents = three_agents(&c2);
     let before = std::fs::read_to_string(c2.peers_file(1)).unwrap();
     let swapped: Vec<serde_json::Value> = (1..=3u8)
         .map(|n| {
@@ -478,16 +473,6 @@ fn lists_that_never_end_are_refused_and_memory_stays_bounded() {
             json!({}),
         ));
     }
-    let rss_kb = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap()
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("VmRSS:")
-                    .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap())
-            })
-            .unwrap()
-    };
     for (what, endless) in [
         ("endless continue tokens", None),
         ("endless items", Some(Endless::Items)),
@@ -498,10 +483,10 @@ fn lists_that_never_end_are_refused_and_memory_stays_bounded() {
         let agent = c.agent(1, &[]);
         let mut peak = 0;
         wait_for(&format!("{what} refused"), Duration::from_secs(60), || {
-            peak = peak.max(rss_kb(agent.pid()));
+            peak = peak.max(rss_kib(agent.pid()));
             agent.log_text().contains("the agent's memory is bounded")
         });
-        peak = peak.max(rss_kb(agent.pid()));
+        peak = peak.max(rss_kib(agent.pid()));
         eprintln!("{what}: peak resident {peak} kB");
         assert!(peak < 64 * 1024, "{what}: resident {peak} kB");
         assert!(

@@ -446,14 +446,7 @@ fn bench_5000_nodes() {
     });
     let first = start.elapsed();
     let pid = agent.pid();
-    let rss = || {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap()
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
-            .unwrap()
-    };
+    let rss = || rss_kib(pid);
     let after_list = rss();
 
     // A Node change programmed on node 1: a new Node, then its deletion, 20 times.
@@ -493,16 +486,7 @@ fn bench_5000_nodes() {
 
     // Idle: heartbeats as 6,000 kubelets send them (one status update each per 300 s: 20 a
     // second), for 60 s.
-    let ticks = || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap()
-            .split_whitespace()
-            .collect();
-        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-    };
+    let ticks = || cpu_ticks(pid);
     let (t0, idle_start, bytes0) = (ticks(), std::time::Instant::now(), c.api.watch_bytes());
     let mut beats = 0usize;
     while idle_start.elapsed() < Duration::from_secs(60) {
@@ -570,24 +554,8 @@ fn bench_idle_with_500_nodes() {
     });
     std::thread::sleep(Duration::from_secs(5));
     let pid = agent.pid();
-    let ticks = || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap()
-            .split_whitespace()
-            .collect();
-        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-    };
-    let rss = || {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap()
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
-            .unwrap()
-    };
+    let ticks = || cpu_ticks(pid);
+    let rss = || rss_kib(pid);
     let hz = 100.0; // USER_HZ on Linux
     let (t0, start) = (ticks(), std::time::Instant::now());
     let window = Duration::from_secs(60);

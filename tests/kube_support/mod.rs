@@ -873,6 +873,28 @@ fn patch(w: &mut impl Write, shared: &Shared, req: &Req) {
     respond(w, 200, &node.to_string());
 }
 
+/// Resident memory of process `pid`, KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// CPU time process `pid` used so far, user and system, in clock ticks (USER_HZ, 100 a second).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
 /// Polls `f` every 50 ms until it is true or `deadline` passes; returns how long it took.
 pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
