@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """sticky-vxlan's cost against cluster size: pod ADD and DEL, a reconcile with nothing changed,
 a reconcile after one peer changed, and the first programming of a node, at 10, 1,000 and 5,000
-peers, in one run.
+peers, and the node agent at 5,000 Nodes, in one run.
 
 Each size gets a netns "node" of its own (underlay 198.18.0.1/15 on a veth whose peer stays in
 the node, so nothing leaves it) and a peers file of N other nodes, each with a /24; the plugins
@@ -10,9 +10,11 @@ kubelet's runtimes send. First programming is `sticky-vxlan reconcile` on the fr
 no-change reconcile is that command again; a one-peer change rewrites the peers file with one
 peer's subnet moved (turn and turn about, so every round changes something) and reconciles;
 pod ADD and DEL are timed with sticky-ipam. Prints medians and the ratios to 10 peers, checks
-issue 20's targets, and draws docs/bench-cluster.svg. Needs root and only python3.
+issue 20's targets, and draws docs/bench-cluster.svg. Then (unless --no-agent) it runs the
+agent's bench at 5,000 Nodes (tests/vxlan_agent.rs `bench_5000_nodes`, release build) and prints
+its line. Needs root, python3 and cargo.
 
-    scripts/bench-cluster.py [--runs 10] [--sizes 10,1000,5000]
+    scripts/bench-cluster.py [--runs 10] [--sizes 10,1000,5000] [--no-agent]
                              [--bin target/release/sticky-vxlan]
                              [--ipam target/release/sticky-ipam]
                              [--plot docs/bench-cluster.svg]
@@ -144,6 +146,9 @@ def main():
     parser.add_argument("--ipam", default=os.path.join(target, "release", "sticky-ipam"))
     parser.add_argument("--plot", default=os.path.join(here, "..", "docs", "bench-cluster.svg"),
                         help="SVG file to draw ('' for none)")
+    parser.add_argument("--no-agent", action="store_true",
+                        help="skip the agent at 5,000 nodes (tests/vxlan_agent.rs bench_5000_nodes, "
+                             "built with cargo test --release: a few minutes)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-cluster: needs root (it creates network namespaces)")
@@ -182,6 +187,15 @@ def main():
     ]
     for what, ok in targets:
         print(("PASS " if ok else "MISS ") + what)
+    if not args.no_agent:
+        # The agent against the test API server with 5,000 real-sized Nodes (issue 20's agent
+        # targets): its own process tree and namespaces, removed by the test.
+        out = subprocess.run(
+            ["cargo", "test", "--release", "--locked", "--test", "vxlan_agent", "--",
+             "--ignored", "--nocapture", "--exact", "bench_5000_nodes"],
+            cwd=os.path.join(here, ".."), capture_output=True, text=True)
+        lines = [l for l in (out.stdout + out.stderr).splitlines() if l.startswith("BENCH")]
+        print("\n".join(lines) if lines else f"agent bench failed:\n{out.stdout}\n{out.stderr}")
     if args.plot:
         from benchplot import plot
         colours = ["#1f77b4", "#1f77b4", "#d62728", "#d62728", "#2ca02c"]
