@@ -152,3 +152,44 @@ fn forget_deletes_a_pods_records_and_release_is_its_deprecated_alias() {
     );
     assert!(check_dir(&data.join("edge"), COMPLETED).records.is_empty());
 }
+
+/// Issue 21: `sticky-ipam list --config /dev/zero` read forever. Both tools read a config file
+/// only when it is a regular file, and at most 16 MiB of it, and say so at once.
+#[test]
+fn a_config_that_is_a_device_or_too_large_is_refused_at_once() {
+    let tmp = temp_dir();
+    let big = tmp.path().join("big.conflist");
+    std::fs::write(&big, vec![b' '; 16 * 1024 * 1024 + 1]).unwrap();
+    for (bin, verb) in [(sticky_bin(), "list"), (vxlan_bin(), "reconcile")] {
+        for (path, why) in [
+            ("/dev/zero", "not a regular file"),
+            (big.to_str().unwrap(), "larger than"),
+        ] {
+            let mut child = Command::new(&bin)
+                .args([verb, "--config", path])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let start = std::time::Instant::now();
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break Some(s);
+                }
+                if start.elapsed() > std::time::Duration::from_secs(10) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break None;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            let what = format!("{} {verb} --config {path}", bin.display());
+            let status = status.unwrap_or_else(|| panic!("{what} did not end in 10 s"));
+            assert!(!status.success(), "{what}: {err}");
+            assert!(err.contains(why), "{what}: {err}");
+        }
+    }
+}

@@ -4,7 +4,9 @@
 
 mod vxlan_support;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde_json::{Value, json};
 use vxlan_support::*;
@@ -765,4 +767,43 @@ fn one_reconcile_restores_the_main_network_and_every_segment_and_a_failing_one_s
     assert_eq!(code, Some(0), "{out}{err}");
     let (code, out, err) = reconcile(&[&main_file, &main_file]);
     assert_eq!((code, out.as_str()), (Some(2), ""), "{err}");
+}
+
+/// Issue 21: the error for a bad requested MAC quoted the value twice
+/// (`runtimeConfig.mac "\"01:00:5e:00:00:01\""`). It is refused before anything is touched,
+/// so this needs no root.
+#[test]
+fn a_bad_requested_mac_is_quoted_once() {
+    let state = tempfile::tempdir().unwrap();
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "seg", "type": "sticky-vxlan", "mode": "segment",
+        "vni": 101, "stateDir": state.path(),
+        "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]}],
+        "runtimeConfig": {"mac": "01:00:5e:00:00:01"}
+    });
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", "quoted")
+        .env("CNI_NETNS", "/run/netns/none")
+        .env("CNI_IFNAME", "net1")
+        .env("CNI_PATH", "/nonexistent")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let msg = reply["msg"].as_str().unwrap();
+    assert!(
+        msg.starts_with(r#"runtimeConfig.mac "01:00:5e:00:00:01" is not a unicast MAC"#),
+        "{msg}"
+    );
 }

@@ -17,6 +17,8 @@ pub enum ConflistError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} is larger than {MAX_CONFIG} bytes: not a network config")]
+    TooLarge { path: PathBuf },
     #[error("{path} is not valid JSON: {source}")]
     NotJson {
         path: PathBuf,
@@ -28,6 +30,39 @@ pub enum ConflistError {
     NoPlugin { path: PathBuf, wanted: &'static str },
     #[error("{path}: {source}")]
     Invalid { path: PathBuf, source: NetConfError },
+}
+
+/// The largest config file read (a conflist with thousands of inline peers is a few MB).
+pub const MAX_CONFIG: u64 = 16 * 1024 * 1024;
+
+/// A config file's bytes: a regular file (links followed, as ConfigMap volumes present them),
+/// opened without blocking so a FIFO or a device is refused rather than read forever, and at
+/// most [`MAX_CONFIG`] bytes of it.
+fn read_config(path: &Path) -> Result<Vec<u8>, ConflistError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| ConflistError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(err)?;
+    if !file.metadata().map_err(err)?.is_file() {
+        return Err(err(std::io::Error::other("not a regular file")));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG + 1)
+        .read_to_end(&mut bytes)
+        .map_err(err)?;
+    if bytes.len() as u64 > MAX_CONFIG {
+        return Err(ConflistError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(bytes)
 }
 
 /// One plugin's config out of a file: the entry as libcni would send it, and its parse.
@@ -45,10 +80,7 @@ pub fn load(
     wanted: impl Fn(&Value) -> bool,
 ) -> Result<Loaded, ConflistError> {
     let path_buf = || path.to_path_buf();
-    let bytes = std::fs::read(path).map_err(|source| ConflistError::Read {
-        path: path_buf(),
-        source,
-    })?;
+    let bytes = read_config(path)?;
     let doc: Value = serde_json::from_slice(&bytes).map_err(|source| ConflistError::NotJson {
         path: path_buf(),
         source,

@@ -39,9 +39,10 @@ pub enum Error {
         source_key: &'static str,
         value: String,
     },
-    #[error("{key} {value:?} is not valid: {reason}")]
+    #[error("{key} {value} is not valid: {reason}")]
     RuntimeConfig {
         key: &'static str,
+        /// The value as JSON (a list is shown as the runtime sent it, strings quoted once).
         value: String,
         reason: String,
     },

@@ -106,7 +106,8 @@ fn requested_mac(call: &Call) -> Result<Option<[u8; 6]>, Error> {
                     .map(Some)
                     .ok_or_else(|| Error::Mac {
                         source_key: key,
-                        value: v.to_string(),
+                        // The text itself, quoted once by the message (a non-string as JSON).
+                        value: v.as_str().map_or_else(|| v.to_string(), str::to_string),
                     });
             }
         }
