@@ -190,6 +190,29 @@ pub fn create_temp(dir: &Path, prefix: &str, mode: u32) -> io::Result<(File, Pat
     Err(last.unwrap_or_else(|| io::Error::from(ErrorKind::AlreadyExists)))
 }
 
+/// A small file read whole, such as a config, a CA or a token: links followed (ConfigMap and
+/// Secret volumes present their files through links), opened without blocking so a FIFO or a
+/// device is refused rather than read forever, a regular file only, and at most `max` bytes
+/// (more is an error of kind `FileTooLarge`).
+pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(
+            ErrorKind::FileTooLarge,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// How far a [`replace`] must go before it returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {

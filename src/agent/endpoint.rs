@@ -263,29 +263,21 @@ fn endpoint(
     })
 }
 
-/// A small file read whole: a regular file of at most [`MAX_FILE`] bytes (a FIFO or
-/// `/dev/zero` is refused, never read forever).
+/// A small file read whole ([`crate::nofollow::read_regular`]: a regular file of at most
+/// [`MAX_FILE`] bytes; a FIFO or `/dev/zero` is refused, never read forever).
 fn read(path: &Path) -> Result<Vec<u8>, Error> {
-    use std::io::Read;
-    let err = |source| Error::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(err)?;
-    let meta = file.metadata().map_err(err)?;
-    if !meta.is_file() {
-        return Err(err(std::io::Error::other("not a regular file")));
-    }
-    let mut text = Vec::new();
-    file.take(MAX_FILE + 1)
-        .read_to_end(&mut text)
-        .map_err(err)?;
-    if text.len() as u64 > MAX_FILE {
-        return Err(Error::TooLarge {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(text)
+    crate::nofollow::read_regular(path, MAX_FILE).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::FileTooLarge {
+            Error::TooLarge {
+                path: path.to_path_buf(),
+            }
+        } else {
+            Error::Read {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })
 }
 
 /// How deeply `text` nests `[`/`{` or YAML indentation, cheaply over-estimated: refuses a

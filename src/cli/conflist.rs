@@ -35,34 +35,21 @@ pub enum ConflistError {
 /// The largest config file read (a conflist with thousands of inline peers is a few MB).
 pub const MAX_CONFIG: u64 = 16 * 1024 * 1024;
 
-/// A config file's bytes: a regular file (links followed, as ConfigMap volumes present them),
-/// opened without blocking so a FIFO or a device is refused rather than read forever, and at
-/// most [`MAX_CONFIG`] bytes of it.
+/// A config file's bytes ([`crate::nofollow::read_regular`]: a regular file, at most
+/// [`MAX_CONFIG`] bytes, never read forever).
 fn read_config(path: &Path) -> Result<Vec<u8>, ConflistError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| ConflistError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::options()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)
-        .map_err(err)?;
-    if !file.metadata().map_err(err)?.is_file() {
-        return Err(err(std::io::Error::other("not a regular file")));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG + 1)
-        .read_to_end(&mut bytes)
-        .map_err(err)?;
-    if bytes.len() as u64 > MAX_CONFIG {
-        return Err(ConflistError::TooLarge {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(bytes)
+    crate::nofollow::read_regular(path, MAX_CONFIG).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::FileTooLarge {
+            ConflistError::TooLarge {
+                path: path.to_path_buf(),
+            }
+        } else {
+            ConflistError::Read {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })
 }
 
 /// One plugin's config out of a file: the entry as libcni would send it, and its parse.

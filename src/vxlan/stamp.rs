@@ -93,23 +93,14 @@ impl DeviceId {
     }
 }
 
-/// The content of the regular file at `path` (following links, as the peers file is read),
-/// opened without blocking: a FIFO or a device there is not read.
+/// The peers file's content, as [`crate::nofollow::read_regular`] reads a file (a FIFO or a
+/// device there is not read); `None` when it cannot be read.
 pub fn content(path: &Path) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::File::options()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut text = Vec::new();
-    file.read_to_end(&mut text).ok()?;
-    Some(text)
+    nofollow::read_regular(path, MAX_PEERS_FILE).ok()
 }
+
+/// Larger than any peers file (5,000 peers are about 400 KB).
+const MAX_PEERS_FILE: u64 = 256 * 1024 * 1024;
 
 /// What an ADD needs of the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
