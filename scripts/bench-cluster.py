@@ -33,7 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchnode import clean_up, cni_bin_dir, cni_env, sh  # noqa: E402
+from benchnode import clean_up, cni_bin_dir, cni_env, make_node, sh  # noqa: E402
 
 UNDERLAY = ipaddress.ip_address("198.18.0.1")
 
@@ -60,16 +60,6 @@ def peers_file(path, n, moved=None):
     os.rename(tmp, path)
 
 
-def make_node(node, namespaces):
-    sh("ip", "netns", "add", node)
-    namespaces.append(node)
-    sh("ip", "-n", node, "link", "set", "lo", "up")
-    sh("ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-    sh("ip", "-n", node, "addr", "add", "198.18.0.1/15", "dev", "eth0")
-    sh("ip", "-n", node, "link", "set", "eth0", "up")
-    sh("ip", "-n", node, "link", "set", "eth0p", "up")
-
-
 def timed(args, env=None, stdin=None):
     start = time.perf_counter()
     out = subprocess.run(args, input=stdin, env=env, capture_output=True)
@@ -81,7 +71,7 @@ def timed(args, env=None, stdin=None):
 
 def measure(size, args, tmp, namespaces, tag):
     node = f"{tag}-n{size}"
-    make_node(node, namespaces)
+    make_node(node, namespaces, underlay="198.18.0.1/15")
     d = os.path.join(tmp, f"n{size}")
     os.mkdir(d)
     bindir = os.path.join(d, "bin")

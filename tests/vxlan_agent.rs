@@ -427,22 +427,10 @@ fn bench_5000_nodes() {
     for i in 1..5000usize {
         c.api.put_node(fake(i));
     }
-    let routes = |c: &Cluster| {
-        let out = sh(&[
-            "ip",
-            "-n",
-            &c.topo.node_ns(1),
-            "route",
-            "show",
-            "proto",
-            "118",
-        ]);
-        String::from_utf8_lossy(&out.stdout).lines().count()
-    };
     let start = std::time::Instant::now();
     let agent = c.agent(1, &[]);
     wait_for("4,999 peers programmed", Duration::from_secs(120), || {
-        routes(&c) >= 4999
+        c.peer_routes(1) >= 4999
     });
     let first = start.elapsed();
     let pid = agent.pid();
@@ -479,7 +467,7 @@ fn bench_5000_nodes() {
     }
     let last = std::time::Instant::now();
     wait_for("the burst programmed", Duration::from_secs(60), || {
-        routes(&c) >= 5999
+        c.peer_routes(1) >= 5999
     });
     let burst = last.elapsed();
     let peak = rss();
@@ -541,16 +529,7 @@ fn bench_idle_with_500_nodes() {
     }
     let agent = c.agent(1, &[]);
     wait_for("500 peers programmed", Duration::from_secs(120), || {
-        let out = sh(&[
-            "ip",
-            "-n",
-            &c.topo.node_ns(1),
-            "route",
-            "show",
-            "proto",
-            "118",
-        ]);
-        String::from_utf8_lossy(&out.stdout).lines().count() >= 499
+        c.peer_routes(1) >= 499
     });
     std::thread::sleep(Duration::from_secs(5));
     let pid = agent.pid();

@@ -239,26 +239,14 @@ fn gc_removes_only_this_networks_veths_missing_from_the_valid_list() {
 /// containerd reads as "not ready". Needs no root: nothing is touched.
 #[test]
 fn status_is_50_when_the_config_cannot_work() {
-    use std::io::Write;
     let conf = serde_json::json!({
         "cniVersion": "1.1.0", "name": "n", "type": "sticky-vxlan",
         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.1.0/24"}]]}
     });
-    let mut child = std::process::Command::new(BIN)
-        .env_clear()
-        .env("CNI_COMMAND", "STATUS")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run sticky-vxlan");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = plugin_call(
+        &[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")],
+        &conf,
+    );
     assert!(!out.status.success());
     expect_error(&out, 50, "vni");
 }

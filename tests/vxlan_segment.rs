@@ -4,9 +4,7 @@
 
 mod vxlan_support;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::{Value, json};
 use vxlan_support::*;
@@ -781,25 +779,16 @@ fn a_bad_requested_mac_is_quoted_once() {
         "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]}],
         "runtimeConfig": {"mac": "01:00:5e:00:00:01"}
     });
-    let mut child = Command::new(BIN)
-        .env_clear()
-        .env("CNI_COMMAND", "ADD")
-        .env("CNI_CONTAINERID", "quoted")
-        .env("CNI_NETNS", "/run/netns/none")
-        .env("CNI_IFNAME", "net1")
-        .env("CNI_PATH", "/nonexistent")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = plugin_call(
+        &[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "quoted"),
+            ("CNI_NETNS", "/run/netns/none"),
+            ("CNI_IFNAME", "net1"),
+            ("CNI_PATH", "/nonexistent"),
+        ],
+        &conf,
+    );
     let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
     let msg = reply["msg"].as_str().unwrap();
     assert!(

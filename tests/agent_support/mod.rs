@@ -122,6 +122,20 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).contains("dev sticky.1")
     }
 
+    /// How many routes node `n` holds with sticky-vxlan's protocol (one per remote peer).
+    pub fn peer_routes(&self, n: u8) -> usize {
+        let out = sh(&[
+            "ip",
+            "-n",
+            &self.topo.node_ns(n),
+            "route",
+            "show",
+            "proto",
+            "118",
+        ]);
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    }
+
     pub fn file_has(&self, n: u8, ip: &str) -> bool {
         std::fs::read_to_string(self.peers_file(n)).is_ok_and(|t| t.contains(&format!("\"{ip}\"")))
     }

@@ -52,6 +52,27 @@ pub fn succeeded(out: &Output, what: &str) {
     );
 }
 
+/// The plugin run in this process's own namespace, with only `env` (and no `CNI_*` from the
+/// test's environment) and `conf` on stdin: for calls refused before anything is touched, which
+/// need no root.
+pub fn plugin_call(env: &[(&str, &str)], conf: &Value) -> Output {
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sticky-vxlan");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(conf.to_string().as_bytes())
+        .expect("write the config");
+    child.wait_with_output().expect("wait for sticky-vxlan")
+}
+
 /// Runs a command and panics with its output if it fails.
 pub fn ok(args: &[&str]) -> String {
     let out = sh(args);
