@@ -85,6 +85,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// `ipam.type`, or `None` for an L2-only segment (or one with fixed addresses).
     pub ipam_type: Option<String>,
+    /// The `ipam` section as given (`Null` without one): its ranges are cut per node when
+    /// `nodeSlice` is set.
+    pub ipam: Value,
 }
 
 /// Routes as the CNI spec writes them (`{"dst": CIDR, "gw"?: IP}`), checked.
@@ -200,6 +203,7 @@ impl Config {
             node_slice,
             state_dir,
             ipam_type,
+            ipam: obj.get("ipam").cloned().unwrap_or(Value::Null),
         })
     }
 

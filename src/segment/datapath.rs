@@ -216,13 +216,24 @@ fn reconcile_flood<K: Kernel>(k: &mut K, node: &Node, dev: &Link) -> Result<(), 
     Ok(())
 }
 
-/// Bridge, VXLAN device and flood entries for this segment on this node. Returns the bridge.
-pub fn ensure<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Link, Error> {
-    let _guard = lock(cfg)?;
+/// The segment's two devices on this node, as programmed.
+#[derive(Debug, Clone)]
+pub struct Devices {
+    pub bridge: Link,
+    pub vxlan: Link,
+}
+
+/// Bridge, VXLAN device and flood entries for this segment on this node. The caller holds
+/// the segment's [`lock`].
+pub fn ensure<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Devices, Error> {
     let bridge = ensure_bridge(k, cfg, node)?;
-    let dev = ensure_vxlan(k, cfg, node, &bridge)?;
-    reconcile_flood(k, node, &dev)?;
-    Ok(bridge)
+    let vxlan = ensure_vxlan(k, cfg, node, &bridge)?;
+    reconcile_flood(k, node, &vxlan)?;
+    // As they are now (up, MTU, master), for the stamp.
+    Ok(Devices {
+        bridge: require(k, &bridge.name)?,
+        vxlan: require(k, &vxlan.name)?,
+    })
 }
 
 #[cfg(test)]
@@ -269,7 +280,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (c, mut k) = (cfg(&dir), Fake::node("192.0.2.1/24"));
         let n = node(&k, &[2, 3]);
-        let bridge = ensure(&mut k, &c, &n).unwrap();
+        let bridge = ensure(&mut k, &c, &n).unwrap().bridge;
         let dev = k.seen.link("segvx101").cloned().unwrap();
         let br = k.seen.link("segbr101").cloned().unwrap();
         assert_eq!(bridge.name, "segbr101");

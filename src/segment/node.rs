@@ -3,6 +3,7 @@
 //! config's `nodes`. Which entry is this node follows the main mode's rule
 //! ([`crate::vxlan::node::Observed::node_addresses`], [`crate::vxlan::peers::split_local`]).
 
+use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
 use super::Error;
@@ -34,6 +35,7 @@ pub struct Node {
 
 /// The segment's nodes (underlay addresses) from the merged peer list and `nodes`.
 pub fn members(all: &[Peer], nodes: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+    let nodes: HashSet<&Ipv4Addr> = nodes.iter().collect();
     let mut out: Vec<Ipv4Addr> = all
         .iter()
         .map(|p| p.ip)

@@ -19,9 +19,8 @@ use serde_json::Value;
 
 use super::attachments::{self, Attachment};
 use super::config::Config;
-use super::node::{self, Node};
 use super::pod::{self, Iface};
-use super::{Error, datapath, slice};
+use super::{Error, reconcile, slice};
 use crate::cni::delegate::Error as Delegate;
 use crate::cni::{Call, CniResult, IpConfig, Plugin};
 use crate::netlink::Socket;
@@ -129,7 +128,8 @@ enum Addressing {
     Ipam(Ipam),
 }
 
-fn addressing(call: &Call, cfg: &Config, node: Option<&Node>) -> Result<Addressing, Error> {
+/// `ranges`: this node's slice of the IPAM ranges, when the config cuts them per node.
+fn addressing(call: &Call, cfg: &Config, ranges: Option<&Value>) -> Result<Addressing, Error> {
     let requested = requested_ips(call)?;
     let from_table = attachment(call, cfg)
         .map(|a| a.ips.clone())
@@ -142,29 +142,36 @@ fn addressing(call: &Call, cfg: &Config, node: Option<&Node>) -> Result<Addressi
     if let (None, Some(ips)) = (&requested, from_table) {
         return Ok(Addressing::Fixed(ips));
     }
-    let stdin = match (cfg.node_slice, node) {
-        (Some(p), Some(node)) => slice::apply(&call.conf.raw, node.local_ip, &node.members, p)?
-            .to_string()
-            .into_bytes(),
-        _ => call.stdin.clone(),
-    };
     Ok(Addressing::Ipam(Ipam {
         plugin_type: plugin_type.clone(),
-        stdin,
+        stdin: ipam_stdin(call, ranges),
     }))
 }
 
-/// [`addressing`] for DEL, CHECK and GC: the node (for the slice) only when it is needed and
-/// can still be worked out; sticky-ipam finds an allocation without ranges.
+/// The call's stdin for IPAM: its ranges cut to this node's slice when there is one.
+fn ipam_stdin(call: &Call, ranges: Option<&Value>) -> Vec<u8> {
+    match ranges {
+        Some(r) => slice::with_ranges(&call.conf.raw, r)
+            .to_string()
+            .into_bytes(),
+        None => call.stdin.clone(),
+    }
+}
+
+/// This node's slice of the IPAM ranges, programming nothing ([`reconcile::ranges`]).
+fn ranges(cfg: &Config) -> Result<Option<Value>, Error> {
+    let mut sock = Socket::open()?;
+    reconcile::ranges(&mut Live { sock: &mut sock }, cfg)
+}
+
+/// [`addressing`] for DEL, CHECK and GC: the slice only when it is needed and can still be
+/// worked out; sticky-ipam finds an allocation without ranges.
 fn addressing_late(call: &Call, cfg: &Config) -> Result<Addressing, Error> {
-    let node = match cfg.node_slice {
-        Some(_) => Socket::open()
-            .map_err(Error::from)
-            .and_then(|mut sock| node::resolve(&mut Live { sock: &mut sock }, cfg))
-            .ok(),
+    let ranges = match cfg.node_slice {
+        Some(_) => ranges(cfg).ok().flatten(),
         None => None,
     };
-    addressing(call, cfg, node.as_ref())
+    addressing(call, cfg, ranges.as_ref())
 }
 
 impl Plugin for Segment {
@@ -174,23 +181,32 @@ impl Plugin for Segment {
         let cfg = config(call)?;
         let wanted_mac = requested_mac(call)?;
         let mut sock = Socket::open()?;
-        let node = node::resolve(&mut Live { sock: &mut sock }, &cfg)?;
-        let addressing = addressing(call, &cfg, Some(&node))?;
         let host = host_veth_name(&call.env.container_id, &call.env.ifname);
-        // IPAM runs while the segment's devices and flood entries are brought up to date.
-        let (ipam, pending) = match addressing {
+        let node_work = |sock: &mut Socket| {
+            reconcile::for_pod(&mut Live { sock }, &cfg).and_then(|node| {
+                // A leftover from an earlier, interrupted ADD of the same attachment.
+                link::delete(sock, &host)?;
+                Ok(node)
+            })
+        };
+        // The node first when IPAM needs its slice; otherwise IPAM runs while the segment's
+        // devices and flood entries are brought up to date.
+        let early = match cfg.node_slice {
+            Some(_) => Some(node_work(&mut sock)?),
+            None => None,
+        };
+        let ranges = early.as_ref().and_then(|n| n.ready.ranges.as_ref());
+        let (ipam, pending) = match addressing(call, &cfg, ranges)? {
             Addressing::Fixed(ips) => (None, Err(ips)),
             Addressing::Ipam(ipam) => {
                 let pending = ipam.start(&ipam.runner(), call, "ADD")?;
                 (Some(ipam), Ok(pending))
             }
         };
-        let ready =
-            datapath::ensure(&mut Live { sock: &mut sock }, &cfg, &node).and_then(|bridge| {
-                // A leftover from an earlier, interrupted ADD of the same attachment.
-                link::delete(&mut sock, &host)?;
-                Ok(bridge)
-            });
+        let ready = match early {
+            Some(node) => Ok(node),
+            None => node_work(&mut sock),
+        };
         let allocated = pending.map(|p| p.result().map_err(|e| Error::Vxlan(e.into())));
         let give_back = || {
             if let Some(ipam) = &ipam
@@ -199,8 +215,8 @@ impl Plugin for Segment {
                 eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
             }
         };
-        let (bridge, ip_configs, ipam_routes, dns) = match (ready, allocated) {
-            (Ok(bridge), Err(ips)) => {
+        let (node, ip_configs, ipam_routes, dns) = match (ready, allocated) {
+            (Ok(node), Err(ips)) => {
                 let configs = ips
                     .into_iter()
                     .map(|address| IpConfig {
@@ -209,9 +225,9 @@ impl Plugin for Segment {
                         interface: Some(2),
                     })
                     .collect();
-                (bridge, configs, Vec::new(), Default::default())
+                (node, configs, Vec::new(), Default::default())
             }
-            (Ok(bridge), Ok(Ok(r))) => (bridge, r.ips, r.routes, r.dns),
+            (Ok(node), Ok(Ok(r))) => (node, r.ips, r.routes, r.dns),
             // IPAM exited 0, so it may have allocated, but its answer cannot be used.
             (
                 ready,
@@ -246,9 +262,9 @@ impl Plugin for Segment {
             ips,
             routes,
             up: entry.and_then(|a| a.up).unwrap_or(cfg.up),
-            mtu: node.mtu,
+            mtu: node.ready.mtu,
         };
-        attach(&mut sock, call, &cfg, &bridge, &host, iface)
+        attach(&mut sock, call, &cfg, &node.bridge, &host, iface)
             .inspect_err(|_| {
                 if let Err(e) = link::delete(&mut sock, &host) {
                     eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
@@ -319,24 +335,16 @@ impl Plugin for Segment {
         removed.and(released)
     }
 
+    /// Ready when this node can be worked out as one of the segment's (and its slice cut),
+    /// and IPAM says so.
     fn status(&self, call: &Call) -> Result<(), Error> {
         let not_ready = |e: Error| Error::Vxlan(crate::vxlan::Error::NotReady(Box::new(e)));
         let cfg = config(call).map_err(not_ready)?;
-        let node = Socket::open()
-            .map_err(Error::from)
-            .and_then(|mut sock| node::resolve(&mut Live { sock: &mut sock }, &cfg))
-            .map_err(not_ready)?;
+        let ranges = ranges(&cfg).map_err(not_ready)?;
         if let Some(t) = &cfg.ipam_type {
-            let stdin = match cfg.node_slice {
-                Some(p) => slice::apply(&call.conf.raw, node.local_ip, &node.members, p)
-                    .map_err(|e| not_ready(e.into()))?
-                    .to_string()
-                    .into_bytes(),
-                None => call.stdin.clone(),
-            };
             let ipam = Ipam {
                 plugin_type: t.clone(),
-                stdin,
+                stdin: ipam_stdin(call, ranges.as_ref()),
             };
             ipam.run(&ipam.runner(), call, "STATUS")?;
         }

@@ -1,14 +1,112 @@
-//! `sticky-vxlan reconcile --config <file>` for a segment network: its bridge, VXLAN device
-//! and flood entries brought to what the peers say, without a pod (at boot, before kubelet
-//! starts pods, or after the peers file changed). The mode is chosen by
-//! [`crate::vxlan::cli`], which loads the file once.
+//! Bringing a segment's bridge, VXLAN device and flood entries on this node to what the peers
+//! say: at a pod ADD ([`for_pod`], flat in the number of nodes while the stamp holds), from
+//! `sticky-vxlan reconcile --config <file>` ([`network`]: at boot, before kubelet starts pods,
+//! or after the peers file changed) and from the node agent's resync.
+//!
+//! As in the main mode ([`crate::vxlan::stamp`]), a full reconcile ends by stamping what it
+//! left and what a pod needs (this node's address, the MTU, its slice of the IPAM ranges); an
+//! ADD then checks the stamp with three link lookups and a `stat`, and reconciles in full only
+//! when something a reboot, an upgrade or a new peers file changes has changed.
 
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::config::Config;
-use super::{Error, datapath, node};
+use super::datapath::{self, Devices};
+use super::node::{self, Node};
+use super::{Error, slice};
 use crate::netlink::Socket;
-use crate::vxlan::kernel::Live;
+use crate::netlink::link::Link;
+use crate::vxlan::kernel::{Kernel, Live};
+use crate::vxlan::stamp;
+
+/// What a pod ADD needs of the node, as the stamp keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    pub local_ip: Ipv4Addr,
+    /// The MTU of the VXLAN device, the bridge and every pod interface.
+    pub mtu: u32,
+    /// The IPAM section's ranges cut to this node's slice (with `nodeSlice`).
+    pub ranges: Option<Value>,
+}
+
+/// What a pod ADD needs of the node, and the bridge its veth goes on.
+#[derive(Debug, Clone)]
+pub struct ForPod {
+    pub ready: Ready,
+    pub bridge: Link,
+}
+
+/// The segment's stamp: `<stateDir>/<network>.segment.stamp`, checked against the whole
+/// config (the IPAM section included: the stamp keeps its ranges cut).
+fn keeper(cfg: &Config) -> stamp::Keeper<'_> {
+    stamp::Keeper {
+        path: cfg.state_dir.join(format!("{}.segment.stamp", cfg.name)),
+        settings: stamp::hash(format!("{cfg:?}").as_bytes()),
+        peers_file: cfg.peers_file.as_deref(),
+    }
+}
+
+/// This node's slice of the IPAM ranges, when the config asks for one.
+fn ranges_of(cfg: &Config, node: &Node) -> Result<Option<Value>, Error> {
+    cfg.node_slice
+        .map(|p| slice::cut_ranges(&cfg.ipam, node.local_ip, &node.members, p))
+        .transpose()
+        .map_err(Error::from)
+}
+
+/// Read, program; then stamp what it left. The caller holds the segment's lock. A slice that
+/// cannot be cut (two nodes on one slot) is an error once the devices are programmed, and
+/// nothing is stamped: every ADD looks again.
+fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(Node, ForPod), Error> {
+    let keeper = keeper(cfg);
+    let before = keeper.before();
+    let node = node::resolve(k, cfg)?;
+    let Devices { bridge, vxlan } = datapath::ensure(k, cfg, &node)?;
+    let ranges = ranges_of(cfg, &node).inspect_err(|_| keeper.forget())?;
+    let ready = Ready {
+        local_ip: node.local_ip,
+        mtu: node.mtu,
+        ranges,
+    };
+    keeper.after(&before, (&vxlan, &bridge, &node.underlay), ready.clone());
+    Ok((node, ForPod { ready, bridge }))
+}
+
+/// ADD's way to the node: the stamp while it holds, else a full reconcile. Under the
+/// segment's lock either way.
+pub fn for_pod<K: Kernel>(k: &mut K, cfg: &Config) -> Result<ForPod, Error> {
+    let _guard = datapath::lock(cfg)?;
+    if let Some(held) = stamped(k, cfg)? {
+        return Ok(held);
+    }
+    full(k, cfg).map(|(_, for_pod)| for_pod)
+}
+
+/// What the last full reconcile's stamp says, if it still holds; `None` when a full
+/// reconcile is needed.
+pub fn stamped<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Option<ForPod>, Error> {
+    let held = keeper(cfg).holding(|underlay| -> Result<stamp::Found, Error> {
+        Ok((
+            k.link(&cfg.vxlan())?,
+            k.link(&cfg.bridge())?,
+            k.link_at(underlay)?,
+        ))
+    })?;
+    Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
+}
+
+/// This node's slice of the IPAM ranges for DEL, CHECK, GC and STATUS, programming nothing:
+/// the stamp's while it holds, else worked out from the peers (which also proves this node
+/// is one of the segment's).
+pub fn ranges<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Option<Value>, Error> {
+    if let Some(held) = stamped(k, cfg)? {
+        return Ok(held.ready.ranges);
+    }
+    ranges_of(cfg, &node::resolve(k, cfg)?)
+}
 
 /// Brings the segment network `name` (its config entry `entry`) to what the peers say and
 /// says what it did. `sticky-vxlan reconcile` calls it for a file whose entry has
@@ -16,8 +114,9 @@ use crate::vxlan::kernel::Live;
 pub fn network(name: &str, entry: &Value) -> Result<String, Error> {
     let cfg = Config::from_json(name, entry)?;
     let mut sock = Socket::open()?;
-    let node = node::resolve(&mut Live { sock: &mut sock }, &cfg)?;
-    let bridge = datapath::ensure(&mut Live { sock: &mut sock }, &cfg, &node)?;
+    let k = &mut Live { sock: &mut sock };
+    let _guard = datapath::lock(&cfg)?;
+    let (node, ForPod { bridge, .. }) = full(k, &cfg)?;
     Ok(format!(
         "segment {} vni {} port {}: {} and {} up, flood to {} node(s)\n",
         cfg.name,
@@ -27,4 +126,96 @@ pub fn network(name: &str, entry: &Value) -> Result<String, Error> {
         cfg.vxlan(),
         node.remote.len()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vxlan::fake::Fake;
+    use serde_json::json;
+
+    /// Segment `vxeth1` (VNI 101) on nodes 1 to 3, with its state in `dir` and this node's
+    /// slice of 192.168.11.0/24 a /27.
+    fn cfg(dir: &tempfile::TempDir) -> Config {
+        let raw = json!({"type": "sticky-vxlan", "mode": "segment", "vni": 101,
+            "peers": [{"ip": "192.0.2.1", "subnets": ["10.244.1.0/24"]},
+                      {"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]},
+                      {"ip": "192.0.2.3", "subnets": ["10.244.3.0/24"]}],
+            "ipam": {"type": "sticky-ipam", "subnet": "192.168.11.0/24"},
+            "nodeSlice": 27,
+            "stateDir": dir.path()});
+        Config::from_json("vxeth1", &raw).unwrap()
+    }
+
+    fn dumps(k: &Fake) -> usize {
+        k.queries.iter().filter(|q| q.starts_with("dump")).count()
+    }
+
+    #[test]
+    fn an_add_after_a_full_reconcile_reads_no_table_until_something_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(&dir);
+        let mut k = Fake::node("192.0.2.1/24");
+        let first = for_pod(&mut k, &c).unwrap();
+        assert!(dumps(&k) > 0, "the first ADD reconciles in full");
+        assert_eq!(
+            first.ready.ranges,
+            Some(json!([[{"subnet": "192.168.11.0/24",
+                          "rangeStart": "192.168.11.33", "rangeEnd": "192.168.11.62"}]]))
+        );
+        k.queries.clear();
+        let writes = k.writes.len();
+        let again = for_pod(&mut k, &c).unwrap();
+        assert_eq!(dumps(&k), 0, "{:?}", k.queries);
+        assert_eq!(k.writes.len(), writes, "nothing written");
+        assert_eq!(again.ready, first.ready);
+        assert_eq!(again.bridge.index, first.bridge.index);
+        // DEL, CHECK, GC and STATUS take the slice from the stamp too.
+        assert_eq!(ranges(&mut k, &c).unwrap(), first.ready.ranges);
+        assert_eq!(dumps(&k), 0, "{:?}", k.queries);
+        // The VXLAN device deleted (a reboot, `ip link del`): the next ADD makes it again.
+        let gone = k.seen.link("segvx101").unwrap().index;
+        k.seen.links.retain(|l| l.index != gone);
+        k.fdb.retain(|f| f.index != gone);
+        k.queries.clear();
+        for_pod(&mut k, &c).unwrap();
+        assert!(dumps(&k) > 0);
+        let made = k.seen.link("segvx101").expect("made again").index;
+        assert_eq!(
+            k.fdb.iter().filter(|f| f.index == made).count(),
+            2,
+            "flood to nodes 2, 3"
+        );
+        // Another config (the slice's length): in full, and the new slice for the pod.
+        let mut other = c.clone();
+        other.node_slice = Some(26);
+        k.queries.clear();
+        let wider = for_pod(&mut k, &other).unwrap();
+        assert!(dumps(&k) > 0);
+        assert_eq!(
+            wider.ready.ranges.unwrap()[0][0]["rangeEnd"],
+            "192.168.11.126"
+        );
+    }
+
+    #[test]
+    fn nodes_on_one_slice_fail_every_add_and_are_never_stamped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cfg(&dir);
+        // 192.0.2.9 takes slot 1 of /27, as 192.0.2.1 does.
+        c.peers
+            .push(crate::vxlan::fake::peer("192.0.2.9", "10.244.9.0/24"));
+        let mut k = Fake::node("192.0.2.1/24");
+        for _ in 0..2 {
+            assert!(matches!(
+                for_pod(&mut k, &c),
+                Err(Error::Slice(slice::Error::Collision { .. }))
+            ));
+            assert!(!dir.path().join("vxeth1.segment.stamp").exists());
+        }
+        assert!(
+            k.seen.link("segvx101").is_some(),
+            "the devices are programmed"
+        );
+    }
 }

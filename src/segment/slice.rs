@@ -142,29 +142,29 @@ fn cut(range: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Result<
     Ok(out)
 }
 
-/// The config with its `ipam` ranges cut to this node's slice (the flat `subnet` form becomes
-/// one range set).
-pub fn apply(conf: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Result<Value, Error> {
-    let mut conf = conf.clone();
-    let ipam = &mut conf["ipam"];
-    let sets: Vec<Value> = match ipam.get("ranges").and_then(Value::as_array) {
-        Some(sets) if !sets.is_empty() => sets.clone(),
-        _ => {
-            let Some(obj) = ipam.as_object_mut() else {
-                return Err(Error::NoRange);
-            };
-            let mut range = serde_json::Map::new();
-            for key in ["subnet", "rangeStart", "rangeEnd", "gateway"] {
-                if let Some(v) = obj.remove(key) {
-                    range.insert(key.into(), v);
-                }
-            }
-            if !range.contains_key("subnet") {
-                return Err(Error::NoRange);
-            }
-            vec![json!([Value::Object(range)])]
-        }
-    };
+/// The `ranges` of an `ipam` section cut to this node's slice (the flat `subnet` form becomes
+/// one range set), after checking no other node of `nodes` takes the same slice.
+pub fn cut_ranges(
+    ipam: &Value,
+    local: Ipv4Addr,
+    nodes: &[Ipv4Addr],
+    slice: u8,
+) -> Result<Value, Error> {
+    // As host-local reads them: the flat range first, then the range sets.
+    let mut sets = Vec::new();
+    if let Some(obj) = ipam.as_object().filter(|o| o.contains_key("subnet")) {
+        let range: serde_json::Map<String, Value> = FLAT
+            .iter()
+            .filter_map(|key| Some((key.to_string(), obj.get(*key)?.clone())))
+            .collect();
+        sets.push(json!([Value::Object(range)]));
+    }
+    if let Some(more) = ipam.get("ranges").and_then(Value::as_array) {
+        sets.extend(more.iter().cloned());
+    }
+    if sets.is_empty() {
+        return Err(Error::NoRange);
+    }
     let mut out = Vec::new();
     for set in &sets {
         let ranges = set.as_array().ok_or_else(|| Error::BadRange {
@@ -175,8 +175,28 @@ pub fn apply(conf: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Re
             ranges.iter().map(|r| cut(r, local, nodes, slice)).collect();
         out.push(Value::Array(cut_set?));
     }
-    ipam["ranges"] = Value::Array(out);
-    Ok(conf)
+    Ok(Value::Array(out))
+}
+
+/// The flat form of one range in an `ipam` section.
+const FLAT: [&str; 4] = ["subnet", "rangeStart", "rangeEnd", "gateway"];
+
+/// The network config `conf` with its `ipam` ranges replaced by `ranges` ([`cut_ranges`]).
+pub fn with_ranges(conf: &Value, ranges: &Value) -> Value {
+    let mut conf = conf.clone();
+    if let Some(ipam) = conf.get_mut("ipam").and_then(Value::as_object_mut) {
+        for key in FLAT {
+            ipam.remove(key);
+        }
+        ipam.insert("ranges".into(), ranges.clone());
+    }
+    conf
+}
+
+/// The config with its `ipam` ranges cut to this node's slice.
+pub fn apply(conf: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Result<Value, Error> {
+    let ranges = cut_ranges(&conf["ipam"], local, nodes, slice)?;
+    Ok(with_ranges(conf, &ranges))
 }
 
 #[cfg(test)]
@@ -244,5 +264,17 @@ mod tests {
         ));
         let none = json!({"ipam": {"type": "sticky-ipam"}});
         assert_eq!(apply(&none, nodes[0], &nodes, 27), Err(Error::NoRange));
+        // Both forms, as host-local reads them: the flat range and every range set, each cut
+        // (none left whole for IPAM to hand out beyond the slice).
+        let both = json!({"ipam": {"type": "sticky-ipam", "subnet": "192.168.11.0/24",
+                                   "ranges": [[{"subnet": "192.168.12.0/24"}]]}});
+        let out = apply(&both, nodes[0], &nodes, 27).unwrap();
+        let sets = out["ipam"]["ranges"].as_array().unwrap();
+        assert_eq!(sets.len(), 2);
+        for (set, net) in sets.iter().zip(["192.168.11", "192.168.12"]) {
+            assert_eq!(set[0]["rangeStart"], format!("{net}.33"));
+            assert_eq!(set[0]["rangeEnd"], format!("{net}.62"));
+        }
+        assert!(out["ipam"].get("subnet").is_none());
     }
 }

@@ -6,13 +6,17 @@
 //! it under the network's lock in `stateDir`, so parallel ADDs never race to create the VTEP
 //! and reconcile peers one at a time.
 
+use std::net::Ipv4Addr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
 use super::apply::{self, Devices};
 use super::config::Config;
 use super::kernel::{Kernel, Live};
 use super::node::{self, Node, Observed};
 use super::plan::{self, Plan};
-use super::stamp::{self, Check, FileId, Ready, Stamp};
-use super::{Error, state_dir};
+use super::{Error, stamp, state_dir};
 use crate::netlink::Socket;
 use crate::netlink::link::Link;
 
@@ -75,36 +79,24 @@ pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
 /// lookups and a `stat`); `None` when a full reconcile is needed. DEL, CHECK and GC take this
 /// node's subnets from it too, so none of them reads the peer list while it holds.
 pub fn stamped(k: &mut impl Kernel, cfg: &Config) -> Result<Option<ForPod>, Error> {
-    let Some(s) = stamp::read(cfg) else {
-        return Ok(None);
-    };
-    let file = cfg.peers_file.as_deref().and_then(FileId::of);
-    let vtep = k.link(&cfg.vtep_name)?;
-    let bridge = k.link(&cfg.bridge)?;
-    let underlay = k.link_at(s.underlay_index())?;
-    let devices = (vtep.as_ref(), bridge.as_ref(), underlay.as_ref());
-    let holds = match s.check(&stamp::settings(cfg), file, devices) {
-        Check::Holds => true,
-        Check::IfContent(want) => {
-            let same = cfg
-                .peers_file
-                .as_deref()
-                .and_then(stamp::content)
-                .is_some_and(|text| stamp::hash(&text) == want);
-            if same && file.is_some_and(|f| f.age() >= stamp::FRESH) {
-                stamp::write(cfg, &s.clone().settled());
-            }
-            same
-        }
-        Check::Stale => false,
-    };
-    Ok(match (holds, bridge) {
-        (true, Some(bridge)) => Some(ForPod {
-            ready: s.ready,
-            bridge,
-        }),
-        _ => None,
-    })
+    let held = keeper(cfg).holding(|underlay| -> Result<stamp::Found, Error> {
+        Ok((
+            k.link(&cfg.vtep_name)?,
+            k.link(&cfg.bridge)?,
+            k.link_at(underlay)?,
+        ))
+    })?;
+    Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
+}
+
+/// What an ADD needs of the node, as the stamp keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    pub local_ip: Ipv4Addr,
+    /// This node's own pod subnets.
+    pub subnets: Vec<IpNet>,
+    /// The MTU of the VTEP, the bridge and every pod interface.
+    pub mtu: u32,
 }
 
 fn ready_of(node: &Node) -> Ready {
@@ -115,31 +107,47 @@ fn ready_of(node: &Node) -> Ready {
     }
 }
 
+/// The network's stamp: `<stateDir>/<network>.stamp`, checked against the settings that shape
+/// the node's programming (not those of one pod: IPAM, the default route, hairpin).
+fn keeper(cfg: &Config) -> stamp::Keeper<'_> {
+    let shaping = format!(
+        "{:?} {:?}",
+        (
+            &cfg.name,
+            cfg.vni,
+            cfg.port,
+            &cfg.device,
+            cfg.local_ip,
+            &cfg.vtep_name,
+            &cfg.bridge,
+        ),
+        (
+            cfg.mtu,
+            cfg.ip_masq,
+            cfg.cluster_cidr,
+            cfg.peer_only_port,
+            &cfg.peers,
+            &cfg.peers_file,
+            &cfg.state_dir,
+        )
+    );
+    stamp::Keeper {
+        path: cfg.state_dir.join(format!("{}.stamp", cfg.name)),
+        settings: stamp::hash(shaping.as_bytes()),
+        peers_file: cfg.peers_file.as_deref(),
+    }
+}
+
 /// Read, plan, apply; then stamp what it left. The caller holds the lock.
 fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
-    // The file as it is before it is read: a write after this shows in the stamp's check.
-    let file = cfg
-        .peers_file
-        .as_deref()
-        .and_then(|p| Some((FileId::of(p)?, stamp::content(p)?)));
+    let keeper = keeper(cfg);
+    let before = keeper.before();
     let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge)?;
     let node = node::resolve(k, cfg, &seen)?;
     node.check(cfg.vni)?;
     let plan = plan::plan(cfg, &node, &seen).map_err(|e| name_device(k, e))?;
     let Devices { vtep, bridge } = apply::apply(k, cfg, &plan, &seen)?;
-    match (&cfg.peers_file, &file) {
-        // A peers file that could not be read is not stamped: every ADD looks again.
-        (Some(_), None) => stamp::forget(cfg),
-        _ => stamp::write(
-            cfg,
-            &Stamp::new(
-                cfg,
-                file.as_ref().map(|(id, text)| (*id, &text[..])),
-                (&vtep, &bridge, &node.underlay),
-                ready_of(&node),
-            ),
-        ),
-    }
+    keeper.after(&before, (&vtep, &bridge, &node.underlay), ready_of(&node));
     Ok(Report {
         node,
         vtep,

@@ -20,15 +20,13 @@
 //! The stamp is a cache: losing it (a reboot empties `/run`) costs one full reconcile; it is
 //! written with the same temp-file-and-rename as the last-good copy, never through a link.
 
-use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use ipnet::IpNet;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::config::Config;
 use crate::netlink::link::Link;
 use crate::nofollow;
 
@@ -102,18 +100,8 @@ pub fn content(path: &Path) -> Option<Vec<u8>> {
 /// Larger than any peers file (5,000 peers are about 400 KB).
 const MAX_PEERS_FILE: u64 = 256 * 1024 * 1024;
 
-/// What an ADD needs of the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ready {
-    pub local_ip: Ipv4Addr,
-    /// This node's own pod subnets.
-    pub subnets: Vec<IpNet>,
-    /// The MTU of the VTEP, the bridge and every pod interface.
-    pub mtu: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Stamp {
+pub struct Stamp<R> {
     version: String,
     settings: String,
     peers_file: Option<FileId>,
@@ -123,7 +111,8 @@ pub struct Stamp {
     vtep: DeviceId,
     bridge: DeviceId,
     underlay: DeviceId,
-    pub ready: Ready,
+    /// What an ADD needs of the node (each mode says what).
+    pub ready: R,
 }
 
 /// A content hash, as text.
@@ -145,45 +134,22 @@ pub enum Check {
     Stale,
 }
 
-/// The hash of the settings that shape the node's programming (not those of one pod: IPAM,
-/// the default route, hairpin).
-pub fn settings(cfg: &Config) -> String {
-    let shaping = format!(
-        "{:?} {:?}",
-        (
-            &cfg.name,
-            cfg.vni,
-            cfg.port,
-            &cfg.device,
-            cfg.local_ip,
-            &cfg.vtep_name,
-            &cfg.bridge,
-        ),
-        (
-            cfg.mtu,
-            cfg.ip_masq,
-            cfg.cluster_cidr,
-            cfg.peer_only_port,
-            &cfg.peers,
-            &cfg.peers_file,
-            &cfg.state_dir,
-        )
-    );
-    hash(shaping.as_bytes())
-}
+/// The three devices a stamp names, as an ADD finds them: the VXLAN device, the bridge and
+/// the underlay.
+pub type Found = (Option<Link>, Option<Link>, Option<Link>);
 
-impl Stamp {
-    /// The stamp of a full reconcile of `cfg` that left these devices.
-    /// `peers_file`: the file's identity and content as the reconcile read them.
+impl<R> Stamp<R> {
+    /// The stamp of a full reconcile whose settings hash to `settings` and that left these
+    /// devices. `peers_file`: the file's identity and content as the reconcile read them.
     pub fn new(
-        cfg: &Config,
+        settings: String,
         peers_file: Option<(FileId, &[u8])>,
         (vtep, bridge, underlay): (&Link, &Link, &Link),
-        ready: Ready,
-    ) -> Stamp {
+        ready: R,
+    ) -> Stamp<R> {
         Stamp {
             version: VERSION.into(),
-            settings: settings(cfg),
+            settings,
             peers_file: peers_file.map(|(id, _)| id),
             peers_hash: peers_file.map(|(_, text)| hash(text)),
             verify_content: peers_file.is_some_and(|(id, _)| id.age() < FRESH),
@@ -195,9 +161,9 @@ impl Stamp {
     }
 
     /// Pure: whether the node is still as this stamp says, given what the ADD found (the
-    /// settings' hash, the peers file's identity now, the three devices now). The VTEP and
-    /// the bridge must be the very devices the reconcile left (same index: a device deleted
-    /// and made again by anyone has another), with the same MAC and MTU, and up.
+    /// settings' hash, the peers file's identity now, the three devices now). The VXLAN
+    /// device and the bridge must be the very devices the reconcile left (same index: a
+    /// device deleted and made again by anyone has another), with the same MAC and MTU, and up.
     pub fn check(
         &self,
         settings: &str,
@@ -222,45 +188,113 @@ impl Stamp {
 
     /// The same stamp, no longer asking ADD to compare the content: once the file is older
     /// than [`FRESH`], a later write shows in its times.
-    pub fn settled(mut self) -> Stamp {
+    pub fn settled(mut self) -> Stamp<R> {
         self.verify_content = false;
         self
     }
+}
 
-    /// The underlay device's index, to look it up.
-    pub fn underlay_index(&self) -> u32 {
-        self.underlay.index
+/// The peers file as a full reconcile found it before reading it: `None` when there is no
+/// peers file; `Some(None)` when it could not be read (then nothing is stamped, and every ADD
+/// looks again).
+pub type Before = Option<Option<(FileId, Vec<u8>)>>;
+
+/// One network's stamp: where it is kept and what it is checked against.
+pub struct Keeper<'a> {
+    /// The stamp file, in the network's state directory.
+    pub path: PathBuf,
+    /// The hash of the settings that shape the node's programming (not those of one pod).
+    pub settings: String,
+    /// The peers file the network reads, if any.
+    pub peers_file: Option<&'a Path>,
+}
+
+impl Keeper<'_> {
+    /// The peers file as it is before a full reconcile reads it: a write after this shows in
+    /// the stamp's check.
+    pub fn before(&self) -> Before {
+        self.peers_file.map(|p| Some((FileId::of(p)?, content(p)?)))
     }
-}
 
-/// Where the stamp of `cfg`'s network is kept.
-pub fn path(cfg: &Config) -> PathBuf {
-    cfg.state_dir.join(format!("{}.stamp", cfg.name))
-}
-
-/// The stamp, if there is a readable one (anything else is "no stamp": a full reconcile).
-pub fn read(cfg: &Config) -> Option<Stamp> {
-    let text = nofollow::read(&path(cfg)).ok().flatten()?;
-    serde_json::from_slice(&text).ok()
-}
-
-/// Keeps `stamp` (temp file and rename). Best effort: without it the next ADD reconciles in
-/// full, which is what it did before stamps.
-pub fn write(cfg: &Config, stamp: &Stamp) {
-    let Ok(text) = serde_json::to_vec(stamp) else {
-        return;
-    };
-    if let Err(e) = nofollow::replace(&path(cfg), &text, 0o600, nofollow::Durability::Cache) {
-        eprintln!(
-            "sticky-vxlan: keeping {}: {e} (the next ADD reconciles in full)",
-            path(cfg).display()
-        );
+    /// After a full reconcile that left these devices (VXLAN device, bridge, underlay):
+    /// stamps it, or forgets the stamp when the peers file could not be read.
+    pub fn after<R: Serialize>(&self, before: &Before, devices: (&Link, &Link, &Link), ready: R) {
+        match before {
+            Some(None) => self.forget(),
+            Some(Some((id, text))) => self.write(&Stamp::new(
+                self.settings.clone(),
+                Some((*id, text)),
+                devices,
+                ready,
+            )),
+            None => self.write(&Stamp::new(self.settings.clone(), None, devices, ready)),
+        }
     }
-}
 
-/// Forgets the stamp: the next ADD reconciles in full.
-pub fn forget(cfg: &Config) {
-    let _ = std::fs::remove_file(path(cfg));
+    /// What the stamp says an ADD needs, and the bridge, if the stamp still holds: `find`
+    /// looks up the three devices (given the underlay's index). `None`: reconcile in full.
+    pub fn holding<R, E>(
+        &self,
+        find: impl FnOnce(u32) -> Result<Found, E>,
+    ) -> Result<Option<(R, Link)>, E>
+    where
+        R: Serialize + DeserializeOwned,
+    {
+        let Some(s) = self.read::<R>() else {
+            return Ok(None);
+        };
+        let (vtep, bridge, underlay) = find(s.underlay.index)?;
+        let file = self.peers_file.and_then(FileId::of);
+        let holds = match s.check(
+            &self.settings,
+            file,
+            (vtep.as_ref(), bridge.as_ref(), underlay.as_ref()),
+        ) {
+            Check::Holds => true,
+            Check::IfContent(want) => {
+                let same = self
+                    .peers_file
+                    .and_then(content)
+                    .is_some_and(|text| hash(&text) == want);
+                if same && file.is_some_and(|f| f.age() >= FRESH) {
+                    let settled = s.settled();
+                    self.write(&settled);
+                    return Ok(bridge.map(|b| (settled.ready, b)));
+                }
+                same
+            }
+            Check::Stale => false,
+        };
+        Ok(match (holds, bridge) {
+            (true, Some(bridge)) => Some((s.ready, bridge)),
+            _ => None,
+        })
+    }
+
+    /// The stamp, if there is a readable one (anything else is "no stamp": a full reconcile).
+    fn read<R: DeserializeOwned>(&self) -> Option<Stamp<R>> {
+        let text = nofollow::read(&self.path).ok().flatten()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Keeps `stamp` (temp file and rename). Best effort: without it the next ADD reconciles
+    /// in full, which is what it did before stamps.
+    fn write<R: Serialize>(&self, stamp: &Stamp<R>) {
+        let Ok(text) = serde_json::to_vec(stamp) else {
+            return;
+        };
+        if let Err(e) = nofollow::replace(&self.path, &text, 0o600, nofollow::Durability::Cache) {
+            eprintln!(
+                "sticky-vxlan: keeping {}: {e} (the next ADD reconciles in full)",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Forgets the stamp: the next ADD reconciles in full.
+    pub fn forget(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 #[cfg(test)]
@@ -278,24 +312,16 @@ mod tests {
         }
     }
 
-    fn stamp() -> (Stamp, Link, Link, Link) {
+    fn stamp() -> (Stamp<u32>, Link, Link, Link) {
         let (v, b, u) = (link(7, 1, true), link(8, 2, true), link(2, 3, true));
-        let cfg = crate::vxlan::fake::conf(serde_json::json!({}));
-        let ready = Ready {
-            local_ip: "192.0.2.1".parse().unwrap(),
-            subnets: vec!["10.244.1.0/24".parse().unwrap()],
-            mtu: 1450,
-        };
-        (Stamp::new(&cfg, None, (&v, &b, &u), ready), v, b, u)
+        (Stamp::new("s".into(), None, (&v, &b, &u), 1450), v, b, u)
     }
 
     #[test]
     fn the_stamp_holds_only_while_everything_it_names_is_as_it_was() {
         let (s, v, b, u) = stamp();
-        let cfg = crate::vxlan::fake::conf(serde_json::json!({}));
-        let h = settings(&cfg);
-        let holds = |s: &Stamp, f, d: (Option<&Link>, Option<&Link>, Option<&Link>)| {
-            s.check(&h, f, d) == Check::Holds
+        let holds = |s: &Stamp<u32>, f, d: (Option<&Link>, Option<&Link>, Option<&Link>)| {
+            s.check("s", f, d) == Check::Holds
         };
         assert!(holds(&s, None, (Some(&v), Some(&b), Some(&u))));
         // A VTEP deleted (a reboot), or made again by anyone (a new index), or down.
@@ -320,9 +346,8 @@ mod tests {
         lower.mtu = Some(1400);
         assert!(!holds(&s, None, (Some(&v), Some(&b), Some(&lower))));
         // Other settings; a peers file where there was none.
-        let other = crate::vxlan::fake::conf(serde_json::json!({"mtu": 1300}));
         assert_eq!(
-            s.check(&settings(&other), None, (Some(&v), Some(&b), Some(&u))),
+            s.check("other", None, (Some(&v), Some(&b), Some(&u))),
             Check::Stale
         );
         let dir = tempfile::tempdir().unwrap();
@@ -334,24 +359,63 @@ mod tests {
     #[test]
     fn a_file_stamped_fresh_is_compared_by_content_until_settled() {
         let (_, v, b, u) = stamp();
-        let cfg = crate::vxlan::fake::conf(serde_json::json!({}));
-        let h = settings(&cfg);
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("peers.json");
         std::fs::write(&f, "[1]").unwrap();
         let id = FileId::of(&f).unwrap();
-        let ready = stamp().0.ready;
-        let s = Stamp::new(&cfg, Some((id, b"[1]")), (&v, &b, &u), ready);
+        let s = Stamp::new("s".into(), Some((id, b"[1]")), (&v, &b, &u), 1450);
         // Just written: its times may not show a write in the same tick.
         assert_eq!(
-            s.check(&h, Some(id), (Some(&v), Some(&b), Some(&u))),
+            s.check("s", Some(id), (Some(&v), Some(&b), Some(&u))),
             Check::IfContent(hash(b"[1]"))
         );
         let settled = s.settled();
         assert_eq!(
-            settled.check(&h, Some(id), (Some(&v), Some(&b), Some(&u))),
+            settled.check("s", Some(id), (Some(&v), Some(&b), Some(&u))),
             Check::Holds
         );
+    }
+
+    #[test]
+    fn a_keeper_gives_back_what_it_stamped_until_something_changes() {
+        let (_, v, b, u) = stamp();
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("peers.json");
+        std::fs::write(&f, "[1]").unwrap();
+        let keeper = Keeper {
+            path: dir.path().join("n.stamp"),
+            settings: "s".into(),
+            peers_file: Some(&f),
+        };
+        let found =
+            || -> Result<Found, ()> { Ok((Some(v.clone()), Some(b.clone()), Some(u.clone()))) };
+        assert_eq!(
+            keeper.holding::<u32, ()>(|_| found()),
+            Ok(None),
+            "nothing stamped yet"
+        );
+        let before = keeper.before();
+        keeper.after(&before, (&v, &b, &u), 1450u32);
+        assert_eq!(
+            keeper.holding::<u32, ()>(|i| {
+                assert_eq!(i, u.index, "the underlay is looked up by the index it had");
+                found()
+            }),
+            Ok(Some((1450, b.clone())))
+        );
+        // The same size, rewritten at once (possibly in the same clock tick): the content tells.
+        std::fs::write(&f, "[2]").unwrap();
+        assert_eq!(keeper.holding::<u32, ()>(|_| found()), Ok(None));
+        // A peers file that could not be read is never stamped.
+        let missing = dir.path().join("missing.json");
+        let gone = Keeper {
+            peers_file: Some(&missing),
+            ..keeper
+        };
+        let before = gone.before();
+        assert_eq!(before, Some(None));
+        gone.after(&before, (&v, &b, &u), 1450u32);
+        assert!(!gone.path.exists());
     }
 
     #[test]
