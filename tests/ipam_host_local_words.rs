@@ -3,7 +3,8 @@
 //! containernetworking-plugins 1.1.1, `/usr/lib/cni/host-local`), so scripts and tests written
 //! against host-local keep matching. Every case runs both plugins on the same input, each in a
 //! data dir of its own. The codes differ on purpose (host-local answers 999 for almost
-//! everything; README, "Errors"): each case also pins sticky-ipam's own code.
+//! everything; README, "Error codes"): each case also pins sticky-ipam's own code. The list of
+//! messages is in docs/ipam.md, "Drop-in wording".
 
 mod support;
 
