@@ -186,7 +186,7 @@ for b in "${binaries[@]}"; do
 done
 check "deb ships no agent in /opt/cni/bin (it is not a plugin)" \
     bash -c "! grep -q ' ./opt/cni/bin/$agent\$' <<<\"\$1\"" _ "$deb_list"
-for f in README.md install.md sticky-cni.default conf-examples/10-sticky-vxlan.conflist; do
+for f in README.md install.md ipam.md sticky-cni.default conf-examples/10-sticky-vxlan.conflist; do
     check "deb ships /usr/share/doc/$pkg/$f" grep -q " ./usr/share/doc/$pkg/$f\$" <<<"$deb_list"
 done
 for u in "$unit" "$agent_unit"; do
@@ -266,7 +266,7 @@ check "lease record survives purge unchanged" \
 # --- .rpm: file list and scriptlets ---------------------------------------------------------
 rpm_list=$(rpm -qlp "$rpm_file" 2>/dev/null)
 for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan "$agent_path" "$unit" "$agent_unit" \
-    "/usr/share/doc/$pkg/README.md" "/usr/share/doc/$pkg/install.md" \
+    "/usr/share/doc/$pkg/README.md" "/usr/share/doc/$pkg/install.md" "/usr/share/doc/$pkg/ipam.md" \
     "/usr/share/doc/$pkg/conf-examples/10-sticky-vxlan.conflist"; do
     check "rpm lists $f" grep -qx "$f" <<<"$rpm_list"
 done
