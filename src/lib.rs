@@ -10,7 +10,8 @@
 //!   [`segment`] is its L2 segment mode; [`agent`] (the `sticky-vxlan-agent` program) keeps its
 //!   peers file current from the Kubernetes API.
 //!
-//! [`cni`] is the protocol both share; [`codes`] is the one place errors become CNI codes;
+//! [`cni`] is the protocol both share (its own errors mapped to CNI codes; each plugin maps its
+//! own in its `codes` module);
 //! [`cli`] is the operator tools' shared argument parser and conflist loader; [`netlink`] the
 //! synchronous kernel layer; [`nofollow`] the one way files are opened and written.
 
@@ -19,7 +20,6 @@
 pub mod agent;
 pub mod cli;
 pub mod cni;
-pub mod codes;
 pub mod crash;
 pub mod ipam;
 pub mod netlink;

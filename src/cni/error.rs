@@ -2,9 +2,10 @@
 
 use serde::Serialize;
 
-use super::Version;
+use super::{EnvError, NetConfError, Version};
 
-/// Spec-defined error codes (SPEC.md, "Error"). Plugin codes (≥ 100) live in `crate::codes`.
+/// Spec-defined error codes (SPEC.md, "Error"). Each plugin maps its own errors (its codes from
+/// 100 up) in its own `codes` module.
 pub mod code {
     pub const INCOMPATIBLE_VERSION: u32 = 1;
     pub const UNSUPPORTED_FIELD: u32 = 2;
@@ -63,6 +64,39 @@ impl std::fmt::Display for CniError {
             write!(f, ": {}", self.details)?;
         }
         Ok(())
+    }
+}
+
+/// The protocol's own errors: a bad environment is 4; a config that is not JSON or not an
+/// object 6, a version this plugin does not speak 1, a bad name 7.
+impl From<EnvError> for CniError {
+    fn from(err: EnvError) -> CniError {
+        let error = CniError::new(code::INVALID_ENV, err.to_string());
+        match err.details() {
+            Some(details) => error.with_details(details),
+            None => error,
+        }
+    }
+}
+
+impl From<NetConfError> for CniError {
+    fn from(err: NetConfError) -> CniError {
+        let code = match &err {
+            NetConfError::Json(_) | NetConfError::NotAnObject | NetConfError::PrevResult(_) => {
+                code::DECODE
+            }
+            NetConfError::UnsupportedVersion(v) => {
+                return CniError::new(code::INCOMPATIBLE_VERSION, err.to_string()).with_details(
+                    format!(
+                        "config is {v:?}, plugin supports [\"0.1.0\" \"0.2.0\" \"0.3.0\" \"0.3.1\" \"0.4.0\" \"1.0.0\" \"1.1.0\"]"
+                    ),
+                );
+            }
+            NetConfError::NotAString { .. } | NetConfError::NoName | NetConfError::BadName(_) => {
+                code::INVALID_CONFIG
+            }
+        };
+        CniError::new(code, err.to_string())
     }
 }
 

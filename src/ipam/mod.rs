@@ -12,6 +12,7 @@
 pub mod allocator;
 pub mod check;
 pub mod cli;
+pub mod codes;
 pub mod config;
 pub mod del;
 pub mod disk;
@@ -29,7 +30,7 @@ pub mod store;
 
 use crate::cni::ArgsError;
 
-/// Every way a sticky-ipam command can fail; [`crate::codes`] gives each its CNI code.
+/// Every way a sticky-ipam command can fail; [`codes`] gives each its CNI code.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]

@@ -14,6 +14,7 @@
 //! and [`show`] lists segments for the operator.
 
 pub mod attachments;
+pub mod codes;
 pub mod config;
 pub mod datapath;
 pub mod mode;

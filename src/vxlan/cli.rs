@@ -54,7 +54,7 @@ Exit codes:
 With several --config, the highest code of the networks that failed.";
 
 /// A mistake of the operator's command line or config, or the plugin's own error at run
-/// time. Not a CNI error: it never reaches [`crate::codes`].
+/// time. Not a CNI error: it never becomes a CNI error code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error("unknown command {0:?} (expected mac, reconcile or show)")]

@@ -17,6 +17,7 @@
 
 pub mod apply;
 pub mod cli;
+pub mod codes;
 pub mod config;
 pub mod delegate;
 pub mod devices;
