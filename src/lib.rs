@@ -18,11 +18,13 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod agent;
+pub mod args;
 pub mod cli;
 pub mod cni;
 pub mod crash;
 pub mod ipam;
 pub mod netlink;
+pub mod networks;
 pub mod nofollow;
 pub mod segment;
 pub mod vxlan;

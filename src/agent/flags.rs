@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::cli::args::Spec;
+use crate::args::Spec;
 
 pub const HELP: &str = "\
 sticky-vxlan-agent: keep this node's peers file and data path current.
@@ -105,7 +105,7 @@ const SPEC: Spec = Spec {
 /// Parses the arguments after `agent` (with the tools' shared parser); `env` looks up
 /// environment variables.
 pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Options, String> {
-    let p = crate::cli::args::parse(args, &[], &SPEC).map_err(|e| e.to_string())?;
+    let p = crate::args::parse(args, &[], &SPEC).map_err(|e| e.to_string())?;
     let path = |name: &str| p.value(name).map(PathBuf::from);
     let config = path("--config");
     let (kubeconfig, server) = (path("--kubeconfig"), p.value("--server").map(String::from));

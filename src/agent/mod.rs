@@ -55,7 +55,7 @@ pub enum Error {
     Config(#[from] crate::vxlan::Error),
     /// `--config` unreadable or not a sticky-vxlan config (the operator tools' loader).
     #[error(transparent)]
-    ConfigFile(#[from] crate::vxlan::cli::CliError),
+    ConfigFile(#[from] crate::networks::Error),
     #[error("{path}: the agent needs \"peersFile\" in the sticky-vxlan config (the file it keeps)")]
     NoPeersFile { path: PathBuf },
     #[error(transparent)]
@@ -103,7 +103,7 @@ pub fn main(args: &[String]) -> ExitCode {
 }
 
 fn run(opts: Options) -> Result<(), Error> {
-    let cfg = crate::vxlan::cli::load(&opts.config)?;
+    let cfg = crate::networks::load(&opts.config)?;
     let peers_file = cfg.peers_file.clone().ok_or_else(|| Error::NoPeersFile {
         path: opts.config.clone(),
     })?;
@@ -359,7 +359,7 @@ fn main_loop(
     let segment_files: Vec<PathBuf> = opts
         .segment_configs
         .iter()
-        .filter_map(|c| crate::vxlan::cli::segment_peers_file(c))
+        .filter_map(|c| crate::networks::segment_peers_file(c))
         .filter(|f| f != peers_file)
         .collect();
     let fingerprints = |files: &[PathBuf]| files.iter().map(|f| files::fingerprint(f)).collect();

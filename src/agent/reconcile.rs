@@ -38,12 +38,12 @@ pub struct Live;
 
 impl Networks for Live {
     fn main(&mut self, config: &Path) -> Result<Reconciled, String> {
-        let cfg = crate::vxlan::cli::load(config).map_err(|e| e.about(config))?;
+        let cfg = crate::networks::load(config).map_err(|e| e.about(config))?;
         reconcile_node(&cfg).map_err(|e| e.to_string())
     }
 
     fn segment(&mut self, config: &Path) -> Result<String, String> {
-        crate::vxlan::cli::reconcile_segment(config).map_err(|e| e.about(config))
+        crate::networks::reconcile_segment(config).map_err(|e| e.about(config))
     }
 }
 

@@ -5,6 +5,6 @@ fn main() -> std::process::ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
         sticky_cni::cni::skel::run(&sticky_cni::ipam::plugin::IpamPlugin)
     } else {
-        sticky_cni::ipam::cli::main(std::env::args().skip(1).collect())
+        sticky_cni::cli::ipam::main(std::env::args().skip(1).collect())
     }
 }

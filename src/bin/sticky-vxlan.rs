@@ -3,18 +3,18 @@
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
-use sticky_cni::segment::mode::ByMode;
-use sticky_cni::vxlan::cli;
+use sticky_cni::cli::vxlan;
+use sticky_cni::networks::StickyVxlan;
 
 fn main() -> ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
-        return sticky_cni::cni::skel::run(&ByMode);
+        return sticky_cni::cni::skel::run(&StickyVxlan);
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("agent") {
         return agent_alias(&args[1..]);
     }
-    cli::main(args)
+    vxlan::main(args)
 }
 
 /// `sticky-vxlan agent ...`, kept for one release: runs `sticky-vxlan-agent` from this binary's

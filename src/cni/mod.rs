@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod attachments;
+pub mod conflist;
 pub mod delegate;
 pub mod env;
 pub mod error;

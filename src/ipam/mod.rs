@@ -11,7 +11,6 @@
 
 pub mod allocator;
 pub mod check;
-pub mod cli;
 pub mod codes;
 pub mod config;
 pub mod del;

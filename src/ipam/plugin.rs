@@ -16,7 +16,7 @@ use super::{check, del};
 use crate::cni::{Call, CniResult, Command, Dns, IpConfig, Plugin, attachments};
 
 /// sticky-ipam: the binary's plugin, and what sticky-vxlan runs in its own process for `ipam.type`
-/// `sticky-ipam` (see [`crate::vxlan::delegate::Runner`]).
+/// `sticky-ipam` (its IPAM delegation, `vxlan::delegate`, which sits above this layer).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IpamPlugin;
 

@@ -16,7 +16,7 @@ impl From<crate::segment::Error> for CniError {
         };
         let code = match &err {
             E::Vxlan(_) => vxlan_code::NETLINK, // returned above
-            E::Config(_) | E::Mode(_) | E::Mac { .. } | E::RuntimeConfig { .. } | E::Slice(_) => {
+            E::Config(_) | E::Mac { .. } | E::RuntimeConfig { .. } | E::Slice(_) => {
                 code::INVALID_CONFIG
             }
             E::ArgsMac(_) => code::INVALID_ENV,

@@ -10,14 +10,13 @@
 //! IPAM ranges per node, [`node`] works out this node and the segment's other nodes from the
 //! peers (the main mode's [`crate::vxlan::peers`]), [`datapath`] programs the devices and flood
 //! entries, [`pod`] does one pod's interface, [`plugin`] ties them to the CNI commands,
-//! [`mode`] picks the main mode or this one, [`reconcile`] programs a segment without a pod
+//! [`reconcile`] programs a segment without a pod (and keeps the stamp a pod ADD checks)
 //! and [`show`] lists segments for the operator.
 
 pub mod attachments;
 pub mod codes;
 pub mod config;
 pub mod datapath;
-pub mod mode;
 pub mod node;
 pub mod plugin;
 pub mod pod;
@@ -33,8 +32,6 @@ use crate::netlink;
 pub enum Error {
     #[error("invalid segment config: {0}")]
     Config(#[from] config::Error),
-    #[error("\"mode\" {0} is not known: leave it out for the main (L3) mode, or use \"segment\"")]
-    Mode(String),
     #[error("{source_key} {value:?} is not a unicast MAC address such as 02:00:00:00:00:01")]
     Mac {
         source_key: &'static str,

@@ -16,7 +16,6 @@
 //! entry points.
 
 pub mod apply;
-pub mod cli;
 pub mod codes;
 pub mod config;
 pub mod delegate;
@@ -27,6 +26,7 @@ pub mod firewall;
 pub mod kernel;
 pub mod mac;
 pub mod node;
+pub mod node_ranges;
 pub mod peers;
 pub mod plan;
 pub mod plugin;

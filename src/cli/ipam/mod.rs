@@ -28,14 +28,15 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
-use super::allocator::AllocError;
-use super::config::{ConfigError, DEFAULT_DATA_DIR, IpamConfig};
-use super::disk::DiskStore;
-use super::identity::Pod;
-use super::store::StoreError;
-use crate::cli::{conflist, node_ranges};
+use crate::cni::conflist;
 use crate::cni::netconf::is_network_name;
 use crate::cni::{Args, NetConf};
+use crate::ipam::allocator::AllocError;
+use crate::ipam::config::{ConfigError, DEFAULT_DATA_DIR, IpamConfig};
+use crate::ipam::disk::DiskStore;
+use crate::ipam::identity::Pod;
+use crate::ipam::store::StoreError;
+use crate::vxlan::node_ranges;
 
 /// Success.
 pub const EXIT_OK: u8 = 0;
@@ -94,7 +95,7 @@ pub enum CliError {
     #[error("no command given (expected list, show, forget, gc or downgrade)")]
     NoVerb,
     #[error(transparent)]
-    Args(#[from] crate::cli::args::ArgsError),
+    Args(#[from] crate::args::ArgsError),
     #[error("{0:?} is not a pod: expected <namespace>/<pod>, /<name> or <name>")]
     BadPod(String),
     #[error("{0:?} is not a valid network name")]
@@ -328,10 +329,10 @@ impl Target {
     }
 }
 
-/// Reads a `.conf` or `.conflist` ([`crate::cli::conflist`]) and the ipam section of its
+/// Reads a `.conf` or `.conflist` ([`crate::cni::conflist`]) and the ipam section of its
 /// sticky-ipam plugin. A sticky-vxlan entry whose ipam section names no range (the cluster
 /// conflist) gets this node's ranges from the peers, as the plugin fills them in
-/// ([`crate::cli::node_ranges`]).
+/// ([`crate::vxlan::node_ranges`]).
 pub fn load_config(path: &Path) -> Result<IpamConfig, CliError> {
     let is_sticky = |v: Option<&Value>| v.and_then(Value::as_str) == Some("sticky-ipam");
     let loaded = conflist::load(path, "with type or ipam.type \"sticky-ipam\"", |p| {

@@ -9,14 +9,13 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use super::config::{self, Config};
-use super::mac::vtep_mac;
-use super::{Error, ROUTE_PROTOCOL, pod};
-use crate::cli::args::{ArgsError, Spec, find_verb, parse};
-use crate::cli::conflist::{self, ConflistError, Loaded};
+use crate::args::{ArgsError, Spec, find_verb, parse};
 use crate::netlink::link::format_mac;
 use crate::netlink::{Socket, addr, link, neigh, route};
-use crate::segment::mode::Mode;
+use crate::networks;
+use crate::vxlan::config;
+use crate::vxlan::mac::vtep_mac;
+use crate::vxlan::{Error, ROUTE_PROTOCOL, pod};
 
 pub const HELP: &str = "\
 sticky-vxlan: CNI plugin for a VXLAN overlay whose VTEP MAC never changes.
@@ -67,21 +66,10 @@ pub enum CliError {
     BadLocal(String),
     #[error("--vni {0:?} is not an integer from 1 to {max}", max = config::MAX_VNI)]
     BadVni(String),
-    #[error("--config {0}")]
-    Conflist(#[from] ConflistError),
-    #[error("--config {path}: {source}")]
-    Config {
-        path: PathBuf,
-        source: config::Error,
-    },
     #[error(transparent)]
     Vxlan(#[from] Error),
     #[error(transparent)]
-    Segment(#[from] crate::segment::Error),
-    #[error(
-        "--config {0}: not a segment network (its sticky-vxlan entry has no \"mode\": \"segment\")"
-    )]
-    NotSegment(PathBuf),
+    Network(#[from] networks::Error),
     /// `reconcile` with several `--config`: what was done, and each file that failed.
     #[error("{} of {total} networks were not reconciled", failed.len())]
     Networks {
@@ -93,11 +81,10 @@ pub enum CliError {
 
 impl CliError {
     pub fn exit_code(&self) -> u8 {
-        use crate::segment::Error as S;
         match self {
             // An unusable `--config` is a usage error in either mode.
-            CliError::Segment(S::Config(_) | S::Mode(_)) => EXIT_USAGE,
-            CliError::Vxlan(_) | CliError::Segment(_) => EXIT_RUNTIME,
+            CliError::Network(e) if e.is_config() => EXIT_USAGE,
+            CliError::Vxlan(_) | CliError::Network(_) => EXIT_RUNTIME,
             CliError::Networks { failed, .. } => failed
                 .iter()
                 .map(|(_, e)| e.exit_code())
@@ -110,9 +97,7 @@ impl CliError {
     /// The message, naming the file it is about when it does not already.
     pub fn about(&self, path: &Path) -> String {
         match self {
-            CliError::Conflist(_) | CliError::Config { .. } | CliError::NotSegment(_) => {
-                self.to_string()
-            }
+            CliError::Network(e) => e.about(path),
             _ => format!("--config {}: {self}", path.display()),
         }
     }
@@ -214,24 +199,7 @@ pub fn run(args: &[String]) -> Result<String, CliError> {
 
 /// `reconcile --config <path>`: the main network's node or a segment, as the file says.
 fn reconcile_file(path: &Path) -> Result<String, CliError> {
-    reconcile_as(path, |loaded| {
-        reconcile(&config_of(path, loaded)?).map_err(CliError::from)
-    })
-}
-
-/// Reconciles the network in `path` if it is a segment; a main-mode file goes to `main`.
-fn reconcile_as(
-    path: &Path,
-    main: impl FnOnce(&Loaded) -> Result<String, CliError>,
-) -> Result<String, CliError> {
-    let loaded = load_entry(path)?;
-    match crate::segment::mode::mode(&loaded.entry)? {
-        Mode::Segment => Ok(crate::segment::reconcile::network(
-            &loaded.conf.name,
-            &loaded.entry,
-        )?),
-        Mode::Main => main(&loaded),
-    }
+    Ok(networks::reconcile(path)?)
 }
 
 /// `reconcile` with several `--config`: each in turn, whatever happened to the ones before
@@ -252,67 +220,6 @@ fn reconcile_files(paths: &[&str]) -> Result<String, CliError> {
         total: paths.len(),
         done,
         failed,
-    })
-}
-
-/// `sticky-vxlan reconcile --config <path>` for a file that must be a segment network (the
-/// agent's `--segment-config`): brings it to what the peers say and says what it did.
-pub fn reconcile_segment(path: &Path) -> Result<String, CliError> {
-    reconcile_as(path, |_| Err(CliError::NotSegment(path.to_path_buf())))
-}
-
-/// The peers file of the segment network in `path`; `None` for a main-mode file, one without
-/// a peers file, or one that does not load (its reconcile says why).
-pub fn segment_peers_file(path: &Path) -> Option<PathBuf> {
-    let loaded = load_entry(path).ok()?;
-    match crate::segment::mode::mode(&loaded.entry).ok()? {
-        Mode::Segment => {
-            crate::segment::config::Config::from_json(&loaded.conf.name, &loaded.entry)
-                .ok()?
-                .peers_file
-        }
-        Mode::Main => None,
-    }
-}
-
-/// Creates or repairs the node (VTEP, bridge, peers) and says what it did.
-fn reconcile(cfg: &Config) -> Result<String, Error> {
-    let report = super::reconcile::node(cfg)?;
-    let (node, vtep, bridge) = (&report.node, &report.vtep, &report.bridge);
-    let mut out = format!(
-        "{} up with MAC {} (local {}, vni {}, port {}), bridge {}, {} remote peer(s)\n",
-        vtep.name,
-        format_mac(&vtep_mac(node.local_ip, cfg.vni)),
-        node.local_ip,
-        cfg.vni,
-        cfg.port,
-        bridge.name,
-        node.remote.len()
-    );
-    if let Some(e) = report.peers_file_error() {
-        let _ = writeln!(out, "warning: {e}; programmed peers were left as they are");
-    }
-    Ok(out)
-}
-
-/// Reads a `.conf` (one plugin) or `.conflist` (the `sticky-vxlan` entry of its `plugins`)
-/// with the loader both tools share ([`crate::cli::conflist`]).
-pub fn load(path: &Path) -> Result<Config, CliError> {
-    config_of(path, &load_entry(path)?)
-}
-
-/// The `sticky-vxlan` entry of a `.conf` or `.conflist`, either mode.
-fn load_entry(path: &Path) -> Result<Loaded, CliError> {
-    Ok(conflist::load(path, "with type \"sticky-vxlan\"", |p| {
-        conflist::has_type(p, "sticky-vxlan")
-    })?)
-}
-
-/// The main mode's config of a loaded entry.
-fn config_of(path: &Path, loaded: &Loaded) -> Result<Config, CliError> {
-    Config::from_json(&loaded.conf.name, &loaded.entry).map_err(|source| CliError::Config {
-        path: path.to_path_buf(),
-        source,
     })
 }
 
@@ -472,29 +379,5 @@ mod tests {
         };
         assert_eq!(runtime.exit_code(), EXIT_RUNTIME);
         assert!(runtime.to_string().contains("1 of 2 networks"));
-    }
-
-    #[test]
-    fn load_reads_conf_and_conflist() {
-        let dir = tempfile::tempdir().unwrap();
-        let list = dir.path().join("10-edge.conflist");
-        std::fs::write(
-            &list,
-            r#"{"cniVersion":"1.0.0","name":"edge","plugins":[
-                {"type":"sticky-vxlan","vni":7,"ipam":{"type":"sticky-ipam"}},
-                {"type":"portmap"}]}"#,
-        )
-        .unwrap();
-        let c = load(&list).unwrap();
-        assert_eq!((c.name.as_str(), c.vni), ("edge", 7));
-        let conf = dir.path().join("10-edge.conf");
-        std::fs::write(
-            &conf,
-            r#"{"cniVersion":"1.0.0","name":"one","type":"sticky-vxlan","vni":2,"ipam":{"type":"x"}}"#,
-        )
-        .unwrap();
-        assert_eq!(load(&conf).unwrap().vni, 2);
-        std::fs::write(&conf, r#"{"name":"n","plugins":[{"type":"bridge"}]}"#).unwrap();
-        assert!(matches!(load(&conf), Err(CliError::Conflist(_))));
     }
 }

@@ -1,6 +1,6 @@
-//! sticky-ipam's global options, bound to the shared parser ([`crate::cli::args`]).
+//! sticky-ipam's global options, bound to the shared parser ([`crate::args`]).
 
-pub use crate::cli::args::{Parsed, Spec};
+pub use crate::args::{Parsed, Spec};
 
 use super::CliError;
 
@@ -9,10 +9,10 @@ pub const GLOBAL_VALUES: [&str; 3] = ["--data-dir", "--network", "--config"];
 
 /// The verb of a sticky-ipam command line.
 pub fn find_verb(args: &[String]) -> Option<&str> {
-    crate::cli::args::find_verb(args, &GLOBAL_VALUES)
+    crate::args::find_verb(args, &GLOBAL_VALUES)
 }
 
 /// Parses a sticky-ipam command line for `spec`.
 pub fn parse(args: &[String], spec: &Spec) -> Result<Parsed, CliError> {
-    Ok(crate::cli::args::parse(args, &GLOBAL_VALUES, spec)?)
+    Ok(crate::args::parse(args, &GLOBAL_VALUES, spec)?)
 }
