@@ -1,8 +1,13 @@
 //! A test Kubernetes API server, written for the tests: it speaks the part of the real
 //! protocol the agent uses, over TLS with a CA made at test time, with a bearer token.
 //!
+//! - Discovery (`/api`, `/apis`, `/api/v1`: the legacy documents), as kubectl reads it
+//!   before anything else.
 //! - `GET /api/v1/nodes?limit=&continue=`: a NodeList with `metadata.resourceVersion`, paged;
-//!   an expired `continue` is `410 Gone`.
+//!   an expired `continue` is `410 Gone`. `GET /api/v1/nodes/<name>`: one Node, or the
+//!   NotFound Status.
+//! - `fieldSelector=metadata.name=<name>` on lists and watches (kubectl's one-Node watch);
+//!   any other field selector is refused (400), never ignored.
 //! - `GET /api/v1/nodes?watch=1&resourceVersion=&allowWatchBookmarks=true&timeoutSeconds=`:
 //!   a chunked stream of `ADDED/MODIFIED/DELETED/BOOKMARK` events after that version; a
 //!   version older than the kept history is an `ERROR` event with a 410 Status, as the real
@@ -12,9 +17,11 @@
 //! - Misbehaviour on demand: close every watch stream ([`ApiServer::close_watches`]), cut the
 //!   next lists half-way ([`ApiServer::cut_lists`]), stop listening altogether and come back
 //!   on the same address ([`ApiServer::stop`], [`ApiServer::start`]), forget the history
-//!   (a restore, [`ApiServer::restore`]).
+//!   (a restore, [`ApiServer::restore`]; between a client's list and its watch,
+//!   [`ApiServer::compact_after_next_list`]).
 //!
-//! Node objects are full Node JSON as a real API server returns them ([`node_json`]).
+//! Node objects are full Node JSON as a real API server returns them ([`node_json`]). One
+//! request per connection (`Connection: close`). tests/kube_kubectl.rs holds it to kubectl.
 
 #![allow(dead_code)]
 
@@ -206,6 +213,11 @@ struct State {
     pages: u64,
     /// When set, every list is an endless body of this kind.
     endless_body: Option<Endless>,
+    /// When set, the next complete list is followed at once by a compaction, so a watch from
+    /// that list's resourceVersion is too old (410).
+    compact_after_list: bool,
+    /// Bookmarks sent, every stream together.
+    bookmarks: u64,
     /// The most items the server puts in one page (it may return fewer than asked).
     page_size: usize,
     down: bool,
@@ -215,6 +227,8 @@ struct State {
     watch_bytes: u64,
     patches: Vec<(String, Value)>,
     user_agents: Vec<String>,
+    /// Every request's method and target, as the client sent them.
+    requests: Vec<String>,
 }
 
 struct Shared {
@@ -419,6 +433,13 @@ impl ApiServer {
         });
     }
 
+    /// Compacts the history just after the next complete list is served: the client's watch
+    /// from that list's resourceVersion is then too old, as when etcd compacts between a
+    /// client's list and its watch (the watch gets an `ERROR` event with a 410 Status).
+    pub fn compact_after_next_list(&self) {
+        self.change(|s| s.compact_after_list = true);
+    }
+
     /// Ends every open watch stream cleanly (as the server does at timeoutSeconds).
     pub fn close_watches(&self) {
         self.change(|s| s.watch_epoch += 1);
@@ -466,12 +487,22 @@ impl ApiServer {
         self.shared.state.lock().unwrap().watch_bytes
     }
 
+    /// Bookmarks sent so far (every stream together).
+    pub fn bookmarks(&self) -> u64 {
+        self.shared.state.lock().unwrap().bookmarks
+    }
+
     pub fn watches(&self) -> usize {
         self.shared.state.lock().unwrap().watches
     }
 
     pub fn patches(&self) -> Vec<(String, Value)> {
         self.shared.state.lock().unwrap().patches.clone()
+    }
+
+    /// Every request so far, as `METHOD target` (the target as sent: path and query).
+    pub fn requests(&self) -> Vec<String> {
+        self.shared.state.lock().unwrap().requests.clone()
     }
 
     pub fn user_agents(&self) -> Vec<String> {
@@ -491,6 +522,8 @@ impl Drop for ApiServer {
 
 struct Req {
     method: String,
+    /// The request target as sent (path and query, still encoded).
+    target: String,
     path: String,
     query: BTreeMap<String, String>,
     headers: BTreeMap<String, String>,
@@ -523,15 +556,45 @@ fn read_request(r: &mut impl BufRead) -> Option<Req> {
     let query = q
         .split('&')
         .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.replace("%3B", ";").replace("%3D", "=")))
+        .map(|(k, v)| (percent_decode(k), percent_decode(v)))
         .collect();
     Some(Req {
         method,
         path: path.to_string(),
+        target: target.clone(),
         query,
         headers,
         body,
     })
+}
+
+/// A query component as a client encodes it (Go's `url.QueryEscape`: `%XX`, and `+` for a
+/// space); a malformed escape is kept as it is.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn status_json(code: u16, reason: &str, message: &str) -> String {
@@ -540,19 +603,44 @@ fn status_json(code: u16, reason: &str, message: &str) -> String {
     .to_string()
 }
 
-fn respond(w: &mut impl Write, code: u16, body: &str) {
+/// How a response body is framed.
+enum Body {
+    /// `Content-Length` bytes (which the server may then fail to send).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`: a watch stream.
+    Chunked,
+}
+
+/// The status line and headers of a JSON response. Every connection carries one request, and
+/// says so (`Connection: close`): a client does not send its next request on it.
+fn head(w: &mut impl Write, code: u16, body: Body) -> bool {
     let text = match code {
         200 => "OK",
+        400 => "Bad Request",
         401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         410 => "Gone",
+        415 => "Unsupported Media Type",
+        500 => "Internal Server Error",
+        504 => "Gateway Timeout",
         _ => "Error",
     };
-    let _ = write!(
+    let framing = match body {
+        Body::Length(n) => format!("Content-Length: {n}"),
+        Body::Chunked => "Transfer-Encoding: chunked".to_string(),
+    };
+    write!(
         w,
-        "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+        "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nConnection: close\r\n{framing}\r\n\r\n"
+    )
+    .is_ok()
+}
+
+fn respond(w: &mut impl Write, code: u16, body: &str) {
+    if head(w, code, Body::Length(body.len() as u64)) {
+        let _ = w.write_all(body.as_bytes());
+    }
     let _ = w.flush();
 }
 
@@ -579,6 +667,7 @@ fn serve(
         }
         s.user_agents
             .push(req.headers.get("user-agent").cloned().unwrap_or_default());
+        s.requests.push(format!("{} {}", req.method, req.target));
     }
     if req.headers.get("authorization") != Some(&format!("Bearer {token}")) {
         respond(
@@ -598,8 +687,16 @@ fn serve(
         watch(&mut w, shared, &req, bookmark_every);
     } else if req.method == "GET" && req.path == "/api/v1/nodes" {
         list(&mut w, shared, &req);
+    } else if let Some(name) = (req.method == "GET")
+        .then(|| req.path.strip_prefix("/api/v1/nodes/"))
+        .flatten()
+        .filter(|n| !n.is_empty() && !n.contains('/'))
+    {
+        get_node(&mut w, shared, name);
     } else if req.method == "PATCH" && req.path.starts_with("/api/v1/nodes/") {
         patch(&mut w, shared, &req);
+    } else if let Some(body) = discovery(&req) {
+        respond(&mut w, 200, &body.to_string());
     } else {
         respond(
             &mut w,
@@ -613,7 +710,76 @@ fn serve(
     }
 }
 
+/// The discovery documents a client reads to learn that `nodes` is a cluster-scoped resource of
+/// the core group `v1` (kubectl does, before any list): the legacy, unaggregated form, which a
+/// client asking for aggregated discovery accepts by its `Content-Type`.
+fn discovery(req: &Req) -> Option<Value> {
+    if req.method != "GET" {
+        return None;
+    }
+    match req.path.as_str() {
+        "/api" => Some(json!({"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]})),
+        "/apis" => Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})),
+        "/api/v1" => Some(
+            json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                {"name": "nodes", "singularName": "node", "namespaced": false, "kind": "Node",
+                 "verbs": ["get", "list", "patch", "watch"], "shortNames": ["no"]},
+                {"name": "nodes/status", "singularName": "", "namespaced": false, "kind": "Node",
+                 "verbs": ["patch"]}
+            ]}),
+        ),
+        _ => None,
+    }
+}
+
+/// `GET /api/v1/nodes/<name>`: the Node, or a NotFound Status naming it.
+fn get_node(w: &mut impl Write, shared: &Shared, name: &str) {
+    let node = shared.state.lock().unwrap().nodes.get(name).cloned();
+    match node {
+        Some(node) => respond(w, 200, &node.to_string()),
+        None => respond(w, 404, &not_found(name)),
+    }
+}
+
+/// The Status a real API server answers for a Node that does not exist.
+fn not_found(name: &str) -> String {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": format!("nodes \"{name}\" not found"), "reason": "NotFound",
+           "details": {"name": name, "kind": "nodes"}, "code": 404})
+    .to_string()
+}
+
+/// The Node name a `fieldSelector` picks (`metadata.name=<name>`, as kubectl sends it for one
+/// Node), `None` when there is none; any other selector is refused with the Status a real API
+/// server sends for a field it cannot select Nodes by.
+fn name_selector(req: &Req) -> Result<Option<String>, String> {
+    let Some(selector) = req.query.get("fieldSelector").filter(|s| !s.is_empty()) else {
+        return Ok(None);
+    };
+    let term = selector
+        .split_once("==")
+        .or_else(|| selector.split_once('='));
+    match term {
+        Some(("metadata.name", name)) if !name.contains(',') => Ok(Some(name.to_string())),
+        _ => Err(status_json(
+            400,
+            "BadRequest",
+            &format!("field label not supported: {selector}"),
+        )),
+    }
+}
+
+/// True when `node` is one the selector `name` picks.
+fn picks(name: Option<&str>, node: &Value) -> bool {
+    name.is_none_or(|n| node["metadata"]["name"].as_str() == Some(n))
+}
+
 fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
+    let selector = match name_selector(req) {
+        Ok(s) => s,
+        Err(status) => return respond(w, 400, &status),
+    };
     let mut s = shared.state.lock().unwrap();
     if !req.query.contains_key("continue") {
         s.lists += 1;
@@ -662,12 +828,17 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
     };
     s.pages += 1;
     let limit = limit.min(s.page_size);
-    let items: Vec<&Value> = s.nodes.values().skip(offset).take(limit).collect();
-    let last_page = offset + items.len() >= s.nodes.len();
+    let picked: Vec<&Value> = s
+        .nodes
+        .values()
+        .filter(|n| picks(selector.as_deref(), n))
+        .collect();
+    let items: Vec<&Value> = picked.iter().copied().skip(offset).take(limit).collect();
+    let last_page = offset + items.len() >= picked.len();
     let mut metadata = json!({"resourceVersion": rv.to_string()});
-    if offset + items.len() < s.nodes.len() {
+    if !last_page {
         metadata["continue"] = json!(format!("{};{}", offset + items.len(), rv));
-        metadata["remainingItemCount"] = json!(s.nodes.len() - offset - items.len());
+        metadata["remainingItemCount"] = json!(picked.len() - offset - items.len());
     }
     let body =
         json!({"kind": "NodeList", "apiVersion": "v1", "metadata": metadata, "items": items})
@@ -676,14 +847,18 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
     if cut {
         s.cut_lists -= 1;
     }
+    if last_page && !cut && s.compact_after_list {
+        // etcd compacts the history between this list and the client's watch.
+        s.compact_after_list = false;
+        s.rv += 1;
+        s.oldest = s.rv;
+        s.events.clear();
+    }
     drop(s);
     if cut {
-        let _ = write!(
-            w,
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
-            body.len(),
-            &body[..body.len() / 2]
-        );
+        if head(w, 200, Body::Length(body.len() as u64)) {
+            let _ = w.write_all(&body.as_bytes()[..body.len() / 2]);
+        }
         let _ = w.flush();
         return;
     }
@@ -692,10 +867,15 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
 
 /// Writes an endless list body until the client goes away (or 10^6 items: a test must end).
 fn endless(w: &mut impl Write, kind: Endless) {
-    let _ = write!(
-        w,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n{{\"kind\":\"NodeList\",\"metadata\":{{\"resourceVersion\":\"1\"}},\"items\":["
-    );
+    if !head(w, 200, Body::Length(1_000_000_000_000))
+        || write!(
+            w,
+            "{{\"kind\":\"NodeList\",\"metadata\":{{\"resourceVersion\":\"1\"}},\"items\":["
+        )
+        .is_err()
+    {
+        return;
+    }
     match kind {
         Endless::Items => {
             for i in 0..1_000_000u32 {
@@ -740,6 +920,10 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
         respond(w, code, &status_json(code, "Failure", &message));
         return;
     }
+    let selector = match name_selector(req) {
+        Ok(s) => s,
+        Err(status) => return respond(w, 400, &status),
+    };
     let from: u64 = req
         .query
         .get("resourceVersion")
@@ -755,11 +939,9 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
         .query
         .get("allowWatchBookmarks")
         .is_some_and(|v| v == "true");
-    let _ = write!(
-        w,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-    );
-    let _ = w.flush();
+    if !head(w, 200, Body::Chunked) || w.flush().is_err() {
+        return;
+    }
     let started = Instant::now();
     let mut s = shared.state.lock().unwrap();
     let epoch = s.watch_epoch;
@@ -768,6 +950,7 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
         drop(s);
         chunk(w, &line);
         let _ = write!(w, "0\r\n\r\n");
+        let _ = w.flush();
         return;
     }
     let mut cursor = from;
@@ -786,7 +969,7 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
         let lines: Vec<String> = s
             .events
             .iter()
-            .filter(|(rv, _, _)| *rv > cursor)
+            .filter(|(rv, _, obj)| *rv > cursor && picks(selector.as_deref(), obj))
             .map(|(_, kind, obj)| json!({"type": kind, "object": obj}).to_string())
             .collect();
         if let Some((rv, _, _)) = s.events.last() {
@@ -797,6 +980,7 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
             json!({"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": s.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "false"}}}}).to_string()
         });
         s.watch_bytes += lines.iter().map(|l| l.len() as u64 + 1).sum::<u64>();
+        s.bookmarks += u64::from(bookmark.is_some());
         drop(s);
         for line in lines.iter().chain(bookmark.iter()) {
             if !chunk(w, line) {
@@ -851,11 +1035,7 @@ fn patch(w: &mut impl Write, shared: &Shared, req: &Req) {
     s.patches.push((name.clone(), p.clone()));
     let Some(mut node) = s.nodes.get(&name).cloned() else {
         drop(s);
-        respond(
-            w,
-            404,
-            &status_json(404, "NotFound", &format!("nodes \"{name}\" not found")),
-        );
+        respond(w, 404, &not_found(&name));
         return;
     };
     if let Some(a) = p["metadata"]["annotations"].as_object() {
