@@ -219,29 +219,62 @@ pub enum Durability {
     /// Whole or not at all for every reader, but may be lost in a power cut: a cache that is
     /// rebuilt when missing.
     Cache,
+    /// The new content is on disk before the rename; the rename itself is on disk only once
+    /// the caller fsyncs the directory, which it must do before it reports success. For a
+    /// store that makes several replaces (and unlinks) in one directory per command and syncs
+    /// the directory once for all of them.
+    FileSynced,
     /// Also on disk before it returns (file and directory fsynced): state that must survive a
     /// power cut.
     Durable,
 }
 
+/// The temp files of a [`replace`] of `path` are named this plus 16 random hex digits
+/// (`.<name>.`): hidden, and never ending as a reader's glob (`*.prom`, `*.json`) does.
+pub fn temp_prefix(path: &Path) -> String {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    format!(".{name}.")
+}
+
 /// Replaces `path` with `bytes` so that a reader sees the old file or the new one, whole: a
-/// temp file `.<name>.<random>` created new beside it ([`create_temp`], never through
+/// temp file [`temp_prefix`]`<random>` created new beside it ([`create_temp`], never through
 /// anything planted), mode exactly `mode`, renamed over `path` (a link planted at `path` is
-/// replaced, not followed). A failed replace leaves no temp file.
+/// replaced, not followed). A failed replace leaves no temp file; a killed one may leave it,
+/// for the caller's next start or listing to remove.
 pub fn replace(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> io::Result<()> {
+    replace_through(&temp_prefix(path), path, bytes, mode, durability)
+}
+
+/// As [`replace`], the temp file named `<temp_prefix><random>` instead: for a directory whose
+/// leftovers are recognised by a prefix of their own (the IPAM data dir's `.tmp.`).
+pub fn replace_through(
+    temp_prefix: &str,
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    durability: Durability,
+) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let (mut file, tmp) = create_temp(dir, &format!(".{name}."), mode)?;
+    if path.file_name().is_none() {
+        return Err(io::Error::new(
+            ErrorKind::InvalidInput,
+            "names no file to replace",
+        ));
+    }
+    let dir = match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => Path::new("/"),
+    };
+    let (mut file, tmp) = create_temp(dir, temp_prefix, mode)?;
+    let synced = durability != Durability::Cache;
     let result = (|| {
         // The umask may have taken bits away; the mode must be exactly `mode`.
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         file.write_all(bytes)?;
-        if durability == Durability::Durable {
+        crate::crash::point("temp file written");
+        if synced {
             file.sync_all()?;
         }
         std::fs::rename(&tmp, path)?;
@@ -281,6 +314,32 @@ mod tests {
         assert_eq!(left.len(), 2, "no temp file left");
         // Into a directory that does not exist: an error, nothing made.
         assert!(replace(&tmp.path().join("no/such"), b"x", 0o600, Durability::Cache).is_err());
+    }
+
+    #[test]
+    fn a_failed_replace_leaves_no_temp_file_and_a_path_naming_no_file_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.prom");
+        assert_eq!(temp_prefix(&path), ".m.prom.");
+        // A replace that fails after its temp file was made (the target is a directory, which
+        // a rename of a file cannot replace) leaves no temp file, whatever its durability.
+        std::fs::create_dir(&path).unwrap();
+        for d in [
+            Durability::Cache,
+            Durability::FileSynced,
+            Durability::Durable,
+        ] {
+            assert!(replace_through(".tmp.", &path, b"x", 0o644, d).is_err());
+        }
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
+        let other = tmp.path().join("record");
+        replace_through(".tmp.", &other, b"x", 0o644, Durability::FileSynced).unwrap();
+        assert_eq!(std::fs::read(&other).unwrap(), b"x");
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2);
+        // A path naming no file is refused before anything is made.
+        let e = replace(&tmp.path().join(".."), b"x", 0o644, Durability::Cache).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2);
     }
 
     #[test]

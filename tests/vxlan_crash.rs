@@ -19,8 +19,16 @@ fn add_killed_at_every_crash_point_then_del_leaves_nothing_and_retry_works() {
     topo.add_node(1, 1500);
     let conf = topo.conf(1, json!({"peers": [Topo::peer(1, false)]}));
     let probe = topo.new_pod(1, "probe");
-    for step in ["1", "2"] {
+    // Each ADD starts as a node's first does (no stamp: a full reconcile, which writes one), so
+    // it passes every crash point there is; the points are counted until one ADD passes them all.
+    let name = conf["name"].as_str().unwrap();
+    let stamp = topo.state_dir(1).join(format!("{name}.stamp"));
+    let mut reached = Vec::new();
+    for n in 1.. {
+        assert!(n < 20, "ADD still crashing at crash point {n}: {reached:?}");
+        let step = n.to_string();
         let pod = topo.new_pod(1, &format!("c{step}"));
+        let _ = std::fs::remove_file(&stamp);
         let out = topo.cni_env(
             1,
             "ADD",
@@ -28,9 +36,19 @@ fn add_killed_at_every_crash_point_then_del_leaves_nothing_and_retry_works() {
             &pod.path(),
             &conf,
             "",
-            &[("STICKY_CRASH_AT", step)],
+            &[("STICKY_CRASH_AT", &step)],
         );
-        assert!(!out.status.success(), "crash point {step} was not reached");
+        if out.status.success() {
+            assert!(topo.del(&pod, &pod.path(), &conf).status.success());
+            break;
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let point = stderr.lines().find(|l| l.starts_with("crash point "));
+        reached.push(
+            point
+                .unwrap_or_else(|| panic!("not a crash at {step}: {stderr}"))
+                .to_string(),
+        );
         // The runtime cleans up a failed ADD with DEL: nothing is left, neither veth nor
         // allocation...
         assert!(topo.del(&pod, &pod.path(), &conf).status.success());
@@ -45,5 +63,17 @@ fn add_killed_at_every_crash_point_then_del_leaves_nothing_and_retry_works() {
         );
         assert!(topo.del(&probe, &probe.path(), &conf).status.success());
         assert!(topo.del(&pod, &pod.path(), &conf).status.success());
+    }
+    for point in [
+        "(temp file written)",
+        "(vxlan add: node ready)",
+        "(vxlan add: veth created)",
+    ] {
+        assert!(
+            reached
+                .iter()
+                .any(|r| r.ends_with(&format!("{point}: aborting"))),
+            "{point} never reached: {reached:?}"
+        );
     }
 }

@@ -1,12 +1,11 @@
 //! The files the agent writes: the peers file (crash-safe, only when its peers change) and a
 //! small status file `sticky-vxlan show` reads.
 
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::state::{Status, status_path};
-use crate::nofollow;
+use crate::nofollow::{self, Durability};
 use crate::vxlan::peers::{self, Peer};
 use crate::vxlan::state_dir;
 
@@ -20,43 +19,34 @@ pub enum Error {
     },
 }
 
-/// Writes `text` to `path` so that a reader sees either the old file or the new one, whole:
-/// a temp file created new beside it under a name nobody can guess (`O_EXCL`, never through
-/// anything planted), mode 0644, fsynced, renamed over `path` (a link planted at `path` is
-/// replaced, not followed), then the directory fsynced.
+/// Writes `text` to `path` so that a reader sees either the old file or the new one, whole
+/// ([`nofollow::replace_through`]: a temp file [`temp_prefix`]`<random>` created new beside
+/// it, mode 0644, renamed over `path`; a link planted at `path` is replaced, not followed).
+/// [`Durability::Durable`]: the file and the directory are fsynced before it returns, since
+/// the agent writes the peers file only when its peers change, and a node rebooted after a
+/// power cut is programmed from it before the API server is reachable.
 pub fn write_atomic(path: &Path, text: &[u8]) -> Result<(), Error> {
-    let err = |source| Error::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let (mut file, tmp) =
-        nofollow::create_temp(dir, &format!(".{name}.agent."), 0o644).map_err(err)?;
-    let result = (|| {
-        // The umask may have taken bits away; the mode must be exactly 0644.
-        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        file.write_all(text)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(err)
+    nofollow::replace_through(&temp_prefix(path), path, text, 0o644, Durability::Durable).map_err(
+        |source| Error::Write {
+            path: path.to_path_buf(),
+            source,
+        },
+    )
+}
+
+/// The agent's temp files beside `path`: `.<name>.agent.` plus random hex digits, told apart
+/// from anyone else's temp files of the same name.
+fn temp_prefix(path: &Path) -> String {
+    format!("{}agent.", nofollow::temp_prefix(path))
 }
 
 /// Removes the temp files a writer of `path` killed half-way left beside it
-/// (`.<name>.agent.*`, see [`write_atomic`]); a link is removed, never followed.
+/// ([`temp_prefix`], see [`write_atomic`]); a link is removed, never followed.
 pub fn remove_stale_temps(path: &Path) {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+    let (Some(dir), Some(_)) = (path.parent(), path.file_name()) else {
         return;
     };
-    let prefix = format!(".{}.agent.", name.to_string_lossy());
+    let prefix = temp_prefix(path);
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -135,6 +125,26 @@ pub fn fingerprint(path: &Path) -> Option<Fingerprint> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// What a writer killed between creating its temp file and renaming it leaves is what the
+    /// next start removes; anything else beside the file stays.
+    #[test]
+    fn the_temp_files_write_atomic_makes_are_the_ones_removed_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peers.json");
+        write_atomic(&path, b"[]\n").unwrap();
+        // The temp file replace_through makes for write_atomic, left as a kill would leave it.
+        let (_, left) = nofollow::create_temp(dir.path(), &temp_prefix(&path), 0o644).unwrap();
+        let other = dir.path().join(".peers.json.rpmsave");
+        let plain = dir.path().join(format!(".peers.json.{:016x}", 7));
+        for p in [&other, &plain] {
+            std::fs::write(p, "keep").unwrap();
+        }
+        remove_stale_temps(&path);
+        assert!(!left.exists());
+        assert!(other.exists() && plain.exists() && path.exists());
+    }
 
     #[test]
     fn written_whole_with_mode_0644_replacing_a_planted_link_never_writing_through_it() {

@@ -46,7 +46,8 @@ use std::path::{Path, PathBuf};
 use super::index;
 use super::record::{Body, Record};
 use super::store::{self, Index, Note, Store, StoreError};
-use crate::{crash, nofollow};
+use crate::crash;
+use crate::nofollow::{self, Durability};
 
 /// Bookkeeping file names, beside the records.
 pub const LOCK_FILE: &str = "lock";
@@ -220,34 +221,21 @@ impl DiskStore {
         nofollow::read(&path).map_err(io("reading", &path))
     }
 
-    /// temp file, write, fsync, rename over `name`.
+    /// Temp file, write, fsync, rename over `name` ([`nofollow::replace_through`],
+    /// [`Durability::FileSynced`]): the directory is fsynced once by [`DiskStore::sync`] for
+    /// every rename of the command, before it reports success.
     fn replace(&mut self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
         self.writable(name)?;
         let target = self.dir.join(name);
         nofollow::ensure_replaceable(&target).map_err(io("replacing", &target))?;
-        let (mut file, temp) = match nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644) {
-            Ok(created) => created,
-            // No inode (or no block for the entry) left: the same fallback as below.
-            Err(e) if is_full(&e) && target.exists() => {
-                return rewrite_in_place(&target, bytes).map_err(io("rewriting", &target));
-            }
-            Err(e) => return Err(io("creating a temp file in", &self.dir)(e)),
-        };
-        let result = (|| {
-            file.write_all(bytes)?;
-            crash::point("temp file written");
-            file.sync_all()
-        })();
-        if let Err(e) = result {
-            let _ = fs::remove_file(&temp);
+        if let Err(e) =
+            nofollow::replace_through(TEMP_PREFIX, &target, bytes, 0o644, Durability::FileSynced)
+        {
+            // No inode, block or quota left for a new file: rewrite the old one in place.
             if is_full(&e) && target.exists() {
                 return rewrite_in_place(&target, bytes).map_err(io("rewriting", &target));
             }
-            return Err(io("writing", &temp)(e));
-        }
-        if let Err(e) = fs::rename(&temp, &target) {
-            let _ = fs::remove_file(&temp);
-            return Err(io("renaming into", &target)(e));
+            return Err(io("replacing", &target)(e));
         }
         self.dirty = true;
         self.wrote = true;
@@ -300,9 +288,11 @@ impl DiskStore {
         let path = self.dir.join(name);
         let written = match nofollow::open_single_link(&path, fs::OpenOptions::new().write(true)) {
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                // Creating it changes the directory: the index is stamped anew.
+                // Creating it changes the directory: the index is stamped anew. Not fsynced:
+                // a lost hint is recounted or only moves where the next search starts.
                 self.wrote = true;
-                self.create_hint(&path, text)
+                let bytes = text.as_bytes();
+                nofollow::replace_through(TEMP_PREFIX, &path, bytes, 0o644, Durability::Cache)
             }
             other => other.and_then(|(f, _)| {
                 f.write_all_at(text.as_bytes(), 0)?;
@@ -320,20 +310,6 @@ impl DiskStore {
             }
             other => other.map_err(io("writing", &path)),
         }
-    }
-
-    /// A new hint at `path`: temp file, write, rename (no fsync: a lost hint is recounted or
-    /// only moves where the next search starts).
-    fn create_hint(&self, path: &Path, text: &str) -> std::io::Result<()> {
-        let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)?;
-        let done = file.write_all(text.as_bytes()).and_then(|()| {
-            crash::point("hint written");
-            fs::rename(&temp, path)
-        });
-        if done.is_err() {
-            let _ = fs::remove_file(&temp);
-        }
-        done
     }
 
     /// The highest release number recorded in any lease: the counter's fallback.

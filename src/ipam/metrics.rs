@@ -16,8 +16,6 @@
 //! across calls; like every Prometheus counter they may restart from zero (a lost hint file).
 //! A metrics failure never fails the CNI call: it is logged on stderr.
 
-use std::fs;
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -26,7 +24,7 @@ use super::config::IpamConfig;
 use super::range::{RangeSet, to_int};
 use super::record::{Body, State, parse_name};
 use super::store::{Note, Store, StoreError};
-use crate::nofollow;
+use crate::nofollow::{self, Durability};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -35,8 +33,6 @@ pub enum MetricsError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("metricsFile {0} has no parent directory or file name")]
-    BadPath(PathBuf),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -204,25 +200,19 @@ pub fn render(network: &str, sets: &[(String, Counts)], counters: Counters) -> S
     out
 }
 
-/// Temp file beside `path` (a new, unpredictable name), then rename: readers see the old
-/// file or the new one, and nothing is written through a link planted in the directory.
+/// Temp file beside `path` (a new, unpredictable name), then rename ([`nofollow::replace`]):
+/// readers see the old file or the new one, and nothing is written through a link planted in
+/// the directory. [`Durability::Cache`]: every call rewrites the file from the data dir, so a
+/// copy a power cut loses is whole again after the next call, and a flush per call would only
+/// slow every ADD and DEL down.
 fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), MetricsError> {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(MetricsError::BadPath(path.to_path_buf()));
-    };
     let err = |source| MetricsError::Write {
         path: path.to_path_buf(),
         source,
     };
     nofollow::ensure_replaceable(path).map_err(err)?;
-    // node_exporter reads only `*.prom`: the temp name never matches.
-    let prefix = format!(".{}.", name.to_string_lossy());
-    let (mut file, temp) = nofollow::create_temp(dir, &prefix, 0o644).map_err(err)?;
-    if let Err(e) = file.write_all(bytes).and_then(|()| fs::rename(&temp, path)) {
-        let _ = fs::remove_file(&temp);
-        return Err(err(e));
-    }
-    Ok(())
+    // node_exporter reads only `*.prom`: the temp name (`.<name>.<random>`) never matches.
+    nofollow::replace(path, bytes, 0o644, Durability::Cache).map_err(err)
 }
 
 #[cfg(test)]
@@ -230,6 +220,7 @@ mod tests {
     use super::*;
     use crate::cni::{Args, NetConf};
     use crate::ipam::store::mem::MemStore;
+    use std::fs;
 
     fn config(ipam: &str) -> IpamConfig {
         let doc = format!(r#"{{"cniVersion":"1.0.0","name":"net","ipam":{ipam}}}"#);

@@ -9,13 +9,12 @@
 //! CNI name pattern: no `/`, no `..`).
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::config::Config;
 use super::peers::{self, Peer};
-use crate::nofollow;
+use crate::nofollow::{self, Durability};
 
 #[derive(Debug, thiserror::Error)]
 #[error("lock {path}: {source}")]
@@ -61,29 +60,20 @@ pub fn lock_at(state_dir: &Path, path: &Path) -> Result<Lock, LockError> {
     Ok(Lock { _file: file })
 }
 
-/// Keeps `text`, a peers file that just parsed, as the last good copy (temp file + rename, so
-/// the copy is always whole). Best effort: failing to keep it only weakens the fallback, so
-/// it is logged.
+/// Keeps `text`, a peers file that just parsed, as the last good copy ([`nofollow::replace`],
+/// so the copy is always whole). [`Durability::Cache`]: the copy is only the fallback for a
+/// broken peers file, and every reconcile that reads a good file writes it again. Best effort:
+/// failing to keep it only weakens the fallback, so it is logged.
 pub fn keep_last_good(copy: &Path, text: &[u8]) {
     if nofollow::read(copy).is_ok_and(|old| old.as_deref() == Some(text)) {
         return;
     }
-    let (Some(dir), Some(name)) = (copy.parent(), copy.file_name()) else {
+    let Some(dir) = copy.parent() else {
         return;
     };
-    let prefix = format!(".{}.", name.to_string_lossy());
-    let mut tmp = None;
-    let saved = create_dir(dir)
-        .and_then(|()| nofollow::create_temp(dir, &prefix, 0o600))
-        .and_then(|(mut file, path)| {
-            let written = file.write_all(text);
-            tmp = Some(path.clone());
-            written.and_then(|()| std::fs::rename(&path, copy))
-        });
+    let saved =
+        create_dir(dir).and_then(|()| nofollow::replace(copy, text, 0o600, Durability::Cache));
     if let Err(e) = saved {
-        if let Some(tmp) = tmp {
-            let _ = std::fs::remove_file(tmp);
-        }
         eprintln!(
             "sticky-vxlan: keeping a copy of the peers file in {}: {e}",
             copy.display()
@@ -119,7 +109,7 @@ mod tests {
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.ends_with(".tmp"))
+            .filter(|n| n.starts_with(&nofollow::temp_prefix(&copy)))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }
