@@ -13,7 +13,8 @@
 //! [`cni`] is the protocol both share (its own errors mapped to CNI codes; each plugin maps its
 //! own in its `codes` module);
 //! [`cli`] is the operator tools' shared argument parser and conflist loader; [`netlink`] the
-//! synchronous kernel layer; [`nofollow`] the one way files are opened and written.
+//! synchronous kernel layer; [`nofollow`] the one way files are opened and written;
+//! [`program`] the one way every program runs and exits.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
@@ -26,5 +27,6 @@ pub mod ipam;
 pub mod netlink;
 pub mod networks;
 pub mod nofollow;
+pub mod program;
 pub mod segment;
 pub mod vxlan;

@@ -193,3 +193,55 @@ fn a_config_that_is_a_device_or_too_large_is_refused_at_once() {
         }
     }
 }
+
+/// `sticky-ipam list | head -1`: a reader that goes away is no error. Every program, each of
+/// its kinds of output (a verb, help, version, a CNI answer), writing into a pipe whose read
+/// end is already closed, exits 0 and says nothing: no panic, no "Broken pipe".
+#[test]
+fn every_program_exits_quietly_when_its_reader_went_away() {
+    let tmp = temp_dir();
+    let net = tmp.path().join("net");
+    std::fs::create_dir_all(&net).unwrap();
+    std::fs::write(net.join("10.0.0.2"), "abc\r\neth0").unwrap();
+    let data = tmp.path().to_str().unwrap();
+    let agent = std::path::PathBuf::from(env!("CARGO_BIN_EXE_sticky-vxlan-agent"));
+    let tool = None;
+    let plugin = Some("VERSION");
+    for (bin, args, cni_command) in [
+        (sticky_bin(), &["list", "--data-dir", data][..], tool),
+        (sticky_bin(), &["--help"], tool),
+        (sticky_bin(), &["--version"], tool),
+        (sticky_bin(), &[], plugin),
+        (
+            vxlan_bin(),
+            &["mac", "--local", "192.0.2.1", "--vni", "1"],
+            tool,
+        ),
+        (vxlan_bin(), &["--help"], tool),
+        (vxlan_bin(), &["--version"], tool),
+        (vxlan_bin(), &[], plugin),
+        (agent.clone(), &["--help"], tool),
+        (agent.clone(), &["--version"], tool),
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = Command::new(&bin);
+        cmd.args(args);
+        for var in RUNTIME_VARS {
+            cmd.env_remove(var);
+        }
+        if let Some(command) = cni_command {
+            cmd.env("CNI_COMMAND", command);
+        }
+        let out = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let what = format!("{} {args:?} (CNI_COMMAND {cni_command:?})", bin.display());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.is_empty(), "{what}: stderr {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{what}");
+    }
+}

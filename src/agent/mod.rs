@@ -37,11 +37,13 @@ pub mod state;
 pub mod sync;
 pub mod table;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::program;
 use crate::vxlan::config::Config;
 use flags::{Options, Source};
 use state::{Shared, Status};
@@ -60,6 +62,8 @@ pub enum Error {
     NoPeersFile { path: PathBuf },
     #[error(transparent)]
     Endpoint(#[from] endpoint::Error),
+    #[error("writing output: {0}")]
+    Output(std::io::Error),
     #[error("--metrics-addr {addr}: {source}")]
     Metrics {
         addr: std::net::SocketAddr,
@@ -73,32 +77,35 @@ fn log(msg: &str) {
 }
 
 /// `sticky-vxlan-agent ...`: runs until killed; returns only on a mistake or a fatal error.
-/// Exit codes as the tools' other verbs: 2 for a command-line mistake, 1 at run time.
+/// Exit codes as the tools' other verbs ([`program::main`]): 2 for a command-line mistake, 1
+/// at run time.
 pub fn main(args: &[String]) -> ExitCode {
-    if args
-        .iter()
-        .any(|a| matches!(a.as_str(), "--help" | "-h" | "help"))
-    {
-        print!("{}", flags::HELP);
-        return ExitCode::SUCCESS;
-    }
-    if args.first().is_some_and(|a| a == "--version") {
-        println!("sticky-vxlan-agent {}", env!("CARGO_PKG_VERSION"));
-        return ExitCode::SUCCESS;
-    }
-    let result = flags::parse(args, |k| std::env::var(k).ok())
-        .map_err(Error::Usage)
-        .and_then(run);
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Error::Usage(e)) => {
-            eprintln!("sticky-vxlan-agent: {e}\nRun `sticky-vxlan-agent --help` for the options.");
-            ExitCode::from(2)
+    program::main("sticky-vxlan-agent", |out| {
+        if args
+            .iter()
+            .any(|a| matches!(a.as_str(), "--help" | "-h" | "help"))
+        {
+            return out.write_all(flags::HELP.as_bytes()).map_err(Error::Output);
         }
-        Err(e) => {
-            eprintln!("sticky-vxlan-agent: {e}");
-            ExitCode::FAILURE
+        if args.first().is_some_and(|a| a == "--version") {
+            let version = env!("CARGO_PKG_VERSION");
+            return writeln!(out, "sticky-vxlan-agent {version}").map_err(Error::Output);
         }
+        flags::parse(args, |k| std::env::var(k).ok())
+            .map_err(Error::Usage)
+            .and_then(run)
+    })
+}
+
+impl program::Failure for Error {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Error::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+    fn is_usage(&self) -> bool {
+        matches!(self, Error::Usage(_))
     }
 }
 

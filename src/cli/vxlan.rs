@@ -5,7 +5,9 @@
 //! [`EXIT_CODES`].
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -13,6 +15,7 @@ use crate::args::{ArgsError, Spec, find_verb, parse};
 use crate::netlink::link::format_mac;
 use crate::netlink::{Socket, addr, link, neigh, route};
 use crate::networks;
+use crate::program;
 use crate::vxlan::config;
 use crate::vxlan::mac::vtep_mac;
 use crate::vxlan::{Error, ROUTE_PROTOCOL, pod};
@@ -70,6 +73,13 @@ pub enum CliError {
     Vxlan(#[from] Error),
     #[error(transparent)]
     Network(#[from] networks::Error),
+    #[error("cannot run {}: {source} (install sticky-vxlan-agent beside sticky-vxlan or on $PATH)", program.display())]
+    AgentNotRun {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing output: {0}")]
+    Output(std::io::Error),
     /// `reconcile` with several `--config`: what was done, and each file that failed.
     #[error("{} of {total} networks were not reconciled", failed.len())]
     Networks {
@@ -84,7 +94,10 @@ impl CliError {
         match self {
             // An unusable `--config` is a usage error in either mode.
             CliError::Network(e) if e.is_config() => EXIT_USAGE,
-            CliError::Vxlan(_) | CliError::Network(_) => EXIT_RUNTIME,
+            CliError::Vxlan(_)
+            | CliError::Network(_)
+            | CliError::AgentNotRun { .. }
+            | CliError::Output(_) => EXIT_RUNTIME,
             CliError::Networks { failed, .. } => failed
                 .iter()
                 .map(|(_, e)| e.exit_code())
@@ -125,28 +138,53 @@ const SHOW: Spec = Spec {
     positionals: &[],
 };
 
-/// The tool's entry point: `args` without the program name. Prints the output, or the error
-/// on stderr, and exits with one of the documented codes.
+/// The tool's entry point: `args` without the program name ([`program::main`]). Prints the
+/// output, or the error on stderr, and exits with one of the documented codes.
 pub fn main(args: Vec<String>) -> ExitCode {
-    match run(&args) {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::from(EXIT_OK)
+    program::main("sticky-vxlan", |out| {
+        if args.first().map(String::as_str) == Some("agent") {
+            return Err(agent_alias(&args[1..]));
         }
-        Err(err) => {
-            if let CliError::Networks { done, failed, .. } = &err {
-                print!("{done}");
-                for (path, e) in failed {
-                    eprintln!("sticky-vxlan: {}", e.about(path));
+        match run(&args) {
+            Ok(text) => out.write_all(text.as_bytes()).map_err(CliError::Output),
+            Err(err) => {
+                if let CliError::Networks { done, failed, .. } = &err {
+                    // The exit code says the networks failed, whether or not this is seen.
+                    let _ = out.write_all(done.as_bytes());
+                    for (path, e) in failed {
+                        eprintln!("sticky-vxlan: {}", e.about(path));
+                    }
                 }
+                Err(err)
             }
-            eprintln!("sticky-vxlan: {err}");
-            if err.exit_code() == EXIT_USAGE {
-                eprintln!("Try `sticky-vxlan --help`.");
-            }
-            ExitCode::from(err.exit_code())
         }
+    })
+}
+
+impl program::Failure for CliError {
+    fn exit_code(&self) -> u8 {
+        CliError::exit_code(self)
     }
+    fn is_usage(&self) -> bool {
+        CliError::exit_code(self) == EXIT_USAGE
+    }
+}
+
+/// `sticky-vxlan agent ...`, kept for one release: runs `sticky-vxlan-agent` from this binary's
+/// directory (or `$PATH`) with the same arguments, and says so. Returns only when it cannot.
+fn agent_alias(args: &[String]) -> CliError {
+    const AGENT: &str = "sticky-vxlan-agent";
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(AGENT)))
+        .filter(|p| p.is_file());
+    let program = beside.unwrap_or_else(|| AGENT.into());
+    eprintln!(
+        "sticky-vxlan: `sticky-vxlan agent` is deprecated and will be removed in the next release: running {} (the agent is a program of its own now)",
+        program.display()
+    );
+    let source = std::process::Command::new(&program).args(args).exec();
+    CliError::AgentNotRun { program, source }
 }
 
 /// Runs one operator command and returns what to print.

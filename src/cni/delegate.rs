@@ -158,8 +158,17 @@ impl Running for LinkedRun {
             plugin: self.plugin.clone(),
             source: std::io::Error::other("the linked plugin panicked"),
         })?;
-        // Exactly what skel::run would have printed, and its exit status.
-        let (text, success) = skel::printed(outcome);
+        // Exactly what skel::run would have printed and told, and its exit status.
+        let text = skel::printed(&outcome);
+        let success = outcome.is_ok();
+        if let Err(err) = &outcome {
+            let name = self
+                .plugin
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy();
+            eprintln!("{name}: {err}");
+        }
         Ok(Answer {
             success,
             status: format!("linked: {}", if success { "success" } else { "failure" }),

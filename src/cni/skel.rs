@@ -9,6 +9,7 @@ use super::{
     CniError, CniResult, Command, Env, EnvError, NetConf, NetConfError, Version, version_reply,
 };
 use crate::cni::error::code;
+use crate::program;
 
 /// One invocation, validated.
 #[derive(Debug, Clone)]
@@ -88,42 +89,59 @@ pub fn dispatch<P: Plugin>(
     }
 }
 
-/// The whole CNI side of a plugin binary: process env + stdin in, one JSON out.
-pub fn run<P: Plugin>(plugin: &P) -> ExitCode {
-    let env = Env::from_process();
-    let mut stdin = Vec::new();
-    let read = match &env {
-        Ok(e) if e.command == Command::Version => Ok(0),
-        _ => std::io::stdin().read_to_end(&mut stdin),
-    };
-    let outcome = match read {
-        Ok(_) => dispatch(plugin, env, &stdin),
-        Err(e) => Err(CniError::new(code::IO, format!("reading stdin: {e}"))),
-    };
-    let (text, success) = printed(outcome);
-    let status = if success {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    };
-    let mut out = std::io::stdout().lock();
-    if !text.is_empty() && writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
-        return ExitCode::FAILURE;
-    }
-    status
+/// The whole CNI side of the plugin binary `program`: process env + stdin in, one JSON out,
+/// through [`program::main`] (an error is also told on stderr; a runtime that stopped reading
+/// is not one).
+pub fn run<P: Plugin>(program: &str, plugin: &P) -> ExitCode {
+    program::main(program, |out| {
+        let env = Env::from_process();
+        let mut stdin = Vec::new();
+        let read = match &env {
+            Ok(e) if e.command == Command::Version => Ok(0),
+            _ => std::io::stdin().read_to_end(&mut stdin),
+        };
+        let outcome = match read {
+            Ok(_) => dispatch(plugin, env, &stdin),
+            Err(e) => Err(CniError::new(code::IO, format!("reading stdin: {e}"))),
+        };
+        let text = printed(&outcome);
+        let written = if text.is_empty() {
+            Ok(())
+        } else {
+            writeln!(out, "{text}")
+        };
+        match (outcome, written) {
+            (Err(err), _) => Err(Failed::Command(err)),
+            (Ok(_), Err(e)) => Err(Failed::Output(e)),
+            (Ok(_), Ok(())) => Ok(()),
+        }
+    })
 }
 
-/// What a plugin prints for `outcome` (without the final newline) and whether it exits 0; an
-/// error is also logged on stderr. Shared by [`run`] and a plugin run in process
-/// ([`super::delegate::Linked`]), so both answer alike.
-pub fn printed(outcome: Result<Option<Value>, CniError>) -> (String, bool) {
+/// Why a plugin binary exits 1.
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    /// The command failed; its CNI error is on stdout for the runtime.
+    #[error("{0}")]
+    Command(CniError),
+    #[error("writing the answer: {0}")]
+    Output(std::io::Error),
+}
+
+impl program::Failure for Failed {
+    fn exit_code(&self) -> u8 {
+        1
+    }
+}
+
+/// What a plugin prints for `outcome`, without the final newline; it exits 0 when that is not
+/// an error. Shared by [`run`] and a plugin run in process ([`super::delegate::Linked`]), so
+/// both answer alike.
+pub fn printed(outcome: &Result<Option<Value>, CniError>) -> String {
     match outcome {
-        Ok(Some(json)) => (json.to_string(), true),
-        Ok(None) => (String::new(), true),
-        Err(err) => {
-            eprintln!("{err}");
-            (err.to_json(), false)
-        }
+        Ok(Some(json)) => json.to_string(),
+        Ok(None) => String::new(),
+        Err(err) => err.to_json(),
     }
 }
 

@@ -36,6 +36,7 @@ use crate::ipam::config::{ConfigError, DEFAULT_DATA_DIR, IpamConfig};
 use crate::ipam::disk::DiskStore;
 use crate::ipam::identity::Pod;
 use crate::ipam::store::StoreError;
+use crate::program;
 use crate::vxlan::node_ranges;
 
 /// Success.
@@ -161,20 +162,17 @@ impl CliError {
     }
 }
 
-/// The tool's entry point: `args` without the program name.
+/// The tool's entry point: `args` without the program name ([`program::main`]).
 pub fn main(args: Vec<String>) -> ExitCode {
-    let mut out = std::io::stdout().lock();
-    match run(&args, &mut out).and_then(|()| out.flush().map_err(CliError::from)) {
-        Ok(()) => ExitCode::from(EXIT_OK),
-        // `list | head`: the reader went away; nothing is wrong with the data dir.
-        Err(CliError::Output(e)) if e.kind() == ErrorKind::BrokenPipe => ExitCode::from(EXIT_OK),
-        Err(err) => {
-            eprintln!("sticky-ipam: {err}");
-            if err.exit_code() == EXIT_USAGE {
-                eprintln!("Try `sticky-ipam --help`.");
-            }
-            ExitCode::from(err.exit_code())
-        }
+    program::main("sticky-ipam", |out| run(&args, out))
+}
+
+impl program::Failure for CliError {
+    fn exit_code(&self) -> u8 {
+        CliError::exit_code(self)
+    }
+    fn is_usage(&self) -> bool {
+        CliError::exit_code(self) == EXIT_USAGE
     }
 }
 
