@@ -485,7 +485,7 @@ proptest! {
             format: LEASE_FORMAT.into(), container_id: cid, ifname: "eth0".into(),
             namespace: "ns".into(), pod, pod_uid: "u".into(), boot,
             state: if attached { State::Attached } else { State::Released },
-            release_seq: seq, released_at: at,
+            release_seq: seq, release_clock: at,
         };
         let name = "10.50.0.9_ns_p";
         let r = Record::parse(name, &Record { ip: "10.50.0.9".parse().unwrap(), name: name.into(), body: Body::Lease(lease.clone()) }.to_bytes()).unwrap();

@@ -36,8 +36,9 @@ pub struct Request<'a> {
     pub sticky: bool,
     /// The current kernel boot id ("" if unknown).
     pub boot: &'a str,
-    /// Wall clock, Unix seconds.
-    pub now: u64,
+    /// The data dir's lease clock now, in its seconds ([`super::lifecycle::LeaseClock`]): what a
+    /// lease released by this call records.
+    pub lease_clock: u64,
 }
 
 impl Request<'_> {
@@ -59,7 +60,7 @@ impl Request<'_> {
             boot: self.boot.into(),
             state: State::Attached,
             release_seq: 0,
-            released_at: 0,
+            release_clock: 0,
         }
     }
 }
@@ -467,8 +468,8 @@ fn oldest_released<S: Store>(
             match &r.body {
                 Body::Lease(l) if l.state == State::Released => {
                     key = key
-                        .min(Some((l.release_seq, l.released_at)))
-                        .or(Some((l.release_seq, l.released_at)));
+                        .min(Some((l.release_seq, l.release_clock)))
+                        .or(Some((l.release_seq, l.release_clock)));
                 }
                 Body::Marker => key = Some((0, 0)),
                 _ => held = true,

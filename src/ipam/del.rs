@@ -20,13 +20,13 @@ pub(crate) fn release_lease<S: Store>(
     store: &mut S,
     record: &Record,
     lease: &Lease,
-    now: u64,
+    lease_clock: u64,
 ) -> Result<(), StoreError> {
     let seq = store.next_release_seq()?;
     let released = Lease {
         state: State::Released,
         release_seq: seq,
-        released_at: now,
+        release_clock: lease_clock,
         ..lease.clone()
     };
     store.write(&Record {
@@ -119,7 +119,9 @@ fn release_in_group<S: Store>(
         .filter(|r| r.is_attachment(req.container_id, req.ifname))
     {
         match (&record.body, req.sticky_pod()) {
-            (Body::Lease(lease), _) if req.sticky => release_lease(store, record, lease, req.now)?,
+            (Body::Lease(lease), _) if req.sticky => {
+                release_lease(store, record, lease, req.lease_clock)?
+            }
             (Body::HostLocal { .. }, Some(pod)) => {
                 // An adopted host-local attachment becomes the pod's released lease, so a
                 // migrated pod keeps its address on its first restart. The file is renamed
@@ -170,7 +172,7 @@ fn write_released_lease<S: Store>(
     let lease = Lease {
         state: State::Released,
         release_seq: store.next_release_seq()?,
-        released_at: req.now,
+        release_clock: req.lease_clock,
         ..req.lease(pod)
     };
     store.write(&Record::lease(ip, pod, lease))

@@ -540,7 +540,7 @@ mod tests {
             boot: "820a6aca-c91d-450f-aba8-a30fb67398ed".into(),
             state: State::Attached,
             release_seq: 0,
-            released_at: 0,
+            release_clock: 0,
         };
         let bare = serde_json::to_vec(&lease).unwrap();
         let mut line = bare.clone();
@@ -554,7 +554,7 @@ mod tests {
         let most = Lease {
             state: State::Released,
             release_seq: u64::MAX,
-            released_at: u64::MAX,
+            release_clock: u64::MAX,
             ..lease
         };
         assert!(serde_json::to_vec(&most).unwrap().len() < padded.len());

@@ -39,13 +39,14 @@ pub enum Action {
     Remove,
 }
 
-/// Applies planned changes; keeps going after an error and returns every error.
-pub fn apply<S: Store>(store: &mut S, changes: &[Change], now: u64) -> Vec<StoreError> {
+/// Applies planned changes (a lease released at `lease_clock`); keeps going after an error and
+/// returns every error.
+pub fn apply<S: Store>(store: &mut S, changes: &[Change], lease_clock: u64) -> Vec<StoreError> {
     let mut errors = Vec::new();
     for change in changes {
         let result = match (&change.action, &change.record.body) {
             (Action::Release, Body::Lease(lease)) => {
-                release_lease(store, &change.record, lease, now)
+                release_lease(store, &change.record, lease, lease_clock)
             }
             _ => store.remove(&change.record.name),
         };
@@ -138,13 +139,13 @@ pub fn plan_boot_sweep<S: Store>(store: &mut S, boot: &str) -> Result<Vec<Change
 pub fn sweep_earlier_boots<S: Store>(
     store: &mut S,
     boot: &str,
-    now: u64,
+    lease_clock: u64,
 ) -> Result<usize, StoreError> {
     if boot.is_empty() || store.note(Note::Boot).as_deref() == Some(boot) {
         return Ok(0);
     }
     let changes = plan_boot_sweep(store, boot)?;
-    if let Some(err) = apply(store, &changes, now).into_iter().next() {
+    if let Some(err) = apply(store, &changes, lease_clock).into_iter().next() {
         return Err(err);
     }
     store.set_note(Note::Boot, boot)?;
@@ -164,12 +165,12 @@ pub fn plan_expiry<S: Store>(
         let records = group(store, ip)?;
         let attached = records.iter().any(is_attached);
         for record in records {
-            let released_at = match &record.body {
-                Body::Lease(l) if l.state == State::Released => l.released_at,
+            let released = match &record.body {
+                Body::Lease(l) if l.state == State::Released => l.release_clock,
                 Body::Marker if !attached => 0,
                 _ => continue,
             };
-            let due = released_at.saturating_add(hold);
+            let due = released.saturating_add(hold);
             if clock.now >= due {
                 changes.push(Change {
                     record,
@@ -294,7 +295,7 @@ mod tests {
             .find(|r| r.name == "10.0.0.2_ns_a")
             .unwrap();
         assert!(
-            matches!(r.body, Body::Lease(ref l) if l.state == State::Released && l.released_at == 7)
+            matches!(r.body, Body::Lease(ref l) if l.state == State::Released && l.release_clock == 7)
         );
         assert!(
             s.files.contains_key("10.0.0.3"),

@@ -51,7 +51,7 @@ impl Prepared {
             pod: self.pod.as_ref(),
             sticky: self.config.sticky,
             boot: &self.boot,
-            now: clock.now,
+            lease_clock: clock.now,
         }
     }
 

@@ -46,9 +46,11 @@ pub struct Lease {
     /// Position in the data dir's release order (0 while attached): lowest is reclaimed first.
     #[serde(default)]
     pub release_seq: u64,
-    /// Wall clock at release, in Unix seconds (0 while attached); only for `leaseHold`.
-    #[serde(default)]
-    pub released_at: u64,
+    /// The data dir's lease clock at release, in its seconds ([`super::lifecycle::LeaseClock`];
+    /// 0 while attached); only for `leaseHold`. Stored as `releasedAt`, the name the format
+    /// has had since its first release.
+    #[serde(default, rename = "releasedAt")]
+    pub release_clock: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,6 +284,21 @@ mod tests {
         );
     }
 
+    /// `release_clock` is stored as `releasedAt`, as every release has written it: a lease
+    /// file written before the rename loads, and is written back byte for byte.
+    #[test]
+    fn a_lease_written_by_an_earlier_release_loads_and_is_written_back_unchanged() {
+        let old = br#"{"format":"sticky-ipam/v1","containerId":"c","ifname":"eth0","namespace":"ns","pod":"p","podUid":"u","boot":"b","state":"released","releaseSeq":3,"releasedAt":9}"#;
+        let r = Record::parse("10.0.0.5_ns_p", old).unwrap();
+        let Body::Lease(lease) = &r.body else {
+            panic!("not a lease: {:?}", r.body);
+        };
+        assert_eq!((lease.release_seq, lease.release_clock), (3, 9));
+        let mut written = old.to_vec();
+        written.push(b'\n');
+        assert_eq!(r.to_bytes(), written);
+    }
+
     #[test]
     fn lease_bodies_and_markers() {
         let lease = Lease {
@@ -294,7 +311,7 @@ mod tests {
             boot: "b".into(),
             state: State::Released,
             release_seq: 3,
-            released_at: 9,
+            release_clock: 9,
         };
         let pod = identity::Pod {
             namespace: "ns".into(),

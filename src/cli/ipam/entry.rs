@@ -163,7 +163,7 @@ pub fn entries<S: Store>(
                     e.boot = Some(l.boot.clone());
                     if released {
                         e.release_seq = Some(l.release_seq);
-                        e.released_ago = clock_now.map(|now| now.saturating_sub(l.released_at));
+                        e.released_ago = clock_now.map(|now| now.saturating_sub(l.release_clock));
                     }
                     e
                 }

@@ -172,7 +172,7 @@ fn preview<S: Store>(
         pod: Some(pod),
         sticky: config.sticky,
         boot: &boot,
-        now: clock.now,
+        lease_clock: clock.now,
     };
     let plan = match allocator::plan(view, config, &req, &requested) {
         Ok(plan) => plan,

@@ -33,7 +33,7 @@ fn req<'a>(container: &'a str, pod: Option<&'a Pod>, boot: &'a str) -> Request<'
         pod,
         sticky: true,
         boot,
-        now: 1000,
+        lease_clock: 1000,
     }
 }
 
