@@ -1,12 +1,11 @@
 //! The netlink layer against a real kernel: work in another namespace never leaks back to the
-//! calling thread (even when it panics), and the kernel's errno reaches the caller.
+//! calling thread (even when it panics), and the kernel's errno reaches the caller. (Links read
+//! field by field against the full decoder: `netlink::link`'s unit tests.)
 
 mod vxlan_support;
 
 use std::path::Path;
 
-use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::link::{InfoKind, LinkMessage};
 use sticky_cni::netlink::{Socket, link, netns, sysctl};
 use vxlan_support::*;
 
@@ -81,73 +80,4 @@ fn kernel_errno_reaches_the_caller() {
         );
     })
     .unwrap();
-}
-
-#[test]
-#[ignore = "needs root: network namespaces"]
-fn links_read_field_by_field_are_what_full_decoding_reads_from_the_kernel() {
-    assert_can_run();
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    let ns = topo.node_ns(1);
-    for args in [
-        &[
-            "link",
-            "add",
-            "vt0",
-            "type",
-            "vxlan",
-            "id",
-            "42",
-            "local",
-            "192.0.2.1",
-            "dev",
-            "eth0",
-            "dstport",
-            "8472",
-            "nolearning",
-        ][..],
-        &["link", "add", "br9", "mtu", "1400", "type", "bridge"],
-        &["link", "add", "vh0", "type", "veth", "peer", "name", "vp0"],
-        &["link", "set", "vh0", "master", "br9", "up"],
-        &["link", "set", "vt0", "alias", "sticky-vxlan:vtep x", "up"],
-    ] {
-        topo.ip(1, args);
-    }
-    let path = format!("/run/netns/{ns}");
-    let (fast, full, one) = netns::run_in(Path::new(&path), || {
-        let mut sock = Socket::open().unwrap();
-        let fast = link::list(&mut sock).unwrap();
-        let full: Vec<link::Link> = sock
-            .dump("t", RouteNetlinkMessage::GetLink(LinkMessage::default()))
-            .unwrap()
-            .iter()
-            .filter_map(|m| match m {
-                RouteNetlinkMessage::NewLink(l) => Some(link::Link::from_message(l)),
-                _ => None,
-            })
-            .collect();
-        let one = link::get(&mut sock, "vt0").unwrap();
-        let vxlan = link::list_kind(&mut sock, InfoKind::Vxlan).unwrap();
-        let at = link::get_at(&mut sock, one.as_ref().unwrap().index).unwrap();
-        let none = link::get_at(&mut sock, 999_999).unwrap();
-        assert_eq!(vxlan, vec![one.clone().unwrap()], "only the VXLAN device");
-        assert_eq!(at, one);
-        assert_eq!(none, None);
-        (fast, full, one)
-    })
-    .unwrap();
-    assert_eq!(fast, full);
-    let vt0 = fast.iter().find(|l| l.name == "vt0").unwrap();
-    assert_eq!(one.as_ref(), Some(vt0));
-    let v = vt0.vxlan.as_ref().unwrap();
-    assert_eq!(
-        (v.vni, v.port, v.learning),
-        (Some(42), Some(8472), Some(false))
-    );
-    assert_eq!(vt0.alias.as_deref(), Some("sticky-vxlan:vtep x"));
-    let br9 = fast.iter().find(|l| l.name == "br9").unwrap();
-    let vh0 = fast.iter().find(|l| l.name == "vh0").unwrap();
-    assert_eq!(vh0.master, Some(br9.index));
-    assert_eq!(vh0.kind.as_deref(), Some("veth"));
 }

@@ -65,11 +65,6 @@ impl Pod {
             )
         }
     }
-
-    /// Whether a name suffix found on disk is this pod's.
-    pub fn has_suffix(&self, suffix: &str) -> bool {
-        suffix == self.suffix()
-    }
 }
 
 /// Percent-encodes every byte outside `[a-z0-9.-]`.

@@ -75,38 +75,6 @@ pub struct Link {
     pub vxlan: Option<VxlanInfo>,
 }
 
-impl Link {
-    pub fn from_message(msg: &LinkMessage) -> Link {
-        let mut link = Link {
-            index: msg.header.index,
-            up: msg.header.flags.contains(LinkFlags::Up),
-            ..Link::default()
-        };
-        for attr in &msg.attributes {
-            match attr {
-                LinkAttribute::IfName(n) => link.name = n.clone(),
-                LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
-                LinkAttribute::Address(a) => link.mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
-                LinkAttribute::Mtu(m) => link.mtu = Some(*m),
-                LinkAttribute::Controller(m) => link.master = Some(*m),
-                LinkAttribute::LinkInfo(infos) => {
-                    for info in infos {
-                        match info {
-                            LinkInfo::Kind(k) => link.kind = Some(k.to_string()),
-                            LinkInfo::Data(InfoData::Vxlan(v)) => {
-                                link.vxlan = Some(vxlan_info(v));
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        link
-    }
-}
-
 // The attributes `Link::from_bytes` reads (linux/if_link.h).
 const IFF_UP: u32 = 1;
 const IFLA_ADDRESS: u16 = 1;
@@ -139,10 +107,11 @@ fn attributes(block: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), String>
 }
 
 impl Link {
-    /// [`Link::from_message`] straight from an `RTM_NEWLINK` payload: only the attributes a
+    /// A [`Link`] straight from an `RTM_NEWLINK` payload: only the attributes a
     /// [`Link`] holds are read. A link message carries dozens more (statistics, per-family
     /// settings, a bridge port's state), and decoding all of them for every link of a
-    /// node's dump cost more than everything else ADD computes.
+    /// node's dump cost more than everything else ADD computes. The tests hold it to the full
+    /// decoding of `netlink-packet-route`, on built messages and on the kernel's own.
     pub fn from_bytes(payload: &[u8]) -> Result<Link, String> {
         let field = |range: std::ops::Range<usize>| {
             payload
@@ -201,21 +170,6 @@ fn vxlan_from_bytes(data: &[u8]) -> Result<VxlanInfo, String> {
         }
     }
     Ok(info)
-}
-
-fn vxlan_info(attrs: &[InfoVxlan]) -> VxlanInfo {
-    let mut info = VxlanInfo::default();
-    for a in attrs {
-        match a {
-            InfoVxlan::Id(v) => info.vni = Some(*v),
-            InfoVxlan::Port(p) => info.port = Some(*p),
-            InfoVxlan::Local(l) => info.local = Some(*l),
-            InfoVxlan::Link(l) => info.underlay = Some(*l),
-            InfoVxlan::Learning(l) => info.learning = Some(*l),
-            _ => {}
-        }
-    }
-    info
 }
 
 /// What a new VTEP looks like.
@@ -511,6 +465,55 @@ mod tests {
     use super::*;
     use netlink_packet_core::{Emitable, Parseable};
 
+    impl Link {
+        /// Every attribute decoded by `netlink-packet-route`: the reference [`Link::from_bytes`]
+        /// is tested against (on built messages and on the kernel's own).
+        pub fn from_message(msg: &LinkMessage) -> Link {
+            let mut link = Link {
+                index: msg.header.index,
+                up: msg.header.flags.contains(LinkFlags::Up),
+                ..Link::default()
+            };
+            for attr in &msg.attributes {
+                match attr {
+                    LinkAttribute::IfName(n) => link.name = n.clone(),
+                    LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
+                    LinkAttribute::Address(a) => link.mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
+                    LinkAttribute::Mtu(m) => link.mtu = Some(*m),
+                    LinkAttribute::Controller(m) => link.master = Some(*m),
+                    LinkAttribute::LinkInfo(infos) => {
+                        for info in infos {
+                            match info {
+                                LinkInfo::Kind(k) => link.kind = Some(k.to_string()),
+                                LinkInfo::Data(InfoData::Vxlan(v)) => {
+                                    link.vxlan = Some(vxlan_info(v));
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            link
+        }
+    }
+
+    fn vxlan_info(attrs: &[InfoVxlan]) -> VxlanInfo {
+        let mut info = VxlanInfo::default();
+        for a in attrs {
+            match a {
+                InfoVxlan::Id(v) => info.vni = Some(*v),
+                InfoVxlan::Port(p) => info.port = Some(*p),
+                InfoVxlan::Local(l) => info.local = Some(*l),
+                InfoVxlan::Link(l) => info.underlay = Some(*l),
+                InfoVxlan::Learning(l) => info.learning = Some(*l),
+                _ => {}
+            }
+        }
+        info
+    }
+
     fn bytes(msg: &LinkMessage) -> Vec<u8> {
         let mut buf = vec![0; msg.buffer_len()];
         msg.emit(&mut buf);
@@ -619,6 +622,84 @@ mod tests {
         assert!(fast.up);
         assert_eq!(fast.vxlan.unwrap().learning, Some(true));
         assert_eq!(fast.kind.as_deref(), Some("vxlan"));
+    }
+
+    /// The kernel's own messages: links made by `ip` in a network namespace of this test's
+    /// thread alone (gone with the thread, even when an assertion fails), listed field by
+    /// field ([`list`], [`get`], ...) and decoded in full ([`Link::from_message`]) alike.
+    #[test]
+    #[ignore = "needs root: a network namespace"]
+    fn links_read_field_by_field_are_what_full_decoding_reads_from_the_kernel() {
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let (fast, full, one) = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            for args in [
+                // The underlay: a veth end (the dummy driver is not in every kernel).
+                &[
+                    "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
+                ][..],
+                &[
+                    "link",
+                    "add",
+                    "vt0",
+                    "type",
+                    "vxlan",
+                    "id",
+                    "42",
+                    "local",
+                    "192.0.2.1",
+                    "dev",
+                    "eth0",
+                    "dstport",
+                    "8472",
+                    "nolearning",
+                ],
+                &["link", "add", "br9", "mtu", "1400", "type", "bridge"],
+                &["link", "add", "vh0", "type", "veth", "peer", "name", "vp0"],
+                &["link", "set", "vh0", "master", "br9", "up"],
+                &["link", "set", "vt0", "alias", "sticky-vxlan:vtep x", "up"],
+            ] {
+                let out = std::process::Command::new("ip")
+                    .args(args)
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "ip {args:?}: {out:?}");
+            }
+            let mut sock = Socket::open().unwrap();
+            let fast = list(&mut sock).unwrap();
+            let full: Vec<Link> = sock
+                .dump("t", RouteNetlinkMessage::GetLink(LinkMessage::default()))
+                .unwrap()
+                .iter()
+                .filter_map(|m| match m {
+                    RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                    _ => None,
+                })
+                .collect();
+            let one = get(&mut sock, "vt0").unwrap();
+            let vxlan = list_kind(&mut sock, InfoKind::Vxlan).unwrap();
+            let at = get_at(&mut sock, one.as_ref().unwrap().index).unwrap();
+            let none = get_at(&mut sock, 999_999).unwrap();
+            assert_eq!(vxlan, vec![one.clone().unwrap()], "only the VXLAN device");
+            assert_eq!(at, one);
+            assert_eq!(none, None);
+            (fast, full, one)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(fast, full);
+        let vt0 = fast.iter().find(|l| l.name == "vt0").unwrap();
+        assert_eq!(one.as_ref(), Some(vt0));
+        let v = vt0.vxlan.as_ref().unwrap();
+        assert_eq!(
+            (v.vni, v.port, v.learning),
+            (Some(42), Some(8472), Some(false))
+        );
+        assert_eq!(vt0.alias.as_deref(), Some("sticky-vxlan:vtep x"));
+        let br9 = fast.iter().find(|l| l.name == "br9").unwrap();
+        let vh0 = fast.iter().find(|l| l.name == "vh0").unwrap();
+        assert_eq!(vh0.master, Some(br9.index));
+        assert_eq!(vh0.kind.as_deref(), Some("veth"));
     }
 
     #[test]

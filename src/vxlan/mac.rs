@@ -1,8 +1,8 @@
 //! The kept MACs: pure functions of an IPv4 address, so they survive any restart and every
 //! node can compute every peer's VTEP MAC offline.
 //!
-//! Scheme version 1 (the only one so far; a later scheme will use another first octet, and
-//! [`scheme_of`] tells them apart):
+//! Scheme version 1 (the only one so far; a later scheme will use another first octet, which
+//! tells them apart):
 //!
 //! | device | MAC |
 //! |---|---|
@@ -35,25 +35,6 @@ pub fn pod_mac(ip: Ipv4Addr) -> [u8; 6] {
     [POD_PREFIX[0], POD_PREFIX[1], a, b, c, d]
 }
 
-/// Which kind of kept MAC `mac` is, if any.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheme {
-    VtepV1 { vni_byte: u8, underlay: Ipv4Addr },
-    PodV1 { ip: Ipv4Addr },
-}
-
-pub fn scheme_of(mac: &[u8; 6]) -> Option<Scheme> {
-    let ip = Ipv4Addr::new(mac[2], mac[3], mac[4], mac[5]);
-    match mac[0] {
-        VTEP_PREFIX => Some(Scheme::VtepV1 {
-            vni_byte: mac[1],
-            underlay: ip,
-        }),
-        b if b == POD_PREFIX[0] && mac[1] == POD_PREFIX[1] => Some(Scheme::PodV1 { ip }),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,8 +64,12 @@ mod tests {
                 prop_assert_eq!(mac[0] & 0x01, 0, "unicast");
                 prop_assert_eq!(mac[0] & 0x02, 0x02, "locally administered");
             }
-            prop_assert_eq!(scheme_of(&vtep_mac(ip, vni)), Some(Scheme::VtepV1 { vni_byte: (vni & 0xff) as u8, underlay: ip }));
-            prop_assert_eq!(scheme_of(&pod_mac(ip)), Some(Scheme::PodV1 { ip }));
+            // The scheme in the first octet(s), the address whole after it.
+            let (vtep, pod) = (vtep_mac(ip, vni), pod_mac(ip));
+            prop_assert_eq!((vtep[0], vtep[1]), (VTEP_PREFIX, (vni & 0xff) as u8));
+            prop_assert_eq!([pod[0], pod[1]], POD_PREFIX);
+            prop_assert_eq!(&vtep[2..], &ip.octets()[..]);
+            prop_assert_eq!(&pod[2..], &ip.octets()[..]);
             prop_assert_ne!(vtep_mac(ip, vni), pod_mac(ip));
         }
 
