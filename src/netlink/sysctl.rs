@@ -56,6 +56,17 @@ pub fn write(key: &str, value: &str) -> Result<(), Error> {
     })
 }
 
+/// [`write`], when the key exists. A device's key is missing when the kernel keeps no such
+/// settings for it: `net/ipv6/conf/<device>/...` on a kernel without IPv6, or for a device
+/// whose MTU is below IPv6's minimum (1280).
+pub fn write_if_present(key: &str, value: &str) -> Result<(), Error> {
+    if path(key)?.exists() {
+        write(key, value)
+    } else {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,9 @@ pub struct Fake {
     pub queries: Vec<String>,
     /// A write whose text starts with this fails with this errno.
     pub fail: Option<(String, i32)>,
+    /// The container ends of the veths made through [`super::pods::Pods`]
+    /// (`super::fake_pods`).
+    pub containers: Vec<super::fake_pods::FakeContainer>,
 }
 
 impl Fake {
@@ -66,7 +69,8 @@ impl Fake {
         self.seen.addresses.push((index, net.parse().unwrap()));
     }
 
-    fn write(&mut self, what: String) -> Result<(), Error> {
+    /// Records a write, or fails it as [`Fake::fail`] says.
+    pub(super) fn write(&mut self, what: String) -> Result<(), Error> {
         let failing = self
             .fail
             .as_ref()
@@ -247,6 +251,9 @@ impl Kernel for Fake {
     }
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error> {
         self.write(format!("sysctl {key}={value}"))
+    }
+    fn disable_ipv6(&mut self, name: &str) -> Result<(), Error> {
+        self.write(format!("disable ipv6 {name}"))
     }
     fn nft(&mut self, script: &str) -> Result<(), Error> {
         self.write(format!("nft {script}"))

@@ -57,6 +57,9 @@ pub trait Kernel {
     fn replace_route(&mut self, r: &Route) -> Result<(), Error>;
     fn delete_route(&mut self, r: &Route) -> Result<(), Error>;
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error>;
+    /// No IPv6 on device `name` (no link-local address, router solicitation or MLD report
+    /// from it); nothing to do when the kernel keeps no IPv6 settings for it.
+    fn disable_ipv6(&mut self, name: &str) -> Result<(), Error>;
     /// Runs an `nft -f -` script.
     fn nft(&mut self, script: &str) -> Result<(), Error>;
 }
@@ -139,6 +142,10 @@ impl Kernel for Live<'_> {
     }
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error> {
         Ok(sysctl::write(key, value)?)
+    }
+    fn disable_ipv6(&mut self, name: &str) -> Result<(), Error> {
+        let key = format!("net/ipv6/conf/{name}/disable_ipv6");
+        Ok(sysctl::write_if_present(&key, "1")?)
     }
     fn nft(&mut self, script: &str) -> Result<(), Error> {
         Ok(firewall::run(script)?)

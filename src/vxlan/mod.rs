@@ -11,9 +11,9 @@
 //! what the node needs, [`apply`] carries it out through the [`kernel`] seam, and
 //! [`reconcile`] ties those together under the lock of [`state_dir`]: the one entry point for
 //! `sticky-vxlan reconcile`, every ADD and the node agent.
-//! [`pod`] does one pod's veth, [`delegate`] runs the IPAM plugin, [`plugin`] ties them to the
-//! CNI commands, [`firewall`] holds the optional nftables rules and [`cli`] the operator's
-//! entry points.
+//! [`pod`] names one pod's veth and checks it, [`pods`] makes and removes it, [`delegate`]
+//! runs the IPAM plugin, [`plugin`] ties them to the CNI commands, [`firewall`] holds the
+//! optional nftables rules and [`cli`] the operator's entry points.
 
 pub mod apply;
 pub mod codes;
@@ -22,6 +22,8 @@ pub mod delegate;
 pub mod devices;
 #[cfg(test)]
 pub mod fake;
+#[cfg(test)]
+pub mod fake_pods;
 pub mod firewall;
 pub mod kernel;
 pub mod mac;
@@ -31,6 +33,7 @@ pub mod peers;
 pub mod plan;
 pub mod plugin;
 pub mod pod;
+pub mod pods;
 pub mod reconcile;
 pub mod stamp;
 pub mod state_dir;

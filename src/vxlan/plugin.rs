@@ -2,9 +2,8 @@
 //!
 //! ADD reads the config once ([`Config`]), opens one netlink socket for the host namespace
 //! and keeps it for the node ([`reconcile::node_with`]), the veth and any rollback; the pod's
-//! namespace gets one socket of its own, opened while IPAM works
-//! ([`pod::prepare_container`]) and used once it has answered
-//! ([`pod::configure_container`]). What to do when IPAM or the node fails is one pure
+//! namespace gets one socket of its own, opened while IPAM works ([`Pods::enter`]) and used
+//! once it has answered ([`Pods::configure`]). What to do when IPAM or the node fails is one pure
 //! decision, [`after_ipam`].
 
 use std::net::IpAddr;
@@ -17,7 +16,8 @@ use super::config::Config;
 use super::delegate::{Ipam, Runner};
 use super::kernel::Live;
 use super::node::{self, Observed, gateway_of};
-use super::pod::{self, Container, host_veth_name};
+use super::pod::{self, host_veth_name};
+use super::pods::{Container, Pods, Setup, Veth};
 use super::reconcile::{self, ForPod};
 use crate::cni::delegate::Exec;
 use crate::cni::{Attachment, Call, CniResult, IpConfig, Plugin, attachments};
@@ -153,20 +153,20 @@ fn add<E: Exec>(exec: &E, call: &Call, cfg: &Config) -> Result<CniResult, Error>
         Ok(node)
     };
     let veth = |sock: &mut Socket, report: ForPod| -> Result<(ForPod, Link, Container), Error> {
-        let host_link = pod::create_veth(
-            sock,
-            &pod::Veth {
-                netns: Path::new(&call.env.netns),
-                host: &host,
-                alias: pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname),
-                ifname: &call.env.ifname,
-                mtu: report.ready.mtu,
-                bridge: report.bridge.index,
-                hairpin: cfg.hairpin_mode,
-            },
-        )?;
+        let mut k = Live { sock };
+        let host_link = k.create_veth(&Veth {
+            netns: Path::new(&call.env.netns),
+            host: &host,
+            alias: pod::host_alias(&cfg.name, &call.env.container_id, &call.env.ifname),
+            ifname: &call.env.ifname,
+            mtu: report.ready.mtu,
+            bridge: report.bridge.index,
+            hairpin: cfg.hairpin_mode,
+            mac: None,
+            ipv6_off: false,
+        })?;
         crate::crash::point("vxlan add: veth created");
-        let container = pod::prepare_container(Path::new(&call.env.netns), &call.env.ifname)?;
+        let container = k.enter(Path::new(&call.env.netns), &call.env.ifname, true)?;
         Ok((report, host_link, container))
     };
     let (ipam, node, result) = if cfg.ranges_from_peers {
@@ -339,7 +339,16 @@ fn attach(
         }
     }
     let routes = pod::pod_routes(&ipam.ips, &ipam.routes, cfg.is_default_gateway);
-    let container = pod::configure_container(container, &ipam.ips, &routes)?;
+    let addresses: Vec<IpNet> = ipam.ips.iter().map(|ip| ip.address).collect();
+    let container = Live { sock }.configure(
+        container,
+        &Setup {
+            mac: pod::container_mac(&ipam.ips),
+            addresses: &addresses,
+            up: true,
+            routes: &pod::with_gateways(&routes, &ipam.ips),
+        },
+    )?;
     Ok(CniResult {
         interfaces: pod::result_interfaces(
             bridge,

@@ -1,5 +1,7 @@
 //! One pod's attachment: a veth pair whose host end is on the bridge and whose container end,
-//! created directly in the pod's namespace, carries a MAC derived from the pod's IPv4.
+//! created directly in the pod's namespace, carries a MAC derived from the pod's IPv4. Here:
+//! the names and aliases, the routes, the result's interfaces and CHECK; making and removing
+//! the pair goes through [`super::pods::Pods`].
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -13,10 +15,7 @@ use super::node::gateway_of;
 use crate::cni::{Call, CniResult, IpConfig, Route};
 use crate::netlink::link::{self, Link};
 use crate::netlink::route::{self as nlroute};
-use crate::netlink::{Socket, addr, netns, sysctl};
-
-/// `ip route add`'s protocol (`proto boot`) for the pod's own routes.
-const RTPROT_BOOT: u8 = 3;
+use crate::netlink::{Socket, addr, netns};
 
 /// The host end's name: `sv` + 12 hex digits of SHA-256(container id, ifname). DEL finds it
 /// without entering the pod's namespace (which may be gone).
@@ -52,6 +51,27 @@ pub fn pod_routes(ips: &[IpConfig], ipam_routes: &[Route], default_gateway: bool
     routes
 }
 
+/// The container end's MAC in the main mode: derived from the first IPv4 address
+/// ([`pod_mac`]); without one the kernel's stays.
+pub fn container_mac(ips: &[IpConfig]) -> Option<[u8; 6]> {
+    ips.iter().find_map(|ip| match ip.address.addr() {
+        IpAddr::V4(a) => Some(pod_mac(a)),
+        IpAddr::V6(_) => None,
+    })
+}
+
+/// The routes as the container end gets them: a route without `gw` takes the gateway of
+/// the first address of its family ([`route_gateway`]).
+pub fn with_gateways(routes: &[Route], ips: &[IpConfig]) -> Vec<Route> {
+    routes
+        .iter()
+        .map(|r| Route {
+            gw: route_gateway(r, ips),
+            ..r.clone()
+        })
+        .collect()
+}
+
 /// The gateway a route without `gw` uses: the first address's gateway of its family.
 fn route_gateway(route: &Route, ips: &[IpConfig]) -> Option<IpAddr> {
     route.gw.or_else(|| {
@@ -60,9 +80,6 @@ fn route_gateway(route: &Route, ips: &[IpConfig]) -> Option<IpAddr> {
             .and_then(|ip| ip.gateway.or_else(|| gateway_of(&ip.address.trunc())))
     })
 }
-
-/// The kernel's limit on an interface alias (IFALIASZ, with its NUL).
-const MAX_ALIAS: usize = 256;
 
 /// The host end's alias: `sticky-vxlan <network> <container id> <ifname>`. GC finds this
 /// network's attachments by it (never another network's, even on a shared bridge).
@@ -99,108 +116,6 @@ pub fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
     let mut parts = alias.strip_prefix("sticky-vxlan ")?.split(' ');
     let found = (parts.next()?, parts.next()?, parts.next()?);
     parts.next().is_none().then_some(found)
-}
-
-/// One pod's veth pair, as [`create_veth`] makes it.
-#[derive(Debug, Clone)]
-pub struct Veth<'a> {
-    /// The pod's network namespace, where the container end is created.
-    pub netns: &'a Path,
-    /// The host end's name ([`host_veth_name`]) and alias ([`host_alias`]).
-    pub host: &'a str,
-    pub alias: String,
-    /// The container end's name (`CNI_IFNAME`).
-    pub ifname: &'a str,
-    pub mtu: u32,
-    /// The bridge's index.
-    pub bridge: u32,
-    pub hairpin: bool,
-}
-
-/// Creates the veth pair with the host end on the bridge. Returns the host end. It needs no
-/// address, so ADD makes it while IPAM is still working; the container end gets its kept
-/// MAC in [`configure_container`], before it is up. Three requests: the pair (a bridge port
-/// from the start), a look-up of the host end, its alias and up in one.
-pub fn create_veth(sock: &mut Socket, v: &Veth<'_>) -> Result<Link, Error> {
-    let ns = netns::open(v.netns)?;
-    link::add_veth(
-        sock,
-        &link::VethSpec {
-            host: v.host,
-            peer: v.ifname,
-            peer_netns: std::os::fd::AsFd::as_fd(&ns),
-            peer_mac: None,
-            mtu: v.mtu,
-            master: Some(v.bridge),
-        },
-    )?;
-    let mut host_link = link::require(sock, v.host)?;
-    let alias = (v.alias.len() < MAX_ALIAS).then_some(v.alias.as_str());
-    link::set_up_with_alias(sock, &host_link, alias)?;
-    host_link.up = true;
-    host_link.alias = alias.map(str::to_string);
-    if v.hairpin {
-        link::set_hairpin(v.host)?;
-    }
-    Ok(host_link)
-}
-
-/// The container end of a pod's veth, reached through a socket opened inside the pod's
-/// namespace ([`prepare_container`]) and configured through it once IPAM has answered
-/// ([`configure_container`]).
-pub struct Container {
-    sock: Socket,
-    link: Link,
-}
-
-/// Inside the pod's namespace, while IPAM is still working: a socket of its own there (a
-/// netlink socket stays in the namespace it was opened in, whichever thread uses it later),
-/// the container end looked up, and `arp_notify` set so that the kept MAC is announced when
-/// the link comes up (`/proc/sys` shows the namespace of the thread that opens it, so this
-/// is done here). Nothing of it needs an address, so it is off ADD's critical path.
-pub fn prepare_container(netns_path: &Path, ifname: &str) -> Result<Container, Error> {
-    netns::run_in(netns_path, || -> Result<Container, Error> {
-        let mut sock = Socket::open()?;
-        let link = link::require(&mut sock, ifname)?;
-        sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1")?;
-        Ok(Container { sock, link })
-    })?
-}
-
-/// The container end, once IPAM has answered: the kept MAC (from the first IPv4 address),
-/// addresses, link up, routes. Returns the container interface as it now is.
-pub fn configure_container(
-    container: Container,
-    ips: &[IpConfig],
-    routes: &[Route],
-) -> Result<Link, Error> {
-    let Container { mut sock, mut link } = container;
-    let mac = ips.iter().find_map(|ip| match ip.address.addr() {
-        IpAddr::V4(a) => Some(pod_mac(a)),
-        IpAddr::V6(_) => None,
-    });
-    if let Some(mac) = mac.filter(|m| link.mac != Some(*m)) {
-        link::set_mac(&mut sock, &link, mac)?;
-        link.mac = Some(mac);
-    }
-    for ip in ips {
-        addr::add(&mut sock, link.index, ip.address)?;
-    }
-    link::set_up(&mut sock, &link)?;
-    link.up = true;
-    for r in routes {
-        nlroute::replace(
-            &mut sock,
-            &nlroute::Route {
-                dst: r.dst.trunc(),
-                gateway: route_gateway(r, ips),
-                oif: Some(link.index),
-                onlink: false,
-                protocol: RTPROT_BOOT,
-            },
-        )?;
-    }
-    Ok(link)
 }
 
 /// What CHECK found different from `prevResult`.
