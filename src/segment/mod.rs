@@ -86,5 +86,6 @@ through_vxlan!(
     netlink::neigh::Error,
     netlink::netns::Error,
     netlink::sysctl::Error,
-    crate::vxlan::peers::FileError
+    crate::vxlan::peers::FileError,
+    crate::cni::delegate::Error
 );

@@ -20,8 +20,8 @@ use serde_json::Value;
 use super::attachments::{self, Attachment};
 use super::config::Config;
 use super::pod::{self, Iface};
-use super::{Error, reconcile, slice};
-use crate::cni::delegate::Error as Delegate;
+use super::reconcile::{self, ForPod};
+use super::{Error, slice};
 use crate::cni::{Call, CniResult, IpConfig, Plugin};
 use crate::netlink::Socket;
 use crate::netlink::link::{self, parse_mac};
@@ -29,6 +29,7 @@ use crate::vxlan::delegate::Ipam;
 use crate::vxlan::kernel::Live;
 use crate::vxlan::plugin::{remove_link, remove_stale_veths};
 use crate::vxlan::pod::{host_alias, host_veth_name, result_interfaces};
+use crate::vxlan::pods::{self, after_ipam};
 
 pub struct Segment;
 
@@ -207,81 +208,68 @@ impl Plugin for Segment {
             Some(node) => Ok(node),
             None => node_work(&mut sock),
         };
-        let allocated = pending.map(|p| p.result().map_err(|e| Error::Vxlan(e.into())));
-        let give_back = || {
-            if let Some(ipam) = &ipam
-                && let Err(e) = ipam.run(&ipam.runner(), call, "DEL")
-            {
-                eprintln!("sticky-vxlan: rollback: IPAM DEL: {e}");
-            }
-        };
-        let (node, ip_configs, ipam_routes, dns) = match (ready, allocated) {
-            (Ok(node), Err(ips)) => {
-                let configs = ips
+        // Fixed addresses stand for IPAM's answer: nothing to give back.
+        let allocated = match pending {
+            Err(ips) => Ok(CniResult {
+                ips: ips
                     .into_iter()
                     .map(|address| IpConfig {
                         address,
                         gateway: None,
                         interface: Some(2),
                     })
-                    .collect();
-                (node, configs, Vec::new(), Default::default())
-            }
-            (Ok(node), Ok(Ok(r))) => (node, r.ips, r.routes, r.dns),
-            // IPAM exited 0, so it may have allocated, but its answer cannot be used.
-            (
-                ready,
-                Ok(Err(e @ Error::Vxlan(crate::vxlan::Error::Ipam(Delegate::Output { .. })))),
-            ) => {
-                give_back();
-                return Err(ready.err().unwrap_or(e));
-            }
-            (Err(e), Ok(Ok(_))) => {
-                give_back();
-                return Err(e);
-            }
-            // IPAM allocated nothing; the node's problem, if any, is the one to fix first.
-            (Err(e), _) | (Ok(_), Ok(Err(e))) => return Err(e),
-        };
-        let ips: Vec<IpNet> = ip_configs.iter().map(|ip| ip.address).collect();
-        let entry = attachment(call, &cfg);
-        let mut routes = cfg.routes.clone();
-        routes.extend(entry.map(|a| a.routes.clone()).unwrap_or_default());
-        routes.extend(ipam_routes);
-        let (namespace, pod_name) = pod_of(call);
-        let iface = Iface {
-            mac: wanted_mac.unwrap_or_else(|| {
-                pod::kept_mac(
-                    &ips,
-                    &cfg.name,
-                    cfg.vni,
-                    &format!("{namespace}/{pod_name}"),
-                    &call.env.ifname,
-                )
+                    .collect(),
+                ..CniResult::default()
             }),
-            ips,
-            routes,
-            up: entry.and_then(|a| a.up).unwrap_or(cfg.up),
-            mtu: node.ready.mtu,
+            Ok(p) => p.result(),
         };
-        attach(&mut sock, call, &cfg, &node.bridge, &host, iface)
-            .inspect_err(|_| {
-                if let Err(e) = link::delete(&mut sock, &host) {
-                    eprintln!("sticky-vxlan: rollback: removing {host}: {e}");
-                }
-                give_back();
-            })
-            .map(|mut r| {
-                r.ips = ip_configs
+        let give_back = || match &ipam {
+            Some(ipam) => ipam.run(&ipam.runner(), call, "DEL").map(drop),
+            None => Ok(()),
+        };
+        let attach_pod = |k: &mut Live, node: ForPod, allocated: CniResult| {
+            let ips: Vec<IpNet> = allocated.ips.iter().map(|ip| ip.address).collect();
+            let entry = attachment(call, &cfg);
+            let mut routes = cfg.routes.clone();
+            routes.extend(entry.map(|a| a.routes.clone()).unwrap_or_default());
+            routes.extend(allocated.routes);
+            let (namespace, pod_name) = pod_of(call);
+            let iface = Iface {
+                mac: wanted_mac.unwrap_or_else(|| {
+                    pod::kept_mac(
+                        &ips,
+                        &cfg.name,
+                        cfg.vni,
+                        &format!("{namespace}/{pod_name}"),
+                        &call.env.ifname,
+                    )
+                }),
+                ips,
+                routes,
+                up: entry.and_then(|a| a.up).unwrap_or(cfg.up),
+                mtu: node.ready.mtu,
+            };
+            attach(k.sock, call, &cfg, &node.bridge, &host, iface).map(|mut r| {
+                r.ips = allocated
+                    .ips
                     .into_iter()
                     .map(|ip| IpConfig {
                         interface: Some(2),
                         ..ip
                     })
                     .collect();
-                r.dns = dns;
+                r.dns = allocated.dns;
                 r
             })
+        };
+        let decision = after_ipam(ready, allocated);
+        pods::settle(
+            &mut Live { sock: &mut sock },
+            &host,
+            decision,
+            attach_pod,
+            give_back,
+        )
     }
 
     fn del(&self, call: &Call) -> Result<(), Error> {

@@ -3,8 +3,9 @@
 //! ADD reads the config once ([`Config`]), opens one netlink socket for the host namespace
 //! and keeps it for the node ([`reconcile::node_with`]), the veth and any rollback; the pod's
 //! namespace gets one socket of its own, opened while IPAM works ([`Pods::enter`]) and used
-//! once it has answered ([`Pods::configure`]). What to do when IPAM or the node fails is one pure
-//! decision, [`after_ipam`].
+//! once it has answered ([`Pods::configure`]). What to do when IPAM or the node fails is one
+//! pure decision, [`after_ipam`], carried out by [`pods::settle`]; the segment mode shares
+//! both.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -17,7 +18,7 @@ use super::delegate::{Ipam, Runner};
 use super::kernel::{Kernel, Live};
 use super::node::{self, Observed, gateway_of};
 use super::pod::{self, host_veth_name};
-use super::pods::{LiveOnDemand, Pods, Setup, Veth};
+use super::pods::{self, LiveOnDemand, Pods, Setup, Veth, after_ipam};
 use super::reconcile::{self, ForPod};
 use crate::cni::delegate::Exec;
 use crate::cni::{Attachment, Call, CniResult, IpConfig, Plugin, attachments};
@@ -28,32 +29,6 @@ pub struct StickyVxlan;
 
 fn config(call: &Call) -> Result<Config, Error> {
     Config::from_json(&call.conf.name, &call.conf.raw).map_err(Error::from)
-}
-
-/// What ADD does once IPAM has answered and the node is reconciled (or failed).
-#[derive(Debug)]
-pub enum AfterIpam<N> {
-    /// Both worked: attach the pod.
-    Attach(N, CniResult),
-    /// IPAM may have allocated: give it back (IPAM DEL), then report this error.
-    RollBack(Error),
-    /// IPAM allocated nothing: report this error.
-    Fail(Error),
-}
-
-/// Pure: the node's outcome and IPAM's, to what ADD does next. The node's problem, if any,
-/// is the one reported (it is the one to fix first).
-pub fn after_ipam<N>(node: Result<N, Error>, ipam: Result<CniResult, Error>) -> AfterIpam<N> {
-    use crate::cni::delegate::Error as Delegate;
-    match (node, ipam) {
-        (Ok(n), Ok(result)) => AfterIpam::Attach(n, result),
-        (Err(e), Ok(_)) => AfterIpam::RollBack(e),
-        // IPAM exited 0, so it may have allocated, but its answer cannot be used.
-        (node, Err(e @ Error::Ipam(Delegate::Output { .. }))) => {
-            AfterIpam::RollBack(node.err().unwrap_or(e))
-        }
-        (Err(e), Err(_)) | (Ok(_), Err(e)) => AfterIpam::Fail(e),
-    }
 }
 
 impl Plugin for StickyVxlan {
@@ -164,7 +139,7 @@ fn add<E: Exec, K: Kernel + Pods>(
         let pending = ipam.start(exec, call, "ADD")?;
         crate::crash::point("vxlan add: node ready");
         let node = veth(k, report);
-        (ipam, node, pending.result().map_err(Error::from))
+        (ipam, node, pending.result())
     } else {
         // IPAM runs while the node's VTEP, bridge and peers are brought up to date.
         let ipam = Ipam::verbatim(call, &cfg.ipam_type);
@@ -173,32 +148,14 @@ fn add<E: Exec, K: Kernel + Pods>(
             crate::crash::point("vxlan add: node ready");
             veth(k, report)
         });
-        (ipam, node, pending.result().map_err(Error::from))
+        (ipam, node, pending.result())
     };
-    let remove_veth = |k: &mut K| {
-        if let Err(err) = k.delete_veth(&host) {
-            eprintln!("sticky-vxlan: rollback: removing {host}: {err}");
-        }
-    };
-    let roll_back = |k: &mut K, e: Error| {
-        remove_veth(k);
-        if let Err(err) = ipam.run(exec, call, "DEL") {
-            eprintln!("sticky-vxlan: rollback: IPAM DEL: {err}");
-        }
-        e
-    };
-    match after_ipam(node, result) {
-        AfterIpam::Attach((report, host_link, container), result) => {
+    let give_back = || ipam.run(exec, call, "DEL").map(drop);
+    let attach_pod =
+        |k: &mut K, (report, host_link, container): (ForPod, Link, K::Container), result| {
             attach(k, call, cfg, &report, (&host_link, container), &result)
-                .map_err(|e| roll_back(k, e))
-        }
-        AfterIpam::RollBack(e) => Err(roll_back(k, e)),
-        // IPAM allocated nothing, but the veth may have been made meanwhile.
-        AfterIpam::Fail(e) => {
-            remove_veth(k);
-            Err(e)
-        }
-    }
+        };
+    pods::settle(k, &host, after_ipam(node, result), attach_pod, give_back)
 }
 
 /// DEL. Removing the host end removes the pair, wherever the other end is; a missing link
@@ -395,23 +352,6 @@ fn attach<K: Kernel + Pods>(
 mod tests {
     use super::*;
     use crate::cni::delegate::Error as Delegate;
-    use std::path::PathBuf;
-
-    fn output() -> Error {
-        Error::Ipam(Delegate::Output {
-            plugin: PathBuf::from("/x"),
-            reason: "garbage".into(),
-        })
-    }
-
-    fn failed() -> Error {
-        Error::Ipam(Delegate::Failed {
-            plugin: PathBuf::from("/x"),
-            code: 100,
-            msg: "full".into(),
-            details: String::new(),
-        })
-    }
 
     fn ip(address: &str, gateway: Option<&str>) -> IpConfig {
         IpConfig {
@@ -442,36 +382,6 @@ mod tests {
                 "fd00:1::fe/64".parse().unwrap()
             ]
         );
-    }
-
-    #[test]
-    fn rollback_only_when_ipam_may_have_allocated() {
-        let ok = || Ok(CniResult::default());
-        let node_err = || Err::<(), _>(Error::NoRemotePeer);
-        assert!(matches!(after_ipam(Ok(()), ok()), AfterIpam::Attach((), _)));
-        assert!(matches!(
-            after_ipam(node_err(), ok()),
-            AfterIpam::RollBack(Error::NoRemotePeer)
-        ));
-        assert!(matches!(
-            after_ipam(Ok(()), Err(output())),
-            AfterIpam::RollBack(Error::Ipam(Delegate::Output { .. }))
-        ));
-        assert!(
-            matches!(
-                after_ipam(node_err(), Err(output())),
-                AfterIpam::RollBack(Error::NoRemotePeer)
-            ),
-            "the node's problem is the one reported"
-        );
-        assert!(matches!(
-            after_ipam(Ok(()), Err(failed())),
-            AfterIpam::Fail(Error::Ipam(Delegate::Failed { code: 100, .. }))
-        ));
-        assert!(matches!(
-            after_ipam(node_err(), Err(failed())),
-            AfterIpam::Fail(Error::NoRemotePeer)
-        ));
     }
 
     mod add_and_del {

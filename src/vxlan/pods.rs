@@ -14,7 +14,8 @@ use ipnet::IpNet;
 
 use super::Error;
 use super::kernel::{Kernel, Live};
-use crate::cni::Route;
+use crate::cni::delegate::Error as Delegate;
+use crate::cni::{CniResult, Route};
 use crate::netlink::link::{self, Link};
 use crate::netlink::route as nlroute;
 use crate::netlink::{Socket, addr, netns, sysctl};
@@ -204,5 +205,122 @@ impl Pods for LiveOnDemand {
     }
     fn delete_veth(&mut self, host: &str) -> Result<(), Error> {
         self.live()?.delete_veth(host)
+    }
+}
+
+/// What ADD does once IPAM has answered and the node and the veth are ready (or failed).
+#[derive(Debug)]
+pub enum AfterIpam<N, E> {
+    /// Both worked: attach the pod.
+    Attach(N, CniResult),
+    /// IPAM may have allocated: give it back (IPAM DEL), then report this error.
+    RollBack(E),
+    /// IPAM allocated nothing: report this error.
+    Fail(E),
+}
+
+/// Pure: the node's outcome and IPAM's, to what ADD does next; both modes decide with it (a
+/// mode without IPAM for a pod passes its fixed addresses as IPAM's answer). The node's
+/// problem, if any, is the one reported (it is the one to fix first).
+pub fn after_ipam<N, E: From<Delegate>>(
+    node: Result<N, E>,
+    ipam: Result<CniResult, Delegate>,
+) -> AfterIpam<N, E> {
+    match (node, ipam) {
+        (Ok(n), Ok(result)) => AfterIpam::Attach(n, result),
+        (Err(e), Ok(_)) => AfterIpam::RollBack(e),
+        // IPAM exited 0, so it may have allocated, but its answer cannot be used.
+        (node, Err(e @ Delegate::Output { .. })) => {
+            AfterIpam::RollBack(node.err().unwrap_or_else(|| e.into()))
+        }
+        (Err(e), Err(_)) => AfterIpam::Fail(e),
+        (Ok(_), Err(e)) => AfterIpam::Fail(e.into()),
+    }
+}
+
+/// Carries out [`after_ipam`]'s decision: `attach`es the pod; when that or anything before it
+/// failed, removes the host veth `host` (it may have been made meanwhile) and, when IPAM may
+/// have allocated, runs `give_back` (IPAM DEL). What goes wrong while rolling back is logged:
+/// the error reported is the one that made ADD fail.
+pub fn settle<P: Pods, N, E>(
+    p: &mut P,
+    host: &str,
+    decision: AfterIpam<N, E>,
+    attach: impl FnOnce(&mut P, N, CniResult) -> Result<CniResult, E>,
+    give_back: impl FnOnce() -> Result<(), Error>,
+) -> Result<CniResult, E> {
+    let remove_veth = |p: &mut P| {
+        if let Err(err) = p.delete_veth(host) {
+            eprintln!("sticky-vxlan: rollback: removing {host}: {err}");
+        }
+    };
+    let roll_back = |p: &mut P, e: E| {
+        remove_veth(p);
+        if let Err(err) = give_back() {
+            eprintln!("sticky-vxlan: rollback: IPAM DEL: {err}");
+        }
+        e
+    };
+    match decision {
+        AfterIpam::Attach(node, result) => attach(p, node, result).map_err(|e| roll_back(p, e)),
+        AfterIpam::RollBack(e) => Err(roll_back(p, e)),
+        // IPAM allocated nothing, but the veth may have been made meanwhile.
+        AfterIpam::Fail(e) => {
+            remove_veth(p);
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn output() -> Delegate {
+        Delegate::Output {
+            plugin: PathBuf::from("/x"),
+            reason: "garbage".into(),
+        }
+    }
+
+    fn failed() -> Delegate {
+        Delegate::Failed {
+            plugin: PathBuf::from("/x"),
+            code: 100,
+            msg: "full".into(),
+            details: String::new(),
+        }
+    }
+
+    #[test]
+    fn rollback_only_when_ipam_may_have_allocated() {
+        let ok = || Ok(CniResult::default());
+        let node_err = || Err::<(), Error>(Error::NoRemotePeer);
+        let after = after_ipam::<(), Error>;
+        assert!(matches!(after(Ok(()), ok()), AfterIpam::Attach((), _)));
+        assert!(matches!(
+            after(node_err(), ok()),
+            AfterIpam::RollBack(Error::NoRemotePeer)
+        ));
+        assert!(matches!(
+            after(Ok(()), Err(output())),
+            AfterIpam::RollBack(Error::Ipam(Delegate::Output { .. }))
+        ));
+        assert!(
+            matches!(
+                after(node_err(), Err(output())),
+                AfterIpam::RollBack(Error::NoRemotePeer)
+            ),
+            "the node's problem is the one reported"
+        );
+        assert!(matches!(
+            after(Ok(()), Err(failed())),
+            AfterIpam::Fail(Error::Ipam(Delegate::Failed { code: 100, .. }))
+        ));
+        assert!(matches!(
+            after(node_err(), Err(failed())),
+            AfterIpam::Fail(Error::NoRemotePeer)
+        ));
     }
 }
