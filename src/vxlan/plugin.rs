@@ -192,12 +192,6 @@ fn del<E: Exec, P: Pods + Send>(
     released.and(removed)
 }
 
-/// Removes the link `name` of the calling thread's namespace on a socket of its own; a missing
-/// link is success. The segment mode's DEL uses it too.
-pub fn remove_link(name: &str) -> Result<(), Error> {
-    LiveOnDemand::default().delete_veth(name)
-}
-
 /// DEL's IPAM half: the section IPAM needs (this node's subnets when the config wants them,
 /// else [`Ipam::for_release`]), run to its answer.
 fn release<E: Exec>(
