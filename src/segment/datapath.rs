@@ -6,19 +6,17 @@
 //! Both devices carry the network's marker as their alias; a device of the same name
 //! without it is someone else's and is refused, never adopted. Everything is idempotent and
 //! runs under the segment's lock.
+//!
+//! As in the main mode: read once ([`Seen`]), decide ([`super::plan`], pure), apply
+//! ([`super::apply`]).
 
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
-use super::Error;
 use super::config::Config;
 use super::node::Node;
-use crate::netlink::link::{self, Link, VxlanSpec};
-use crate::netlink::neigh::Fdb;
-use crate::netlink::sysctl;
-use crate::vxlan::devices;
-use crate::vxlan::kernel::{Kernel, LinkChange};
-use crate::vxlan::mac::vtep_mac;
+use super::{Error, apply, plan};
+use crate::netlink::link::Link;
+use crate::vxlan::kernel::Kernel;
 use crate::vxlan::state_dir;
 
 /// The flood entries' MAC.
@@ -31,189 +29,47 @@ pub fn lock(cfg: &Config) -> Result<state_dir::Lock, Error> {
         .map_err(|e| Error::Vxlan(crate::vxlan::Error::Lock(e)))
 }
 
-fn spec(cfg: &Config, node: &Node) -> VxlanSpec {
-    VxlanSpec {
-        name: cfg.vxlan(),
-        vni: cfg.vni,
-        port: cfg.port,
-        local: node.local_ip,
-        underlay: Some(node.underlay.index),
-        mac: vtep_mac(node.local_ip, cfg.vni),
-        mtu: node.mtu,
-        learning: true,
-    }
+/// What the kernel holds of the segment's devices, read once.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub bridge: Option<Link>,
+    pub vxlan: Option<Link>,
+    /// The permanent flood entries on the VXLAN device, when it is kept as it is.
+    pub flood: Vec<Ipv4Addr>,
+    /// Every link, only when a device is to be made ([`plan::makes_a_device`]): a new
+    /// bridge takes this network's pod veths back, and a new VXLAN device must not take a VNI
+    /// another device holds. The node's other links (a veth per pod) are not read otherwise.
+    pub links: Vec<Link>,
 }
 
-/// Keeps the node itself off the segment: no IPv6 link-local address, router solicitation or
-/// MLD report from the bridge, the VXLAN device or a host veth (none of them has an IPv4
-/// address either). The segment is the pods' L2 domain; the node only carries it. Done
-/// before the device comes up; nothing to do on a kernel without IPv6.
-pub fn keep_node_off(name: &str) -> Result<(), Error> {
-    let key = format!("net/ipv6/conf/{name}/disable_ipv6");
-    if sysctl::path(&key).is_ok_and(|p| p.exists()) {
-        sysctl::write(&key, "1")?;
-    }
-    Ok(())
-}
-
-/// Refuses a device that is not ours or not of the expected kind.
-fn owned(cfg: &Config, l: &Link, kind: &'static str) -> Result<(), Error> {
-    let expected = cfg.marker();
-    if l.alias.as_deref() != Some(expected.as_str()) {
-        return Err(Error::NotOurs {
-            device: l.name.clone(),
-            alias: l.alias.clone().unwrap_or_default(),
-            expected,
-        });
-    }
-    devices::check_kind(l, kind).map_err(Error::Vxlan)
-}
-
-/// The link called `name`, which must exist.
-fn require<K: Kernel>(k: &mut K, name: &str) -> Result<Link, Error> {
-    k.link(name)?.ok_or_else(|| {
-        Error::Vxlan(crate::vxlan::Error::Link(link::Error::NotFound(
-            name.to_string(),
-        )))
-    })
-}
-
-/// Marks a device just created (the kernel ignores an alias in the creating message) and
-/// reads it back. Under the segment's lock no other call of this network races it.
-fn mark<K: Kernel>(k: &mut K, cfg: &Config, name: &str) -> Result<Link, Error> {
-    let l = require(k, name)?;
-    k.change_link(&l, &LinkChange::Alias(cfg.marker()))?;
-    require(k, name)
-}
-
-fn ensure_bridge<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Link, Error> {
-    let name = cfg.bridge();
-    let bridge = match k.link(&name)? {
-        Some(b) => {
-            owned(cfg, &b, "bridge")?;
-            b
-        }
-        None => {
-            k.create_bridge(&name, node.mtu, None)?;
-            let bridge = mark(k, cfg, &name)?;
-            reattach(k, cfg, &bridge)?;
-            bridge
-        }
-    };
-    if bridge.mtu != Some(node.mtu) {
-        k.change_link(&bridge, &LinkChange::Mtu(node.mtu))?;
-    }
-    keep_node_off(&name)?;
-    if !bridge.up {
-        k.change_link(&bridge, &LinkChange::Up)?;
-    }
-    Ok(bridge)
-}
-
-/// Puts this network's pod veths (found by their alias) back on a bridge that was just
-/// recreated: deleting a bridge releases its ports, and the pods behind them are still there.
-fn reattach<K: Kernel>(k: &mut K, cfg: &Config, bridge: &Link) -> Result<(), Error> {
-    for l in k.links()? {
-        let ours = l
-            .alias
-            .as_deref()
-            .and_then(crate::vxlan::pod::parse_alias)
-            .is_some_and(|(network, _, _)| network == cfg.name);
-        if ours && l.master != Some(bridge.index) {
-            k.change_link(&l, &LinkChange::Master(bridge.index))?;
-        }
-    }
-    Ok(())
-}
-
-fn ensure_vxlan<K: Kernel>(
-    k: &mut K,
-    cfg: &Config,
-    node: &Node,
-    bridge: &Link,
-) -> Result<Link, Error> {
-    let want = spec(cfg, node);
-    let existing = k.link(&want.name)?;
-    if let Some(l) = &existing {
-        owned(cfg, l, "vxlan")?;
-    }
-    let dev = match existing {
-        // Kept as it is (MTU aside) when the unchangeable parameters match, learning on.
-        Some(l) if devices::same_tunnel(&l, &want) => l,
-        other => {
-            if let Some(old) = other {
-                eprintln!(
-                    "sticky-vxlan: segment {}: {} does not match the config, recreating it",
-                    cfg.name, old.name
-                );
-                k.delete_link(&old.name)?;
-            }
-            if let Some(holder) = k
-                .links()?
+impl Seen {
+    /// What [`plan::plan`] needs: two link lookups, the flood entries of a device that is
+    /// kept, and every link when a device is to be made.
+    pub fn read<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Seen, Error> {
+        let want = plan::spec(cfg, node);
+        let bridge = k.link(&cfg.bridge())?;
+        let vxlan = k.link(&want.name)?;
+        let flood = match vxlan.as_ref().filter(|l| plan::keeps(l, &want)) {
+            Some(l) => k
+                .fdb(l.index)?
                 .into_iter()
-                .find(|l| devices::holds_vni(l, want.vni, want.port))
-            {
-                return Err(Error::Vxlan(crate::vxlan::Error::VniTaken {
-                    device: holder.name,
-                    vni: want.vni,
-                    port: want.port,
-                }));
-            }
-            k.create_vxlan(&want)?;
-            mark(k, cfg, &want.name)?
-        }
-    };
-    if dev.mtu != Some(want.mtu) {
-        k.change_link(&dev, &LinkChange::Mtu(want.mtu))?;
+                .filter(|f| f.mac == FLOOD && f.permanent)
+                .map(|f| f.dst)
+                .collect(),
+            None => Vec::new(),
+        };
+        let links = if plan::makes_a_device(bridge.as_ref(), vxlan.as_ref(), &want) {
+            k.links()?
+        } else {
+            Vec::new()
+        };
+        Ok(Seen {
+            bridge,
+            vxlan,
+            flood,
+            links,
+        })
     }
-    keep_node_off(&dev.name)?;
-    if dev.master != Some(bridge.index) {
-        k.change_link(&dev, &LinkChange::Master(bridge.index))?;
-    }
-    if !dev.up {
-        k.change_link(&dev, &LinkChange::Up)?;
-    }
-    Ok(dev)
-}
-
-/// The flood entries to add and to remove, given those present (pure).
-pub fn flood_plan(
-    have: &[Ipv4Addr],
-    want: &[Ipv4Addr],
-    keep_stale: bool,
-) -> (Vec<Ipv4Addr>, Vec<Ipv4Addr>) {
-    let have: BTreeSet<_> = have.iter().copied().collect();
-    let want: BTreeSet<_> = want.iter().copied().collect();
-    let add = want.difference(&have).copied().collect();
-    let remove = if keep_stale {
-        Vec::new()
-    } else {
-        have.difference(&want).copied().collect()
-    };
-    (add, remove)
-}
-
-fn reconcile_flood<K: Kernel>(k: &mut K, node: &Node, dev: &Link) -> Result<(), Error> {
-    let present: Vec<Fdb> = k
-        .fdb(dev.index)?
-        .into_iter()
-        .filter(|f| f.mac == FLOOD && f.permanent)
-        .collect();
-    let have: Vec<Ipv4Addr> = present.iter().map(|f| f.dst).collect();
-    let (add, remove) = flood_plan(&have, &node.remote, node.peers_file_error.is_some());
-    let entry = |dst: Ipv4Addr| Fdb {
-        index: dev.index,
-        mac: FLOOD,
-        dst,
-        permanent: true,
-    };
-    for dst in add {
-        k.add_fdb(&entry(dst))?;
-    }
-    for dst in remove {
-        k.delete_fdb(&entry(dst))?;
-    }
-    Ok(())
 }
 
 /// The segment's two devices on this node, as programmed.
@@ -223,23 +79,20 @@ pub struct Devices {
     pub vxlan: Link,
 }
 
-/// Bridge, VXLAN device and flood entries for this segment on this node. The caller holds
-/// the segment's [`lock`].
+/// Bridge, VXLAN device and flood entries for this segment on this node: read ([`Seen`]),
+/// decide ([`plan::plan`], pure), apply ([`apply::apply`]). The caller holds the segment's
+/// [`lock`].
 pub fn ensure<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Devices, Error> {
-    let bridge = ensure_bridge(k, cfg, node)?;
-    let vxlan = ensure_vxlan(k, cfg, node, &bridge)?;
-    reconcile_flood(k, node, &vxlan)?;
-    // As they are now (up, MTU, master), for the stamp.
-    Ok(Devices {
-        bridge: require(k, &bridge.name)?,
-        vxlan: require(k, &vxlan.name)?,
-    })
+    let seen = Seen::read(k, cfg, node)?;
+    let plan = plan::plan(cfg, node, &seen)?;
+    apply::apply(k, cfg, &plan, &seen)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::vxlan::fake::Fake;
+    use crate::vxlan::mac::vtep_mac;
     use serde_json::json;
 
     fn ip(n: u8) -> Ipv4Addr {
@@ -300,10 +153,20 @@ mod tests {
         assert_eq!(dev.master, Some(br.index));
         assert_eq!(dev.mac, Some(vtep_mac(ip(1), 101)));
         assert_eq!(flood_of(&k), [ip(2), ip(3)]);
-        // Idempotent: a second ADD writes nothing.
+        assert!(
+            k.queries.contains(&"dump links".to_string()),
+            "devices made"
+        );
+        // Idempotent: a second ADD changes nothing (IPv6 is kept off every time), and reads
+        // two links and the flood entries, not every link of the node.
         let before = k.writes.len();
+        k.queries.clear();
         ensure(&mut k, &c, &n).unwrap();
-        assert_eq!(k.writes[before..], [] as [String; 0]);
+        assert_eq!(k.queries, ["dump fdb"]);
+        assert_eq!(
+            k.writes[before..],
+            ["disable ipv6 segbr101", "disable ipv6 segvx101"]
+        );
     }
 
     #[test]
@@ -384,56 +247,5 @@ mod tests {
         n.peers_file_error = None;
         ensure(&mut k, &c, &n).unwrap();
         assert_eq!(flood_of(&k), [ip(2)]);
-    }
-
-    #[test]
-    fn flood_entries_follow_the_nodes_unless_the_peers_file_is_broken() {
-        let ip = |n: u8| Ipv4Addr::new(192, 0, 2, n);
-        let (add, remove) = flood_plan(&[ip(2), ip(4)], &[ip(2), ip(3)], false);
-        assert_eq!((add, remove), (vec![ip(3)], vec![ip(4)]));
-        let (add, remove) = flood_plan(&[ip(2), ip(4)], &[ip(3)], true);
-        assert_eq!((add, remove), (vec![ip(3)], vec![]));
-    }
-
-    #[test]
-    fn only_a_learning_device_of_the_same_vni_port_and_underlay_is_kept() {
-        let want = VxlanSpec {
-            name: "segvx101".into(),
-            vni: 101,
-            port: 8472,
-            local: Ipv4Addr::new(192, 0, 2, 1),
-            underlay: Some(2),
-            mac: [0; 6],
-            mtu: 1450,
-            learning: true,
-        };
-        let info = crate::netlink::link::VxlanInfo {
-            vni: Some(101),
-            port: Some(8472),
-            local: Some(want.local),
-            underlay: Some(2),
-            learning: Some(true),
-        };
-        let l = |info| Link {
-            vxlan: Some(info),
-            ..Link::default()
-        };
-        assert!(devices::same_tunnel(&l(info.clone()), &want));
-        for changed in [
-            crate::netlink::link::VxlanInfo {
-                learning: Some(false),
-                ..info.clone()
-            },
-            crate::netlink::link::VxlanInfo {
-                vni: Some(102),
-                ..info.clone()
-            },
-            crate::netlink::link::VxlanInfo {
-                underlay: Some(3),
-                ..info.clone()
-            },
-        ] {
-            assert!(!devices::same_tunnel(&l(changed), &want));
-        }
     }
 }

@@ -9,15 +9,18 @@
 //! [`config`] reads the network config, [`attachments`] the per-pod table, [`slice`](mod@slice) cuts the
 //! IPAM ranges per node, [`node`] works out this node and the segment's other nodes from the
 //! peers (the main mode's [`crate::vxlan::peers`]), [`datapath`] programs the devices and flood
-//! entries, [`pod`] does one pod's interface, [`plugin`] ties them to the CNI commands,
-//! [`reconcile`] programs a segment without a pod (and keeps the stamp a pod ADD checks)
-//! and [`show`] lists segments for the operator.
+//! entries (what it reads, [`plan`] decides as pure data and [`apply`] carries out), [`pod`]
+//! keeps one pod's MAC, [`plugin`] ties them to the CNI commands, [`reconcile`] programs a
+//! segment without a pod (and keeps the stamp a pod ADD checks) and [`show`] lists segments
+//! for the operator.
 
+pub mod apply;
 pub mod attachments;
 pub mod codes;
 pub mod config;
 pub mod datapath;
 pub mod node;
+pub mod plan;
 pub mod plugin;
 pub mod pod;
 pub mod reconcile;
