@@ -11,7 +11,7 @@ use super::config::Config;
 use crate::netlink::link::Link;
 use crate::vxlan::kernel::Kernel;
 use crate::vxlan::node::Observed;
-use crate::vxlan::peers::{self, Peer};
+use crate::vxlan::peers::{self, Gathered, Peer};
 
 /// A peer list error, with the main mode's code.
 fn peer_error(e: peers::Error) -> Error {
@@ -46,34 +46,42 @@ pub fn members(all: &[Peer], nodes: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
     out
 }
 
-/// This node (the peer entry whose `ip` is one of its addresses), its underlay device and MTU,
-/// and the segment's other nodes.
-pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Node, Error> {
-    let (all, file_error) = peers::gather(
+/// The segment's peer list as read from the config and its peers file (nothing is written:
+/// [`crate::vxlan::peers::Gathered::keep_last_good`] is for the reconcile). A file that
+/// cannot be used is logged; its last good copy stands in for it.
+pub fn peer_list(cfg: &Config) -> Result<Gathered, Error> {
+    let gathered = peers::gather(
         &cfg.peers,
         cfg.peers_file.as_deref(),
         &cfg.last_good_peers_path(),
     )
     .map_err(peer_error)?;
-    let peers_file_error = file_error.map(|e| {
+    if let Some(e) = &gathered.file_error {
         eprintln!(
             "sticky-vxlan: segment {}: {e}; using the last peers file that was valid and removing no flood entry",
             cfg.name
         );
-        e.to_string()
-    });
+    }
+    Ok(gathered)
+}
+
+/// This node (the peer entry whose `ip` is one of its addresses), its underlay device and MTU,
+/// and the segment's other nodes, from the gathered peer list ([`peer_list`]). Reads only.
+pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config, gathered: &Gathered) -> Result<Node, Error> {
+    let all = &gathered.peers;
+    let peers_file_error = gathered.file_error.as_ref().map(ToString::to_string);
     // This node is the one entry naming one of its addresses, by the main mode's rule: a
     // loopback or link-local address is never this node's, two such entries are refused, and
     // no other node may sit at the network or broadcast address of the underlay's subnet.
     let seen = Observed::read_for_node(k)?;
-    let (local, others) = peers::split_local(&all, &seen.node_addresses()).map_err(peer_error)?;
+    let (local, others) = peers::split_local(all, &seen.node_addresses()).map_err(peer_error)?;
     let local_ip = local.ok_or(Error::NoLocalEntry)?.ip;
     let underlay = seen
         .holder(local_ip)
         .cloned()
         .ok_or(crate::vxlan::Error::LocalIpNotHere { ip: local_ip })?;
     crate::vxlan::node::check_underlay_edges(&seen, &underlay, &others)?;
-    let members = members(&all, &cfg.nodes);
+    let members = members(all, &cfg.nodes);
     if !members.contains(&local_ip) {
         return Err(Error::NotInSegment {
             local: local_ip,
@@ -119,32 +127,36 @@ mod tests {
         Config::from_json("seg", &raw).unwrap()
     }
 
+    fn resolved(k: &mut Fake, cfg: &Config) -> Result<Node, Error> {
+        resolve(k, cfg, &peer_list(cfg)?)
+    }
+
     #[test]
     fn this_node_is_the_entry_holding_a_local_address_and_must_be_in_the_segment() {
         let dir = tempfile::tempdir().unwrap();
         let mut k = Fake::node("192.0.2.2/24");
-        let n = resolve(&mut k, &cfg(&dir, json!({}))).unwrap();
+        let n = resolved(&mut k, &cfg(&dir, json!({}))).unwrap();
         assert_eq!(n.local_ip, Ipv4Addr::new(192, 0, 2, 2));
         assert_eq!((n.underlay.name.as_str(), n.mtu), ("eth0", 1450));
         assert_eq!(n.remote.len(), 2);
         let narrow = cfg(&dir, json!({"nodes": ["192.0.2.2", "192.0.2.3"]}));
         assert_eq!(
-            resolve(&mut k, &narrow).unwrap().remote,
+            resolved(&mut k, &narrow).unwrap().remote,
             [Ipv4Addr::new(192, 0, 2, 3)]
         );
         let without = cfg(&dir, json!({"nodes": ["192.0.2.1", "192.0.2.3"]}));
         assert!(matches!(
-            resolve(&mut k, &without),
+            resolved(&mut k, &without),
             Err(Error::NotInSegment { .. })
         ));
         let mut stranger = Fake::node("198.51.100.9/24");
         assert!(matches!(
-            resolve(&mut stranger, &cfg(&dir, json!({}))),
+            resolved(&mut stranger, &cfg(&dir, json!({}))),
             Err(Error::NoLocalEntry)
         ));
         let big = cfg(&dir, json!({"mtu": 1451}));
         assert!(matches!(
-            resolve(&mut k, &big),
+            resolved(&mut k, &big),
             Err(Error::Vxlan(crate::vxlan::Error::MtuTooLarge { .. }))
         ));
     }
@@ -170,7 +182,7 @@ mod tests {
         c.peers.push(odd(Ipv4Addr::LOCALHOST, "10.244.8.0/24"));
         c.peers
             .push(odd(Ipv4Addr::new(169, 254, 0, 7), "10.244.9.0/24"));
-        let n = resolve(&mut k, &c).unwrap();
+        let n = resolved(&mut k, &c).unwrap();
         assert_eq!(n.local_ip, Ipv4Addr::new(192, 0, 2, 2));
         assert_eq!(n.underlay.name, "eth0");
 
@@ -178,7 +190,7 @@ mod tests {
         let mut two = cfg(&dir, json!({}));
         two.peers
             .push(odd(Ipv4Addr::new(192, 0, 2, 101), "10.244.101.0/24"));
-        let err = resolve(&mut k, &two).unwrap_err();
+        let err = resolved(&mut k, &two).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -190,7 +202,7 @@ mod tests {
         for edge in [Ipv4Addr::new(192, 0, 2, 255), Ipv4Addr::new(192, 0, 2, 0)] {
             let mut c = cfg(&dir, json!({}));
             c.peers.push(odd(edge, "10.244.9.0/24"));
-            let err = resolve(&mut Fake::node("192.0.2.2/24"), &c).unwrap_err();
+            let err = resolved(&mut Fake::node("192.0.2.2/24"), &c).unwrap_err();
             assert!(
                 matches!(
                     err,

@@ -63,7 +63,11 @@ fn ranges_of(cfg: &Config, node: &Node) -> Result<Option<Value>, Error> {
 fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(Node, ForPod), Error> {
     let keeper = keeper(cfg);
     let before = keeper.before();
-    let node = node::resolve(k, cfg)?;
+    let peers = node::peer_list(cfg)?;
+    // The file that was used is kept for when it cannot be: here, under the lock, in the
+    // open (working the node out only reads).
+    peers.keep_last_good(&cfg.last_good_peers_path());
+    let node = node::resolve(k, cfg, &peers)?;
     let Devices { bridge, vxlan } = datapath::ensure(k, cfg, &node)?;
     let ranges = ranges_of(cfg, &node).inspect_err(|_| keeper.forget())?;
     let ready = Ready {
@@ -105,7 +109,7 @@ pub fn ranges<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Option<Value>, Error
     if let Some(held) = stamped(k, cfg)? {
         return Ok(held.ready.ranges);
     }
-    ranges_of(cfg, &node::resolve(k, cfg)?)
+    ranges_of(cfg, &node::resolve(k, cfg, &node::peer_list(cfg)?)?)
 }
 
 /// Brings the segment network `name` (its config entry `entry`) to what the peers say and
@@ -196,6 +200,31 @@ mod tests {
             wider.ready.ranges.unwrap()[0][0]["rangeEnd"],
             "192.168.11.126"
         );
+    }
+
+    #[test]
+    fn reading_the_slice_writes_no_last_good_copy_and_the_reconcile_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("peers.json");
+        let text = r#"[{"ip":"192.0.2.2","subnets":["10.244.2.0/24"]}]"#;
+        std::fs::write(&file, text).unwrap();
+        let mut c = cfg(&dir);
+        c.peers.retain(|p| p.ip != Ipv4Addr::new(192, 0, 2, 2));
+        c.peers_file = Some(file.clone());
+        let copy = c.last_good_peers_path();
+        let mut k = Fake::node("192.0.2.1/24");
+        // What DEL, CHECK, GC and STATUS do without a stamp: read, and write nothing.
+        assert!(ranges(&mut k, &c).unwrap().is_some());
+        assert!(!copy.exists(), "reading never writes");
+        let made = for_pod(&mut k, &c).unwrap();
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
+        // Broken: the copy stands in, and no flood entry goes.
+        std::fs::write(&file, "[{\"ip\": ").unwrap();
+        let (node, _) = full(&mut k, &c).unwrap();
+        assert!(node.peers_file_error.is_some());
+        assert!(node.remote.contains(&Ipv4Addr::new(192, 0, 2, 2)));
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
+        assert_eq!(made.ready.local_ip, Ipv4Addr::new(192, 0, 2, 1));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use ipnet::{IpNet, Ipv4Net};
 use super::Error;
 use super::config::{Config, IPV4_OVERHEAD};
 use super::kernel::Kernel;
-use super::peers::{self, Peer};
+use super::peers::{self, Gathered, Peer};
 use crate::netlink::link::Link;
 use crate::netlink::neigh::{Fdb, Neighbour};
 use crate::netlink::route::Route;
@@ -174,17 +174,18 @@ pub fn gateway_of(subnet: &IpNet) -> Option<IpAddr> {
 }
 
 /// The peers of the config and the peers file, merged; and why the file could not be used,
-/// if it could not (then its last good copy stands in for it).
-pub fn peer_list(cfg: &Config) -> Result<(Vec<Peer>, Option<String>), Error> {
+/// if it could not (then its last good copy stands in for it, and the problem is logged).
+/// Reads only: the reconcile that programs the node keeps the file that was used
+/// ([`Gathered::keep_last_good`]).
+pub fn peer_list(cfg: &Config) -> Result<Gathered, Error> {
     let copy = cfg.last_good_peers_path();
-    let (all, file_error) = peers::gather(&cfg.peers, cfg.peers_file.as_deref(), &copy)?;
-    let file_error = file_error.map(|e| {
+    let gathered = peers::gather(&cfg.peers, cfg.peers_file.as_deref(), &copy)?;
+    if let Some(e) = &gathered.file_error {
         eprintln!(
             "sticky-vxlan: {e}; using the last peers file that was valid and removing no peer"
         );
-        e.to_string()
-    });
-    Ok((all, file_error))
+    }
+    Ok(gathered)
 }
 
 /// Whether this node's plugin would accept `file_peers` as its peers file: the rules ADD and
@@ -197,10 +198,16 @@ pub fn accepts(k: &mut impl Kernel, cfg: &Config, file_peers: &[Peer]) -> Result
     identify(k, cfg, &seen, &all, None)?.check(cfg.vni)
 }
 
-/// Works out the underlay, the MTU and the peers from config, peers file and the host.
-pub fn resolve(k: &mut impl Kernel, cfg: &Config, seen: &Observed) -> Result<Node, Error> {
-    let (all, peers_file_error) = peer_list(cfg)?;
-    identify(k, cfg, seen, &all, peers_file_error)
+/// Works out the underlay, the MTU and the peers from config, the peer list ([`peer_list`])
+/// and the host. Reads only.
+pub fn resolve(
+    k: &mut impl Kernel,
+    cfg: &Config,
+    seen: &Observed,
+    peers: &Gathered,
+) -> Result<Node, Error> {
+    let file_error = peers.file_error.as_ref().map(ToString::to_string);
+    identify(k, cfg, seen, &peers.peers, file_error)
 }
 
 /// [`resolve`] once the peer list is known.

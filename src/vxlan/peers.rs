@@ -387,23 +387,43 @@ fn read_owned_by(path: &Path, owner: u32) -> Result<(Vec<Peer>, Vec<u8>), FileEr
     Ok((peers, text))
 }
 
-/// The peers listed in a config merged with those of its peers file; and why the file could
-/// not be used, if it could not. A usable file is kept as the last good copy `copy`; an
-/// unusable one is replaced by that copy, so a broken file never removes a peer.
-pub fn gather(
-    listed: &[Peer],
-    file: Option<&Path>,
-    copy: &Path,
-) -> Result<(Vec<Peer>, Option<FileError>), Error> {
-    let (from_file, file_error) = match file.map(read_file) {
-        None => (Vec::new(), None),
-        Some(Ok((list, text))) => {
-            super::state_dir::keep_last_good(copy, &text);
-            (list, None)
+/// The peer list of a config and its peers file, as read: nothing is written while gathering.
+#[derive(Debug)]
+pub struct Gathered {
+    /// The config's peers merged with the file's (or its last good copy's).
+    pub peers: Vec<Peer>,
+    /// Why the file could not be used, if it could not: its last good copy stood in for it.
+    pub file_error: Option<FileError>,
+    /// The file's bytes when it was used: what [`Gathered::keep_last_good`] keeps.
+    pub file_text: Option<Vec<u8>>,
+}
+
+impl Gathered {
+    /// Keeps the file that was used as the last good copy `copy` (when it differs; best
+    /// effort, logged). Written by the one who programs the node, under the network's lock,
+    /// never by a read.
+    pub fn keep_last_good(&self, copy: &Path) {
+        if let Some(text) = &self.file_text {
+            super::state_dir::keep_last_good(copy, text);
         }
-        Some(Err(e)) => (super::state_dir::last_good(copy), Some(e)),
+    }
+}
+
+/// The peers listed in a config merged with those of its peers file; and why the file could
+/// not be used, if it could not. An unusable file is replaced by its last good copy `copy`,
+/// so a broken file never removes a peer; a usable one is for the caller to keep
+/// ([`Gathered::keep_last_good`]).
+pub fn gather(listed: &[Peer], file: Option<&Path>, copy: &Path) -> Result<Gathered, Error> {
+    let (from_file, file_error, file_text) = match file.map(read_file) {
+        None => (Vec::new(), None, None),
+        Some(Ok((list, text))) => (list, None, Some(text)),
+        Some(Err(e)) => (super::state_dir::last_good(copy), Some(e), None),
     };
-    Ok((merge(listed, &from_file)?, file_error))
+    Ok(Gathered {
+        peers: merge(listed, &from_file)?,
+        file_error,
+        file_text,
+    })
 }
 
 /// Why the text of a peers file is not a peer list.

@@ -88,7 +88,7 @@ impl Plugin for StickyVxlan {
             .and_then(|mut sock| {
                 let mut k = Live { sock: &mut sock };
                 let seen = Observed::read_for_node(&mut k)?;
-                node::resolve(&mut k, &cfg, &seen)
+                node::resolve(&mut k, &cfg, &seen, &node::peer_list(&cfg)?)
             })
             .and_then(|node| node.check(cfg.vni).map(|()| node))
             .map_err(not_ready)?;
@@ -242,7 +242,7 @@ fn local_subnets(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpN
         return Ok(node.ready.subnets);
     }
     let resolved = Observed::read_for_node(&mut k)
-        .and_then(|seen| node::resolve(&mut k, cfg, &seen))
+        .and_then(|seen| node::resolve(&mut k, cfg, &seen, &node::peer_list(cfg)?))
         .map(|node| node.local.subnets);
     let from_prev = || -> Option<Vec<IpNet>> {
         let prev = call.conf.prev_result.as_ref()?;

@@ -143,7 +143,11 @@ fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let keeper = keeper(cfg);
     let before = keeper.before();
     let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge)?;
-    let node = node::resolve(k, cfg, &seen)?;
+    let peers = node::peer_list(cfg)?;
+    // The file that was used is kept for when it cannot be: here, under the lock, in the
+    // open (working the node out only reads).
+    peers.keep_last_good(&cfg.last_good_peers_path());
+    let node = node::resolve(k, cfg, &seen, &peers)?;
     node.check(cfg.vni)?;
     let plan = plan::plan(cfg, &node, &seen).map_err(|e| name_device(k, e))?;
     let Devices { vtep, bridge } = apply::apply(k, cfg, &plan, &seen)?;
@@ -310,6 +314,32 @@ mod tests {
             "{:?}",
             k.writes
         );
+    }
+
+    #[test]
+    fn working_out_the_node_writes_nothing_and_the_reconcile_keeps_the_peers_file_it_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("peers.json");
+        let text = r#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"]},{"ip":"192.0.2.2","subnets":["10.244.2.0/24"]}]"#;
+        std::fs::write(&file, text).unwrap();
+        let cfg = conf(json!({"stateDir": dir.path(), "peersFile": file}));
+        let copy = cfg.last_good_peers_path();
+        let mut k = Fake::node("192.0.2.1/24");
+        // What DEL, CHECK, GC and STATUS do: read, and write nothing.
+        let seen = Observed::read_for_node(&mut k).unwrap();
+        let peers = node::peer_list(&cfg).unwrap();
+        assert!(peers.file_error.is_none());
+        let found = node::resolve(&mut k, &cfg, &seen, &peers).unwrap();
+        assert_eq!(found.remote.len(), 1);
+        assert!(!copy.exists(), "reading never writes");
+        // The reconcile keeps it, and falls back on it once the file is broken.
+        node_with(&mut k, &cfg).unwrap();
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
+        std::fs::write(&file, "[{\"ip\": ").unwrap();
+        let report = node_with(&mut k, &cfg).unwrap();
+        assert!(report.peers_file_error().is_some());
+        assert_eq!(report.node.remote.len(), 1, "the last good copy stands in");
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
     }
 
     #[test]
