@@ -51,6 +51,16 @@ pub enum Error {
     MainOnly(String),
     #[error("config key \"attachments\": {0}")]
     Attachments(#[from] attachments::Error),
+    /// A fixed address IPAM may also hand out: two pods would hold it on one L2 segment.
+    #[error(
+        "config key \"attachments\": entry {index} (pod {pod:?}) gives {address}, which IPAM may hand out to another pod from its range {range}: give the entry an address outside every ipam range (move rangeStart/rangeEnd if need be), or leave its address to IPAM"
+    )]
+    FixedInIpamRange {
+        index: usize,
+        pod: String,
+        address: IpAddr,
+        range: String,
+    },
 }
 
 fn bad(key: &'static str, reason: impl Into<String>) -> Error {
@@ -207,6 +217,28 @@ impl Config {
         })
     }
 
+    /// Refuses a fixed address (an `attachments` entry's `ips`) that IPAM may hand out too:
+    /// one inside any range of the `ipam` section, whole (a node that joins later takes a
+    /// slice of its own, so any node's slice counts), other than what IPAM never hands out
+    /// (the gateway, the network and IPv4 broadcast addresses). A pod given such an address
+    /// would share it, and its MAC, with the pod IPAM gives it to.
+    pub fn check_fixed_addresses(&self) -> Result<(), Error> {
+        let pools = super::slice::pools(&self.ipam);
+        for (index, entry) in self.attachments.iter().enumerate() {
+            for ip in &entry.ips {
+                if let Some(pool) = pools.iter().find(|p| p.hands_out(ip.addr())) {
+                    return Err(Error::FixedInIpamRange {
+                        index,
+                        pod: entry.pod.clone(),
+                        address: ip.addr(),
+                        range: pool.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The segment's bridge on every node.
     pub fn bridge(&self) -> String {
         format!("segbr{}", self.vni)
@@ -343,6 +375,80 @@ mod tests {
                 ..
             }))
         ));
+    }
+
+    /// Issue 21: pod `x-1` got 192.168.11.65 from the attachments table while IPAM had leased
+    /// it to `p-1` (node 192.0.2.1's slice of a /26 cut is .64/26): the same address, and so
+    /// the same MAC, twice on one L2 segment.
+    #[test]
+    fn a_fixed_address_ipam_may_hand_out_is_refused() {
+        let check = |ipam: Value, ips: Value| {
+            let mut v = base();
+            v["ipam"] = ipam;
+            v["attachments"] = json!([
+                {"pod": "gw-*", "ips": ["192.168.11.1/24"]},
+                {"pod": "x-*", "ips": ips}
+            ]);
+            Config::from_json("vxeth1", &v)
+                .unwrap()
+                .check_fixed_addresses()
+        };
+        let sliced = json!({"type": "sticky-ipam", "subnet": "192.168.11.0/24"});
+        let mut v = base();
+        v["ipam"] = sliced.clone();
+        v["nodeSlice"] = json!(26);
+        v["attachments"] = json!([{"pod": "x-*", "ips": ["192.168.11.65/24"]}]);
+        let err = Config::from_json("vxeth1", &v)
+            .unwrap()
+            .check_fixed_addresses()
+            .unwrap_err();
+        assert_eq!(
+            err,
+            Error::FixedInIpamRange {
+                index: 0,
+                pod: "x-*".into(),
+                address: "192.168.11.65".parse().unwrap(),
+                range: "192.168.11.1-192.168.11.254 of 192.168.11.0/24".into(),
+            }
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(r#"entry 0 (pod "x-*") gives 192.168.11.65"#)
+                && msg.contains("192.168.11.0/24"),
+            "{msg}"
+        );
+        // Any node's slice counts, not only this one's: a node added later takes its own
+        // slice, and the address would be handed out there.
+        assert!(check(sliced.clone(), json!(["192.168.11.200/24"])).is_err());
+        // The range sets too, and IPv6.
+        let sets = json!({"type": "host-local", "ranges": [
+            [{"subnet": "192.168.12.0/24", "rangeStart": "192.168.12.100"}],
+            [{"subnet": "fd00:11::/64"}]
+        ]});
+        assert!(check(sets.clone(), json!(["192.168.12.100/24"])).is_err());
+        assert!(check(sets.clone(), json!(["fd00:11::5/64"])).is_err());
+        // Outside every range: below rangeStart, above rangeEnd, another subnet.
+        assert_eq!(check(sets.clone(), json!(["192.168.12.99/24"])), Ok(()));
+        assert_eq!(check(sets, json!(["192.168.11.5/24"])), Ok(()));
+        let low = json!({"type": "sticky-ipam", "subnet": "192.168.11.0/24",
+                         "rangeStart": "192.168.11.32", "rangeEnd": "192.168.11.63"});
+        assert_eq!(check(low, json!(["192.168.11.64/24"])), Ok(()));
+        // What IPAM never hands out is free for a fixed address: the gateway (the `gw` pod
+        // above holds .1, the subnet's default gateway) and the IPv4 broadcast address.
+        assert_eq!(check(sliced.clone(), json!(["192.168.11.255/24"])), Ok(()));
+        let moved = json!({"type": "sticky-ipam", "subnet": "192.168.11.0/24",
+                           "gateway": "192.168.11.9"});
+        // Once the gateway moves, .1 is an address like any other: the gw entry is refused.
+        assert!(matches!(
+            check(moved, json!(["192.168.11.9/24"])),
+            Err(Error::FixedInIpamRange { index: 0, .. })
+        ));
+        // Without IPAM, or with one that is not of host-local's schema, nothing to clash with.
+        assert_eq!(check(Value::Null, json!(["192.168.11.65/24"])), Ok(()));
+        assert_eq!(
+            check(json!({"type": "static"}), json!(["192.168.11.65/24"])),
+            Ok(())
+        );
     }
 
     #[test]

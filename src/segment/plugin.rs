@@ -246,6 +246,8 @@ impl Plugin for Segment {
     fn status(&self, call: &Call) -> Result<(), Error> {
         let not_ready = |e: Error| Error::Vxlan(crate::vxlan::Error::NotReady(Box::new(e)));
         let cfg = config(call).map_err(not_ready)?;
+        cfg.check_fixed_addresses()
+            .map_err(|e| not_ready(e.into()))?;
         let ranges = ranges(&cfg).map_err(not_ready)?;
         if let Some(t) = &cfg.ipam_type {
             let ipam = Ipam {
@@ -267,6 +269,7 @@ fn add<E: Exec, K: Kernel + Pods>(
     call: &Call,
     cfg: &Config,
 ) -> Result<CniResult, Error> {
+    cfg.check_fixed_addresses()?;
     let wanted_mac = requested_mac(call)?;
     let host = host_veth_name(&call.env.container_id, &call.env.ifname);
     let netns = Path::new(&call.env.netns);

@@ -150,18 +150,7 @@ pub fn cut_ranges(
     nodes: &[Ipv4Addr],
     slice: u8,
 ) -> Result<Value, Error> {
-    // As host-local reads them: the flat range first, then the range sets.
-    let mut sets = Vec::new();
-    if let Some(obj) = ipam.as_object().filter(|o| o.contains_key("subnet")) {
-        let range: serde_json::Map<String, Value> = FLAT
-            .iter()
-            .filter_map(|key| Some((key.to_string(), obj.get(*key)?.clone())))
-            .collect();
-        sets.push(json!([Value::Object(range)]));
-    }
-    if let Some(more) = ipam.get("ranges").and_then(Value::as_array) {
-        sets.extend(more.iter().cloned());
-    }
+    let sets = range_sets(ipam);
     if sets.is_empty() {
         return Err(Error::NoRange);
     }
@@ -176,6 +165,104 @@ pub fn cut_ranges(
         out.push(Value::Array(cut_set?));
     }
     Ok(Value::Array(out))
+}
+
+/// The range sets of an `ipam` section as host-local reads them: the flat range (`subnet`
+/// directly under `ipam`) first, then `ranges`.
+fn range_sets(ipam: &Value) -> Vec<Value> {
+    let mut sets = Vec::new();
+    if let Some(obj) = ipam.as_object().filter(|o| o.contains_key("subnet")) {
+        let range: serde_json::Map<String, Value> = FLAT
+            .iter()
+            .filter_map(|key| Some((key.to_string(), obj.get(*key)?.clone())))
+            .collect();
+        sets.push(json!([Value::Object(range)]));
+    }
+    if let Some(more) = ipam.get("ranges").and_then(Value::as_array) {
+        sets.extend(more.iter().cloned());
+    }
+    sets
+}
+
+/// One range of an `ipam` section, whole (not cut to a node's slice), with host-local's
+/// defaults: what IPAM may hand out from it on some node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    pub subnet: IpNet,
+    pub start: IpAddr,
+    pub end: IpAddr,
+    pub gateway: IpAddr,
+}
+
+impl Pool {
+    /// host-local's reading of one range; `None` for one it refuses (it says why itself).
+    fn read(range: &Value) -> Option<Pool> {
+        let subnet: IpNet = range.get("subnet")?.as_str()?.trim().parse().ok()?;
+        let subnet = subnet.trunc();
+        if subnet.prefix_len() + 2 > subnet.max_prefix_len() {
+            return None;
+        }
+        let address = |key: &str| -> Option<Option<IpAddr>> {
+            match range.get(key) {
+                None | Some(Value::Null) => Some(None),
+                Some(v) => {
+                    let ip: IpAddr = v.as_str()?.trim().parse().ok()?;
+                    (ip.is_ipv4() == subnet.addr().is_ipv4()).then_some(Some(ip))
+                }
+            }
+        };
+        let first = step(subnet.network(), 1);
+        let last = match subnet {
+            IpNet::V4(n) => step(IpAddr::V4(n.broadcast()), -1),
+            IpNet::V6(n) => IpAddr::V6(n.broadcast()),
+        };
+        Some(Pool {
+            subnet,
+            start: address("rangeStart")?.unwrap_or(first),
+            end: address("rangeEnd")?.unwrap_or(last),
+            gateway: address("gateway")?.unwrap_or(first),
+        })
+    }
+
+    /// Whether IPAM may hand `ip` out: from `start` to `end`, and not the gateway, the
+    /// network or the IPv4 broadcast address, which it never hands out.
+    pub fn hands_out(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.start.is_ipv4()
+            && (self.start..=self.end).contains(&ip)
+            && ip != self.gateway
+            && ip != self.subnet.network()
+            && !(ip.is_ipv4() && ip == self.subnet.broadcast())
+    }
+}
+
+impl std::fmt::Display for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{} of {}", self.start, self.end, self.subnet)
+    }
+}
+
+/// `ip` moved by `by` (within its family, saturating).
+fn step(ip: IpAddr, by: i8) -> IpAddr {
+    match ip {
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(
+            u32::from(a).saturating_add_signed(i32::from(by)),
+        )),
+        IpAddr::V6(a) => IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(a).saturating_add_signed(i128::from(by)),
+        )),
+    }
+}
+
+/// Every range of an `ipam` section in host-local's schema (`sticky-ipam`, `host-local`),
+/// whole: the flat range and every range set. A range host-local would refuse is left out
+/// (the IPAM plugin says why); an `ipam` of another schema has none.
+pub fn pools(ipam: &Value) -> Vec<Pool> {
+    range_sets(ipam)
+        .iter()
+        .filter_map(Value::as_array)
+        .flatten()
+        .filter_map(Pool::read)
+        .collect()
 }
 
 /// The flat form of one range in an `ipam` section.
