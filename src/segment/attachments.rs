@@ -9,7 +9,7 @@
 use ipnet::IpNet;
 use serde_json::Value;
 
-use super::config::parse_routes;
+use super::routes;
 use crate::cni::Route;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -18,8 +18,25 @@ pub enum Error {
         "{0} is not a list of {{\"pod\", \"namespace\"?, \"ips\"?, \"routes\"?, \"up\"?}} objects"
     )]
     NotAList(String),
-    #[error("entry {index}: {reason}")]
-    Entry { index: usize, reason: String },
+    /// What is wrong with entry `index` (counted from 0).
+    #[error("entry {index}: {source}")]
+    Entry { index: usize, source: Box<Error> },
+    #[error("{0} is not an object")]
+    NotAnObject(String),
+    #[error("unknown key {0:?} (expected one of {keys})", keys = KEYS.join(", "))]
+    UnknownKey(String),
+    #[error("{key:?} {value} is not a non-empty string")]
+    NotText { key: &'static str, value: String },
+    #[error("\"pod\" (a name or pattern) is required")]
+    NoPod,
+    #[error("\"ips\" {0} is not a list of CIDR addresses")]
+    IpsNotAList(String),
+    #[error("address {0} is not an interface address in CIDR notation such as 192.168.11.2/29")]
+    NotAnAddress(String),
+    #[error(transparent)]
+    Routes(#[from] routes::Error),
+    #[error("\"up\" {0} is not true or false")]
+    NotABool(String),
 }
 
 /// One entry of the table.
@@ -40,66 +57,70 @@ pub fn parse(value: &Value) -> Result<Vec<Attachment>, Error> {
     let list = value
         .as_array()
         .ok_or_else(|| Error::NotAList(value.to_string()))?;
-    let mut out = Vec::new();
-    for (index, entry) in list.iter().enumerate() {
-        let bad = |reason: String| Error::Entry { index, reason };
-        let obj = entry
-            .as_object()
-            .ok_or_else(|| bad(format!("{entry} is not an object")))?;
-        if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
-            return Err(bad(format!(
-                "unknown key {k:?} (expected one of {})",
-                KEYS.join(", ")
-            )));
-        }
-        let text = |key: &str| -> Result<Option<String>, Error> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-                Some(v) => Err(bad(format!("{key:?} {v} is not a non-empty string"))),
-            }
-        };
-        let namespace = text("namespace")?;
-        let pod =
-            text("pod")?.ok_or_else(|| bad("\"pod\" (a name or pattern) is required".into()))?;
-        let ips = match obj.get("ips") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(v) => parse_ips(v).map_err(bad)?,
-        };
-        let routes = match obj.get("routes") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(v) => parse_routes(v).map_err(bad)?,
-        };
-        let up = match obj.get("up") {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(b)) => Some(*b),
-            Some(v) => return Err(bad(format!("\"up\" {v} is not true or false"))),
-        };
-        out.push(Attachment {
-            namespace,
-            pod,
-            ips,
-            routes,
-            up,
-        });
+    list.iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            parse_entry(entry).map_err(|e| Error::Entry {
+                index,
+                source: Box::new(e),
+            })
+        })
+        .collect()
+}
+
+fn parse_entry(entry: &Value) -> Result<Attachment, Error> {
+    let obj = entry
+        .as_object()
+        .ok_or_else(|| Error::NotAnObject(entry.to_string()))?;
+    if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(Error::UnknownKey(k.clone()));
     }
-    Ok(out)
+    let text = |key: &'static str| -> Result<Option<String>, Error> {
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+            Some(v) => Err(Error::NotText {
+                key,
+                value: v.to_string(),
+            }),
+        }
+    };
+    let namespace = text("namespace")?;
+    let pod = text("pod")?.ok_or(Error::NoPod)?;
+    let ips = match obj.get("ips") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => parse_ips(v)?,
+    };
+    let routes = match obj.get("routes") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => routes::parse(v)?,
+    };
+    let up = match obj.get("up") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(v) => return Err(Error::NotABool(v.to_string())),
+    };
+    Ok(Attachment {
+        namespace,
+        pod,
+        ips,
+        routes,
+        up,
+    })
 }
 
 /// Addresses in CIDR notation (`192.168.11.2/29`), at most one per family would be too strict
 /// (spec 0.3+ allows several), so only their form is checked.
-pub fn parse_ips(value: &Value) -> Result<Vec<IpNet>, String> {
+pub fn parse_ips(value: &Value) -> Result<Vec<IpNet>, Error> {
     let list = value
         .as_array()
-        .ok_or_else(|| format!("\"ips\" {value} is not a list of CIDR addresses"))?;
+        .ok_or_else(|| Error::IpsNotAList(value.to_string()))?;
     list.iter()
         .map(|v| {
             v.as_str()
                 .and_then(|s| s.parse::<IpNet>().ok())
                 .filter(|n| n.addr() != n.network() || n.prefix_len() == n.max_prefix_len())
-                .ok_or_else(|| {
-                    format!("address {v} is not an interface address in CIDR notation such as 192.168.11.2/29")
-                })
+                .ok_or_else(|| Error::NotAnAddress(v.to_string()))
         })
         .collect()
 }
@@ -190,6 +211,48 @@ mod tests {
             json!([{"pod": "a", "namespace": 3}]),
         ] {
             assert!(parse(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_entry_and_quote_the_value() {
+        for (bad, says) in [
+            (
+                json!({"pod": "a"}),
+                r#"{"pod":"a"} is not a list of {"pod", "namespace"?, "ips"?, "routes"?, "up"?} objects"#,
+            ),
+            (json!([1]), "entry 0: 1 is not an object"),
+            (
+                json!([{"pod": "a"}, {"ips": ["192.168.11.2/29"]}]),
+                r#"entry 1: "pod" (a name or pattern) is required"#,
+            ),
+            (
+                json!([{"pod": "a", "ip": "192.168.11.2/29"}]),
+                r#"entry 0: unknown key "ip" (expected one of namespace, pod, ips, routes, up)"#,
+            ),
+            (
+                json!([{"pod": "a", "namespace": 3}]),
+                r#"entry 0: "namespace" 3 is not a non-empty string"#,
+            ),
+            (
+                json!([{"pod": "a", "ips": "192.168.11.2/29"}]),
+                r#"entry 0: "ips" "192.168.11.2/29" is not a list of CIDR addresses"#,
+            ),
+            (
+                json!([{"pod": "a", "ips": ["192.168.11.0/29"]}]),
+                r#"entry 0: address "192.168.11.0/29" is not an interface address in CIDR notation"#,
+            ),
+            (
+                json!([{"pod": "a", "routes": [{"dst": "x"}]}]),
+                r#"entry 0: route {"dst":"x"}: "#,
+            ),
+            (
+                json!([{"pod": "a", "up": "false"}]),
+                r#"entry 0: "up" "false" is not true or false"#,
+            ),
+        ] {
+            let msg = parse(&bad).unwrap_err().to_string();
+            assert!(msg.starts_with(says), "{bad}: {msg}");
         }
     }
 }

@@ -4,11 +4,11 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
-use ipnet::IpNet;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::attachments::{self, Attachment};
+use super::routes;
 use crate::cni::Route;
 use crate::vxlan::config as shared;
 use crate::vxlan::peers::Peer;
@@ -49,6 +49,8 @@ pub enum Error {
     Shared(#[from] shared::Error),
     #[error("config key {0:?} belongs to the main mode and has no meaning on a segment: remove it")]
     MainOnly(String),
+    #[error("config key \"routes\": {0}")]
+    Routes(#[from] routes::Error),
     #[error("config key \"attachments\": {0}")]
     Attachments(#[from] attachments::Error),
     /// A fixed address IPAM may also hand out: two pods would hold it on one L2 segment.
@@ -100,40 +102,6 @@ pub struct Config {
     pub ipam: Value,
 }
 
-/// Routes as the CNI spec writes them (`{"dst": CIDR, "gw"?: IP}`), checked.
-pub fn parse_routes(value: &Value) -> Result<Vec<Route>, String> {
-    let list = value
-        .as_array()
-        .ok_or_else(|| format!("{value} is not a list of {{\"dst\", \"gw\"?}} objects"))?;
-    let mut routes = Vec::new();
-    for r in list {
-        let obj = r
-            .as_object()
-            .ok_or_else(|| format!("route {r} is not an object"))?;
-        if let Some(k) = obj.keys().find(|k| *k != "dst" && *k != "gw") {
-            return Err(format!("route {r}: unknown key {k:?} (expected dst, gw)"));
-        }
-        let dst: IpNet = obj
-            .get("dst")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("route {r}: \"dst\" must be a CIDR such as 192.168.12.0/29"))?;
-        let gw = match obj.get("gw") {
-            None | Some(Value::Null) => None,
-            Some(g) => Some(
-                g.as_str()
-                    .and_then(|s| s.parse::<IpAddr>().ok())
-                    .ok_or_else(|| format!("route {r}: \"gw\" must be an IP address"))?,
-            ),
-        };
-        if gw.is_some_and(|g| g.is_ipv4() != dst.addr().is_ipv4()) {
-            return Err(format!("route {r}: dst and gw are of different families"));
-        }
-        routes.push(Route::new(dst.trunc(), gw));
-    }
-    Ok(routes)
-}
-
 /// How every [`Config::marker`] begins.
 const MARKER: &str = "sticky-vxlan segment ";
 
@@ -171,7 +139,7 @@ impl Config {
         let up = get(obj, "up", "true or false")?.unwrap_or(true);
         let routes = match obj.get("routes") {
             None | Some(Value::Null) => Vec::new(),
-            Some(v) => parse_routes(v).map_err(|e| bad("routes", e))?,
+            Some(v) => routes::parse(v)?,
         };
         let attachments = match obj.get("attachments") {
             None | Some(Value::Null) => Vec::new(),
@@ -318,18 +286,6 @@ mod tests {
             ("nodes", json!(["255.255.255.255"]), "nodes"),
             ("mtu", json!(100), "mtu"),
             ("up", json!("yes"), "up"),
-            (
-                "routes",
-                json!([{"dst": "10.0.0.0/8", "via": "10.0.0.1"}]),
-                "routes",
-            ),
-            ("routes", json!([{"dst": "10.0.0.0"}]), "routes"),
-            (
-                "routes",
-                json!([{"dst": "10.0.0.0/8", "gw": "fd00::1"}]),
-                "routes",
-            ),
-            ("routes", json!({"dst": "10.0.0.0/8"}), "routes"),
             ("nodeSlice", json!(26), "nodeSlice"),
             ("stateDir", json!("run"), "stateDir"),
             ("ipam", json!({"type": "../x"}), "ipam"),
@@ -343,6 +299,19 @@ mod tests {
                 }
                 other => panic!("{key}={value}: {other:?}"),
             }
+        }
+        for value in [
+            json!([{"dst": "10.0.0.0/8", "via": "10.0.0.1"}]),
+            json!([{"dst": "10.0.0.0"}]),
+            json!([{"dst": "10.0.0.0/8", "gw": "fd00::1"}]),
+            json!({"dst": "10.0.0.0/8"}),
+        ] {
+            let err = with("routes", value.clone()).unwrap_err();
+            assert!(matches!(err, Error::Routes(_)), "{value}: {err:?}");
+            assert!(
+                err.to_string().starts_with("config key \"routes\": "),
+                "{err}"
+            );
         }
         assert!(matches!(
             with("peersfile", json!("/x")),

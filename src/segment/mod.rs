@@ -6,13 +6,13 @@
 //! Nodes are the flood peers, not pods, so membership never has to be pushed to anyone: other
 //! nodes learn a pod's MAC from its frames.
 //!
-//! [`config`] reads the network config, [`attachments`] the per-pod table, [`slice`](mod@slice) cuts the
-//! IPAM ranges per node, [`node`] works out this node and the segment's other nodes from the
-//! peers (the main mode's [`crate::vxlan::peers`]), [`datapath`] programs the devices and flood
-//! entries (what it reads, [`plan`] decides as pure data and [`apply`] carries out), [`pod`]
-//! keeps one pod's MAC, [`plugin`] ties them to the CNI commands, [`reconcile`] programs a
-//! segment without a pod (and keeps the stamp a pod ADD checks) and [`show`] lists segments
-//! for the operator.
+//! [`config`] reads the network config, [`attachments`] the per-pod table, [`routes`] the
+//! routes of both, [`slice`](mod@slice) cuts the IPAM ranges per node, [`node`] works out
+//! this node and the segment's other nodes from the peers (the main mode's
+//! [`crate::vxlan::peers`]), [`datapath`] programs the devices and flood entries (what it
+//! reads, [`plan`] decides as pure data and [`apply`] carries out), [`pod`] keeps one pod's
+//! MAC, [`plugin`] ties them to the CNI commands, [`reconcile`] programs a segment without a
+//! pod (and keeps the stamp a pod ADD checks) and [`show`] lists segments for the operator.
 
 pub mod apply;
 pub mod attachments;
@@ -24,6 +24,7 @@ pub mod plan;
 pub mod plugin;
 pub mod pod;
 pub mod reconcile;
+pub mod routes;
 pub mod show;
 pub mod slice;
 
@@ -45,7 +46,7 @@ pub enum Error {
         key: &'static str,
         /// The value as JSON (a list is shown as the runtime sent it, strings quoted once).
         value: String,
-        reason: String,
+        reason: attachments::Error,
     },
     #[error("CNI_ARGS MAC={0:?} is not a unicast MAC address such as 02:00:00:00:00:01")]
     ArgsMac(String),
