@@ -14,6 +14,7 @@ use netlink_packet_route::link::{
 };
 use nix::errno::Errno;
 
+use super::decode;
 use super::socket::{self, Socket};
 
 #[derive(Debug, thiserror::Error)]
@@ -96,9 +97,9 @@ const RTM_NEWLINK: u16 = 16;
 const IFINFOMSG_LEN: usize = 16;
 
 /// The attributes of a netlink attribute block, as (type, value).
-fn attributes(block: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), String>> {
+fn attributes(block: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), decode::Error>> {
     NlasIterator::new(block).map(|nla| {
-        let nla = nla.map_err(|e| e.to_string())?;
+        let nla = nla.map_err(decode::Error::Attribute)?;
         let (kind, end) = (nla.kind(), usize::from(nla.length()));
         // `new_checked` made sure that 4 <= length <= the buffer's length.
         let value = nla.into_inner().get(4..end).unwrap_or_default();
@@ -112,19 +113,19 @@ impl Link {
     /// settings, a bridge port's state), and decoding all of them for every link of a
     /// node's dump cost more than everything else ADD computes. The tests hold it to the full
     /// decoding of `netlink-packet-route`, on built messages and on the kernel's own.
-    pub fn from_bytes(payload: &[u8]) -> Result<Link, String> {
+    pub fn from_bytes(payload: &[u8]) -> Result<Link, decode::Error> {
         let field = |range: std::ops::Range<usize>| {
             payload
                 .get(range)
-                .ok_or_else(|| format!("link message of {} bytes", payload.len()))
+                .ok_or(decode::Error::ShortLink(payload.len()))
         };
+        let text = |v: &[u8]| parse_string(v).map_err(decode::Error::Attribute);
+        let number = |v: &[u8]| parse_u32(v).map_err(decode::Error::Attribute);
         let mut link = Link {
-            index: parse_u32(field(4..8)?).map_err(|e| e.to_string())?,
-            up: parse_u32(field(8..12)?).map_err(|e| e.to_string())? & IFF_UP != 0,
+            index: number(field(4..8)?)?,
+            up: number(field(8..12)?)? & IFF_UP != 0,
             ..Link::default()
         };
-        let text = |v: &[u8]| parse_string(v).map_err(|e| e.to_string());
-        let number = |v: &[u8]| parse_u32(v).map_err(|e| e.to_string());
         for attribute in attributes(field(IFINFOMSG_LEN..payload.len())?) {
             let (kind, value) = attribute?;
             match kind {
@@ -153,11 +154,11 @@ impl Link {
     }
 }
 
-fn vxlan_from_bytes(data: &[u8]) -> Result<VxlanInfo, String> {
+fn vxlan_from_bytes(data: &[u8]) -> Result<VxlanInfo, decode::Error> {
     let mut info = VxlanInfo::default();
     for attribute in attributes(data) {
         let (kind, v) = attribute?;
-        let bad = |e: netlink_packet_core::DecodeError| format!("vxlan attribute {kind}: {e}");
+        let bad = |source| decode::Error::VxlanAttribute { kind, source };
         match kind {
             IFLA_VXLAN_ID => info.vni = Some(parse_u32(v).map_err(bad)?),
             IFLA_VXLAN_PORT => info.port = Some(parse_u16_be(v).map_err(bad)?),
@@ -201,7 +202,7 @@ fn query(mut msg: LinkMessage) -> RouteNetlinkMessage {
 }
 
 /// Reads the links of a reply; other messages are skipped.
-fn links_of(message_type: u16, payload: &[u8]) -> Result<Option<Link>, String> {
+fn links_of(message_type: u16, payload: &[u8]) -> Result<Option<Link>, decode::Error> {
     if message_type == RTM_NEWLINK {
         Link::from_bytes(payload).map(Some)
     } else {
@@ -705,11 +706,13 @@ mod tests {
     #[test]
     fn a_cut_link_message_is_an_error() {
         let whole = bytes(&bridge_message("br0", Some(1400), None));
-        assert!(Link::from_bytes(&whole[..10]).is_err(), "header cut");
-        assert!(
-            Link::from_bytes(&whole[..whole.len() - 3]).is_err(),
-            "attribute cut"
-        );
+        let header = Link::from_bytes(&whole[..10]).unwrap_err();
+        assert!(matches!(header, decode::Error::ShortLink(10)), "{header:?}");
+        assert_eq!(header.to_string(), "link message of 10 bytes");
+        assert!(matches!(
+            Link::from_bytes(&whole[..whole.len() - 3]),
+            Err(decode::Error::Attribute(_))
+        ));
     }
 
     #[test]

@@ -15,6 +15,8 @@ use netlink_packet_core::{
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{SocketAddr, protocols::NETLINK_ROUTE};
 
+use super::decode;
+
 /// How many times an interrupted dump is started again before giving up.
 const DUMP_ATTEMPTS: u32 = 5;
 
@@ -34,8 +36,12 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    #[error("decoding the kernel's reply to {what}: {reason}")]
-    Decode { what: &'static str, reason: String },
+    #[error("decoding the kernel's reply to {what}: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: decode::Error,
+    },
     #[error("{what}: the kernel refused it: {} (errno {errno})", io::Error::from_raw_os_error(*errno))]
     Kernel { what: &'static str, errno: i32 },
     #[error("{what}: the dump was interrupted {DUMP_ATTEMPTS} times in a row")]
@@ -98,13 +104,16 @@ enum Outcome<T> {
 
 /// Turns one reply message's payload (after the netlink header) of the given type into `T`,
 /// or `None` to skip it.
-type Parse<'a, T> = dyn FnMut(u16, &[u8]) -> Result<Option<T>, String> + 'a;
+type Parse<'a, T> = dyn FnMut(u16, &[u8]) -> Result<Option<T>, decode::Error> + 'a;
 
 /// Parses every reply as a [`RouteNetlinkMessage`].
-fn typed(message_type: u16, payload: &[u8]) -> Result<Option<RouteNetlinkMessage>, String> {
+fn typed(message_type: u16, payload: &[u8]) -> Result<Option<RouteNetlinkMessage>, decode::Error> {
     RouteNetlinkMessage::parse_with_param(payload, message_type)
         .map(Some)
-        .map_err(|e| format!("message type {message_type}: {e}"))
+        .map_err(|source| decode::Error::Message {
+            message_type,
+            source,
+        })
 }
 
 impl Socket {
@@ -201,7 +210,7 @@ impl Socket {
             self.receive()
                 .map_err(|source| Error::Recv { what, source })?;
             for reply in
-                decode_with(&self.buf, parse).map_err(|reason| Error::Decode { what, reason })?
+                decode_with(&self.buf, parse).map_err(|source| Error::Decode { what, source })?
             {
                 if let Some(outcome) = replies.feed(reply)? {
                     return Ok(outcome);
@@ -294,12 +303,15 @@ pub fn encode(message: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
 }
 
 /// Splits one datagram into its netlink messages, each inner one read by `parse`.
-fn decode_with<T>(datagram: &[u8], parse: &mut Parse<'_, T>) -> Result<Vec<Message<T>>, String> {
+fn decode_with<T>(
+    datagram: &[u8],
+    parse: &mut Parse<'_, T>,
+) -> Result<Vec<Message<T>>, decode::Error> {
     let mut out = Vec::new();
     let mut offset = 0;
     while offset < datagram.len() {
         let rest = &datagram[offset..];
-        let buf = NetlinkBuffer::new_checked(rest).map_err(|e| e.to_string())?;
+        let buf = NetlinkBuffer::new_checked(rest).map_err(decode::Error::Header)?;
         let len = buf.length() as usize;
         let payload = buf.payload();
         let reply = match buf.message_type() {
@@ -308,7 +320,7 @@ fn decode_with<T>(datagram: &[u8], parse: &mut Parse<'_, T>) -> Result<Vec<Messa
                     .get(..4)
                     .and_then(|b| <[u8; 4]>::try_from(b).ok())
                     .map(i32::from_ne_bytes)
-                    .ok_or("NLMSG_ERROR shorter than its code")?;
+                    .ok_or(decode::Error::ShortErrorMessage)?;
                 Reply::Error(code)
             }
             NLMSG_DONE => Reply::Done,
