@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::args::Spec;
+use crate::args::{ArgsError, Spec};
 
 pub const HELP: &str = "\
 sticky-vxlan-agent: keep this node's peers file and data path current.
@@ -50,6 +50,39 @@ Options:
 Exit codes: it runs until stopped; 2 for a usage error, 1 when it cannot start (the config
 has no peersFile, credentials cannot be read, the metrics address is taken).
 ";
+
+/// A command-line mistake (exit code 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    #[error("--resync {0:?}: expected seconds from 0.1 to 86400")]
+    Resync(String),
+    #[error("--max-remove-fraction {0:?}: expected a number from 0 to 1")]
+    MaxRemoveFraction(String),
+    #[error("--metrics-addr {0:?}: expected an address:port like 127.0.0.1:9767")]
+    MetricsAddr(String),
+    #[error(
+        "--metrics-addr {0}: other machines could reach /metrics and /healthz, which need \
+         no credentials; use a loopback address like 127.0.0.1:9767, or add \
+         --metrics-allow-remote if that is what you want"
+    )]
+    MetricsRemote(SocketAddr),
+    #[error("agent needs --config <file.conflist>")]
+    NoConfig,
+    #[error("--no-api excludes --kubeconfig and --server")]
+    NoApiWithSource,
+    #[error("give --kubeconfig or --server, not both")]
+    TwoSources,
+    #[error(
+        "no API given: use --kubeconfig, --server, run in a pod, or --no-api to only watch the peers file"
+    )]
+    NoApi,
+    #[error(
+        "--publish-flannel-annotations needs the API and this node's name (--node-name or NODE_NAME)"
+    )]
+    PublishNeeds,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Source {
@@ -104,8 +137,8 @@ const SPEC: Spec = Spec {
 
 /// Parses the arguments after `agent` (with the tools' shared parser); `env` looks up
 /// environment variables.
-pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Options, String> {
-    let p = crate::args::parse(args, &[], &SPEC).map_err(|e| e.to_string())?;
+pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Options, Error> {
+    let p = crate::args::parse(args, &[], &SPEC)?;
     let path = |name: &str| p.value(name).map(PathBuf::from);
     let config = path("--config");
     let (kubeconfig, server) = (path("--kubeconfig"), p.value("--server").map(String::from));
@@ -123,7 +156,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             .ok()
             .filter(|s| (0.1..=86400.0).contains(s))
             .map(Duration::from_secs_f64)
-            .ok_or_else(|| format!("--resync {v:?}: expected seconds from 0.1 to 86400"))?,
+            .ok_or_else(|| Error::Resync(v.to_string()))?,
     };
     let max_remove_fraction = match p.value("--max-remove-fraction") {
         None => 0.5,
@@ -131,33 +164,23 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             .parse::<f64>()
             .ok()
             .filter(|f| (0.0..=1.0).contains(f))
-            .ok_or_else(|| format!("--max-remove-fraction {v:?}: expected a number from 0 to 1"))?,
+            .ok_or_else(|| Error::MaxRemoveFraction(v.to_string()))?,
     };
     let metrics_addr: Option<SocketAddr> = p
         .value("--metrics-addr")
-        .map(|v| {
-            v.parse().map_err(|_| {
-                format!("--metrics-addr {v:?}: expected an address:port like 127.0.0.1:9767")
-            })
-        })
+        .map(|v| v.parse().map_err(|_| Error::MetricsAddr(v.to_string())))
         .transpose()?;
     if let Some(addr) = metrics_addr
         && !addr.ip().to_canonical().is_loopback()
         && !p.flag("--metrics-allow-remote")
     {
-        return Err(format!(
-            "--metrics-addr {addr}: other machines could reach /metrics and /healthz, which need \
-             no credentials; use a loopback address like 127.0.0.1:9767, or add \
-             --metrics-allow-remote if that is what you want"
-        ));
+        return Err(Error::MetricsRemote(addr));
     }
-    let config = config.ok_or("agent needs --config <file.conflist>")?;
+    let config = config.ok_or(Error::NoConfig)?;
     let source = match (no_api, kubeconfig, server) {
         (true, None, None) => Source::None,
-        (true, _, _) => return Err("--no-api excludes --kubeconfig and --server".into()),
-        (false, Some(_), Some(_)) => {
-            return Err("give --kubeconfig or --server, not both".into());
-        }
+        (true, _, _) => return Err(Error::NoApiWithSource),
+        (false, Some(_), Some(_)) => return Err(Error::TwoSources),
         (false, Some(k), None) => Source::Kubeconfig(k),
         (false, None, Some(url)) => Source::Server {
             url,
@@ -169,17 +192,11 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             env("KUBERNETES_SERVICE_PORT").filter(|p| !p.is_empty()),
         ) {
             (Some(host), Some(port)) => Source::InCluster { host, port },
-            _ => {
-                return Err(
-                    "no API given: use --kubeconfig, --server, run in a pod, or --no-api to only watch the peers file".into(),
-                );
-            }
+            _ => return Err(Error::NoApi),
         },
     };
     if publish && (node_name.is_none() || source == Source::None) {
-        return Err(
-            "--publish-flannel-annotations needs the API and this node's name (--node-name or NODE_NAME)".into(),
-        );
+        return Err(Error::PublishNeeds);
     }
     let segment_configs = p
         .values_of("--segment-config")
@@ -282,6 +299,73 @@ mod tests {
     }
 
     #[test]
+    fn mistakes_say_what_was_expected() {
+        let none = |_: &str| None;
+        for (bad, says) in [
+            (&["--no-api"][..], "agent needs --config <file.conflist>"),
+            (
+                &["--config", "/c"],
+                "no API given: use --kubeconfig, --server, run in a pod, or --no-api to only watch the peers file",
+            ),
+            (
+                &["--config", "/c", "--no-api", "--server", "http://x"],
+                "--no-api excludes --kubeconfig and --server",
+            ),
+            (
+                &[
+                    "--config",
+                    "/c",
+                    "--kubeconfig",
+                    "/k",
+                    "--server",
+                    "http://x",
+                ],
+                "give --kubeconfig or --server, not both",
+            ),
+            (
+                &["--config", "/c", "--no-api", "--resync", "0"],
+                r#"--resync "0": expected seconds from 0.1 to 86400"#,
+            ),
+            (
+                &["--config", "/c", "--no-api", "--max-remove-fraction", "2"],
+                r#"--max-remove-fraction "2": expected a number from 0 to 1"#,
+            ),
+            (
+                &["--config", "/c", "--no-api", "--metrics-addr", "9767"],
+                r#"--metrics-addr "9767": expected an address:port like 127.0.0.1:9767"#,
+            ),
+            (
+                &[
+                    "--config",
+                    "/c",
+                    "--no-api",
+                    "--metrics-addr",
+                    "0.0.0.0:9767",
+                ],
+                "--metrics-addr 0.0.0.0:9767: other machines could reach /metrics and /healthz, \
+                 which need no credentials; use a loopback address like 127.0.0.1:9767, or add \
+                 --metrics-allow-remote if that is what you want",
+            ),
+            (
+                &[
+                    "--config",
+                    "/c",
+                    "--no-api",
+                    "--publish-flannel-annotations",
+                ],
+                "--publish-flannel-annotations needs the API and this node's name (--node-name or NODE_NAME)",
+            ),
+        ] {
+            let err = parse(&args(bad), none).unwrap_err();
+            assert_eq!(err.to_string(), says, "{bad:?}");
+        }
+        assert!(matches!(
+            parse(&args(&["--config", "/c", "--no-api", "--frob"]), none),
+            Err(Error::Args(_))
+        ));
+    }
+
+    #[test]
     fn a_metrics_address_other_machines_reach_must_be_asked_for() {
         let none = |_: &str| None;
         let with = |addr: &str, extra: &[&str]| {
@@ -304,7 +388,7 @@ mod tests {
             "[::]:9767",
             "[::ffff:10.0.0.5]:1",
         ] {
-            let e = with(remote, &[]).unwrap_err();
+            let e = with(remote, &[]).unwrap_err().to_string();
             assert!(
                 e.contains("--metrics-addr") && e.contains("--metrics-allow-remote"),
                 "{e}"

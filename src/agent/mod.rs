@@ -51,8 +51,8 @@ use state::{Shared, Status};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A command-line mistake (exit code 2).
-    #[error("{0}")]
-    Usage(String),
+    #[error(transparent)]
+    Usage(flags::Error),
     #[error(transparent)]
     Config(#[from] crate::vxlan::Error),
     /// `--config` unreadable or not a sticky-vxlan config (the operator tools' loader).
