@@ -5,8 +5,31 @@
 use std::path::{Path, PathBuf};
 
 use super::state::{SegmentStatus, Shared};
-use crate::vxlan::Error;
+use crate::networks;
 use crate::vxlan::config::Config;
+
+/// Why a network could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Its file could not be used, or (a segment) programming it failed: in the words of
+    /// `sticky-vxlan reconcile --config <file>`.
+    #[error("{}", .source.about(.config))]
+    Network {
+        config: PathBuf,
+        #[source]
+        source: networks::Error,
+    },
+    /// Programming the main network failed.
+    #[error(transparent)]
+    Node(#[from] crate::vxlan::Error),
+}
+
+fn network(config: &Path) -> impl FnOnce(networks::Error) -> Error + '_ {
+    |source| Error::Network {
+        config: config.to_path_buf(),
+        source,
+    }
+}
 
 /// What one reconcile found, for the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,7 +41,7 @@ pub struct Reconciled {
 
 /// Reconciles this node exactly as `sticky-vxlan reconcile` does (VTEP, bridge, peers, under
 /// the network's lock, the same lock the plugin's ADD takes).
-pub fn reconcile_node(cfg: &Config) -> Result<Reconciled, Error> {
+pub fn reconcile_node(cfg: &Config) -> Result<Reconciled, crate::vxlan::Error> {
     let report = crate::vxlan::reconcile::node(cfg)?;
     Ok(Reconciled {
         remote_peers: report.node.remote.len(),
@@ -26,33 +49,55 @@ pub fn reconcile_node(cfg: &Config) -> Result<Reconciled, Error> {
     })
 }
 
-/// Programs one network from its config file (re-read every time); errors as log text.
+/// Programs one network from its config file (re-read every time).
 pub trait Networks {
-    fn main(&mut self, config: &Path) -> Result<Reconciled, String>;
+    fn main(&mut self, config: &Path) -> Result<Reconciled, Error>;
     /// What `sticky-vxlan reconcile` prints for the segment.
-    fn segment(&mut self, config: &Path) -> Result<String, String>;
+    fn segment(&mut self, config: &Path) -> Result<String, Error>;
 }
 
 /// The kernel, through the same code as `sticky-vxlan reconcile --config <file>`.
 pub struct Live;
 
 impl Networks for Live {
-    fn main(&mut self, config: &Path) -> Result<Reconciled, String> {
-        let cfg = crate::networks::load(config).map_err(|e| e.about(config))?;
-        reconcile_node(&cfg).map_err(|e| e.to_string())
+    fn main(&mut self, config: &Path) -> Result<Reconciled, Error> {
+        let cfg = networks::load(config).map_err(network(config))?;
+        Ok(reconcile_node(&cfg)?)
     }
 
-    fn segment(&mut self, config: &Path) -> Result<String, String> {
-        crate::networks::reconcile_segment(config).map_err(|e| e.about(config))
+    fn segment(&mut self, config: &Path) -> Result<String, Error> {
+        networks::reconcile_segment(config).map_err(network(config))
+    }
+}
+
+/// How a network's last reconcile ended, as logged. A failure is kept by its words: they are
+/// what the log and the status file show, and what tells a new failure from the same one
+/// again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Last<T> {
+    Reconciled(T),
+    Failed(String),
+}
+
+impl<T> Last<T> {
+    fn of(outcome: Result<T, Error>) -> Last<T> {
+        match outcome {
+            Ok(done) => Last::Reconciled(done),
+            Err(e) => Last::Failed(e.to_string()),
+        }
+    }
+
+    fn failed(last: &Option<Last<T>>) -> bool {
+        matches!(last, Some(Last::Failed(_)))
     }
 }
 
 /// The last outcome of each network: to log only what changed and retry only what failed.
 #[derive(Debug, Default)]
 pub struct Outcomes {
-    pub main: Option<Result<Reconciled, String>>,
+    pub main: Option<Last<Reconciled>>,
     /// One per `--segment-config`, in order.
-    pub segments: Vec<Option<Result<String, String>>>,
+    pub segments: Vec<Option<Last<String>>>,
 }
 
 impl Outcomes {
@@ -65,7 +110,7 @@ impl Outcomes {
 
     /// True while a network's last reconcile failed.
     pub fn failing(&self) -> bool {
-        matches!(self.main, Some(Err(_))) || self.segments.iter().any(|s| matches!(s, Some(Err(_))))
+        Last::failed(&self.main) || self.segments.iter().any(Last::failed)
     }
 }
 
@@ -82,20 +127,17 @@ pub fn round(
     outcomes: &mut Outcomes,
     shared: &Shared,
 ) -> Vec<String> {
-    fn failed<T>(o: &Option<Result<T, String>>) -> bool {
-        matches!(o, Some(Err(_)))
-    }
     let mut log = Vec::new();
-    if !only_failed || failed(&outcomes.main) {
-        let outcome = networks.main(main_config);
+    if !only_failed || Last::failed(&outcomes.main) {
+        let outcome = Last::of(networks.main(main_config));
         {
             let mut s = shared.lock();
             s.counters.reconciles += 1;
-            s.counters.reconcile_errors += u64::from(outcome.is_err());
+            s.counters.reconcile_errors += u64::from(matches!(outcome, Last::Failed(_)));
         }
         if outcomes.main.as_ref() != Some(&outcome) {
             log.push(match &outcome {
-                Ok(r) => format!(
+                Last::Reconciled(r) => format!(
                     "reconciled ({why}): {} remote peer(s){}",
                     r.remote_peers,
                     r.peers_file_error
@@ -103,26 +145,26 @@ pub fn round(
                         .map(|e| format!("; {e}: programmed peers left as they are"))
                         .unwrap_or_default()
                 ),
-                Err(e) => format!("reconcile ({why}) failed: {e}; retrying"),
+                Last::Failed(e) => format!("reconcile ({why}) failed: {e}; retrying"),
             });
             outcomes.main = Some(outcome);
         }
     }
     outcomes.segments.resize(segment_configs.len(), None);
     for (config, last) in segment_configs.iter().zip(&mut outcomes.segments) {
-        if only_failed && !failed(last) {
+        if only_failed && !Last::failed(last) {
             continue;
         }
-        let outcome = networks.segment(config);
+        let outcome = Last::of(networks.segment(config));
         {
             let mut s = shared.lock();
             s.counters.segment_reconciles += 1;
-            s.counters.segment_reconcile_errors += u64::from(outcome.is_err());
+            s.counters.segment_reconcile_errors += u64::from(matches!(outcome, Last::Failed(_)));
         }
         if last.as_ref() != Some(&outcome) {
             log.push(match &outcome {
-                Ok(said) => format!("reconciled ({why}): {}", said.trim_end()),
-                Err(e) => format!("segment reconcile ({why}) failed: {e}; retrying"),
+                Last::Reconciled(said) => format!("reconciled ({why}): {}", said.trim_end()),
+                Last::Failed(e) => format!("segment reconcile ({why}) failed: {e}; retrying"),
             });
             *last = Some(outcome);
         }
@@ -133,7 +175,10 @@ pub fn round(
         .filter_map(|(config, last)| {
             last.as_ref().map(|o| SegmentStatus {
                 config: config.clone(),
-                error: o.as_ref().err().cloned(),
+                error: match o {
+                    Last::Failed(e) => Some(e.clone()),
+                    Last::Reconciled(_) => None,
+                },
             })
         })
         .collect();
@@ -145,6 +190,11 @@ mod tests {
     use super::*;
     use crate::agent::state::Status;
 
+    /// A file the operator tools cannot use (here: not a segment's), as they say it.
+    fn broken(config: &Path) -> Error {
+        network(config)(networks::Error::NotSegment(config.into()))
+    }
+
     /// Records every call; fails the configs named in `broken`.
     #[derive(Default)]
     struct Recording {
@@ -153,20 +203,20 @@ mod tests {
     }
 
     impl Networks for Recording {
-        fn main(&mut self, config: &Path) -> Result<Reconciled, String> {
+        fn main(&mut self, config: &Path) -> Result<Reconciled, Error> {
             self.calls.push(config.into());
             if self.broken.iter().any(|b| b == config) {
-                return Err(format!("{} is broken", config.display()));
+                return Err(broken(config));
             }
             Ok(Reconciled {
                 remote_peers: 2,
                 peers_file_error: None,
             })
         }
-        fn segment(&mut self, config: &Path) -> Result<String, String> {
+        fn segment(&mut self, config: &Path) -> Result<String, Error> {
             self.calls.push(config.into());
             if self.broken.iter().any(|b| b == config) {
-                return Err(format!("{} is broken", config.display()));
+                return Err(broken(config));
             }
             Ok(format!("segment {} up\n", config.display()))
         }
@@ -224,9 +274,13 @@ mod tests {
         );
         assert!(outcomes.failing());
         assert_eq!(log.len(), 4, "{log:?}");
-        assert!(log[0].contains("/main is broken"), "{log:?}");
+        assert_eq!(
+            log[0],
+            "reconcile (start) failed: --config /main: not a segment network (its sticky-vxlan \
+             entry has no \"mode\": \"segment\"); retrying"
+        );
         assert_eq!(log[1], "reconciled (start): segment /s1 up");
-        assert!(log[2].contains("/s2 is broken") && log[2].contains("retrying"));
+        assert!(log[2].contains("--config /s2: not a segment") && log[2].contains("retrying"));
 
         // A retry reconciles only what failed; the same outcome again is not logged.
         fake.calls.clear();
