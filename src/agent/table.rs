@@ -43,15 +43,6 @@ impl Placed {
     }
 }
 
-/// A Node's entry checked alone by the peers file's rules.
-fn checked(entry: &PeerEntry) -> Result<Peer, String> {
-    match peers::check_entries(std::slice::from_ref(entry)) {
-        Ok(mut p) if p.len() == 1 => Ok(p.remove(0)),
-        Ok(_) => Err("is not one peer".into()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 /// The MAC a peer's VTEP has: its explicit one (a flannel node), else its kept MAC.
 fn mac_of(p: &Peer, vni: u32) -> [u8; 6] {
     p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni))
@@ -63,17 +54,20 @@ pub fn place(nodes: &BTreeMap<String, Mapped>, held: &[Peer], vni: u32) -> Place
     let mut out = Placed::default();
     let (mut incumbents, mut newcomers) = (Vec::new(), Vec::new());
     for (name, mapped) in nodes {
-        let peer = match mapped {
-            Err(skip) => Err(skip.to_string()),
-            Ok(entry) => checked(entry),
-        };
-        match peer {
-            Err(why) => {
-                out.left_out.insert(name.clone(), why);
+        // A Node's entry is checked alone by the peers file's rules first.
+        let why = match mapped.as_ref().map(peers::check_entry) {
+            Ok(Ok(p)) if held.get(&p.ip) == Some(&&p) => {
+                incumbents.push((name, p));
+                continue;
             }
-            Ok(p) if held.get(&p.ip) == Some(&&p) => incumbents.push((name, p)),
-            Ok(p) => newcomers.push((name, p)),
-        }
+            Ok(Ok(p)) => {
+                newcomers.push((name, p));
+                continue;
+            }
+            Ok(Err(invalid)) => invalid.to_string(),
+            Err(skip) => skip.to_string(),
+        };
+        out.left_out.insert(name.clone(), why);
     }
     // Who holds what: (underlay address → Node) and (MAC → Node).
     let mut claims = Claims::default();
@@ -251,7 +245,7 @@ mod tests {
     }
 
     fn peer(ip: &str, subnets: &[&str]) -> Peer {
-        checked(&entry(ip, subnets).unwrap()).unwrap()
+        peers::check_entry(&entry(ip, subnets).unwrap()).unwrap()
     }
 
     fn nodes(list: &[(&str, Mapped)]) -> BTreeMap<String, Mapped> {

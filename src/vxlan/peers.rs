@@ -146,50 +146,55 @@ pub fn not_a_node(ip: Ipv4Addr) -> Option<&'static str> {
 
 /// Checks entries one by one and merges them ([`merge`]).
 pub fn check_entries(entries: &[PeerEntry]) -> Result<Vec<Peer>, Error> {
-    let mut peers = Vec::new();
-    for e in entries {
-        let ip = match e.ip {
-            IpAddr::V4(a) => match not_a_node(a) {
-                None => a,
-                Some(what) => return Err(Error::NotUnicast { ip: a, what }),
-            },
-            IpAddr::V6(a) => return Err(Error::Ipv6Underlay { ip: a }),
-        };
-        let v4 = e.subnets.iter().filter(|s| s.addr().is_ipv4()).count();
-        let v6 = e.subnets.len() - v4;
-        if v4 != 1 || v6 > 1 {
-            return Err(Error::Subnets {
-                ip,
-                subnets: e.subnets.iter().map(ToString::to_string).collect(),
-            });
-        }
-        for &subnet in &e.subnets {
-            if subnet.trunc() != subnet {
-                return Err(Error::HostBits { ip, subnet });
-            }
-            if subnet.prefix_len() >= subnet.max_prefix_len() - 1 {
-                return Err(Error::TooSmall { ip, subnet });
-            }
-        }
-        let mac = match &e.mac {
-            None => None,
-            Some(text) => match parse_mac(text) {
-                Some(m) if m[0] & 1 == 0 && m != [0; 6] => Some(m),
-                _ => {
-                    return Err(Error::BadMac {
-                        ip,
-                        mac: text.clone(),
-                    });
-                }
-            },
-        };
-        peers.push(Peer {
+    let peers = entries
+        .iter()
+        .map(check_entry)
+        .collect::<Result<Vec<_>, _>>()?;
+    merge(&[], &peers)
+}
+
+/// One entry checked alone: what every peer must be, whatever the others are.
+pub fn check_entry(e: &PeerEntry) -> Result<Peer, Error> {
+    let ip = match e.ip {
+        IpAddr::V4(a) => match not_a_node(a) {
+            None => a,
+            Some(what) => return Err(Error::NotUnicast { ip: a, what }),
+        },
+        IpAddr::V6(a) => return Err(Error::Ipv6Underlay { ip: a }),
+    };
+    let v4 = e.subnets.iter().filter(|s| s.addr().is_ipv4()).count();
+    let v6 = e.subnets.len() - v4;
+    if v4 != 1 || v6 > 1 {
+        return Err(Error::Subnets {
             ip,
-            subnets: e.subnets.clone(),
-            mac,
+            subnets: e.subnets.iter().map(ToString::to_string).collect(),
         });
     }
-    merge(&[], &peers)
+    for &subnet in &e.subnets {
+        if subnet.trunc() != subnet {
+            return Err(Error::HostBits { ip, subnet });
+        }
+        if subnet.prefix_len() >= subnet.max_prefix_len() - 1 {
+            return Err(Error::TooSmall { ip, subnet });
+        }
+    }
+    let mac = match &e.mac {
+        None => None,
+        Some(text) => match parse_mac(text) {
+            Some(m) if m[0] & 1 == 0 && m != [0; 6] => Some(m),
+            _ => {
+                return Err(Error::BadMac {
+                    ip,
+                    mac: text.clone(),
+                });
+            }
+        },
+    };
+    Ok(Peer {
+        ip,
+        subnets: e.subnets.clone(),
+        mac,
+    })
 }
 
 /// Union of two peer lists. The same peer may appear in both; the same `ip` with different
