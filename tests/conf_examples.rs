@@ -141,7 +141,7 @@ fn segment_conflist_example_reads_and_its_node_slice_gives_addresses() {
     let e = entries(&doc);
     let cfg = sticky_cni::segment::config::Config::from_json("vxeth0", &e[0]).unwrap();
     assert_eq!((cfg.vni, cfg.node_slice), (100, Some(27)));
-    let nodes: Vec<std::net::Ipv4Addr> =
+    let nodes: Vec<std::net::IpAddr> =
         vec!["192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap()];
     let sliced = sticky_cni::segment::slice::apply(&e[0], nodes[0], &nodes, 27).unwrap();
     let ips = exercise(name, sliced, 1);

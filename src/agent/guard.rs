@@ -10,7 +10,7 @@
 //! Additions never count.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use crate::vxlan::peers::Peer;
@@ -22,7 +22,7 @@ pub const WINDOW: Duration = Duration::from_secs(600);
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refused {
     /// Peers of the accepted list the change removes or changes.
-    pub disrupted: Vec<Ipv4Addr>,
+    pub disrupted: Vec<IpAddr>,
     /// Of those and the ones disrupted earlier in the window, how many in all.
     pub in_window: usize,
     pub limit: usize,
@@ -60,8 +60,8 @@ impl std::fmt::Display for Refused {
 }
 
 /// The peers of `accepted` that `new` removes or changes.
-pub fn disrupted(accepted: &[Peer], new: &[Peer]) -> Vec<Ipv4Addr> {
-    let new: BTreeMap<Ipv4Addr, &Peer> = new.iter().map(|p| (p.ip, p)).collect();
+pub fn disrupted(accepted: &[Peer], new: &[Peer]) -> Vec<IpAddr> {
+    let new: BTreeMap<IpAddr, &Peer> = new.iter().map(|p| (p.ip, p)).collect();
     accepted
         .iter()
         .filter(|p| new.get(&p.ip) != Some(p))
@@ -73,7 +73,7 @@ pub fn disrupted(accepted: &[Peer], new: &[Peer]) -> Vec<Ipv4Addr> {
 pub struct Guard {
     max_fraction: f64,
     /// Peers disrupted by accepted changes, and when.
-    spent: BTreeMap<Ipv4Addr, Instant>,
+    spent: BTreeMap<IpAddr, Instant>,
     accept_next: bool,
 }
 
@@ -105,7 +105,7 @@ impl Guard {
         }
         // The list as it was when the window began: the peers accepted now and those removed
         // since (so each removal does not shrink the limit for the next one).
-        let present: std::collections::BTreeSet<Ipv4Addr> = accepted.iter().map(|p| p.ip).collect();
+        let present: std::collections::BTreeSet<IpAddr> = accepted.iter().map(|p| p.ip).collect();
         let baseline =
             accepted.len() + self.spent.keys().filter(|ip| !present.contains(ip)).count();
         let limit = ((self.max_fraction * baseline as f64).floor() as usize).max(1);
@@ -133,10 +133,12 @@ impl Guard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn peer(n: u8) -> Peer {
         Peer {
-            ip: Ipv4Addr::new(192, 0, 2, n),
+            ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, n)),
             subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
             mac: None,
         }
@@ -155,7 +157,7 @@ mod tests {
         for (i, n) in [6u8, 5, 4].iter().enumerate() {
             let new: Vec<Peer> = accepted
                 .iter()
-                .filter(|p| p.ip.octets()[3] != *n)
+                .filter(|p| p.ip != IpAddr::V4(Ipv4Addr::new(192, 0, 2, *n)))
                 .cloned()
                 .collect();
             let at = t0 + Duration::from_millis(500 * i as u64);

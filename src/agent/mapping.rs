@@ -147,7 +147,7 @@ pub fn file_text(peers: &[Peer]) -> Vec<u8> {
     let mut out = b"[\n".to_vec();
     for (i, p) in sorted.iter().enumerate() {
         let entry = PeerEntry {
-            ip: IpAddr::V4(p.ip),
+            ip: p.ip,
             subnets: p.subnets.clone(),
             mac: p.mac.map(|m| crate::netlink::link::format_mac(&m)),
         };
@@ -163,7 +163,7 @@ pub fn file_text(peers: &[Peer]) -> Vec<u8> {
 /// What changed between two peer lists, one line each, for the log.
 pub fn describe_changes(old: &[Peer], new: &[Peer]) -> Vec<String> {
     let by_ip =
-        |l: &[Peer]| -> BTreeMap<Ipv4Addr, Peer> { l.iter().map(|p| (p.ip, p.clone())).collect() };
+        |l: &[Peer]| -> BTreeMap<IpAddr, Peer> { l.iter().map(|p| (p.ip, p.clone())).collect() };
     let (old, new) = (by_ip(old), by_ip(new));
     let show = |p: &Peer| {
         let subnets: Vec<String> = p.subnets.iter().map(ToString::to_string).collect();
@@ -192,6 +192,8 @@ pub fn describe_changes(old: &[Peer], new: &[Peer]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     /// A Node as a real API server returns it (kubeadm worker, trimmed of managedFields).
     pub fn node_json(name: &str, internal_ip: &str, cidrs: &[&str], annotations: &str) -> String {
@@ -308,7 +310,7 @@ mod tests {
 
     fn peer(n: u8) -> Peer {
         Peer {
-            ip: Ipv4Addr::new(192, 0, 2, n),
+            ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, n)),
             subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
             mac: None,
         }

@@ -4,6 +4,7 @@
 //! sticky-cni agents to compute its MAC rather than read flannel's.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use super::api::{ApiError, NodeApi};
 use super::mapping::{
@@ -36,7 +37,7 @@ impl Publisher {
     /// The annotations this node should carry; `None` while its underlay is unknown.
     pub fn wanted(&self, own: &Node) -> Result<BTreeMap<String, String>, mapping::Skip> {
         let ip = mapping::own_underlay(own)?;
-        let mac = format_mac(&vtep_mac(ip, self.vni));
+        let mac = format_mac(&vtep_mac(IpAddr::V4(ip), self.vni));
         Ok(BTreeMap::from([
             (FLANNEL_BACKEND_TYPE.to_string(), "vxlan".to_string()),
             (

@@ -18,7 +18,7 @@
 //! Everything here is pure: O(n log n) in the number of Nodes ([`peers::Claims`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::mapping::Skip;
 use crate::vxlan::mac::vtep_mac;
@@ -50,7 +50,7 @@ fn mac_of(p: &Peer, vni: u32) -> [u8; 6] {
 
 /// Places the Nodes' entries, those already held first (see the module's rules).
 pub fn place(nodes: &BTreeMap<String, Mapped>, held: &[Peer], vni: u32) -> Placed {
-    let held: BTreeMap<Ipv4Addr, &Peer> = held.iter().map(|p| (p.ip, p)).collect();
+    let held: BTreeMap<IpAddr, &Peer> = held.iter().map(|p| (p.ip, p)).collect();
     let mut out = Placed::default();
     let (mut incumbents, mut newcomers) = (Vec::new(), Vec::new());
     for (name, mapped) in nodes {
@@ -71,7 +71,7 @@ pub fn place(nodes: &BTreeMap<String, Mapped>, held: &[Peer], vni: u32) -> Place
     }
     // Who holds what: (underlay address → Node) and (MAC → Node).
     let mut claims = Claims::default();
-    let mut owner: BTreeMap<Ipv4Addr, &String> = BTreeMap::new();
+    let mut owner: BTreeMap<IpAddr, &String> = BTreeMap::new();
     let mut macs: BTreeMap<[u8; 6], &String> = BTreeMap::new();
     for (name, p) in incumbents {
         // The held list was accepted whole, so its entries agree; a second Node mapping to
@@ -111,7 +111,7 @@ pub fn place(nodes: &BTreeMap<String, Mapped>, held: &[Peer], vni: u32) -> Place
     }
     // Newcomers in conflict with each other: none of them.
     let mut new_claims = Claims::default();
-    let mut new_owner: BTreeMap<Ipv4Addr, &String> = BTreeMap::new();
+    let mut new_owner: BTreeMap<IpAddr, &String> = BTreeMap::new();
     let mut new_macs: BTreeMap<[u8; 6], &String> = BTreeMap::new();
     let mut contested: BTreeMap<&String, String> = BTreeMap::new();
     for (name, p) in &free {
@@ -151,8 +151,8 @@ pub fn place(nodes: &BTreeMap<String, Mapped>, held: &[Peer], vni: u32) -> Place
 }
 
 /// The Node whose entry an error from [`Claims::conflict`] names as the one already there.
-fn holder_name<'a>(e: &peers::Error, owner: &BTreeMap<Ipv4Addr, &'a String>) -> &'a str {
-    let ips: Vec<Ipv4Addr> = match e {
+fn holder_name<'a>(e: &peers::Error, owner: &BTreeMap<IpAddr, &'a String>) -> &'a str {
+    let ips: Vec<IpAddr> = match e {
         peers::Error::Twice { ip } => vec![*ip],
         peers::Error::HoldsUnderlay { ip, holder, .. } => vec![*ip, *holder],
         peers::Error::Overlap { ip, other, .. } => vec![*ip, *other],
@@ -164,7 +164,7 @@ fn holder_name<'a>(e: &peers::Error, owner: &BTreeMap<Ipv4Addr, &'a String>) -> 
 }
 
 /// The peer addresses a plugin error names: the entries to leave out so the rest may pass.
-pub fn named_ips(e: &peers::Error) -> Vec<Ipv4Addr> {
+pub fn named_ips(e: &peers::Error) -> Vec<IpAddr> {
     use peers::Error as E;
     match e {
         E::NotUnicast { ip, .. }
@@ -178,7 +178,7 @@ pub fn named_ips(e: &peers::Error) -> Vec<Ipv4Addr> {
         E::Overlap { ip, other, .. } => vec![*ip, *other],
         E::SharedMac { ip, other, .. } => other.iter().copied().chain([*ip]).collect(),
         E::ManyLocal { ips } => ips.clone(),
-        E::Ipv6Underlay { .. } => vec![],
+        E::MixedUnderlay { ipv4, ipv6 } => vec![*ipv4, *ipv6],
     }
 }
 
@@ -201,14 +201,14 @@ pub fn settle(
     own: Option<&str>,
     mut accepts: impl FnMut(&[Peer]) -> Result<(), Refusal>,
 ) -> Result<Placed, Refusal> {
-    let held: BTreeMap<Ipv4Addr, &Peer> = held.iter().map(|p| (p.ip, p)).collect();
+    let held: BTreeMap<IpAddr, &Peer> = held.iter().map(|p| (p.ip, p)).collect();
     loop {
         let refusal = match accepts(&placed.list()) {
             Ok(()) => return Ok(placed),
             Err(Refusal::Peers(e)) => e,
             Err(other) => return Err(other),
         };
-        let named: BTreeSet<Ipv4Addr> = named_ips(&refusal).into_iter().collect();
+        let named: BTreeSet<IpAddr> = named_ips(&refusal).into_iter().collect();
         let mut candidates: Vec<(&String, bool)> = placed
             .peers
             .iter()
@@ -235,6 +235,8 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn entry(ip: &str, subnets: &[&str]) -> Mapped {
         Ok(PeerEntry {
@@ -377,8 +379,8 @@ mod tests {
         let mut rounds = 0;
         let accepts = |list: &[Peer]| {
             rounds += 1;
-            let ips: Vec<Ipv4Addr> = list.iter().map(|p| p.ip).collect();
-            let local: Vec<Ipv4Addr> = ["192.0.2.1", "172.17.0.1"]
+            let ips: Vec<IpAddr> = list.iter().map(|p| p.ip).collect();
+            let local: Vec<IpAddr> = ["192.0.2.1", "172.17.0.1"]
                 .iter()
                 .map(|a| a.parse().unwrap())
                 .filter(|a| ips.contains(a))
@@ -386,7 +388,7 @@ mod tests {
             if local.len() > 1 {
                 return Err(Refusal::Peers(peers::Error::ManyLocal { ips: local }));
             }
-            let edge: Ipv4Addr = "192.0.2.255".parse().unwrap();
+            let edge: IpAddr = "192.0.2.255".parse().unwrap();
             if ips.contains(&edge) {
                 return Err(Refusal::Peers(peers::Error::UnderlayEdge {
                     ip: edge,

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -65,7 +65,7 @@ pub enum CliError {
     NoVerb,
     #[error(transparent)]
     Args(#[from] ArgsError),
-    #[error("--local {0:?} is not an IPv4 address (IPv6 underlays are not supported)")]
+    #[error("--local {0:?} is not an IPv4 or IPv6 address")]
     BadLocal(String),
     #[error("--vni {0:?} is not an integer from 1 to {max}", max = config::MAX_VNI)]
     BadVni(String),
@@ -203,9 +203,9 @@ pub fn run(args: &[String]) -> Result<String, CliError> {
             let parsed = parse(args, &[], &MAC)?;
             let local = parsed
                 .value("--local")
-                .ok_or(required("mac", "--local <underlay IPv4>"))?;
+                .ok_or(required("mac", "--local <underlay IPv4 or IPv6>"))?;
             let vni = parsed.value("--vni").ok_or(required("mac", "--vni <n>"))?;
-            let local: Ipv4Addr = local
+            let local: IpAddr = local
                 .parse()
                 .map_err(|_| CliError::BadLocal(local.to_string()))?;
             let vni: u32 = vni
@@ -360,6 +360,11 @@ mod tests {
             run(&args(&["mac", "--local", "192.0.2.1", "--vni", "1"])).unwrap(),
             "0a:01:c0:00:02:01\n"
         );
+        // An IPv6 underlay's kept MAC (vxlan::mac pins the formula).
+        assert_eq!(
+            run(&args(&["mac", "--local", "2001:db8::1", "--vni", "1"])).unwrap(),
+            "06:be:aa:cc:39:99\n"
+        );
         assert!(
             run(&args(&["--help"]))
                 .unwrap()
@@ -371,7 +376,7 @@ mod tests {
                 .starts_with("sticky-vxlan ")
         );
         for bad in [
-            &["mac", "--local", "2001:db8::1", "--vni", "1"][..],
+            &["mac", "--local", "2001:db8::zz", "--vni", "1"][..],
             &["mac", "--local", "192.0.2.1", "--vni", "0"],
             &["mac", "--vni", "1"],
             &["mac", "--local", "192.0.2.1", "--vni", "1", "--vni", "2"],

@@ -1,7 +1,7 @@
 //! Links: bridge, veth (peer created directly in another netns), vxlan; set up, master, MTU,
 //! address; delete; look up by name or index.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use netlink_packet_core::{
@@ -57,7 +57,7 @@ fn ctx(name: &str) -> impl FnOnce(socket::Error) -> Error + '_ {
 pub struct VxlanInfo {
     pub vni: Option<u32>,
     pub port: Option<u16>,
-    pub local: Option<Ipv4Addr>,
+    pub local: Option<IpAddr>,
     pub underlay: Option<u32>,
     pub learning: Option<bool>,
 }
@@ -91,6 +91,7 @@ const IFLA_VXLAN_LINK: u16 = 3;
 const IFLA_VXLAN_LOCAL: u16 = 4;
 const IFLA_VXLAN_LEARNING: u16 = 7;
 const IFLA_VXLAN_PORT: u16 = 15;
+const IFLA_VXLAN_LOCAL6: u16 = 17;
 /// `RTM_NEWLINK`, the type of every link in a reply.
 const RTM_NEWLINK: u16 = 16;
 /// `struct ifinfomsg`: family, pad, type, index, flags, change.
@@ -163,7 +164,14 @@ fn vxlan_from_bytes(data: &[u8]) -> Result<VxlanInfo, decode::Error> {
             IFLA_VXLAN_ID => info.vni = Some(parse_u32(v).map_err(bad)?),
             IFLA_VXLAN_PORT => info.port = Some(parse_u16_be(v).map_err(bad)?),
             IFLA_VXLAN_LOCAL => {
-                info.local = <[u8; 4]>::try_from(v).ok().map(Ipv4Addr::from);
+                info.local = <[u8; 4]>::try_from(v)
+                    .ok()
+                    .map(|a| IpAddr::V4(Ipv4Addr::from(a)));
+            }
+            IFLA_VXLAN_LOCAL6 => {
+                info.local = <[u8; 16]>::try_from(v)
+                    .ok()
+                    .map(|a| IpAddr::V6(Ipv6Addr::from(a)));
             }
             IFLA_VXLAN_LINK => info.underlay = Some(parse_u32(v).map_err(bad)?),
             IFLA_VXLAN_LEARNING => info.learning = Some(parse_u8(v).map_err(bad)? > 0),
@@ -179,7 +187,8 @@ pub struct VxlanSpec {
     pub name: String,
     pub vni: u32,
     pub port: u16,
-    pub local: Ipv4Addr,
+    /// The node's underlay address: IPv4, or IPv6 (then the UDP checksums IPv6 requires are on).
+    pub local: IpAddr,
     pub underlay: Option<u32>,
     pub mac: [u8; 6],
     pub mtu: u32,
@@ -223,12 +232,20 @@ pub fn vxlan_message(spec: &VxlanSpec) -> LinkMessage {
     msg.attributes
         .push(LinkAttribute::Address(spec.mac.to_vec()));
     msg.attributes.push(LinkAttribute::Mtu(spec.mtu));
-    let mut data = vec![
-        InfoVxlan::Id(spec.vni),
-        InfoVxlan::Local(spec.local),
+    let mut data = vec![InfoVxlan::Id(spec.vni)];
+    match spec.local {
+        IpAddr::V4(a) => data.push(InfoVxlan::Local(a)),
+        // IPv6 forbids a zero UDP checksum (RFC 8200): computed on send, required on receipt.
+        IpAddr::V6(a) => data.extend([
+            InfoVxlan::Local6(a),
+            InfoVxlan::UDPZeroCsumTX(false),
+            InfoVxlan::UDPZeroCsumRX(false),
+        ]),
+    }
+    data.extend([
         InfoVxlan::Port(spec.port),
         InfoVxlan::Learning(spec.learning),
-    ];
+    ]);
     if let Some(underlay) = spec.underlay {
         data.push(InfoVxlan::Link(underlay));
     }
@@ -465,6 +482,8 @@ pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
 mod tests {
     use super::*;
     use netlink_packet_core::{Emitable, Parseable};
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     impl Link {
         /// Every attribute decoded by `netlink-packet-route`: the reference [`Link::from_bytes`]
@@ -506,7 +525,8 @@ mod tests {
             match a {
                 InfoVxlan::Id(v) => info.vni = Some(*v),
                 InfoVxlan::Port(p) => info.port = Some(*p),
-                InfoVxlan::Local(l) => info.local = Some(*l),
+                InfoVxlan::Local(l) => info.local = Some(IpAddr::V4(*l)),
+                InfoVxlan::Local6(l) => info.local = Some(IpAddr::V6(*l)),
                 InfoVxlan::Link(l) => info.underlay = Some(*l),
                 InfoVxlan::Learning(l) => info.learning = Some(*l),
                 _ => {}
@@ -531,7 +551,7 @@ mod tests {
             name: "vtep0".into(),
             vni: 7,
             port: 8472,
-            local: Ipv4Addr::new(192, 0, 2, 1),
+            local: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
             underlay: Some(3),
             mac: [0x0a, 0x07, 192, 0, 2, 1],
             mtu: 1450,

@@ -1,6 +1,6 @@
 //! Neighbour (ARP/NDP) entries and bridge FDB entries, both permanent.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use netlink_packet_core::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_REPLACE};
 use netlink_packet_route::neighbour::{
@@ -35,7 +35,7 @@ pub struct Neighbour {
 pub struct Fdb {
     pub index: u32,
     pub mac: [u8; 6],
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub permanent: bool,
 }
 
@@ -73,9 +73,7 @@ pub fn fdb_message(f: &Fdb) -> NeighbourMessage {
     msg.attributes
         .push(NeighbourAttribute::LinkLayerAddress(f.mac.to_vec()));
     msg.attributes
-        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
-            f.dst,
-        )));
+        .push(NeighbourAttribute::Destination(ip_address(f.dst)));
     msg
 }
 
@@ -210,17 +208,25 @@ pub fn list(sock: &mut Socket, index: u32) -> Result<Vec<Neighbour>, Error> {
         .collect())
 }
 
-/// FDB entries with an IPv4 destination on interface `index` (a VTEP).
+/// FDB entries with a destination (an underlay address, IPv4 or IPv6) on interface `index`
+/// (a VTEP).
 pub fn list_fdb(sock: &mut Socket, index: u32) -> Result<Vec<Fdb>, Error> {
     Ok(dump(sock, AddressFamily::Bridge, index)?
         .into_iter()
         .filter_map(|msg| {
             let dst = msg.attributes.iter().find_map(|a| match a {
-                NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(*a),
-                // The bridge family's NDA_DST comes back undecoded.
-                NeighbourAttribute::Destination(NeighbourAddress::Other(raw)) => {
-                    <[u8; 4]>::try_from(raw.as_slice()).ok().map(Ipv4Addr::from)
-                }
+                NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(IpAddr::V4(*a)),
+                NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
+                // The bridge family's NDA_DST comes back undecoded: its length says which.
+                NeighbourAttribute::Destination(NeighbourAddress::Other(raw)) => match raw.len() {
+                    4 => <[u8; 4]>::try_from(raw.as_slice())
+                        .ok()
+                        .map(|a| IpAddr::V4(a.into())),
+                    16 => <[u8; 16]>::try_from(raw.as_slice())
+                        .ok()
+                        .map(|a| IpAddr::V6(a.into())),
+                    _ => None,
+                },
                 _ => None,
             })?;
             Some(Fdb {
@@ -237,6 +243,8 @@ pub fn list_fdb(sock: &mut Socket, index: u32) -> Result<Vec<Fdb>, Error> {
 mod tests {
     use super::*;
     use netlink_packet_core::{Emitable, Parseable};
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn round_trip(msg: &NeighbourMessage) -> NeighbourMessage {
         let mut buf = vec![0; msg.buffer_len()];
@@ -249,7 +257,7 @@ mod tests {
         let f = Fdb {
             index: 5,
             mac: [0x0a, 1, 192, 0, 2, 2],
-            dst: Ipv4Addr::new(192, 0, 2, 2),
+            dst: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2)),
             permanent: true,
         };
         let back = round_trip(&fdb_message(&f));

@@ -2,7 +2,7 @@
 //! error. No decision is made here: the indexes of the two devices are the only thing it
 //! works out (from what was read, or by looking a device up once it was made).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::Error;
 use super::config::Config;
@@ -43,7 +43,7 @@ impl Known<'_> {
     }
 }
 
-fn flood(index: u32, dst: Ipv4Addr) -> Fdb {
+fn flood(index: u32, dst: IpAddr) -> Fdb {
     Fdb {
         index,
         mac: FLOOD,

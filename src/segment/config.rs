@@ -1,7 +1,7 @@
 //! The segment network config (`"mode": "segment"`): every key checked, with an error that
 //! names the key, quotes the bad value and says what was expected.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
@@ -86,7 +86,7 @@ pub struct Config {
     pub peers: Vec<Peer>,
     pub peers_file: Option<PathBuf>,
     /// The nodes (underlay addresses) the segment spans; empty = every peer.
-    pub nodes: Vec<Ipv4Addr>,
+    pub nodes: Vec<IpAddr>,
     pub mtu: Option<u32>,
     /// Whether pod interfaces are brought up (kube-vxlan-controller's `up`).
     pub up: bool,
@@ -124,8 +124,8 @@ impl Config {
                 "a segment needs its nodes: give \"peers\" and/or \"peersFile\"",
             ));
         }
-        let nodes: Vec<Ipv4Addr> =
-            get(obj, "nodes", "a list of IPv4 underlay addresses")?.unwrap_or_default();
+        let nodes: Vec<IpAddr> =
+            get(obj, "nodes", "a list of underlay addresses")?.unwrap_or_default();
         if let Some((n, what)) = nodes
             .iter()
             .find_map(|n| Some((n, crate::vxlan::peers::not_a_node(*n)?)))

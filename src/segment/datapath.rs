@@ -10,7 +10,7 @@
 //! As in the main mode: read once ([`Seen`]), decide ([`super::plan`], pure), apply
 //! ([`super::apply`]).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::config::Config;
 use super::node::Node;
@@ -35,7 +35,7 @@ pub struct Seen {
     pub bridge: Option<Link>,
     pub vxlan: Option<Link>,
     /// The permanent flood entries on the VXLAN device, when it is kept as it is.
-    pub flood: Vec<Ipv4Addr>,
+    pub flood: Vec<IpAddr>,
     /// Every link, only when a device is to be made ([`plan::makes_a_device`]): a new
     /// bridge takes this network's pod veths back, and a new VXLAN device must not take a VNI
     /// another device holds. The node's other links (a veth per pod) are not read otherwise.
@@ -94,9 +94,11 @@ mod tests {
     use crate::vxlan::fake::Fake;
     use crate::vxlan::mac::vtep_mac;
     use serde_json::json;
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
-    fn ip(n: u8) -> Ipv4Addr {
-        Ipv4Addr::new(192, 0, 2, n)
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(192, 0, 2, n))
     }
 
     /// Segment `vxeth1` (VNI 101) with its state in `dir`.
@@ -119,7 +121,7 @@ mod tests {
         }
     }
 
-    fn flood_of(k: &Fake) -> Vec<Ipv4Addr> {
+    fn flood_of(k: &Fake) -> Vec<IpAddr> {
         let index = k.seen.link("segvx101").unwrap().index;
         k.fdb
             .iter()

@@ -28,7 +28,7 @@ pub mod routes;
 pub mod show;
 pub mod slice;
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use crate::netlink;
 
@@ -59,7 +59,7 @@ pub enum Error {
     #[error(
         "this node ({local}) is not one of the segment's \"nodes\" ({nodes}): pods of this segment cannot run here"
     )]
-    NotInSegment { local: Ipv4Addr, nodes: String },
+    NotInSegment { local: IpAddr, nodes: String },
     #[error(
         "{device:?} exists but was not made by this network (its alias is {alias:?}, expected {expected:?}): remove it or choose another vni"
     )]

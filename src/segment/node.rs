@@ -4,7 +4,7 @@
 //! ([`crate::vxlan::node::Observed::node_addresses`], [`crate::vxlan::peers::split_local`]).
 
 use std::collections::HashSet;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::Error;
 use super::config::Config;
@@ -21,22 +21,22 @@ fn peer_error(e: peers::Error) -> Error {
 /// This node as the segment sees it.
 #[derive(Debug, Clone)]
 pub struct Node {
-    pub local_ip: Ipv4Addr,
+    pub local_ip: IpAddr,
     pub underlay: Link,
     /// MTU of the VXLAN device, the bridge and every pod interface.
     pub mtu: u32,
     /// Every node of the segment, this one included (sorted).
-    pub members: Vec<Ipv4Addr>,
+    pub members: Vec<IpAddr>,
     /// The other nodes: one flood entry each.
-    pub remote: Vec<Ipv4Addr>,
+    pub remote: Vec<IpAddr>,
     /// Why the peers file could not be used, if it could not: nothing programmed is removed.
     pub peers_file_error: Option<String>,
 }
 
 /// The segment's nodes (underlay addresses) from the merged peer list and `nodes`.
-pub fn members(all: &[Peer], nodes: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
-    let nodes: HashSet<&Ipv4Addr> = nodes.iter().collect();
-    let mut out: Vec<Ipv4Addr> = all
+pub fn members(all: &[Peer], nodes: &[IpAddr]) -> Vec<IpAddr> {
+    let nodes: HashSet<&IpAddr> = nodes.iter().collect();
+    let mut out: Vec<IpAddr> = all
         .iter()
         .map(|p| p.ip)
         .filter(|ip| nodes.is_empty() || nodes.contains(ip))
@@ -93,7 +93,7 @@ pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config, gathered: &Gathered) -> Resul
                 .join(", "),
         });
     }
-    let mtu = crate::vxlan::node::mtu_for(&underlay, cfg.mtu)?;
+    let mtu = crate::vxlan::node::mtu_for(&underlay, local_ip, cfg.mtu)?;
     let remote = members
         .iter()
         .copied()
@@ -114,6 +114,8 @@ mod tests {
     use super::*;
     use crate::vxlan::fake::Fake;
     use serde_json::json;
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn cfg(dir: &tempfile::TempDir, extra: serde_json::Value) -> Config {
         let mut raw = json!({"type": "sticky-vxlan", "mode": "segment", "vni": 7,
@@ -172,7 +174,7 @@ mod tests {
         k.add_address("lo", "127.0.0.1/8");
         k.add_address("eth0", "169.254.0.7/16");
         let odd = |ip: Ipv4Addr, s: &str| Peer {
-            ip,
+            ip: ip.into(),
             subnets: vec![s.parse().unwrap()],
             mac: None,
         };
@@ -227,7 +229,7 @@ mod tests {
             peer("192.0.2.1", "10.244.1.0/24"),
             peer("192.0.2.2", "10.244.2.0/24"),
         ];
-        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(
             members(&all, &[]),
             vec![ip("192.0.2.1"), ip("192.0.2.2"), ip("192.0.2.3")]

@@ -11,7 +11,7 @@
 //! ones unless the peers file is broken).
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::Error;
 use super::config::Config;
@@ -56,8 +56,8 @@ pub enum Step {
     /// segment is the pods' L2 domain; the node only carries it.
     KeepNodeOff(Dev),
     /// An all-zero (flood) FDB entry towards another node of the segment.
-    AddFlood(Ipv4Addr),
-    DeleteFlood(Ipv4Addr),
+    AddFlood(IpAddr),
+    DeleteFlood(IpAddr),
 }
 
 /// Everything to do, in order.
@@ -106,10 +106,10 @@ fn owned(cfg: &Config, l: &Link, kind: &'static str) -> Result<(), Error> {
 
 /// The flood entries to add and to remove, given those present (pure).
 pub fn flood_plan(
-    have: &[Ipv4Addr],
-    want: &[Ipv4Addr],
+    have: &[IpAddr],
+    want: &[IpAddr],
     keep_stale: bool,
-) -> (Vec<Ipv4Addr>, Vec<Ipv4Addr>) {
+) -> (Vec<IpAddr>, Vec<IpAddr>) {
     let have: BTreeSet<_> = have.iter().copied().collect();
     let want: BTreeSet<_> = want.iter().copied().collect();
     let add = want.difference(&have).copied().collect();
@@ -232,9 +232,10 @@ mod tests {
     use super::*;
     use crate::netlink::link::VxlanInfo;
     use serde_json::json;
+    use std::net::Ipv4Addr;
 
-    fn ip(n: u8) -> Ipv4Addr {
-        Ipv4Addr::new(192, 0, 2, n)
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(192, 0, 2, n))
     }
 
     /// Segment `vxeth1` (VNI 101).
@@ -486,7 +487,7 @@ mod tests {
 
     #[test]
     fn flood_entries_follow_the_nodes_unless_the_peers_file_is_broken() {
-        let ip = |n: u8| Ipv4Addr::new(192, 0, 2, n);
+        let ip = |n: u8| IpAddr::V4(Ipv4Addr::new(192, 0, 2, n));
         let (add, remove) = flood_plan(&[ip(2), ip(4)], &[ip(2), ip(3)], false);
         assert_eq!((add, remove), (vec![ip(3)], vec![ip(4)]));
         let (add, remove) = flood_plan(&[ip(2), ip(4)], &[ip(3)], true);
@@ -499,7 +500,7 @@ mod tests {
             name: "segvx101".into(),
             vni: 101,
             port: 8472,
-            local: Ipv4Addr::new(192, 0, 2, 1),
+            local: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
             underlay: Some(2),
             mac: [0; 6],
             mtu: 1450,

@@ -8,7 +8,7 @@
 //! ADD then checks the stamp with three link lookups and a `stat`, and reconciles in full only
 //! when something a reboot, an upgrade or a new peers file changes has changed.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,7 +25,7 @@ use crate::vxlan::stamp;
 /// What a pod ADD needs of the node, as the stamp keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ready {
-    pub local_ip: Ipv4Addr,
+    pub local_ip: IpAddr,
     /// The MTU of the VXLAN device, the bridge and every pod interface.
     pub mtu: u32,
     /// The IPAM section's ranges cut to this node's slice (with `nodeSlice`).
@@ -137,6 +137,7 @@ mod tests {
     use super::*;
     use crate::vxlan::fake::Fake;
     use serde_json::json;
+    use std::net::Ipv4Addr;
 
     /// Segment `vxeth1` (VNI 101) on nodes 1 to 3, with its state in `dir` and this node's
     /// slice of 192.168.11.0/24 a /27.
@@ -209,7 +210,8 @@ mod tests {
         let text = r#"[{"ip":"192.0.2.2","subnets":["10.244.2.0/24"]}]"#;
         std::fs::write(&file, text).unwrap();
         let mut c = cfg(&dir);
-        c.peers.retain(|p| p.ip != Ipv4Addr::new(192, 0, 2, 2));
+        c.peers
+            .retain(|p| p.ip != IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2)));
         c.peers_file = Some(file.clone());
         let copy = c.last_good_peers_path();
         let mut k = Fake::node("192.0.2.1/24");
@@ -222,9 +224,12 @@ mod tests {
         std::fs::write(&file, "[{\"ip\": ").unwrap();
         let (node, _) = full(&mut k, &c).unwrap();
         assert!(node.peers_file_error.is_some());
-        assert!(node.remote.contains(&Ipv4Addr::new(192, 0, 2, 2)));
+        assert!(
+            node.remote
+                .contains(&IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2)))
+        );
         assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
-        assert_eq!(made.ready.local_ip, Ipv4Addr::new(192, 0, 2, 1));
+        assert_eq!(made.ready.local_ip, IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)));
     }
 
     #[test]

@@ -22,8 +22,8 @@ pub enum Error {
         "nodes {a} and {b} both take slice {slot} of {subnet} (/{slice}: underlay address mod {count}); choose a longer nodeSlice or nodes whose addresses differ there"
     )]
     Collision {
-        a: Ipv4Addr,
-        b: Ipv4Addr,
+        a: IpAddr,
+        b: IpAddr,
         slot: u32,
         subnet: Ipv4Net,
         slice: u8,
@@ -45,20 +45,25 @@ pub enum Error {
 }
 
 /// The slot a node takes in `subnet` cut into `/slice` blocks.
-pub fn slot(node: Ipv4Addr, subnet: Ipv4Net, slice: u8) -> Result<(u32, u32), Error> {
+pub fn slot(node: IpAddr, subnet: Ipv4Net, slice: u8) -> Result<(u32, u32), Error> {
     if slice < subnet.prefix_len() {
         return Err(Error::TooLarge { slice, subnet });
     }
     let count = 1u64 << (slice - subnet.prefix_len());
-    let slot = (u64::from(u32::from(node)) % count) as u32;
+    // The address as a number: an IPv4 one as 32 bits, an IPv6 one as 128.
+    let number = match node {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    };
+    let slot = (number % u128::from(count)) as u32;
     Ok((slot, count.min(u64::from(u32::MAX)) as u32))
 }
 
 /// The `/slice` block of `subnet` node `local` takes, after checking no other node of `nodes`
 /// takes the same one.
 pub fn block(
-    local: Ipv4Addr,
-    nodes: &[Ipv4Addr],
+    local: IpAddr,
+    nodes: &[IpAddr],
     subnet: Ipv4Net,
     slice: u8,
 ) -> Result<Ipv4Net, Error> {
@@ -94,7 +99,7 @@ fn v4(range: &Value, key: &str) -> Result<Option<Ipv4Addr>, Error> {
 }
 
 /// One range cut to this node's slice.
-fn cut(range: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Result<Value, Error> {
+fn cut(range: &Value, local: IpAddr, nodes: &[IpAddr], slice: u8) -> Result<Value, Error> {
     let text = range
         .get("subnet")
         .and_then(Value::as_str)
@@ -146,8 +151,8 @@ fn cut(range: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Result<
 /// one range set), after checking no other node of `nodes` takes the same slice.
 pub fn cut_ranges(
     ipam: &Value,
-    local: Ipv4Addr,
-    nodes: &[Ipv4Addr],
+    local: IpAddr,
+    nodes: &[IpAddr],
     slice: u8,
 ) -> Result<Value, Error> {
     let sets = range_sets(ipam);
@@ -281,7 +286,7 @@ pub fn with_ranges(conf: &Value, ranges: &Value) -> Value {
 }
 
 /// The config with its `ipam` ranges cut to this node's slice.
-pub fn apply(conf: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Result<Value, Error> {
+pub fn apply(conf: &Value, local: IpAddr, nodes: &[IpAddr], slice: u8) -> Result<Value, Error> {
     let ranges = cut_ranges(&conf["ipam"], local, nodes, slice)?;
     Ok(with_ranges(conf, &ranges))
 }
@@ -289,23 +294,30 @@ pub fn apply(conf: &Value, local: Ipv4Addr, nodes: &[Ipv4Addr], slice: u8) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    /// A node's underlay address.
+    fn node(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
     #[test]
     fn slot_follows_the_node_address_only() {
         let subnet: Ipv4Net = "192.168.11.0/24".parse().unwrap();
-        let nodes = [ip("192.0.2.1"), ip("192.0.2.2"), ip("192.0.2.3")];
+        let nodes = [node("192.0.2.1"), node("192.0.2.2"), node("192.0.2.3")];
         let b = block(nodes[0], &nodes, subnet, 27).unwrap();
         assert_eq!(b.to_string(), "192.168.11.32/27");
         // A node added (or removed) elsewhere never moves this node's slice.
-        let more = [nodes[0], nodes[1], nodes[2], ip("192.0.2.6")];
+        let more = [nodes[0], nodes[1], nodes[2], node("192.0.2.6")];
         assert_eq!(block(nodes[0], &more, subnet, 27).unwrap(), b);
         assert_eq!(block(nodes[0], &nodes[..1], subnet, 27).unwrap(), b);
         // 192.0.2.9 = 1 mod 8: the same slot as 192.0.2.1.
-        let clash = [nodes[0], ip("192.0.2.9")];
+        let clash = [nodes[0], node("192.0.2.9")];
         assert!(matches!(
             block(nodes[0], &clash, subnet, 27),
             Err(Error::Collision { slot: 1, .. })
@@ -320,7 +332,7 @@ mod tests {
     fn slices_of_all_nodes_are_disjoint_and_inside_the_range() {
         let conf = json!({"ipam": {"type": "sticky-ipam", "subnet": "192.168.11.0/24",
                                    "rangeStart": "192.168.11.40"}});
-        let nodes: Vec<Ipv4Addr> = (1..=6).map(|n| ip(&format!("192.0.2.{n}"))).collect();
+        let nodes: Vec<IpAddr> = (1..=6).map(|n| node(&format!("192.0.2.{n}"))).collect();
         let mut seen = Vec::new();
         for n in &nodes[1..] {
             let out = apply(&conf, *n, &nodes, 27).unwrap();

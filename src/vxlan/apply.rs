@@ -133,7 +133,7 @@ pub fn apply(
     })
 }
 
-fn fdb(index: u32, mac: [u8; 6], dst: std::net::Ipv4Addr) -> Fdb {
+fn fdb(index: u32, mac: [u8; 6], dst: std::net::IpAddr) -> Fdb {
     Fdb {
         index,
         mac,

@@ -38,7 +38,7 @@ impl From<crate::vxlan::Error> for CniError {
             E::Config(_) | E::Attachments(_) => code::INVALID_CONFIG,
             E::Peers(_) | E::PeersFile(_) => PEERS,
             E::NoDevice { .. }
-            | E::DeviceWithoutIpv4 { .. }
+            | E::DeviceWithoutAddress { .. }
             | E::LocalIpNotHere { .. }
             | E::NoRemotePeer
             | E::NoRouteToPeer { .. }

@@ -1,7 +1,7 @@
 //! The `sticky-vxlan` network config: every key checked, with an error that names the key,
 //! quotes the bad value and says what was expected.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use ipnet::IpNet;
@@ -14,6 +14,9 @@ use super::peers::{Peer, PeerEntry};
 pub const DEFAULT_PORT: u16 = 8472;
 /// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
 pub const IPV4_OVERHEAD: u32 = 50;
+/// An IPv6 underlay's VXLAN encapsulation: outer IPv6 (40) + UDP (8) + VXLAN (8) + inner
+/// Ethernet (14).
+pub const IPV6_OVERHEAD: u32 = 70;
 pub const DEFAULT_BRIDGE: &str = "stickybr0";
 pub const DEFAULT_STATE_DIR: &str = "/run/sticky-vxlan";
 /// The largest VNI (24 bits).
@@ -79,7 +82,7 @@ pub struct Config {
     pub vni: u32,
     pub port: u16,
     pub device: Option<String>,
-    pub local_ip: Option<Ipv4Addr>,
+    pub local_ip: Option<IpAddr>,
     pub vtep_name: String,
     pub bridge: String,
     pub mtu: Option<u32>,
@@ -255,9 +258,9 @@ impl Config {
         if let Some(d) = &device {
             check_ifname("device", d)?;
         }
-        let local_ip = match get::<IpAddr>(obj, "localIp", "an IPv4 address")? {
+        let local_ip = match get::<IpAddr>(obj, "localIp", "an IPv4 or IPv6 address")? {
             None => None,
-            Some(IpAddr::V4(a)) => match super::peers::not_a_node(a) {
+            Some(a) => match super::peers::not_a_node(a) {
                 None => Some(a),
                 Some(what) => {
                     return Err(bad(
@@ -266,14 +269,6 @@ impl Config {
                     ));
                 }
             },
-            Some(IpAddr::V6(a)) => {
-                return Err(bad(
-                    "localIp",
-                    format!(
-                        "{a} is IPv6: an IPv6 underlay (70 bytes of overhead) is not supported yet; use the node's IPv4 address"
-                    ),
-                ));
-            }
         };
         let vtep_name: String =
             get(obj, "vtepName", "an interface name")?.unwrap_or_else(|| format!("sticky.{vni}"));
@@ -308,6 +303,17 @@ impl Config {
             ));
         }
         let (peers, peers_file) = peer_sources(obj)?;
+        if let Some(local) = local_ip
+            && let Some(other) = peers.iter().find(|p| p.ip.is_ipv4() != local.is_ipv4())
+        {
+            return Err(bad(
+                "localIp",
+                format!(
+                    "{local} and peer {} are of two families: one network's underlay is IPv4 or IPv6",
+                    other.ip
+                ),
+            ));
+        }
         let state_dir = state_dir(obj)?;
         let ipam = obj
             .get("ipam")
@@ -352,6 +358,8 @@ impl Config {
 mod tests {
     use super::*;
     use serde_json::json;
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn base() -> Value {
         json!({
@@ -387,7 +395,8 @@ mod tests {
             ("port", json!(0), "port"),
             ("port", json!(70000), "port"),
             ("device", json!("a/b"), "device"),
-            ("localIp", json!("2001:db8::1"), "localIp"),
+            ("localIp", json!("fe80::1"), "localIp"),
+            ("localIp", json!("::ffff:192.0.2.1"), "localIp"),
             ("localIp", json!("0.0.0.0"), "localIp"),
             ("localIp", json!("127.0.0.1"), "localIp"),
             ("localIp", json!("169.254.0.1"), "localIp"),
@@ -480,11 +489,27 @@ mod tests {
     }
 
     #[test]
-    fn ipv6_underlay_is_refused_clearly() {
-        let err = with("localIp", json!("2001:db8::1"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("IPv6 underlay"), "{err}");
+    fn an_ipv6_local_ip_is_taken_and_a_mix_of_families_refused() {
+        let c = with("localIp", json!("2001:db8::1")).unwrap();
+        assert_eq!(c.local_ip, Some("2001:db8::1".parse().unwrap()));
+        let mut v = base();
+        v["localIp"] = json!("2001:db8::1");
+        v["peers"] = json!([{"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]}]);
+        let err = Config::from_json("edge", &v).unwrap_err().to_string();
+        assert!(
+            err.contains("2001:db8::1")
+                && err.contains("192.0.2.2")
+                && err.contains("two families"),
+            "{err}"
+        );
+        let mut v = base();
+        v["peers"] = json!([{"ip": "192.0.2.2", "subnets": ["10.244.2.0/24"]},
+                            {"ip": "2001:db8::3", "subnets": ["10.244.3.0/24"]}]);
+        let err = Config::from_json("edge", &v).unwrap_err().to_string();
+        assert!(
+            err.contains("192.0.2.2") && err.contains("2001:db8::3"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -507,7 +532,7 @@ mod tests {
         }
         let c = Config::from_json("edge", &v).unwrap();
         assert_eq!(c.port, 4789);
-        assert_eq!(c.local_ip, Some(Ipv4Addr::new(192, 0, 2, 1)));
+        assert_eq!(c.local_ip, Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))));
         assert_eq!(c.peers.len(), 1);
         assert_eq!(c.peers[0].mac, Some([0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0x02]));
     }

@@ -240,8 +240,7 @@ pub fn bridge<'a>(
         return Ok(None);
     };
     let addrs = seen.addresses_of(b.index);
-    if b.index == node.underlay.index || addrs.iter().any(|a| a.addr() == IpAddr::V4(node.local_ip))
-    {
+    if b.index == node.underlay.index || addrs.iter().any(|a| a.addr() == node.local_ip) {
         return Err(Error::UnderlayBridge {
             device: b.name.clone(),
             underlay: node.local_ip,

@@ -2,7 +2,7 @@
 //! routes, VTEP entries) that every write changes as the kernel would, and that records each
 //! write in order, so the plan's decisions are tested without root.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde_json::{Value, json};
@@ -283,7 +283,7 @@ pub fn peer(ip: &str, subnet: &str) -> Peer {
 /// A node at `ip` on `eth0` (index 2, MTU 1500) with `subnet`, and remote (ip, subnet) peers.
 pub fn node_with(ip: &str, subnet: &str, remote: &[(&str, &str)]) -> Node {
     Node {
-        local_ip: ip.parse::<Ipv4Addr>().unwrap(),
+        local_ip: ip.parse::<IpAddr>().unwrap(),
         underlay: Link {
             index: 2,
             name: "eth0".into(),

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::process::{Command, Stdio};
 
 use ipnet::IpNet;
@@ -79,8 +79,17 @@ fn legacy_table_name(network: &str) -> String {
 }
 
 /// The nft script for this config, or `None` when no rule is wanted. `subnet` is the node's
-/// IPv4 pod subnet, `allowed` the underlay addresses the VXLAN port accepts.
-pub fn script(cfg: &Config, subnet: Option<IpNet>, allowed: &[Ipv4Addr]) -> Option<String> {
+/// IPv4 pod subnet, `local` the node's underlay address and `allowed` the underlay addresses
+/// the VXLAN port accepts (of `local`'s family). The masquerade rule is about IPv4 pods and
+/// sits in an `ip` table; the VXLAN port's rule sits in a table of the underlay's family
+/// (`ip6` for an IPv6 underlay), and both tables are replaced in one transaction, so a
+/// network moved from one underlay family to the other leaves no rule behind.
+pub fn script(
+    cfg: &Config,
+    subnet: Option<IpNet>,
+    local: IpAddr,
+    allowed: &[IpAddr],
+) -> Option<String> {
     if !cfg.ip_masq && !cfg.peer_only_port {
         return None;
     }
@@ -92,9 +101,13 @@ pub fn script(cfg: &Config, subnet: Option<IpNet>, allowed: &[Ipv4Addr]) -> Opti
             "table ip {legacy} {{}}\ndelete table ip {legacy}\n"
         ));
     }
-    s.push_str(&format!(
-        "table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{\n"
-    ));
+    s.push_str(&format!("table ip {table} {{}}\ndelete table ip {table}\n"));
+    if cfg.peer_only_port {
+        s.push_str(&format!(
+            "table ip6 {table} {{}}\ndelete table ip6 {table}\n"
+        ));
+    }
+    s.push_str(&format!("table ip {table} {{\n"));
     if cfg.ip_masq
         && let (Some(subnet), Some(cluster)) = (subnet, cfg.cluster_cidr)
         && cluster.addr().is_ipv4()
@@ -103,21 +116,34 @@ pub fn script(cfg: &Config, subnet: Option<IpNet>, allowed: &[Ipv4Addr]) -> Opti
                     "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    ip saddr {subnet} ip daddr != {cluster} masquerade\n  }}\n"
                 ));
     }
+    let (family, saddr) = match local {
+        IpAddr::V4(_) => ("ip", "ip saddr"),
+        IpAddr::V6(_) => ("ip6", "ip6 saddr"),
+    };
     if cfg.peer_only_port {
-        let allowed: BTreeSet<Ipv4Addr> = allowed.iter().copied().collect();
+        let allowed: BTreeSet<IpAddr> = allowed
+            .iter()
+            .copied()
+            .filter(|a| a.is_ipv6() == local.is_ipv6())
+            .collect();
         let peers: Vec<String> = allowed.iter().map(ToString::to_string).collect();
         let rule = if peers.is_empty() {
             format!("udp dport {} counter drop", cfg.port)
         } else {
             format!(
-                "udp dport {} ip saddr != {{ {} }} counter drop",
+                "udp dport {} {saddr} != {{ {} }} counter drop",
                 cfg.port,
                 peers.join(", ")
             )
         };
-        s.push_str(&format!(
+        let chain = format!(
             "  chain input {{\n    type filter hook input priority filter - 1; policy accept;\n    {rule}\n  }}\n"
-        ));
+        );
+        if family == "ip" {
+            s.push_str(&chain);
+        } else {
+            s.push_str(&format!("}}\ntable ip6 {table} {{\n{chain}"));
+        }
     }
     s.push_str("}\n");
     Some(s)
@@ -159,7 +185,8 @@ mod tests {
         )
         .unwrap();
         let subnet = Some("10.244.1.0/24".parse().unwrap());
-        let s = script(&cfg, subnet, &["192.0.2.2".parse().unwrap()]).unwrap();
+        let local: IpAddr = "192.0.2.1".parse().unwrap();
+        let s = script(&cfg, subnet, local, &["192.0.2.2".parse().unwrap()]).unwrap();
         assert!(s.contains("table ip sticky_vxlan_edge_2d1 {"), "{s}");
         assert!(s.contains("delete table ip sticky_vxlan_edge_1\n"), "{s}");
         assert!(
@@ -175,11 +202,28 @@ mod tests {
             "192.0.2.2".parse().unwrap(),
             "192.0.2.2".parse().unwrap(),
         ];
-        let s = script(&cfg, subnet, &allowed).unwrap();
+        let s = script(&cfg, subnet, local, &allowed).unwrap();
         assert!(
             s.contains("udp dport 8472 ip saddr != { 192.0.2.2, 192.0.2.3 } counter drop"),
             "{s}"
         );
+        // An IPv6 underlay: the VXLAN port's rule in an ip6 table, the masquerade (IPv4
+        // pods) where it was; both tables replaced.
+        let local6: IpAddr = "2001:db8::1".parse().unwrap();
+        let s = script(&cfg, subnet, local6, &["2001:db8::2".parse().unwrap()]).unwrap();
+        assert!(
+            s.contains("delete table ip6 sticky_vxlan_edge_2d1\n"),
+            "{s}"
+        );
+        assert!(s.contains("delete table ip sticky_vxlan_edge_2d1\n"), "{s}");
+        let v6_table = &s[s
+            .find("table ip6 sticky_vxlan_edge_2d1 {\n")
+            .expect("an ip6 table")..];
+        assert!(
+            v6_table.contains("udp dport 8472 ip6 saddr != { 2001:db8::2 } counter drop"),
+            "{s}"
+        );
+        assert!(s.contains("ip saddr 10.244.1.0/24 ip daddr != 10.244.0.0/16 masquerade"));
     }
 
     #[test]
@@ -201,7 +245,7 @@ mod tests {
             )
             .unwrap()
         };
-        let s = script(&cfg("edge_2d1"), None, &[]).unwrap();
+        let s = script(&cfg("edge_2d1"), None, "192.0.2.1".parse().unwrap(), &[]).unwrap();
         assert!(!s.contains("delete table ip sticky_vxlan_edge_2d1"), "{s}");
     }
 }

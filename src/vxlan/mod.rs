@@ -38,7 +38,7 @@ pub mod reconcile;
 pub mod stamp;
 pub mod state_dir;
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use crate::netlink;
 
@@ -66,24 +66,24 @@ pub enum Error {
     Attachments(#[from] crate::cni::AttachmentsError),
     #[error("underlay device {name:?} does not exist")]
     NoDevice { name: String },
-    #[error("underlay device {name:?} has no IPv4 address (set localIp)")]
-    DeviceWithoutIpv4 { name: String },
+    #[error("underlay device {name:?} has no {family} address (set localIp)")]
+    DeviceWithoutAddress { name: String, family: &'static str },
     #[error("localIp {ip} is not an address of this node")]
-    LocalIpNotHere { ip: Ipv4Addr },
+    LocalIpNotHere { ip: IpAddr },
     #[error("cannot tell which underlay to use: no remote peer to route to: set localIp or device")]
     NoRemotePeer,
     #[error(
         "cannot tell which underlay to use: no route with a source address towards peer {peer}: set localIp or device"
     )]
-    NoRouteToPeer { peer: Ipv4Addr },
+    NoRouteToPeer { peer: IpAddr },
     #[error(
         "the VTEP would use {underlay} (from localIp/device) but this node's peer entry names {entry}: peers send to {entry} and compute this node's VTEP MAC from it; set localIp/device to match the entry"
     )]
-    UnderlayNotNamed { underlay: Ipv4Addr, entry: Ipv4Addr },
+    UnderlayNotNamed { underlay: IpAddr, entry: IpAddr },
     #[error(
         "no peer entry names this node: none of the peers' ips is a local address (underlay {local}); add {{\"ip\": \"{local}\", \"subnets\": [<this node's pod subnet>]}} to peers or the peers file"
     )]
-    NoLocalEntry { local: Ipv4Addr },
+    NoLocalEntry { local: IpAddr },
     #[error(
         "device {device:?} already uses VNI {vni} on UDP port {port}: remove it (ip link del {device}) or choose another vni/port"
     )]
@@ -107,7 +107,7 @@ pub enum Error {
     #[error(
         "device {device:?} holds the underlay address {underlay}: it is the node's uplink, never the pods' bridge; choose another bridge name"
     )]
-    UnderlayBridge { device: String, underlay: Ipv4Addr },
+    UnderlayBridge { device: String, underlay: IpAddr },
     #[error(
         "route {route}{} is not sticky-vxlan's and a peer's subnet {} needs it: it is left as it is; remove it or change the peer's subnet", device.as_ref().map(|d| format!(" (dev {d})")).unwrap_or_default(), route.dst
     )]

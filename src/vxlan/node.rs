@@ -2,12 +2,12 @@
 //! and the remote peers, worked out from config, the peers file and what the kernel shows
 //! ([`Observed`], read once per call).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net};
 
 use super::Error;
-use super::config::{Config, IPV4_OVERHEAD};
+use super::config::{Config, IPV4_OVERHEAD, IPV6_OVERHEAD};
 use super::kernel::Kernel;
 use super::peers::{self, Gathered, Peer};
 use crate::netlink::link::Link;
@@ -88,18 +88,15 @@ impl Observed {
         self.addresses
             .iter()
             .map(|(_, n)| n.addr())
-            .filter(|a| match a {
-                IpAddr::V4(a) => peers::not_a_node(*a).is_none(),
-                IpAddr::V6(_) => false,
-            })
+            .filter(|a| peers::not_a_node(*a).is_none())
             .collect()
     }
 
     /// The link holding address `ip`.
-    pub fn holder(&self, ip: Ipv4Addr) -> Option<&Link> {
+    pub fn holder(&self, ip: IpAddr) -> Option<&Link> {
         self.addresses
             .iter()
-            .find(|(_, n)| n.addr() == IpAddr::V4(ip))
+            .find(|(_, n)| n.addr() == ip)
             .and_then(|(i, _)| self.link_index(*i))
     }
 }
@@ -107,7 +104,8 @@ impl Observed {
 /// This node, as far as the overlay is concerned.
 #[derive(Debug, Clone)]
 pub struct Node {
-    pub local_ip: Ipv4Addr,
+    /// The underlay address: IPv4, or IPv6 (every peer's is of the same family).
+    pub local_ip: IpAddr,
     pub underlay: Link,
     /// MTU of the VTEP, the bridge and every pod interface.
     pub mtu: u32,
@@ -143,11 +141,15 @@ impl Node {
     }
 }
 
-/// The MTU of the overlay devices over `underlay`: `wanted`, or the underlay's MTU − 50 (an
-/// IPv4 VXLAN header); larger than that is an error.
-pub fn mtu_for(underlay: &Link, wanted: Option<u32>) -> Result<u32, Error> {
+/// The MTU of the overlay devices over `underlay` whose address is `local`: `wanted`, or the
+/// underlay's MTU − 50 (VXLAN over IPv4) or − 70 (over IPv6); larger than that is an error.
+pub fn mtu_for(underlay: &Link, local: IpAddr, wanted: Option<u32>) -> Result<u32, Error> {
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
-    let max = underlay_mtu.saturating_sub(IPV4_OVERHEAD);
+    let overhead = match local {
+        IpAddr::V4(_) => IPV4_OVERHEAD,
+        IpAddr::V6(_) => IPV6_OVERHEAD,
+    };
+    let max = underlay_mtu.saturating_sub(overhead);
     match wanted {
         Some(m) if m > max => Err(Error::MtuTooLarge {
             mtu: m,
@@ -220,10 +222,14 @@ pub fn identify(
 ) -> Result<Node, Error> {
     let node_addrs = seen.node_addresses();
     let (local_ip, underlay) = underlay(k, cfg, seen, all, &node_addrs)?;
-    let (local, remote) = match cfg.local_ip {
-        Some(ip) => peers::split_local(all, &[IpAddr::V4(ip)])?,
-        None => peers::split_local(all, &[IpAddr::V4(local_ip)])?,
-    };
+    if let Some(other) = all.iter().find(|p| p.ip.is_ipv4() != local_ip.is_ipv4()) {
+        let (ipv4, ipv6) = match local_ip {
+            IpAddr::V4(_) => (local_ip, other.ip),
+            IpAddr::V6(_) => (other.ip, local_ip),
+        };
+        return Err(peers::Error::MixedUnderlay { ipv4, ipv6 }.into());
+    }
+    let (local, remote) = peers::split_local(all, &[cfg.local_ip.unwrap_or(local_ip)])?;
     let local = match local {
         Some(l) => l,
         None => {
@@ -235,7 +241,7 @@ pub fn identify(
     // Every other entry matching one of this node's addresses would also be "this node".
     peers::split_local(all, &node_addrs)?;
     check_underlay_edges(seen, &underlay, &remote)?;
-    let mtu = mtu_for(&underlay, cfg.mtu)?;
+    let mtu = mtu_for(&underlay, local_ip, cfg.mtu)?;
     Ok(Node {
         local_ip,
         underlay,
@@ -254,13 +260,14 @@ pub fn check_underlay_edges(
     remote: &[Peer],
 ) -> Result<(), Error> {
     for net in seen.addresses_of(underlay.index) {
+        // IPv6 has no broadcast address, and its subnet-router anycast address is no node's.
         let IpNet::V4(net) = net else { continue };
         if net.prefix_len() >= 31 {
             continue;
         }
         let edges = [
-            (Ipv4Net::network(&net), "network"),
-            (net.broadcast(), "broadcast"),
+            (IpAddr::V4(Ipv4Net::network(&net)), "network"),
+            (IpAddr::V4(net.broadcast()), "broadcast"),
         ];
         for p in remote {
             if let Some((_, what)) = edges.iter().find(|(a, _)| *a == p.ip) {
@@ -285,11 +292,17 @@ fn underlay(
     seen: &Observed,
     all: &[Peer],
     node_addrs: &[IpAddr],
-) -> Result<(Ipv4Addr, Link), Error> {
-    let v4_on = |index: u32| {
-        seen.addresses.iter().find_map(|(i, n)| match n.addr() {
-            IpAddr::V4(a) if *i == index => Some(a),
-            _ => None,
+) -> Result<(IpAddr, Link), Error> {
+    // The network's underlay family: `localIp`'s, else its peers' (one family, [`peers::merge`]).
+    let v6 = cfg
+        .local_ip
+        .or_else(|| all.first().map(|p| p.ip))
+        .is_some_and(|ip| ip.is_ipv6());
+    let family = if v6 { "IPv6" } else { "IPv4" };
+    let node_address_on = |index: u32| {
+        seen.addresses.iter().find_map(|(i, n)| {
+            let a = n.addr();
+            (*i == index && a.is_ipv6() == v6 && peers::not_a_node(a).is_none()).then_some(a)
         })
     };
     // The links not read with the rest (see `Observed::read`) are asked for.
@@ -297,11 +310,7 @@ fn underlay(
         Some(l) => Ok(Some(l.clone())),
         None => k.link_at(index),
     };
-    let mut holder = |ip: Ipv4Addr| match seen
-        .addresses
-        .iter()
-        .find(|(_, n)| n.addr() == IpAddr::V4(ip))
-    {
+    let mut holder = |ip: IpAddr| match seen.addresses.iter().find(|(_, n)| n.addr() == ip) {
         Some((i, _)) => at(*i),
         None => Ok(None),
     };
@@ -313,13 +322,22 @@ fn underlay(
         .ok_or_else(|| Error::NoDevice { name: name.clone() })?;
         // Of the device's addresses, the one this node's peer entry names: the others' FDB
         // entries point at it and their MAC for this node is computed from it.
-        let named = seen.addresses.iter().find_map(|(i, n)| match n.addr() {
-            IpAddr::V4(a) if *i == dev.index && all.iter().any(|p| p.ip == a) => Some(a),
-            _ => None,
+        let named = seen.addresses.iter().find_map(|(i, n)| {
+            let a = n.addr();
+            (*i == dev.index && all.iter().any(|p| p.ip == a)).then_some(a)
         });
-        let ip = match cfg.local_ip.or(named).or_else(|| v4_on(dev.index)) {
+        let ip = match cfg
+            .local_ip
+            .or(named)
+            .or_else(|| node_address_on(dev.index))
+        {
             Some(ip) => ip,
-            None => return Err(Error::DeviceWithoutIpv4 { name: name.clone() }),
+            None => {
+                return Err(Error::DeviceWithoutAddress {
+                    name: name.clone(),
+                    family,
+                });
+            }
         };
         return Ok((ip, dev));
     }
@@ -328,17 +346,17 @@ fn underlay(
         return Ok((ip, dev));
     }
     // The entry naming this node gives its underlay address directly.
-    if let Some(own) = all.iter().find(|p| node_addrs.contains(&IpAddr::V4(p.ip)))
+    if let Some(own) = all.iter().find(|p| node_addrs.contains(&p.ip))
         && let Some(dev) = holder(own.ip)?
     {
         return Ok((own.ip, dev));
     }
     let target = all
         .iter()
-        .find(|p| !node_addrs.contains(&IpAddr::V4(p.ip)))
+        .find(|p| !node_addrs.contains(&p.ip))
         .ok_or(Error::NoRemotePeer)?;
-    let (oif, src) = k.route_to(IpAddr::V4(target.ip))?;
-    let (Some(oif), Some(IpAddr::V4(src))) = (oif, src) else {
+    let (oif, src) = k.route_to(target.ip)?;
+    let (Some(oif), Some(src)) = (oif, src.filter(|s| s.is_ipv6() == target.ip.is_ipv6())) else {
         return Err(Error::NoRouteToPeer { peer: target.ip });
     };
     let dev = match seen.link_index(oif) {
@@ -353,6 +371,8 @@ fn underlay(
 mod tests {
     use super::*;
     use crate::vxlan::fake::{Fake, conf, peer};
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     #[test]
     fn gateways() {
@@ -411,7 +431,7 @@ mod tests {
         k.add_address("eth0", "192.0.2.101/24");
         let cfg = conf(serde_json::json!({}));
         let lo = Peer {
-            ip: Ipv4Addr::LOCALHOST,
+            ip: Ipv4Addr::LOCALHOST.into(),
             ..peer("192.0.2.9", "10.244.9.0/24")
         };
         // (check_entries refuses it in any list; even if it got here it is not this node.)

@@ -57,7 +57,7 @@ pub fn fill(entry: &Value, name: &str) -> Result<Option<Value>, NodeRangesError>
     };
     let all = peers::merge(&cfg.peers, &from_file)?;
     let (local_addrs, which) = match cfg.local_ip {
-        Some(ip) => (vec![IpAddr::V4(ip)], ip.to_string()),
+        Some(ip) => (vec![ip], ip.to_string()),
         None => {
             let addrs = Socket::open()
                 .map_err(|e| NodeRangesError::Addresses(e.to_string()))

@@ -30,7 +30,7 @@ pub struct PeerEntry {
 /// VTEP MAC for nodes that do not use the kept-MAC scheme (e.g. flannel nodes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub subnets: Vec<IpNet>,
     pub mac: Option<[u8; 6]>,
 }
@@ -39,36 +39,36 @@ pub struct Peer {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     #[error("peer ip {ip} is {what}: a peer's ip must be a node's unicast underlay address")]
-    NotUnicast { ip: Ipv4Addr, what: &'static str },
+    NotUnicast { ip: IpAddr, what: &'static str },
     #[error(
-        "peer ip {ip} is IPv6: an IPv6 underlay is not supported yet (IPv6 pod subnets over an IPv4 underlay are)"
+        "peers {ipv4} and {ipv6} are on underlays of two families: one network's underlay is IPv4 or IPv6 (make a second network for the other)"
     )]
-    Ipv6Underlay { ip: std::net::Ipv6Addr },
+    MixedUnderlay { ipv4: IpAddr, ipv6: IpAddr },
     #[error(
         "peer {ip} has subnets {subnets:?}: expected one IPv4 subnet and at most one IPv6 subnet"
     )]
-    Subnets { ip: Ipv4Addr, subnets: Vec<String> },
+    Subnets { ip: IpAddr, subnets: Vec<String> },
     #[error("peer {ip} subnet {subnet} has host bits set (did you mean {}?)", subnet.trunc())]
-    HostBits { ip: Ipv4Addr, subnet: IpNet },
+    HostBits { ip: IpAddr, subnet: IpNet },
     #[error("peer {ip} subnet {subnet} is too small for pods")]
-    TooSmall { ip: Ipv4Addr, subnet: IpNet },
+    TooSmall { ip: IpAddr, subnet: IpNet },
     #[error("peer {ip} mac {mac:?} is not a unicast MAC like 0a:01:c0:00:02:01")]
-    BadMac { ip: Ipv4Addr, mac: String },
+    BadMac { ip: IpAddr, mac: String },
     #[error("peer {ip} is listed twice with different settings")]
-    Twice { ip: Ipv4Addr },
+    Twice { ip: IpAddr },
     #[error(
         "peer {ip} subnet {subnet} holds the underlay address of peer {holder}: a pod subnet must not overlap the underlay"
     )]
     HoldsUnderlay {
-        ip: Ipv4Addr,
+        ip: IpAddr,
         subnet: IpNet,
-        holder: Ipv4Addr,
+        holder: IpAddr,
     },
     #[error("peer {ip} subnet {subnet} overlaps peer {other} subnet {other_subnet}")]
     Overlap {
-        ip: Ipv4Addr,
+        ip: IpAddr,
         subnet: IpNet,
-        other: Ipv4Addr,
+        other: IpAddr,
         other_subnet: IpNet,
     },
     #[error(
@@ -77,15 +77,15 @@ pub enum Error {
         match other { Some(o) => format!("also the VTEP MAC of peer {o}"), None => "this node's own VTEP MAC".into() }
     )]
     SharedMac {
-        ip: Ipv4Addr,
+        ip: IpAddr,
         mac: [u8; 6],
-        other: Option<Ipv4Addr>,
+        other: Option<IpAddr>,
     },
     #[error(
         "peer ip {ip} is the {what} address of the underlay subnet {subnet}: not a node (an FDB entry for it would flood the underlay)"
     )]
     UnderlayEdge {
-        ip: Ipv4Addr,
+        ip: IpAddr,
         what: &'static str,
         subnet: IpNet,
     },
@@ -93,7 +93,7 @@ pub enum Error {
         "peers {} all name addresses of this node: exactly one entry may name it (its underlay address), or the node cannot tell which it is",
         ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     )]
-    ManyLocal { ips: Vec<Ipv4Addr> },
+    ManyLocal { ips: Vec<IpAddr> },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,19 +128,24 @@ pub enum FileError {
 
 /// Why `ip` can never be a node's underlay address, if it cannot: the one rule for peer
 /// entries, `localIp`, a segment's `nodes` and which of this node's addresses may name it.
-pub fn not_a_node(ip: Ipv4Addr) -> Option<&'static str> {
+pub fn not_a_node(ip: IpAddr) -> Option<&'static str> {
     if ip.is_unspecified() {
-        Some("unspecified")
-    } else if ip.is_loopback() {
-        Some("a loopback address")
-    } else if ip.is_link_local() {
-        Some("link-local")
-    } else if ip.is_multicast() {
-        Some("multicast")
-    } else if ip.is_broadcast() {
-        Some("the broadcast address")
-    } else {
-        None
+        return Some("unspecified");
+    }
+    if ip.is_loopback() {
+        return Some("a loopback address");
+    }
+    if ip.is_multicast() {
+        return Some("multicast");
+    }
+    match ip {
+        IpAddr::V4(a) if a.is_link_local() => Some("link-local"),
+        IpAddr::V4(a) if a.is_broadcast() => Some("the broadcast address"),
+        IpAddr::V4(_) => None,
+        IpAddr::V6(a) if a.is_unicast_link_local() => Some("link-local"),
+        // ::ffff:a.b.c.d is an IPv4 node in IPv6's clothes: name it by its IPv4 address.
+        IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => Some("an IPv4-mapped address"),
+        IpAddr::V6(_) => None,
     }
 }
 
@@ -155,13 +160,10 @@ pub fn check_entries(entries: &[PeerEntry]) -> Result<Vec<Peer>, Error> {
 
 /// One entry checked alone: what every peer must be, whatever the others are.
 pub fn check_entry(e: &PeerEntry) -> Result<Peer, Error> {
-    let ip = match e.ip {
-        IpAddr::V4(a) => match not_a_node(a) {
-            None => a,
-            Some(what) => return Err(Error::NotUnicast { ip: a, what }),
-        },
-        IpAddr::V6(a) => return Err(Error::Ipv6Underlay { ip: a }),
-    };
+    let ip = e.ip;
+    if let Some(what) = not_a_node(ip) {
+        return Err(Error::NotUnicast { ip, what });
+    }
     let v4 = e.subnets.iter().filter(|s| s.addr().is_ipv4()).count();
     let v6 = e.subnets.len() - v4;
     if v4 != 1 || v6 > 1 {
@@ -201,7 +203,7 @@ pub fn check_entry(e: &PeerEntry) -> Result<Peer, Error> {
 /// subnets or MAC, or two peers whose subnets overlap, is an error. O(n log n): every peer is
 /// checked against a [`Claims`] index of those before it, in the order of their `ip`.
 pub fn merge(a: &[Peer], b: &[Peer]) -> Result<Vec<Peer>, Error> {
-    let mut by_ip: BTreeMap<Ipv4Addr, &Peer> = BTreeMap::new();
+    let mut by_ip: BTreeMap<IpAddr, &Peer> = BTreeMap::new();
     for p in a.iter().chain(b) {
         match by_ip.get(&p.ip) {
             Some(existing) if *existing == p => {}
@@ -210,6 +212,16 @@ pub fn merge(a: &[Peer], b: &[Peer]) -> Result<Vec<Peer>, Error> {
                 by_ip.insert(p.ip, p);
             }
         }
+    }
+    // Ordered by address, every IPv4 peer comes before every IPv6 one.
+    if let (Some(v4), Some(v6)) = (
+        by_ip.keys().next().filter(|ip| ip.is_ipv4()),
+        by_ip.keys().next_back().filter(|ip| ip.is_ipv6()),
+    ) {
+        return Err(Error::MixedUnderlay {
+            ipv4: *v4,
+            ipv6: *v6,
+        });
     }
     let mut claims = Claims::default();
     for p in by_ip.values() {
@@ -226,9 +238,9 @@ pub fn merge(a: &[Peer], b: &[Peer]) -> Result<Vec<Peer>, Error> {
 #[derive(Debug, Default, Clone)]
 pub struct Claims {
     /// Underlay address → nothing (the peer is identified by it).
-    ips: std::collections::BTreeSet<Ipv4Addr>,
+    ips: std::collections::BTreeSet<IpAddr>,
     /// (is IPv6, network address, prefix length) → the peer holding that subnet.
-    subnets: BTreeMap<(bool, u128, u8), Ipv4Addr>,
+    subnets: BTreeMap<(bool, u128, u8), IpAddr>,
 }
 
 fn subnet_key(net: &IpNet) -> (bool, u128, u8) {
@@ -246,7 +258,7 @@ impl Claims {
             return Some(Error::Twice { ip: peer.ip });
         }
         // Its underlay address inside a subnet already held (or one of its own).
-        let own = IpNet::from(IpAddr::V4(peer.ip));
+        let own = IpNet::from(peer.ip);
         if let Some((subnet, holder)) = self.containing(&own) {
             return Some(Error::HoldsUnderlay {
                 ip: holder,
@@ -256,16 +268,14 @@ impl Claims {
         }
         for &subnet in &peer.subnets {
             // An underlay address already held inside one of its subnets, or its own.
-            if let IpNet::V4(n) = subnet
-                && let Some(&holder) = self.ips.range(n.network()..=n.broadcast()).next()
-            {
+            if let Some(&holder) = self.ips.range(subnet.network()..=subnet.broadcast()).next() {
                 return Some(Error::HoldsUnderlay {
                     ip: peer.ip,
                     subnet,
                     holder,
                 });
             }
-            if subnet.contains(&IpAddr::V4(peer.ip)) {
+            if subnet.contains(&peer.ip) {
                 return Some(Error::HoldsUnderlay {
                     ip: peer.ip,
                     subnet,
@@ -307,7 +317,7 @@ impl Claims {
     /// A held subnet equal to or containing `net`. Held subnets never overlap each other
     /// (one is inserted only when [`Claims::conflict`] found nothing), so the only candidate is
     /// the last one at or before `net` in the index's order: one range lookup.
-    fn containing(&self, net: &IpNet) -> Option<(IpNet, Ipv4Addr)> {
+    fn containing(&self, net: &IpNet) -> Option<(IpNet, IpAddr)> {
         let key = subnet_key(net);
         let (v6, _, _) = key;
         let (&found, &holder) = self.subnets.range((v6, 0, 0)..=key).next_back()?;
@@ -317,7 +327,7 @@ impl Claims {
     }
 
     /// A held subnet strictly inside `net`.
-    fn inside(&self, net: &IpNet) -> Option<(IpNet, Ipv4Addr)> {
+    fn inside(&self, net: &IpNet) -> Option<(IpNet, IpAddr)> {
         let (v6, addr, prefix) = subnet_key(net);
         let host_bits = u32::from(net.max_prefix_len() - prefix);
         let last = if host_bits >= 128 {
@@ -456,8 +466,8 @@ pub fn parse_file(text: &[u8]) -> Result<Vec<Peer>, ParseError> {
 /// Every remote peer needs a VTEP MAC of its own (its kept MAC or its explicit `mac`), and none
 /// may be this node's (`local`'s kept MAC): the FDB maps a MAC to every node listed behind it,
 /// so two peers sharing one would each be sent the other's traffic.
-pub fn check_macs(vni: u32, local: Ipv4Addr, remote: &[Peer]) -> Result<(), Error> {
-    let mut seen: BTreeMap<[u8; 6], Ipv4Addr> = BTreeMap::new();
+pub fn check_macs(vni: u32, local: IpAddr, remote: &[Peer]) -> Result<(), Error> {
+    let mut seen: BTreeMap<[u8; 6], IpAddr> = BTreeMap::new();
     seen.insert(vtep_mac(local, vni), local);
     for p in remote {
         let mac = p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni));
@@ -482,7 +492,7 @@ pub fn split_local(
     let (local, remote): (Vec<Peer>, Vec<Peer>) = peers
         .iter()
         .cloned()
-        .partition(|p| local_addrs.contains(&IpAddr::V4(p.ip)));
+        .partition(|p| local_addrs.contains(&p.ip));
     if local.len() > 1 {
         return Err(Error::ManyLocal {
             ips: local.iter().map(|p| p.ip).collect(),
@@ -494,6 +504,8 @@ pub fn split_local(
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[allow(unused_imports)]
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn peer(ip: &str, subnets: &[&str]) -> Peer {
         Peer {
@@ -582,7 +594,7 @@ mod tests {
             .map(|i| {
                 let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i + 1);
                 Peer {
-                    ip,
+                    ip: ip.into(),
                     subnets: vec![IpNet::V4(
                         ipnet::Ipv4Net::new(Ipv4Addr::from((10u32 << 24) + (i << 8)), 24).unwrap(),
                     )],
@@ -608,7 +620,7 @@ mod tests {
             &br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"]"#[..],
             br#"[{"ip":"192.0.2.1","subnets":[]}]"#,
             br#"[{"ip":"192.0.2.1","subnets":["10.244.1.1/24"]}]"#,
-            br#"[{"ip":"2001:db8::1","subnets":["10.244.1.0/24"]}]"#,
+            br#"[{"ip":"2001:db8::1","subnets":["10.244.1.0/24"]},{"ip":"192.0.2.2","subnets":["10.244.2.0/24"]}]"#,
             br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"],"mac":"01:00:00:00:00:01"}]"#,
             br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24"],"extra":1}]"#,
             br#"[{"ip":"192.0.2.1","subnets":["10.244.1.0/24","10.244.2.0/24"]}]"#,
@@ -626,6 +638,11 @@ mod tests {
             "224.0.0.1",
             "255.255.255.255",
             "0.0.0.0",
+            "::",
+            "::1",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:192.0.2.1",
         ] {
             let entry = PeerEntry {
                 ip: ip.parse().unwrap(),
@@ -641,7 +658,7 @@ mod tests {
 
     #[test]
     fn every_peer_has_a_vtep_mac_of_its_own() {
-        let local: Ipv4Addr = "192.0.2.1".parse().unwrap();
+        let local: IpAddr = "192.0.2.1".parse().unwrap();
         let flannel = |ip: &str, mac: [u8; 6]| Peer {
             mac: Some(mac),
             ..peer(ip, &["10.244.9.0/24"])

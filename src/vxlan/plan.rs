@@ -17,7 +17,7 @@
 //! removed.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 
@@ -59,11 +59,11 @@ pub enum Step {
     },
     AddFdb {
         mac: [u8; 6],
-        dst: Ipv4Addr,
+        dst: IpAddr,
     },
     DeleteFdb {
         mac: [u8; 6],
-        dst: Ipv4Addr,
+        dst: IpAddr,
     },
     ReplaceNeighbour {
         ip: IpAddr,
@@ -97,7 +97,7 @@ pub struct Plan {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Desired {
     /// (peer VTEP MAC, peer underlay address).
-    pub fdb: Vec<([u8; 6], Ipv4Addr)>,
+    pub fdb: Vec<([u8; 6], IpAddr)>,
     /// (peer subnet network address, peer VTEP MAC).
     pub neighbours: Vec<(IpAddr, [u8; 6])>,
     /// Peer subnets, each routed via its network address onlink through the VTEP.
@@ -209,7 +209,7 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
     let seen_routes: HashSet<&Route> = seen.routes.iter().collect();
     let want_routes: HashSet<IpNet> = want.routes.iter().copied().collect();
     let want_neighbours: HashSet<(IpAddr, [u8; 6])> = want.neighbours.iter().copied().collect();
-    let have_fdb_set: HashSet<([u8; 6], Ipv4Addr)> =
+    let have_fdb_set: HashSet<([u8; 6], IpAddr)> =
         have_fdb.iter().map(|f| (f.mac, f.dst)).collect();
     let have_neigh_set: HashSet<(IpAddr, [u8; 6])> = have_neigh
         .iter()
@@ -336,11 +336,11 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
     }
     // While the peers file cannot be used, every peer still programmed stays allowed through
     // the peer-only rule as well (without a kept copy, `node.remote` may be much shorter).
-    let mut allowed: Vec<Ipv4Addr> = node.remote.iter().map(|p| p.ip).collect();
+    let mut allowed: Vec<IpAddr> = node.remote.iter().map(|p| p.ip).collect();
     if !removing {
         allowed.extend(have_fdb.iter().map(|f| f.dst));
     }
-    if let Some(script) = firewall::script(cfg, node.subnet_v4(), &allowed) {
+    if let Some(script) = firewall::script(cfg, node.subnet_v4(), node.local_ip, &allowed) {
         steps.push(Step::Firewall { script });
     }
     Ok(Plan { steps })

@@ -6,7 +6,7 @@
 //! it under the network's lock in `stateDir`, so parallel ADDs never race to create the VTEP
 //! and reconcile peers one at a time.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -92,7 +92,7 @@ pub fn stamped(k: &mut impl Kernel, cfg: &Config) -> Result<Option<ForPod>, Erro
 /// What an ADD needs of the node, as the stamp keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ready {
-    pub local_ip: Ipv4Addr,
+    pub local_ip: IpAddr,
     /// This node's own pod subnets.
     pub subnets: Vec<IpNet>,
     /// The MTU of the VTEP, the bridge and every pod interface.
