@@ -71,46 +71,6 @@ fn sysctl(topo: &Topo, ns: &str, kv: &str) {
     assert!(out.status.success(), "sysctl {kv} in {ns}");
 }
 
-/// A packet capture on one interface of a namespace, running until [`Capture::frames`].
-struct Capture {
-    child: std::process::Child,
-    file: std::path::PathBuf,
-}
-
-impl Capture {
-    /// Starts tcpdump and returns once it listens.
-    fn start(ns: &str, dev: &str, file: std::path::PathBuf) -> Capture {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new("ip")
-            .args(["netns", "exec", ns, "tcpdump", "-i", dev, "-nn", "-U", "-w"])
-            .arg(&file)
-            .stderr(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("tcpdump (apt install tcpdump)");
-        let mut line = String::new();
-        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-        err.read_line(&mut line).expect("tcpdump stderr");
-        assert!(line.contains("listening on"), "tcpdump: {line}");
-        Capture { child, file }
-    }
-
-    /// Stops the capture and returns every frame it saw, one line each (with MACs).
-    fn frames(mut self) -> String {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("stop tcpdump");
-        self.child.wait().expect("wait tcpdump");
-        ok(&["tcpdump", "-r", self.file.to_str().unwrap(), "-nn", "-e"])
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers_broadcasts() {

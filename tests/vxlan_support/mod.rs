@@ -89,6 +89,8 @@ pub struct Topo {
     pub cni_path: PathBuf,
     namespaces: Vec<String>,
     pub net: String,
+    /// Nodes on an IPv6-only underlay (`2001:db8::<n>/64`, no IPv4 on it at all).
+    pub underlay6: bool,
 }
 
 pub struct Pod {
@@ -121,6 +123,7 @@ impl Topo {
             cni_path,
             namespaces: Vec::new(),
             net: format!("net{tag}"),
+            underlay6: false,
         };
         let ul = topo.underlay.clone();
         topo.add_ns(&ul);
@@ -138,6 +141,29 @@ impl Topo {
         ]);
         ok(&["ip", "-n", &ul, "link", "set", "br0", "up"]);
         topo
+    }
+
+    /// An IPv6-only underlay with the given MTU and no nodes yet.
+    pub fn new_ipv6(mtu: u32) -> Topo {
+        let mut topo = Topo::new(mtu);
+        topo.underlay6 = true;
+        topo
+    }
+
+    /// Node `n`'s underlay address: `192.0.2.<n>`, or `2001:db8::<n>` on an IPv6 underlay.
+    pub fn node_addr(&self, n: u8) -> String {
+        if self.underlay6 {
+            format!("2001:db8::{n}")
+        } else {
+            Self::node_ip(n)
+        }
+    }
+
+    /// Node `n`'s peer entry on this topology's underlay.
+    pub fn peer_of(&self, n: u8, v6: bool) -> Value {
+        let mut p = Self::peer(n, v6);
+        p["ip"] = json!(self.node_addr(n));
+        p
     }
 
     fn add_ns(&mut self, name: &str) {
@@ -166,16 +192,16 @@ impl Topo {
             "eth0", "mtu", &mtu, "netns", &ns,
         ]);
         ok(&["ip", "-n", &ul, "link", "set", &port, "master", "br0", "up"]);
-        ok(&[
-            "ip",
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{}/24", Self::node_ip(n)),
-            "dev",
-            "eth0",
-        ]);
+        if self.underlay6 {
+            // No duplicate address detection: the address is usable at once.
+            let addr = format!("{}/64", self.node_addr(n));
+            ok(&[
+                "ip", "-n", &ns, "addr", "add", &addr, "dev", "eth0", "nodad",
+            ]);
+        } else {
+            let addr = format!("{}/24", Self::node_ip(n));
+            ok(&["ip", "-n", &ns, "addr", "add", &addr, "dev", "eth0"]);
+        }
         ok(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
     }
 
@@ -357,9 +383,9 @@ impl Topo {
             self.add_node(n, 1500);
         }
         let peers = json!([
-            Self::peer(1, false),
-            Self::peer(2, false),
-            Self::peer(3, false)
+            self.peer_of(1, self.underlay6),
+            self.peer_of(2, self.underlay6),
+            self.peer_of(3, self.underlay6)
         ]);
         (1..=3)
             .map(|n| self.conf(n, json!({"peers": peers})))
@@ -368,10 +394,15 @@ impl Topo {
 
     /// The network's nftables table on node `n`, as `nft list` prints it.
     pub fn nft_table(&self, n: u8) -> String {
+        self.nft_table_of_family(n, "ip")
+    }
+
+    /// The network's nftables table of `family` (`ip`, `ip6`) on node `n`.
+    pub fn nft_table_of_family(&self, n: u8, family: &str) -> String {
         let table = format!("sticky_vxlan_{}", self.net);
         let ns = self.node_ns(n);
         ok(&[
-            "ip", "netns", "exec", &ns, "nft", "list", "table", "ip", &table,
+            "ip", "netns", "exec", &ns, "nft", "list", "table", family, &table,
         ])
     }
 
@@ -503,6 +534,47 @@ pub fn ip_of(result: &Value, v6: bool) -> String {
         .and_then(|a| a.split('/').next())
         .unwrap_or_default()
         .to_string()
+}
+
+/// A packet capture on one interface of a namespace, running until [`Capture::frames`].
+pub struct Capture {
+    child: std::process::Child,
+    file: std::path::PathBuf,
+}
+
+impl Capture {
+    /// Starts tcpdump and returns once it listens.
+    pub fn start(ns: &str, dev: &str, file: std::path::PathBuf) -> Capture {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "tcpdump", "-i", dev, "-nn", "-U", "-w"])
+            .arg(&file)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("tcpdump (apt install tcpdump)");
+        let mut line = String::new();
+        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        err.read_line(&mut line).expect("tcpdump stderr");
+        assert!(line.contains("listening on"), "tcpdump: {line}");
+        Capture { child, file }
+    }
+
+    /// Stops the capture and returns every frame it saw, one line each (with MACs).
+    pub fn frames(mut self) -> String {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("stop tcpdump");
+        self.child.wait().expect("wait tcpdump");
+        ok(&["tcpdump", "-r", self.file.to_str().unwrap(), "-nn", "-e"])
+    }
+}
+
+/// A capture stopped by a failing test still ends (and is reaped).
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Topo {

@@ -1,0 +1,179 @@
+//! sticky-vxlan on an IPv6-only underlay (issue 22): the nodes' underlay carries no IPv4
+//! address at all (`2001:db8::<n>/64`); pods are dual-stack (`10.244.<n>.0/24`,
+//! `fd00:<n>::/64`) and both families cross it, encapsulated in UDP over IPv6.
+
+mod vxlan_support;
+
+use serde_json::{Value, json};
+use vxlan_support::*;
+
+/// Nodes 1 to `n` on an IPv6-only underlay; every node's config (dual-stack pods, the peers
+/// in the config).
+fn ipv6_nodes(topo: &mut Topo, n: u8) -> Vec<Value> {
+    for i in 1..=n {
+        topo.add_node(i, 1500);
+    }
+    let peers: Vec<Value> = (1..=n).map(|i| topo.peer_of(i, true)).collect();
+    (1..=n)
+        .map(|i| topo.conf(i, json!({"peers": peers, "v6": true})))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn both_pod_families_cross_an_ipv6_only_underlay_in_udp_over_ipv6() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    let confs = ipv6_nodes(&mut topo, 2);
+    for n in 1..=2 {
+        let v4 = topo.ip(n, &["-4", "-o", "addr", "show", "dev", "eth0"]);
+        assert!(v4.trim().is_empty(), "no IPv4 on the underlay: {v4}");
+    }
+    let a = topo.new_pod(1, "a");
+    topo.add(&a, &confs[0]);
+    let b = topo.new_pod(2, "b");
+    let rb = topo.add(&b, &confs[1]);
+    let (b4, b6) = (ip_of(&rb, false), ip_of(&rb, true));
+    assert!(
+        b4.starts_with("10.244.2.") && b6.starts_with("fd00:2::"),
+        "{rb}"
+    );
+
+    // The VTEP sits on the node's IPv6 address, UDP checksums on, MTU 1500 - 70.
+    let vtep = topo.ip(1, &["-d", "link", "show", "sticky.1"]);
+    assert!(vtep.contains("local 2001:db8::1"), "{vtep}");
+    assert!(
+        vtep.contains("noudp6zerocsumtx") && vtep.contains("noudp6zerocsumrx"),
+        "{vtep}"
+    );
+    assert!(vtep.contains("mtu 1430"), "{vtep}");
+    // The peer's FDB entry points at its IPv6 address.
+    let fdb = topo.ip(1, &["neigh"]);
+    let fdb_bridge = ok(&[
+        "ip",
+        "netns",
+        "exec",
+        &topo.node_ns(1),
+        "bridge",
+        "fdb",
+        "show",
+        "dev",
+        "sticky.1",
+    ]);
+    assert!(
+        fdb_bridge.contains("dst 2001:db8::2"),
+        "{fdb_bridge}\n{fdb}"
+    );
+
+    let capture = Capture::start(&topo.underlay, "n1", topo.dir.path().join("underlay.pcap"));
+    assert!(
+        topo.reaches(&a, &b4),
+        "IPv4 pod to pod over the IPv6 underlay"
+    );
+    assert!(
+        topo.reaches(&a, &b6),
+        "IPv6 pod to pod over the IPv6 underlay"
+    );
+    let frames = capture.frames();
+    let vxlan: Vec<&str> = frames.lines().filter(|l| l.contains(".8472")).collect();
+    assert!(!vxlan.is_empty(), "{frames}");
+    for line in &vxlan {
+        assert!(
+            line.contains("IPv6") && line.contains("2001:db8::"),
+            "encapsulated in IPv6: {line}"
+        );
+    }
+    // Every frame on the underlay is IPv6 (tcpdump prints an encapsulated frame on a line of
+    // its own, without a timestamp, after the outer one: that one is IPv4 or IPv6), the
+    // kernel's own IGMP reports from 0.0.0.0 aside (a link joins multicast groups even
+    // without an IPv4 address).
+    let outer = |l: &&str| l.as_bytes().get(8) == Some(&b'.');
+    for line in frames.lines().filter(outer).filter(|l| !l.contains("igmp")) {
+        assert!(
+            line.contains("ethertype IPv6"),
+            "not IPv6 on the underlay: {line}"
+        );
+    }
+    let inner_v4 = frames
+        .lines()
+        .filter(|l| !outer(l) && l.contains("ethertype IPv4"))
+        .count();
+    assert!(
+        inner_v4 > 0,
+        "IPv4 pods' frames inside UDP over IPv6:\n{frames}"
+    );
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_vtep_deleted_comes_back_with_its_mac_and_the_other_node_needs_nothing() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    let confs = ipv6_nodes(&mut topo, 3);
+    let mut pods = Vec::new();
+    let mut ips = Vec::new();
+    for n in 1..=3u8 {
+        let pod = topo.new_pod(n, &format!("p{n}"));
+        let r = topo.add(&pod, &confs[usize::from(n) - 1]);
+        ips.push((ip_of(&r, false), ip_of(&r, true)));
+        pods.push(pod);
+    }
+    for (i, from) in pods.iter().enumerate() {
+        for (j, (v4, v6)) in ips.iter().enumerate() {
+            if i != j {
+                assert!(topo.reaches(from, v4), "{} to {v4}", from.ns);
+                assert!(topo.reaches(from, v6), "{} to {v6}", from.ns);
+            }
+        }
+    }
+    let node2 = topo.node_ns(2);
+    let before = topo.link_mac(&node2, "sticky.1");
+    let computed = ok(&[BIN, "mac", "--local", "2001:db8::2", "--vni", "1"]);
+    assert_eq!(before, computed.trim(), "the kept MAC, computed offline");
+    println!("VTEP of node 2 (2001:db8::2, VNI 1) before: {before}");
+
+    ok(&["ip", "-n", &node2, "link", "del", "sticky.1"]);
+    assert!(!topo.ping(&pods[0], &ips[1].0));
+    // One ADD on node 2 alone: nodes 1 and 3 are not touched.
+    let extra = topo.new_pod(2, "p2b");
+    topo.add(&extra, &confs[1]);
+    let after = topo.link_mac(&node2, "sticky.1");
+    println!("VTEP of node 2 after its deletion and one ADD: {after}");
+    assert_eq!(after, before);
+    for from in [&pods[0], &pods[2]] {
+        assert!(topo.reaches(from, &ips[1].0), "{} to {}", from.ns, ips[1].0);
+        assert!(topo.reaches(from, &ips[1].1), "{} to {}", from.ns, ips[1].1);
+    }
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn peer_only_port_drops_vxlan_from_an_ipv6_address_that_is_not_a_peer() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    let mut confs = ipv6_nodes(&mut topo, 2);
+    // Node 3 is on the underlay but in no peer list.
+    topo.add_node(3, 1500);
+    confs[0]["peerOnlyPort"] = json!(true);
+    let a = topo.new_pod(1, "a");
+    let ra = topo.add(&a, &confs[0]);
+    let b = topo.new_pod(2, "b");
+    topo.add(&b, &confs[1]);
+    let table = topo.nft_table_of_family(1, "ip6");
+    assert!(
+        table.contains("udp dport 8472 ip6 saddr != 2001:db8::2 counter packets 0"),
+        "{table}"
+    );
+    assert!(
+        topo.reaches(&b, &ip_of(&ra, true)),
+        "the peer still gets in"
+    );
+    let send = "echo x > /dev/udp/2001:db8::1/8472";
+    let out = topo.in_ns(&topo.node_ns(3), &["bash", "-c", send]);
+    succeeded(&out, "a datagram from node 3");
+    let table = topo.nft_table_of_family(1, "ip6");
+    assert!(
+        table.contains("ip6 saddr != 2001:db8::2 counter packets 1 "),
+        "node 3's datagram is dropped: {table}"
+    );
+}
