@@ -2,10 +2,13 @@
 //! address at all (`2001:db8::<n>/64`); pods are dual-stack (`10.244.<n>.0/24`,
 //! `fd00:<n>::/64`) and both families cross it, encapsulated in UDP over IPv6.
 
+mod support;
 mod vxlan_support;
 
 use serde_json::{Value, json};
 use vxlan_support::*;
+
+const IPAM: &str = env!("CARGO_BIN_EXE_sticky-ipam");
 
 /// Nodes 1 to `n` on an IPv6-only underlay; every node's config (dual-stack pods, the peers
 /// in the config).
@@ -176,4 +179,113 @@ fn peer_only_port_drops_vxlan_from_an_ipv6_address_that_is_not_a_peer() {
         table.contains("ip6 saddr != 2001:db8::2 counter packets 1 "),
         "node 3's datagram is dropped: {table}"
     );
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_pod_recreated_under_its_name_keeps_both_addresses_and_is_reached_untouched() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    let mut confs = ipv6_nodes(&mut topo, 2);
+    std::os::unix::fs::symlink(IPAM, topo.cni_path.join("sticky-ipam")).expect("symlink");
+    for c in &mut confs {
+        c["ipam"]["type"] = json!("sticky-ipam");
+    }
+    let client = topo.new_pod(1, "client");
+    let client_id = support::Pod::new("shop", "client", "uid-client");
+    topo.add_args(&client, &confs[0], &client_id.kubelet_args(&client.id));
+    let web_id = support::Pod::new("shop", "web", "uid-web-1");
+    let web = topo.new_pod(2, "web");
+    let first = topo.add_args(&web, &confs[1], &web_id.kubelet_args(&web.id));
+    let (v4, v6) = (ip_of(&first, false), ip_of(&first, true));
+    assert!(topo.reaches(&client, &v4) && topo.reaches(&client, &v6));
+    let mac = topo.link_mac(&web.ns, "eth0");
+
+    let del = topo.cni(
+        2,
+        "DEL",
+        &web,
+        &web.path(),
+        &confs[1],
+        &web_id.kubelet_args(&web.id),
+    );
+    succeeded(&del, "DEL web");
+    let old = web.ns.clone();
+    topo.drop_ns(&old);
+    // Another pod meanwhile gets neither address.
+    let other = topo.new_pod(2, "other");
+    let other_id = support::Pod::new("shop", "other", "uid-other");
+    let r = topo.add_args(&other, &confs[1], &other_id.kubelet_args(&other.id));
+    assert!(ip_of(&r, false) != v4 && ip_of(&r, true) != v6, "{r}");
+
+    let web2 = topo.new_pod(2, "web2");
+    let web_id2 = support::Pod::new("shop", "web", "uid-web-2");
+    let second = topo.add_args(&web2, &confs[1], &web_id2.kubelet_args(&web2.id));
+    assert_eq!(
+        (ip_of(&second, false), ip_of(&second, true)),
+        (v4.clone(), v6.clone())
+    );
+    assert_eq!(
+        topo.link_mac(&web2.ns, "eth0"),
+        mac,
+        "same addresses, same MAC"
+    );
+    // Node 1 ran nothing since: both families reach the recreated pod.
+    assert!(topo.reaches(&client, &v4));
+    assert!(topo.reaches(&client, &v6));
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_segment_floods_to_its_ipv6_nodes_and_its_pods_talk_in_both_families() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    for n in 1..=3 {
+        topo.add_node(n, 1500);
+    }
+    std::os::unix::fs::symlink("/usr/lib/cni/static", topo.cni_path.join("static")).unwrap();
+    let peers: Vec<Value> = (1..=3).map(|n| topo.peer_of(n, false)).collect();
+    let dir = topo.dir.path().to_path_buf();
+    let conf = |n: u8, ips: &[&str]| {
+        json!({
+            // Debian's static (plugins 1.1.1) speaks up to 1.0.0.
+            "cniVersion": "1.0.0",
+            "name": "seg6",
+            "type": "sticky-vxlan",
+            "mode": "segment",
+            "vni": 106,
+            "peers": peers,
+            "stateDir": dir.join(format!("seg-state-{n}")),
+            "capabilities": {"ips": true},
+            "ipam": {"type": "static"},
+            "runtimeConfig": {"ips": ips},
+        })
+    };
+    let k8s = |name: &str| {
+        format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID=u-{name}"
+        )
+    };
+    let mut p = topo.new_pod(1, "p");
+    p.ifname = "net1".into();
+    topo.add_args(
+        &p,
+        &conf(1, &["192.168.16.1/24", "fd00:16::1/64"]),
+        &k8s("p"),
+    );
+    let mut q = topo.new_pod(2, "q");
+    q.ifname = "net1".into();
+    topo.add_args(
+        &q,
+        &conf(2, &["192.168.16.2/24", "fd00:16::2/64"]),
+        &k8s("q"),
+    );
+    assert_eq!(topo.flood(1, "segvx106"), ["2001:db8::2", "2001:db8::3"]);
+    let dev = topo.ip(1, &["-d", "link", "show", "segvx106"]);
+    assert!(
+        dev.contains("local 2001:db8::1") && dev.contains("mtu 1430"),
+        "{dev}"
+    );
+    assert!(topo.reaches(&p, "192.168.16.2"));
+    assert!(topo.reaches(&p, "fd00:16::2"));
 }
