@@ -10,11 +10,14 @@ bridge + host-local; DEL <= the floor + 2 ms) and draws docs/bench-vxlan.svg. Ne
 only python3.
 
     scripts/bench-vxlan.py [--runs 50] [--bin target/release/sticky-vxlan]
-                           [--ipam target/release/sticky-ipam] [--segment]
+                           [--ipam target/release/sticky-ipam] [--segment] [--ipv6-underlay]
                            [--plot docs/bench-vxlan.svg]
 
 With --segment, a third kind runs interleaved with the two: a sticky-vxlan segment interface
-("mode": "segment", same IPAM plugin over its own subnet), the extra interface of a pod.
+("mode": "segment", same IPAM plugin over its own subnet), the extra interface of a pod. With
+--ipv6-underlay, sticky-vxlan also runs on a second node whose underlay is IPv6 only
+(2001:db8::1/64, peers 2001:db8::1 to ::3), interleaved with the others: its ADD and DEL beside
+the IPv4 underlay's.
 
 Every namespace and temp file it makes is removed at the end, also on failure.
 """
@@ -59,6 +62,8 @@ def main():
     parser.add_argument("--plot", default=os.path.join(here, "..", "docs", "bench-vxlan.svg"),
                         help="SVG file to draw ('' for none)")
     parser.add_argument("--segment", action="store_true", help="also time a segment-mode interface")
+    parser.add_argument("--ipv6-underlay", action="store_true",
+                        help="also time sticky-vxlan on a node with an IPv6-only underlay")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-vxlan: needs root (it creates network namespaces)")
@@ -109,6 +114,19 @@ def main():
             },
         }
         binaries = {"sticky-vxlan": sticky, "bridge": os.path.join(CNI_DIR, "bridge")}
+        nodes = {kind: node for kind in confs}
+        if args.ipv6_underlay:
+            node6 = f"{tag}-node6"
+            make_node(node6, namespaces, underlay="2001:db8::1/64")
+            conf6 = json.loads(json.dumps(confs["sticky-vxlan"]))
+            conf6["name"] = "bench-sticky6"
+            conf6["stateDir"] = os.path.join(tmp, "state6")
+            conf6["ipam"]["dataDir"] = os.path.join(tmp, "ipam6")
+            for i, p in enumerate(conf6["peers"], start=1):
+                p["ip"] = f"2001:db8::{i}"
+            confs["ipv6 underlay"] = conf6
+            binaries["ipv6 underlay"] = sticky
+            nodes["ipv6 underlay"] = node6
         if args.segment:
             confs["segment"] = {
                 "cniVersion": "1.0.0",
@@ -136,9 +154,9 @@ def main():
             cid = f"{tag}{kind[:3]}{i}"
             netns = f"/run/netns/{pod}"
             start = time.perf_counter()
-            cni(node, binaries[kind], "ADD", cid, netns, confs[kind], bindir)
+            cni(nodes[kind], binaries[kind], "ADD", cid, netns, confs[kind], bindir)
             added = time.perf_counter()
-            cni(node, binaries[kind], "DEL", cid, netns, confs[kind], bindir)
+            cni(nodes[kind], binaries[kind], "DEL", cid, netns, confs[kind], bindir)
             elapsed = time.perf_counter() - start
             sh("ip", "netns", "del", pod)
             namespaces.remove(pod)
@@ -181,6 +199,8 @@ def main():
         labels = [("sticky-vxlan", f"sticky-vxlan + {ipam_type}"), ("bridge", "bridge + host-local")]
         if args.segment:
             labels.append(("segment", f"segment + {ipam_type}"))
+        if args.ipv6_underlay:
+            labels.append(("ipv6 underlay", "same, IPv6 underlay"))
         for kind, label in labels:
             print(
                 f"{label:26} median ADD+DEL {ms(times[kind]):6.1f} ms"
@@ -201,16 +221,20 @@ def main():
         if args.plot:
             import benchplot
             sticky_label = f"sticky-vxlan + {ipam_type}"
+            add_bars = [(sticky_label, ms(adds["sticky-vxlan"])),
+                        ("bridge + host-local", ms(adds["bridge"]))]
+            del_bars = [(sticky_label, ms(dels["sticky-vxlan"])),
+                        ("bridge + host-local", ms(dels["bridge"])),
+                        ("ip link del (kernel floor)", ms(floor))]
+            if args.ipv6_underlay:
+                add_bars.insert(1, ("same, IPv6 underlay", ms(adds["ipv6 underlay"])))
+                del_bars.insert(1, ("same, IPv6 underlay", ms(dels["ipv6 underlay"])))
             benchplot.bars(
                 args.plot,
                 f"pod ADD and DEL, median of {args.runs} (netns node)",
-                [("ADD", [(sticky_label, ms(adds["sticky-vxlan"])),
-                          ("bridge + host-local", ms(adds["bridge"]))]),
-                 ("DEL", [(sticky_label, ms(dels["sticky-vxlan"])),
-                          ("bridge + host-local", ms(dels["bridge"])),
-                          ("ip link del (kernel floor)", ms(floor))])],
-                {sticky_label: "#1f77b4", "bridge + host-local": "#d62728",
-                 "ip link del (kernel floor)": "#888"})
+                [("ADD", add_bars), ("DEL", del_bars)],
+                {sticky_label: "#1f77b4", "same, IPv6 underlay": "#17becf",
+                 "bridge + host-local": "#d62728", "ip link del (kernel floor)": "#888"})
             print(f"plot: {os.path.abspath(args.plot)}")
     finally:
         clean_up(namespaces, tmp)

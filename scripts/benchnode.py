@@ -42,14 +42,16 @@ def cni_env(command, cid, netns, cni_path):
 
 
 def make_node(node, namespaces, underlay="192.0.2.1/24"):
-    """Network namespace `node` with its underlay: eth0 at `underlay` (TEST-NET-1 by default) on
-    a veth whose peer stays in the node too, so nothing leaves it. Appended to `namespaces` (the
-    caller removes them) as soon as it exists."""
+    """Network namespace `node` with its underlay: eth0 at `underlay` (TEST-NET-1 by default; an
+    IPv6 one, e.g. 2001:db8::1/64, without duplicate address detection, so it is usable at once)
+    on a veth whose peer stays in the node too, so nothing leaves it. Appended to `namespaces`
+    (the caller removes them) as soon as it exists."""
     sh("ip", "netns", "add", node)
     namespaces.append(node)
     sh("ip", "-n", node, "link", "set", "lo", "up")
     sh("ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-    sh("ip", "-n", node, "addr", "add", underlay, "dev", "eth0")
+    nodad = ("nodad",) if ":" in underlay else ()
+    sh("ip", "-n", node, "addr", "add", underlay, "dev", "eth0", *nodad)
     sh("ip", "-n", node, "link", "set", "eth0", "up")
     sh("ip", "-n", node, "link", "set", "eth0p", "up")
 
