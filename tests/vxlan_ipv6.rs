@@ -68,6 +68,18 @@ fn both_pod_families_cross_an_ipv6_only_underlay_in_udp_over_ipv6() {
         "{fdb_bridge}\n{fdb}"
     );
 
+    // `show` names the IPv6 underlay, checks the kept MAC against it, lists the peer.
+    let show = topo.tool(
+        1,
+        &["show", "--state-dir", topo.state_dir(1).to_str().unwrap()],
+    );
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        text.contains("local 2001:db8::1") && text.contains("mac 06:be:aa:cc:39:99 (kept"),
+        "{text}"
+    );
+    assert!(text.contains("2001:db8::2"), "{text}");
+
     let capture = Capture::start(&topo.underlay, "n1", topo.dir.path().join("underlay.pcap"));
     assert!(
         topo.reaches(&a, &b4),
