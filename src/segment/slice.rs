@@ -329,6 +329,19 @@ mod tests {
     }
 
     #[test]
+    fn on_an_ipv6_underlay_the_slot_follows_the_whole_address() {
+        let subnet: Ipv4Net = "192.168.11.0/24".parse().unwrap();
+        // 2001:db8::9 = 1 mod 8 (the low bits), as 2001:db8::1 and 2001:db8:1::1.
+        assert_eq!(slot(node("2001:db8::1"), subnet, 27).unwrap(), (1, 8));
+        assert_eq!(slot(node("2001:db8::a"), subnet, 27).unwrap(), (2, 8));
+        let clash = [node("2001:db8::1"), node("2001:db8:1::1")];
+        assert!(matches!(
+            block(clash[0], &clash, subnet, 27),
+            Err(Error::Collision { slot: 1, .. })
+        ));
+    }
+
+    #[test]
     fn slices_of_all_nodes_are_disjoint_and_inside_the_range() {
         let conf = json!({"ipam": {"type": "sticky-ipam", "subnet": "192.168.11.0/24",
                                    "rangeStart": "192.168.11.40"}});
