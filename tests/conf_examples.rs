@@ -78,6 +78,16 @@ fn vxlan_conflist_example_ipam_section_works() {
 }
 
 #[test]
+fn ipv6_underlay_conflist_example_ipam_section_works() {
+    // Dual-stack pods on a node whose underlay is IPv6 only: one address per family.
+    let doc = load("12-sticky-vxlan-ipv6-underlay.conflist");
+    let e = entries(&doc);
+    assert_eq!(e[0]["type"], "sticky-vxlan");
+    let ips = exercise("12-sticky-vxlan-ipv6-underlay.conflist", e[0].clone(), 2);
+    assert_eq!(ips, [ip("10.244.1.2"), ip("fd00:1::2")]);
+}
+
+#[test]
 fn cluster_vxlan_conflist_example_gets_its_ranges_from_the_node() {
     // The DaemonSet's network: no range in the IPAM section; sticky-vxlan fills in the node's
     // own subnets from the peers file (tests/vxlan_sticky.rs proves that part with packets).
@@ -185,6 +195,7 @@ fn every_example_is_covered() {
             "10-sticky-ipam-bridge.conflist",
             "10-sticky-vxlan.conflist",
             "11-sticky-vxlan-cluster.conflist",
+            "12-sticky-vxlan-ipv6-underlay.conflist",
             "20-sticky-ipam-dualstack.conf",
             "30-host-local-dropin.conflist",
             "40-sticky-vxlan-segment.conflist",

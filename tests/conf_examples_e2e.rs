@@ -37,6 +37,10 @@ const COVERED: &[(&str, &str)] = &[
     ("10-sticky-ipam-bridge.conflist", "bridge_example"),
     ("10-sticky-vxlan.conflist", "vxlan_example"),
     ("11-sticky-vxlan-cluster.conflist", "vxlan_cluster_example"),
+    (
+        "12-sticky-vxlan-ipv6-underlay.conflist",
+        "vxlan_ipv6_underlay_example",
+    ),
     ("20-sticky-ipam-dualstack.conf", "dualstack_conf_example"),
     ("30-host-local-dropin.conflist", "host_local_dropin_example"),
     (
@@ -125,8 +129,12 @@ struct Node {
 }
 
 fn node(cnitool: &Path) -> Node {
+    node_on(cnitool, Topo::new(1500))
+}
+
+/// [`node`] on a given (empty) topology: an IPv6-only underlay's, say.
+fn node_on(cnitool: &Path, mut topo: Topo) -> Node {
     let bins = plugin_dir();
-    let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);
     let rt = Runtime::start(&topo.node_ns(1), cnitool, bins.path());
@@ -269,9 +277,10 @@ fn install_with_state(n: &Node, file: &str, mut doc: Value) {
     };
     entry["stateDir"] = json!("/var/lib/cni/test-sticky-vxlan-state");
     n.rt.write_etc(&format!("net.d/{file}"), &doc);
+    let v6 = n.topo.underlay6;
     n.rt.write_etc(
         "sticky-peers.json",
-        &json!([Topo::peer(1, false), Topo::peer(2, false)]),
+        &json!([n.topo.peer_of(1, v6), n.topo.peer_of(2, v6)]),
     );
 }
 
@@ -317,6 +326,33 @@ fn vxlan_example() {
         routes.contains("10.244.2.0/24 via 10.244.2.0 dev sticky.1"),
         "{routes}"
     );
+}
+
+#[test]
+#[ignore = "needs root: network and mount namespaces (cnitool)"]
+fn vxlan_ipv6_underlay_example() {
+    let cnitool = prerequisites("conf_examples_e2e");
+    let name = "12-sticky-vxlan-ipv6-underlay.conflist";
+    let mut n = node_on(&cnitool, Topo::new_ipv6(1500));
+    // The only change: stateDir into the sandbox. The peers file names nodes 1 and 2 by their
+    // IPv6 addresses, with dual-stack subnets.
+    install_with_state(&n, name, example(name));
+    exercise(name, &mut n);
+    // The VTEP on the IPv6 underlay, its kept MAC, 70 bytes of overhead, node 2 programmed.
+    let node1 = n.topo.node_ns(1);
+    assert_eq!(n.topo.link_mac(&node1, "sticky.1"), "06:be:aa:cc:39:99");
+    let vtep = vxlan_support::ok(&["ip", "-n", &node1, "-d", "link", "show", "sticky.1"]);
+    assert!(
+        vtep.contains("local 2001:db8::1") && vtep.contains("mtu 1430"),
+        "{vtep}"
+    );
+    let routes = vxlan_support::ok(&["ip", "-n", &node1, "route", "show", "proto", "118"]);
+    assert!(
+        routes.contains("10.244.2.0/24 via 10.244.2.0 dev sticky.1"),
+        "{routes}"
+    );
+    let fdb = vxlan_support::ok(&["bridge", "-n", &node1, "fdb", "show", "dev", "sticky.1"]);
+    assert!(fdb.contains("dst 2001:db8::2"), "{fdb}");
 }
 
 #[test]
