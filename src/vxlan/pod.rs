@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
 use super::Error;
-use super::mac::pod_mac;
+use super::mac::pod_mac_of;
 use super::node::gateway_of;
 use crate::cni::{Call, CniResult, IpConfig, Route};
 use crate::netlink::link::{self, Link};
@@ -51,13 +51,10 @@ pub fn pod_routes(ips: &[IpConfig], ipam_routes: &[Route], default_gateway: bool
     routes
 }
 
-/// The container end's MAC in the main mode: derived from the first IPv4 address
-/// ([`pod_mac`]); without one the kernel's stays.
+/// The container end's MAC in the main mode: derived from the first IPv4 address, else the
+/// first IPv6 address ([`pod_mac_of`]); without any the kernel's stays.
 pub fn container_mac(ips: &[IpConfig]) -> Option<[u8; 6]> {
-    ips.iter().find_map(|ip| match ip.address.addr() {
-        IpAddr::V4(a) => Some(pod_mac(a)),
-        IpAddr::V6(_) => None,
-    })
+    pod_mac_of(ips.iter().map(|ip| ip.address.addr()))
 }
 
 /// The routes as the container end gets them: a route without `gw` takes the gateway of
@@ -231,6 +228,24 @@ pub fn check_container(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_without_ipv4_keeps_a_mac_made_from_its_ipv6_address() {
+        let ip = |a: &str| IpConfig {
+            address: a.parse().unwrap(),
+            gateway: None,
+            interface: Some(2),
+        };
+        assert_eq!(
+            container_mac(&[ip("fd00:1::7/64"), ip("10.244.1.7/24")]),
+            Some([0x0e, 0x01, 10, 244, 1, 7])
+        );
+        assert_eq!(
+            container_mac(&[ip("fd00:1::7/64")]),
+            Some([0x0e, 0x03, 0, 0, 0, 7])
+        );
+        assert_eq!(container_mac(&[]), None);
+    }
 
     #[test]
     fn alias_round_trips() {
