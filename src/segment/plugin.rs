@@ -31,7 +31,6 @@ use crate::netlink::Socket;
 use crate::netlink::link::{Link, parse_mac};
 use crate::vxlan::delegate::{Ipam, Runner};
 use crate::vxlan::kernel::{Kernel, Live};
-use crate::vxlan::plugin::remove_stale_veths;
 use crate::vxlan::pod::{host_alias, host_veth_name, result_interfaces};
 use crate::vxlan::pods::{self, LiveOnDemand, Pods, Setup, Veth, after_ipam};
 
@@ -223,7 +222,7 @@ impl Plugin for Segment {
         let removed = match crate::cni::attachments::valid_attachments(&call.conf.raw)
             .map_err(crate::vxlan::Error::from)?
         {
-            Some(valid) => Ok(remove_stale_veths(&cfg.name, &valid)?),
+            Some(valid) => Ok(crate::vxlan::pod::remove_stale_veths(&cfg.name, &valid)?),
             None => Ok(()),
         };
         let released = match &cfg.ipam_type {

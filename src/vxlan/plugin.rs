@@ -21,9 +21,9 @@ use super::pod::{self, host_veth_name};
 use super::pods::{self, LiveOnDemand, Pods, Setup, Veth, after_ipam};
 use super::reconcile::{self, ForPod};
 use crate::cni::delegate::Exec;
-use crate::cni::{Attachment, Call, CniResult, IpConfig, Plugin, attachments};
+use crate::cni::{Call, CniResult, IpConfig, Plugin, attachments};
 use crate::netlink::Socket;
-use crate::netlink::link::{self, Link};
+use crate::netlink::link::Link;
 
 pub struct StickyVxlan;
 
@@ -67,7 +67,7 @@ impl Plugin for StickyVxlan {
     fn gc(&self, call: &Call) -> Result<(), Error> {
         let cfg = config(call)?;
         let removed = match attachments::valid_attachments(&call.conf.raw)? {
-            Some(valid) => remove_stale_veths(&cfg.name, &valid),
+            Some(valid) => pod::remove_stale_veths(&cfg.name, &valid),
             None => Ok(()),
         };
         let mut sock = Socket::open()?;
@@ -206,29 +206,6 @@ fn release<E: Exec>(
     let ipam = Ipam::for_call(call, &cfg, || subnets(&cfg))
         .unwrap_or_else(|_| Ipam::for_release(call, &cfg));
     ipam.run(&runner(&ipam.plugin_type), call, "DEL").map(drop)
-}
-
-/// Removes the veths of `network` (by their alias) whose attachment is not in `valid`; the
-/// segment mode's GC uses it too.
-pub fn remove_stale_veths(network: &str, valid: &[Attachment]) -> Result<(), Error> {
-    let mut sock = Socket::open()?;
-    let mut first = Ok(());
-    for l in link::list(&mut sock)? {
-        let Some((net, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) else {
-            continue;
-        };
-        let listed = valid
-            .iter()
-            .any(|a| a.container_id == cid && a.ifname == ifname);
-        if net == network
-            && !listed
-            && let Err(e) = link::delete(&mut sock, &l.name)
-        {
-            eprintln!("sticky-vxlan: GC: removing {}: {e}", l.name);
-            first = first.and(Err(e.into()));
-        }
-    }
-    first
 }
 
 /// This node's pod subnets, for an IPAM section without ranges: from the stamp of the last

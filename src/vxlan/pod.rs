@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use super::Error;
 use super::mac::pod_mac_of;
 use super::node::gateway_of;
-use crate::cni::{Call, CniResult, IpConfig, Route};
+use crate::cni::{Attachment, Call, CniResult, IpConfig, Route};
 use crate::netlink::link::{self, Link};
 use crate::netlink::route::{self as nlroute};
 use crate::netlink::{Socket, addr, netns};
@@ -223,6 +223,29 @@ pub fn check_container(
         }
         Ok(())
     })?
+}
+
+/// Removes the veths of `network` (by their alias) whose attachment is not in `valid`; the
+/// GC of both modes.
+pub fn remove_stale_veths(network: &str, valid: &[Attachment]) -> Result<(), Error> {
+    let mut sock = Socket::open()?;
+    let mut first = Ok(());
+    for l in link::list(&mut sock)? {
+        let Some((net, cid, ifname)) = l.alias.as_deref().and_then(parse_alias) else {
+            continue;
+        };
+        let listed = valid
+            .iter()
+            .any(|a| a.container_id == cid && a.ifname == ifname);
+        if net == network
+            && !listed
+            && let Err(e) = link::delete(&mut sock, &l.name)
+        {
+            eprintln!("sticky-vxlan: GC: removing {}: {e}", l.name);
+            first = first.and(Err(e.into()));
+        }
+    }
+    first
 }
 
 #[cfg(test)]
