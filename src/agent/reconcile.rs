@@ -16,8 +16,9 @@ pub enum Error {
     #[error("{}", .source.about(.config))]
     Network {
         config: PathBuf,
+        /// Boxed: the file's error is large and this one is returned on every round.
         #[source]
-        source: networks::Error,
+        source: Box<networks::Error>,
     },
     /// Programming the main network failed.
     #[error(transparent)]
@@ -27,7 +28,7 @@ pub enum Error {
 fn network(config: &Path) -> impl FnOnce(networks::Error) -> Error + '_ {
     |source| Error::Network {
         config: config.to_path_buf(),
-        source,
+        source: Box::new(source),
     }
 }
 
