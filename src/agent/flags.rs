@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::family::{self, Family};
 use crate::args::{ArgsError, Spec};
 
 pub const HELP: &str = "\
@@ -46,6 +47,10 @@ Options:
                                 is logged at start
   --publish-flannel-annotations set flannel's annotations on this node's Node object
                                 (needs --node-name and patch on nodes/status)
+  --underlay-family ipv4|ipv6   the family of the network's underlay: which InternalIP and
+                                which of flannel's annotations a Node's underlay address is
+                                taken from (default: that of the config's localIp, else of
+                                its peers, else ipv4; one against the config is refused)
 
 Exit codes: it runs until stopped; 2 for a usage error, 1 when it cannot start (the config
 has no peersFile, credentials cannot be read, the metrics address is taken).
@@ -82,6 +87,9 @@ pub enum Error {
         "--publish-flannel-annotations needs the API and this node's name (--node-name or NODE_NAME)"
     )]
     PublishNeeds,
+    /// `--underlay-family` not a family, or against the config (found at start).
+    #[error(transparent)]
+    UnderlayFamily(#[from] family::Error),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +118,8 @@ pub struct Options {
     pub max_remove_fraction: f64,
     pub metrics_addr: Option<SocketAddr>,
     pub publish: bool,
+    /// `--underlay-family`: `None` lets the config decide ([`super::family::decide`]).
+    pub underlay_family: Option<Family>,
 }
 
 const SPEC: Spec = Spec {
@@ -130,6 +140,7 @@ const SPEC: Spec = Spec {
         "--max-remove-fraction",
         "--metrics-addr",
         "--segment-config",
+        "--underlay-family",
     ],
     repeatable: &["--segment-config"],
     positionals: &[],
@@ -166,6 +177,10 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             .filter(|f| (0.0..=1.0).contains(f))
             .ok_or_else(|| Error::MaxRemoveFraction(v.to_string()))?,
     };
+    let underlay_family = p
+        .value("--underlay-family")
+        .map(Family::parse_flag)
+        .transpose()?;
     let metrics_addr: Option<SocketAddr> = p
         .value("--metrics-addr")
         .map(|v| v.parse().map_err(|_| Error::MetricsAddr(v.to_string())))
@@ -212,6 +227,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
         max_remove_fraction,
         metrics_addr,
         publish,
+        underlay_family,
     })
 }
 
@@ -245,6 +261,14 @@ mod tests {
         assert!(matches!(o.source, Source::InCluster { .. }));
         assert_eq!(o.node_name.as_deref(), Some("n1"));
         assert!(o.segment_configs.is_empty());
+        assert_eq!(o.underlay_family, None, "the config decides");
+        let o = parse(
+            &args(&["--config", "/c", "--no-api", "--underlay-family", "ipv6"]),
+            none,
+        )
+        .unwrap();
+        assert_eq!(o.underlay_family, Some(Family::V6));
+        assert!(HELP.contains("--underlay-family ipv4|ipv6"));
         let o = parse(
             &args(&[
                 "--config",
@@ -284,6 +308,8 @@ mod tests {
             &["--config", "/c", "--no-api", "--metrics-addr", "9767"],
             &["--config", "/c", "--no-api", "--frob"],
             &["--config", "/c", "--no-api", "--segment-config"],
+            &["--config", "/c", "--no-api", "--underlay-family", "inet6"],
+            &["--config", "/c", "--no-api", "--underlay-family"],
             &[
                 "--config",
                 "/c",

@@ -205,6 +205,25 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_peers_count_the_same_a_changed_mac_included() {
+        let six = |n: u8, mac: Option<[u8; 6]>| Peer {
+            ip: format!("2001:db8::{n}").parse().unwrap(),
+            subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
+            mac,
+        };
+        let accepted: Vec<Peer> = (1..=4).map(|n| six(n, None)).collect();
+        let mut g = Guard::new(0.5);
+        let t = Instant::now();
+        // Two of four: the limit. A third, a MAC change only, is over it.
+        assert!(g.admit(t, &accepted, &accepted[2..]).is_ok());
+        let changed = [six(3, Some([0x6e, 0, 0, 0, 0, 3])), six(4, None)];
+        let r = g.admit(t, &accepted[2..], &changed).unwrap_err();
+        assert_eq!(r.disrupted, ["2001:db8::3".parse::<IpAddr>().unwrap()]);
+        assert_eq!((r.in_window, r.limit, r.of), (3, 2, 4));
+        assert!(r.to_string().contains("(2001:db8::3)"), "{r}");
+    }
+
+    #[test]
     fn the_operator_accepts_one_refused_change_and_the_window_starts_over() {
         let mut g = Guard::new(0.5);
         let t = Instant::now();

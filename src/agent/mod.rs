@@ -12,7 +12,8 @@
 //! [`flags`] is the command line, [`endpoint`] finds the API and its credentials, [`api`] is
 //! what the agent asks of the API (a trait), [`kube`] its HTTP implementation, [`objects`] the
 //! typed subset of the Node object, [`reflector`] the list/watch state machine over the
-//! [`api`] and [`clock`] traits, [`mapping`] turns one Node into its peer entry, [`table`]
+//! [`api`] and [`clock`] traits, [`family`] decides the network's underlay family,
+//! [`mapping`] turns one Node into its peer entry on that family, [`table`]
 //! places the Nodes by the plugin's whole-list rules (one bad Node is left out alone, no
 //! takeover), [`guard`] refuses changes that would stop traffic on many peers at once,
 //! [`sync`] carries the Nodes from the reflector to the peers file (one write per burst),
@@ -23,6 +24,7 @@
 pub mod api;
 pub mod clock;
 pub mod endpoint;
+pub mod family;
 pub mod files;
 pub mod flags;
 pub mod guard;
@@ -114,6 +116,8 @@ fn run(opts: Options) -> Result<(), Error> {
     let peers_file = cfg.peers_file.clone().ok_or_else(|| Error::NoPeersFile {
         path: opts.config.clone(),
     })?;
+    let (family, decided_by) = family::decide(cfg.local_ip, &cfg.peers, opts.underlay_family)
+        .map_err(|e| Error::Usage(e.into()))?;
     let endpoint = match &opts.source {
         Source::None => None,
         Source::Kubeconfig(p) => Some(endpoint::from_kubeconfig(p)?),
@@ -157,7 +161,7 @@ fn run(opts: Options) -> Result<(), Error> {
         }
         Some(e) => {
             log(&format!(
-                "peers from the Kubernetes API at {}, kept in {}",
+                "peers from the Kubernetes API at {}, kept in {}; the underlay is {family} (from {decided_by})",
                 e.url,
                 peers_file.display()
             ));
@@ -166,6 +170,7 @@ fn run(opts: Options) -> Result<(), Error> {
                     publish::Publisher {
                         node_name: name.clone(),
                         vni: cfg.vni,
+                        family,
                     },
                     kube::Kube::new(e.clone()),
                 )),
@@ -174,7 +179,7 @@ fn run(opts: Options) -> Result<(), Error> {
             let reflector = reflector::Reflector::new(
                 kube::Kube::new(e),
                 clock::SystemClock,
-                sync::Feed::new(tx, opts.node_name.clone()),
+                sync::Feed::new(tx, opts.node_name.clone(), family),
                 clock::Backoff::new(),
             );
             std::thread::spawn(move || reflector.run());

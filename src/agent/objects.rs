@@ -6,9 +6,9 @@
 //! the [`KEPT_ANNOTATIONS`] only, each at most [`MAX_ANNOTATION`] bytes, at most
 //! [`MAX_KEPT_ADDRESSES`] InternalIP addresses and [`MAX_CIDRS`] pod CIDRs of at most
 //! [`MAX_SHORT`] bytes each (a longer value is kept as a short marker no rule accepts). So one
-//! kept Node is at most about 3 KB (name 253, six annotations of 256 with their keys, eight
-//! addresses and four CIDRs of 64, and the structure), and the 10,000 a list may hold at most
-//! 30 MB.
+//! kept Node is at most about 3.5 KB (name 253, eight annotations of 256 with their keys,
+//! eight addresses and four CIDRs of 64, and the structure), and the 10,000 a list may hold at
+//! most 35 MB.
 
 use std::collections::BTreeMap;
 
@@ -27,12 +27,14 @@ pub struct ObjectMeta {
 }
 
 /// The annotations the agent reads.
-pub const KEPT_ANNOTATIONS: [&str; 6] = [
+pub const KEPT_ANNOTATIONS: [&str; 8] = [
     "sticky-cni.io/underlay-ip",
     "sticky-cni.io/kept-mac",
     "flannel.alpha.coreos.com/backend-data",
+    "flannel.alpha.coreos.com/backend-v6-data",
     "flannel.alpha.coreos.com/backend-type",
     "flannel.alpha.coreos.com/public-ip",
+    "flannel.alpha.coreos.com/public-ipv6",
     "flannel.alpha.coreos.com/kube-subnet-manager",
 ];
 /// Kept (with an empty value) for a Node that has any `sticky-cni.io/` annotation: it is run

@@ -1,16 +1,14 @@
-//! `--publish-flannel-annotations`: this node's flannel annotations (backend-type vxlan,
-//! backend-data with the VNI and the kept MAC, public-ip, kube-subnet-manager), so flannel
-//! nodes learn it during a migration, plus `sticky-cni.io/kept-mac`, which tells other
-//! sticky-cni agents to compute its MAC rather than read flannel's.
+//! `--publish-flannel-annotations`: this node's flannel annotations for the network's
+//! underlay family (backend-type vxlan; backend-data and public-ip on IPv4, backend-v6-data and
+//! public-ipv6 on IPv6, the backend data with the VNI and the kept MAC; kube-subnet-manager),
+//! so flannel nodes learn it during a migration, plus `sticky-cni.io/kept-mac`, which tells
+//! other sticky-cni agents to compute its MAC rather than read flannel's.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 use super::api::{ApiError, NodeApi};
-use super::mapping::{
-    self, FLANNEL_BACKEND_DATA, FLANNEL_BACKEND_TYPE, FLANNEL_KUBE_MANAGED, FLANNEL_PUBLIC_IP,
-    KEPT_MAC_ANNOTATION,
-};
+use super::family::Family;
+use super::mapping::{self, FLANNEL_BACKEND_TYPE, FLANNEL_KUBE_MANAGED, KEPT_MAC_ANNOTATION};
 use super::objects::Node;
 use crate::netlink::link::format_mac;
 use crate::vxlan::mac::vtep_mac;
@@ -31,20 +29,25 @@ pub enum Error {
 pub struct Publisher {
     pub node_name: String,
     pub vni: u32,
+    /// The network's underlay family: which address and which of flannel's keys.
+    pub family: Family,
 }
 
 impl Publisher {
-    /// The annotations this node should carry; `None` while its underlay is unknown.
+    /// The annotations this node should carry; `Err` while its underlay is unknown.
     pub fn wanted(&self, own: &Node) -> Result<BTreeMap<String, String>, mapping::Skip> {
-        let ip = mapping::own_underlay(own)?;
-        let mac = format_mac(&vtep_mac(IpAddr::V4(ip), self.vni));
+        let ip = mapping::own_underlay(own, self.family)?;
+        let mac = format_mac(&vtep_mac(ip, self.vni));
         Ok(BTreeMap::from([
             (FLANNEL_BACKEND_TYPE.to_string(), "vxlan".to_string()),
             (
-                FLANNEL_BACKEND_DATA.to_string(),
+                mapping::flannel_backend_data(self.family).to_string(),
                 serde_json::json!({"VNI": self.vni, "VtepMAC": mac}).to_string(),
             ),
-            (FLANNEL_PUBLIC_IP.to_string(), ip.to_string()),
+            (
+                mapping::flannel_public_ip(self.family).to_string(),
+                ip.to_string(),
+            ),
             (FLANNEL_KUBE_MANAGED.to_string(), "true".to_string()),
             (KEPT_MAC_ANNOTATION.to_string(), mac),
         ]))
@@ -69,7 +72,26 @@ impl Publisher {
 mod tests {
     use super::*;
     use crate::agent::api::{Events, ListFrom, NodePage};
+    use crate::agent::mapping::{
+        FLANNEL_BACKEND_DATA, FLANNEL_BACKEND_V6_DATA, FLANNEL_PUBLIC_IP, FLANNEL_PUBLIC_IPV6,
+    };
     use std::time::Duration;
+
+    /// Node `n2` with a dual-stack kubelet's InternalIPs.
+    fn own() -> Node {
+        serde_json::from_str(
+            r#"{"metadata":{"name":"n2"},"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.2"},{"type":"InternalIP","address":"2001:db8::2"},{"type":"Hostname","address":"n2"}]}}"#,
+        )
+        .unwrap()
+    }
+
+    fn publisher(family: Family) -> Publisher {
+        Publisher {
+            node_name: "n2".into(),
+            vni: 1,
+            family,
+        }
+    }
 
     /// Records the patches; fails them when `refuse` is set. Lists and watches are not
     /// the publisher's business.
@@ -106,10 +128,7 @@ mod tests {
 
     #[test]
     fn patches_only_what_differs_and_says_why_it_could_not() {
-        let p = Publisher {
-            node_name: "n2".into(),
-            vni: 1,
-        };
+        let p = publisher(Family::V4);
         let mut own: Node = serde_json::from_str(
             r#"{"metadata":{"name":"n2"},"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.2"}]}}"#,
         )
@@ -143,20 +162,47 @@ mod tests {
 
     #[test]
     fn flannel_reads_back_the_kept_mac() {
-        let own: Node = serde_json::from_str(
-            r#"{"metadata":{"name":"n2"},"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.2"}]}}"#,
-        )
-        .unwrap();
-        let p = Publisher {
-            node_name: "n2".into(),
-            vni: 1,
-        };
-        let w = p.wanted(&own).unwrap();
+        let w = publisher(Family::V4).wanted(&own()).unwrap();
         assert_eq!(
             w[FLANNEL_BACKEND_DATA],
             r#"{"VNI":1,"VtepMAC":"0a:01:c0:00:02:02"}"#
         );
         assert_eq!(w[FLANNEL_PUBLIC_IP], "192.0.2.2");
         assert_eq!(w[KEPT_MAC_ANNOTATION], "0a:01:c0:00:02:02");
+        assert!(!w.contains_key(FLANNEL_BACKEND_V6_DATA) && !w.contains_key(FLANNEL_PUBLIC_IPV6));
+    }
+
+    #[test]
+    fn on_an_ipv6_underlay_the_v6_annotations_carry_the_kept_ipv6_mac() {
+        let w = publisher(Family::V6).wanted(&own()).unwrap();
+        let mac = format_mac(&vtep_mac("2001:db8::2".parse().unwrap(), 1));
+        assert!(mac.starts_with("06:"), "{mac}");
+        assert_eq!(
+            w[FLANNEL_BACKEND_V6_DATA],
+            format!(r#"{{"VNI":1,"VtepMAC":"{mac}"}}"#)
+        );
+        assert_eq!(w[FLANNEL_PUBLIC_IPV6], "2001:db8::2");
+        assert_eq!(w[KEPT_MAC_ANNOTATION], mac);
+        assert_eq!(w[FLANNEL_BACKEND_TYPE], "vxlan");
+        assert_eq!(w[FLANNEL_KUBE_MANAGED], "true");
+        assert!(
+            !w.contains_key(FLANNEL_BACKEND_DATA) && !w.contains_key(FLANNEL_PUBLIC_IP),
+            "{w:?}"
+        );
+        // Other agents map the published Node as a sticky-cni node: its kept MAC, computed.
+        let mut published = own();
+        published.metadata.annotations = w.into_iter().collect();
+        published.spec.pod_cidrs = vec!["10.244.2.0/24".into(), "fd00:2::/64".into()];
+        let e = mapping::node_entry(&published, Family::V6).unwrap();
+        assert_eq!((e.ip, e.mac), ("2001:db8::2".parse().unwrap(), None));
+        // No IPv6 InternalIP: nothing to publish yet.
+        let v4_only: Node = serde_json::from_str(
+            r#"{"metadata":{"name":"n2"},"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.2"}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            publisher(Family::V6).wanted(&v4_only),
+            Err(mapping::Skip::NoUnderlay(Family::V6))
+        );
     }
 }

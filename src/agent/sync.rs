@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
+use super::family::Family;
 use super::files;
 use super::guard::Guard;
 use super::kube::MAX_NODES;
@@ -43,6 +44,8 @@ pub enum Update {
 pub struct Feed {
     tx: Sender<Update>,
     own_name: Option<String>,
+    /// The network's underlay family: every Node is mapped on it.
+    family: Family,
     mapped: BTreeMap<String, Mapped>,
     own: Option<Node>,
     /// More than [`MAX_NODES`] were announced since the last list (said once).
@@ -50,10 +53,11 @@ pub struct Feed {
 }
 
 impl Feed {
-    pub fn new(tx: Sender<Update>, own_name: Option<String>) -> Feed {
+    pub fn new(tx: Sender<Update>, own_name: Option<String>, family: Family) -> Feed {
         Feed {
             tx,
             own_name,
+            family,
             mapped: BTreeMap::new(),
             own: None,
             overflowed: false,
@@ -87,7 +91,10 @@ impl Sink for Feed {
         }
         self.mapped = nodes
             .into_iter()
-            .map(|n| (n.metadata.name.clone(), mapping::node_entry(&n)))
+            .map(|n| {
+                let mapped = mapping::node_entry(&n, self.family);
+                (n.metadata.name.clone(), mapped)
+            })
             .collect();
         self.send(Update::Replace(self.mapped.clone()));
     }
@@ -105,7 +112,7 @@ impl Sink for Feed {
             }
             return;
         }
-        let mapped = mapping::node_entry(&node);
+        let mapped = mapping::node_entry(&node, self.family);
         if self.mapped.get(&node.metadata.name) != Some(&mapped) {
             self.mapped
                 .insert(node.metadata.name.clone(), mapped.clone());
@@ -293,7 +300,7 @@ mod tests {
     #[test]
     fn heartbeats_pass_nothing_on_changes_do() {
         let (tx, rx) = mpsc::channel();
-        let mut feed = Feed::new(tx, Some("me".into()));
+        let mut feed = Feed::new(tx, Some("me".into()), Family::V4);
         feed.replace(vec![node("a", "192.0.2.1", "10.244.1.0/24", "1")]);
         assert!(matches!(rx.try_recv(), Ok(Update::Replace(m)) if m.len() == 1));
         for rv in 2..50 {
@@ -314,12 +321,45 @@ mod tests {
         assert_eq!(own, 1);
     }
 
+    /// A dual-stack Node: IPv4 InternalIP first, as a kubelet with `--node-ip=v4,v6` lists it.
+    fn dual(name: &str, v4: &str, v6: &str, rv: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "resourceVersion": rv},
+            "spec": {"podCIDRs": ["10.244.1.0/24", "fd00:1::/64"]},
+            "status": {"addresses": [{"type": "InternalIP", "address": v4},
+                                     {"type": "InternalIP", "address": v6},
+                                     {"type": "Hostname", "address": name}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_feed_maps_nodes_to_their_ipv6_address_and_passes_on_only_its_changes() {
+        let (tx, rx) = mpsc::channel();
+        let mut feed = Feed::new(tx, None, Family::V6);
+        feed.replace(vec![dual("a", "192.0.2.1", "2001:db8::1", "1")]);
+        let Ok(Update::Replace(m)) = rx.try_recv() else {
+            panic!("no list passed on")
+        };
+        assert_eq!(
+            m["a"].as_ref().map(|e| e.ip),
+            Ok("2001:db8::1".parse().unwrap())
+        );
+        // Its IPv4 address changes: nothing this network reads.
+        feed.upsert(dual("a", "192.0.2.9", "2001:db8::1", "2"));
+        assert!(rx.try_recv().is_err());
+        feed.upsert(dual("a", "192.0.2.9", "2001:db8::9", "3"));
+        assert!(
+            matches!(rx.try_recv(), Ok(Update::Upsert(n, Ok(e))) if n == "a" && e.ip == "2001:db8::9".parse::<std::net::IpAddr>().unwrap())
+        );
+    }
+
     fn keeper(dir: &std::path::Path) -> Keeper {
         Keeper::new(dir.join("peers.json"), Some("a".into()), 1, Guard::new(0.5))
     }
 
     fn mapped(ip: &str, cidr: &str) -> Mapped {
-        mapping::node_entry(&node("x", ip, cidr, "1"))
+        mapping::node_entry(&node("x", ip, cidr, "1"), Family::V4)
     }
 
     #[test]

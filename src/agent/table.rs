@@ -415,6 +415,56 @@ mod tests {
         assert!(r.is_err());
     }
 
+    #[test]
+    fn ipv6_underlays_are_placed_by_the_same_rules() {
+        let dual =
+            |a: &str, n: u8| entry(a, &[&format!("10.244.{n}.0/24"), &format!("fd00:{n}::/64")]);
+        let held = [
+            peers::check_entry(&dual("2001:db8::1", 1).unwrap()).unwrap(),
+            peers::check_entry(&dual("2001:db8::2", 2).unwrap()).unwrap(),
+        ];
+        // The kept MAC of an IPv6 peer is its hash: a flannel node claiming node-a's is left
+        // out, as on IPv4.
+        let stolen = crate::netlink::link::format_mac(&vtep_mac("2001:db8::1".parse().unwrap(), 1));
+        let mut flannel = dual("2001:db8::5", 5).unwrap();
+        flannel.mac = Some(stolen);
+        let p = place(
+            &nodes(&[
+                ("a-attacker", dual("2001:db8::2", 9)),
+                (
+                    "b-attacker",
+                    entry("2001:db8::9", &["10.244.9.0/24", "fd00:2::/80"]),
+                ),
+                ("flannel-5", Ok(flannel)),
+                ("node-a", dual("2001:db8::1", 1)),
+                ("node-b", dual("2001:db8::2", 2)),
+                ("node-c", dual("2001:db8::a", 10)),
+                ("link-local", dual("fe80::7", 7)),
+            ]),
+            &held,
+            1,
+        );
+        assert_eq!(names(&p), ["node-a", "node-b", "node-c"]);
+        for (name, says) in [
+            ("a-attacker", "already in the peers file"),
+            ("b-attacker", "fd00:2::/64"),
+            ("flannel-5", "VTEP MAC"),
+            ("link-local", "link-local"),
+        ] {
+            assert!(p.left_out[name].contains(says), "{name}: {:?}", p.left_out);
+        }
+        // The list is in address order: ::1, ::2, ::a.
+        let ips: Vec<String> = p.list().iter().map(|p| p.ip.to_string()).collect();
+        assert_eq!(ips, ["2001:db8::1", "2001:db8::2", "2001:db8::a"]);
+        // Two newcomers on one IPv6 address: neither.
+        let p = place(
+            &nodes(&[("x", dual("2001:db8::7", 7)), ("y", dual("2001:db8::7", 8))]),
+            &[],
+            1,
+        );
+        assert!(p.peers.is_empty() && p.left_out.len() == 2, "{p:?}");
+    }
+
     /// 5,000 Nodes placed in well under a second, conflicts found by index.
     #[test]
     fn five_thousand_nodes_are_placed_by_index() {
