@@ -41,9 +41,14 @@ struct Setup {
 
 impl Setup {
     fn new() -> Setup {
+        Setup::with(serde_json::json!({}))
+    }
+
+    /// [`Setup::new`] with `extra`'s keys merged into the network's config.
+    fn with(extra: serde_json::Value) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let conf = dir.path().join("net.conflist");
-        let list = serde_json::json!({
+        let mut list = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": "health",
             "plugins": [{
@@ -54,6 +59,9 @@ impl Setup {
                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.1.0/24"}]]},
             }],
         });
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            list["plugins"][0][k] = v.clone();
+        }
         std::fs::write(&conf, list.to_string()).expect("conflist");
         Setup { dir, conf }
     }
@@ -359,6 +367,33 @@ fn a_metrics_address_other_machines_reach_needs_metrics_allow_remote() {
         warning.contains(&format!("on 0.0.0.0:{}", agent.addr.port())),
         "{warning}"
     );
+}
+
+/// Issue 22: `--underlay-family` decides what the config leaves open, never against it: a
+/// family other than that of the config's `localIp` is a usage error naming both.
+#[test]
+fn an_underlay_family_against_the_configs_local_ip_is_a_usage_error() {
+    let setup = Setup::with(serde_json::json!({"localIp": "2001:db8::1"}));
+    let mut child = setup.spawn(&["--underlay-family", "ipv4"]);
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    let log = setup.log();
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{log}");
+    assert!(
+        log.contains(
+            "--underlay-family ipv4 contradicts the config's localIp (2001:db8::1 is an IPv6 address)"
+        ),
+        "{log}"
+    );
+    // The same family is fine: the agent runs, and waits for its peers file.
+    let mut child = setup.spawn(&["--underlay-family", "ipv6"]);
+    poll("the agent's main loop", Duration::from_secs(10), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the agent exited ({status}): {}", setup.log());
+        }
+        setup.log().contains("does not exist yet").then_some(())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Issue 19, finding 10: 60 SIGKILLs during writes left a 108 KB peers temp file and status

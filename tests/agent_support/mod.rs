@@ -11,6 +11,8 @@ use crate::kube_support::*;
 use crate::vxlan_support::*;
 
 pub const API_IP: &str = "192.0.2.254";
+/// The API server's address on an IPv6-only underlay ([`Cluster::new_ipv6`]).
+pub const API_IP6: &str = "2001:db8::fe";
 
 pub struct Cluster {
     pub topo: Topo,
@@ -22,30 +24,45 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// Nodes 1 to 3 on an IPv4 underlay (`192.0.2.<n>/24`), the API at [`API_IP`].
     pub fn new() -> Cluster {
-        let mut topo = Topo::new(1500);
+        Cluster::on(Topo::new(1500), API_IP, |_| json!({}))
+    }
+
+    /// Nodes 1 to 3 on an IPv6-only underlay (`2001:db8::<n>/64`, no IPv4 on it), the API at
+    /// [`API_IP6`]. Each node's network is dual-stack (`10.244.<n>.0/24`, `fd00:<n>::/64`);
+    /// `extra(n)`'s keys are merged into node `n`'s config (a `localIp`, say).
+    pub fn new_ipv6(extra: impl Fn(u8) -> Value) -> Cluster {
+        Cluster::on(Topo::new_ipv6(1500), API_IP6, |n| {
+            let mut e = extra(n);
+            e["v6"] = json!(true);
+            e
+        })
+    }
+
+    fn on(mut topo: Topo, api_ip: &str, extra: impl Fn(u8) -> Value) -> Cluster {
         for n in 1..=3 {
             topo.add_node(n, 1500);
         }
         // The API server's address lives on the underlay bridge, in the test's namespace.
-        ok(&[
-            "ip",
-            "-n",
-            &topo.underlay,
-            "addr",
-            "add",
-            &format!("{API_IP}/24"),
-            "dev",
-            "br0",
-        ]);
+        let ul = topo.underlay.clone();
+        if topo.underlay6 {
+            let addr = format!("{api_ip}/64");
+            ok(&["ip", "-n", &ul, "addr", "add", &addr, "dev", "br0", "nodad"]);
+        } else {
+            let addr = format!("{api_ip}/24");
+            ok(&["ip", "-n", &ul, "addr", "add", &addr, "dev", "br0"]);
+        }
         let netns = PathBuf::from(format!("/run/netns/{}", topo.underlay));
-        let api = ApiServer::new(API_IP, Some(&netns));
+        let api = ApiServer::new(api_ip, Some(&netns));
         let (ca, token) = api.credentials(topo.dir.path());
         let mut confs = Vec::new();
         let mut conf_files = Vec::new();
         for n in 1..=3u8 {
             let peers = topo.dir.path().join(format!("peers-{n}.json"));
-            let conf = topo.conf(n, json!({"peersFile": peers}));
+            let mut keys = extra(n);
+            keys["peersFile"] = json!(peers);
+            let conf = topo.conf(n, keys);
             let file = topo.dir.path().join(format!("node-{n}.conf"));
             std::fs::write(&file, conf.to_string()).expect("conf");
             confs.push(conf);
@@ -68,6 +85,18 @@ impl Cluster {
             &[&Topo::subnet(n)],
             json!({}),
         )
+    }
+
+    /// Node `n` of [`Cluster::new_ipv6`] as a dual-stack kubelet reports it: InternalIPs
+    /// `192.0.2.<n>` (not on the underlay) then `2001:db8::<n>`, pod CIDRs of both families.
+    pub fn node_dual(n: u8) -> Value {
+        let node = node_json(
+            &format!("node-{n}"),
+            &Topo::node_ip(n),
+            &[&Topo::subnet(n), &Topo::subnet6(n)],
+            json!({}),
+        );
+        with_internal_ips(node, &[&Topo::node_ip(n), &format!("2001:db8::{n}")])
     }
 
     pub fn peers_file(&self, n: u8) -> PathBuf {
@@ -116,9 +145,12 @@ impl Cluster {
         Agent::start(AGENT_BIN, &self.topo.node_ns(n), log, &args)
     }
 
-    /// True when node `n` routes `subnet` through its VTEP.
+    /// True when node `n` routes `subnet` (of either family) through its VTEP.
     pub fn routes(&self, n: u8, subnet: &str) -> bool {
-        let out = sh(&["ip", "-n", &self.topo.node_ns(n), "route", "show", subnet]);
+        // `ip route show` lists IPv4 routes only unless told the family.
+        let family = if subnet.contains(':') { "-6" } else { "-4" };
+        let ns = self.topo.node_ns(n);
+        let out = sh(&["ip", "-n", &ns, family, "route", "show", subnet]);
         String::from_utf8_lossy(&out.stdout).contains("dev sticky.1")
     }
 

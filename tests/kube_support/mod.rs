@@ -54,6 +54,18 @@ pub fn with_images(mut node: Value, count: usize) -> Value {
     node
 }
 
+/// `node` with these `InternalIP` addresses, in this order, then its `Hostname`: a
+/// dual-stack kubelet (`--node-ip=192.0.2.1,2001:db8::1`) lists its IPv4 address first.
+pub fn with_internal_ips(mut node: Value, ips: &[&str]) -> Value {
+    let mut addresses: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"type": "InternalIP", "address": ip}))
+        .collect();
+    addresses.push(json!({"type": "Hostname", "address": node["metadata"]["name"]}));
+    node["status"]["addresses"] = json!(addresses);
+    node
+}
+
 /// A Node as a real API server returns it (kubeadm worker): metadata with labels,
 /// annotations and managedFields, spec with podCIDR(s) and taints, status with capacity,
 /// conditions, addresses, daemonEndpoints and nodeInfo.
@@ -262,7 +274,7 @@ impl ApiServer {
                 }),
                 changed: Condvar::new(),
             }),
-            addr: format!("{ip}:0").parse().expect("addr"),
+            addr: SocketAddr::new(ip.parse().expect("the server's IP address"), 0),
             netns: netns.map(Path::to_path_buf),
             token: format!("test-token-{}", std::process::id()),
             pki: Pki::new(ip),
