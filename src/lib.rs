@@ -10,11 +10,12 @@
 //!   [`segment`] is its L2 segment mode; [`agent`] (the `sticky-vxlan-agent` program) keeps its
 //!   peers file current from the Kubernetes API.
 //!
-//! [`cni`] is the protocol both share (its own errors mapped to CNI codes; each plugin maps its
-//! own in its `codes` module);
-//! [`cli`] is the operator tools' shared argument parser and conflist loader; [`netlink`] the
-//! synchronous kernel layer; [`nofollow`] the one way files are opened and written;
-//! [`program`] the one way every program runs and exits.
+//! Layers, bottom to top (docs/design.md, "Layers"; every import points down): the primitives
+//! [`program`] (how every binary runs and exits), [`crash`], [`args`], [`netlink`] (the
+//! synchronous kernel layer) and [`nofollow`] (the one way files are opened and written);
+//! [`cni`], the protocol both plugins share; [`ipam`]; [`vxlan`], the data-path core and the
+//! main mode; [`segment`]; [`networks`], the mode dispatch; then the programs: [`agent`] and
+//! [`cli`], the operator tools.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 

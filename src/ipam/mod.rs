@@ -6,7 +6,7 @@
 //!   [`lifecycle`] (boots, expiry, GC) are the policy, over the [`store::Store`] trait;
 //!   [`disk`] is the only code that touches the data dir; [`index`] is its derived name
 //!   index, so a call reads what it asks about, not the whole directory.
-//! - [`plugin`] wires the CNI commands to them; [`cli`] is the operator's tool; [`metrics`]
+//! - [`plugin`] wires the CNI commands to them; the operator's tool (a layer up) is `cli::ipam`; [`metrics`]
 //!   writes the node_exporter textfile.
 
 pub mod allocator;

@@ -13,7 +13,7 @@
 //! `sticky-vxlan reconcile`, every ADD and the node agent.
 //! [`pod`] names one pod's veth and checks it, [`pods`] makes and removes it, [`delegate`]
 //! runs the IPAM plugin, [`plugin`] ties them to the CNI commands, [`firewall`] holds the
-//! optional nftables rules and [`cli`] the operator's entry points.
+//! optional nftables rules; the operator's entry points are a layer up, `cli::vxlan`.
 
 pub mod apply;
 pub mod codes;
