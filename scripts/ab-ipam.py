@@ -8,7 +8,10 @@ alike. Each binary has its own empty data dir (0 records, the case where process
 fsync are most of a call) in a temp dir on the same filesystem as `--workdir`. Prints each
 binary's medians with first and third quartiles.
 
-    scripts/ab-ipam.py [--rounds 200] [--workdir target/bench] OLD NEW
+    scripts/ab-ipam.py [--rounds 200] [--workdir target/bench] [--version-only] OLD NEW
+
+--version-only times VERSION alone, so the binaries may be any CNI plugins (sticky-vxlan's
+exec cost, say: its size is what the loader maps at every call).
 
 Needs only python3; no root. The temp dirs are removed at the end, also on failure.
 """
@@ -56,6 +59,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--workdir", default=os.path.join(ROOT, "target", "bench"))
+    parser.add_argument("--version-only", action="store_true",
+                        help="time VERSION only (any CNI plugin binary)")
     parser.add_argument("binaries", nargs="+")
     opts = parser.parse_args()
     binaries = [os.path.abspath(b) for b in opts.binaries]
@@ -70,23 +75,24 @@ def main():
                          "ranges": [[{"subnet": "10.128.0.0/16"}]]},
             }).encode())
         version = (b'{"cniVersion":"1.0.0"}', {"CNI_COMMAND": "VERSION"})
-        times = {(b, op): [] for b in range(len(binaries)) for op in ("VERSION", "ADD", "DEL")}
+        commands = () if opts.version_only else ("ADD", "DEL")
+        times = {(b, op): [] for b in range(len(binaries)) for op in ("VERSION",) + commands}
         floor = []
         # One ADD and DEL each first: creates the data dir and its index, not timed.
         for b, binary in enumerate(binaries):
-            for command in ("ADD", "DEL"):
+            for command in commands:
                 timed([binary], cni_env(command, 999999), confs[b])
         for n in range(opts.rounds):
             floor.append(timed(["/bin/true"], {}, b""))
             order = range(len(binaries)) if n % 2 == 0 else reversed(range(len(binaries)))
             for b in order:
                 times[(b, "VERSION")].append(timed([binaries[b]], version[1], version[0]))
-                for command in ("ADD", "DEL"):
+                for command in commands:
                     times[(b, command)].append(timed([binaries[b]], cni_env(command, n), confs[b]))
         print("/bin/true   %s" % quartiles(floor))
         for b, binary in enumerate(binaries):
-            print(binary)
-            for op in ("VERSION", "ADD", "DEL"):
+            print("%s (%d bytes)" % (binary, os.path.getsize(binary)))
+            for op in ("VERSION",) + commands:
                 print("  %-8s %s" % (op, quartiles(times[(b, op)])))
     finally:
         shutil.rmtree(work, ignore_errors=True)
