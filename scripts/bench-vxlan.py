@@ -114,7 +114,7 @@ def main():
             },
         }
         binaries = {"sticky-vxlan": sticky, "bridge": os.path.join(CNI_DIR, "bridge")}
-        nodes = {kind: node for kind in confs}
+        nodes = {}  # a kind's node when it is not the shared one
         if args.ipv6_underlay:
             node6 = f"{tag}-node6"
             make_node(node6, namespaces, underlay="2001:db8::1/64")
@@ -154,9 +154,9 @@ def main():
             cid = f"{tag}{kind[:3]}{i}"
             netns = f"/run/netns/{pod}"
             start = time.perf_counter()
-            cni(nodes[kind], binaries[kind], "ADD", cid, netns, confs[kind], bindir)
+            cni(nodes.get(kind, node), binaries[kind], "ADD", cid, netns, confs[kind], bindir)
             added = time.perf_counter()
-            cni(nodes[kind], binaries[kind], "DEL", cid, netns, confs[kind], bindir)
+            cni(nodes.get(kind, node), binaries[kind], "DEL", cid, netns, confs[kind], bindir)
             elapsed = time.perf_counter() - start
             sh("ip", "netns", "del", pod)
             namespaces.remove(pod)
