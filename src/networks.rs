@@ -16,7 +16,7 @@ use crate::netlink::link::format_mac;
 use crate::segment::plugin::Segment;
 use crate::vxlan::config::{self, Config};
 use crate::vxlan::mac::vtep_mac;
-use crate::vxlan::plugin::StickyVxlan as Main;
+use crate::vxlan::plugin::MainMode as Main;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -406,7 +406,7 @@ fn main_loop(
                 };
             }
             for line in reconcile::round(
-                &mut reconcile::Live,
+                &mut reconcile::LiveNetworks,
                 &opts.config,
                 &opts.segment_configs,
                 only_failed,

@@ -58,9 +58,9 @@ pub trait Networks {
 }
 
 /// The kernel, through the same code as `sticky-vxlan reconcile --config <file>`.
-pub struct Live;
+pub struct LiveNetworks;
 
-impl Networks for Live {
+impl Networks for LiveNetworks {
     fn main(&mut self, config: &Path) -> Result<Reconciled, Error> {
         let cfg = networks::load(config).map_err(network(config))?;
         Ok(reconcile_node(&cfg)?)

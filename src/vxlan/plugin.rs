@@ -25,13 +25,13 @@ use crate::cni::{Call, CniResult, IpConfig, Plugin, attachments};
 use crate::netlink::Socket;
 use crate::netlink::link::Link;
 
-pub struct StickyVxlan;
+pub struct MainMode;
 
 fn config(call: &Call) -> Result<Config, Error> {
     Config::from_json(&call.conf.name, &call.conf.raw).map_err(Error::from)
 }
 
-impl Plugin for StickyVxlan {
+impl Plugin for MainMode {
     type Error = Error;
 
     fn add(&self, call: &Call) -> Result<CniResult, Error> {
