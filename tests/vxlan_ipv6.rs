@@ -89,9 +89,15 @@ fn both_pod_families_cross_an_ipv6_only_underlay_in_udp_over_ipv6() {
         topo.reaches(&a, &b6),
         "IPv6 pod to pod over the IPv6 underlay"
     );
+    // What the closing note of issue 22 shows: one ping each way of each family, as printed.
+    for to in [&b4, &b6] {
+        let out = topo.in_ns(&a.ns, &["ping", "-c", "1", "-W", "2", to]);
+        println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    }
     let frames = capture.frames();
     let vxlan: Vec<&str> = frames.lines().filter(|l| l.contains(".8472")).collect();
     assert!(!vxlan.is_empty(), "{frames}");
+    println!("a frame on the underlay: {}", vxlan[0]);
     for line in &vxlan {
         assert!(
             line.contains("IPv6") && line.contains("2001:db8::"),
