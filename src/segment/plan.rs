@@ -20,7 +20,6 @@ use super::node::Node;
 use crate::netlink::link::{Link, VxlanSpec};
 use crate::vxlan::devices;
 use crate::vxlan::kernel::LinkChange;
-use crate::vxlan::mac::vtep_mac;
 
 /// One of the segment's two devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,16 +67,13 @@ pub struct Plan {
 
 /// The VXLAN device the segment wants on this node.
 pub fn spec(cfg: &Config, node: &Node) -> VxlanSpec {
-    VxlanSpec {
-        name: cfg.vxlan(),
-        vni: cfg.vni,
-        port: cfg.port,
-        local: node.local_ip,
-        underlay: Some(node.underlay.index),
-        mac: vtep_mac(node.local_ip, cfg.vni),
-        mtu: node.mtu,
-        learning: true,
-    }
+    devices::tunnel(
+        cfg.vxlan(),
+        (cfg.vni, cfg.port),
+        (node.local_ip, &node.underlay),
+        node.mtu,
+        true,
+    )
 }
 
 /// Whether the VXLAN device `l` is kept as it is (MTU aside): the unchangeable parameters
@@ -169,19 +165,7 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Seen) -> Result<Plan, Error> {
             (Some(node.mtu), false)
         }
     };
-    if mtu != Some(node.mtu) {
-        steps.push(Step::Change {
-            dev: Dev::Bridge,
-            change: LinkChange::Mtu(node.mtu),
-        });
-    }
-    steps.push(Step::KeepNodeOff(Dev::Bridge));
-    if !up {
-        steps.push(Step::Change {
-            dev: Dev::Bridge,
-            change: LinkChange::Up,
-        });
-    }
+    finish(&mut steps, Dev::Bridge, (mtu, up), node.mtu, None);
 
     let (mtu, up, on_bridge) = match kept {
         Some(v) => {
@@ -202,22 +186,8 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Seen) -> Result<Plan, Error> {
             (Some(want.mtu), false, false)
         }
     };
-    if mtu != Some(want.mtu) {
-        steps.push(Step::Change {
-            dev: Dev::Vxlan,
-            change: LinkChange::Mtu(want.mtu),
-        });
-    }
-    steps.push(Step::KeepNodeOff(Dev::Vxlan));
-    if !on_bridge {
-        steps.push(Step::EnslaveVxlan);
-    }
-    if !up {
-        steps.push(Step::Change {
-            dev: Dev::Vxlan,
-            change: LinkChange::Up,
-        });
-    }
+    let enslave = (!on_bridge).then_some(Step::EnslaveVxlan);
+    finish(&mut steps, Dev::Vxlan, (mtu, up), want.mtu, enslave);
 
     // Entries on a device that is made again are gone with the old one.
     let have = if kept.is_some() { &seen.flood[..] } else { &[] };
@@ -225,6 +195,31 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Seen) -> Result<Plan, Error> {
     steps.extend(add.into_iter().map(Step::AddFlood));
     steps.extend(remove.into_iter().map(Step::DeleteFlood));
     Ok(Plan { steps })
+}
+
+/// The steps that leave `dev` (as it is: its MTU, up or not) at MTU `want`, off the node's
+/// IPv6, on the bridge (`enslave`, the VXLAN device's) and up.
+fn finish(
+    steps: &mut Vec<Step>,
+    dev: Dev,
+    (mtu, up): (Option<u32>, bool),
+    want: u32,
+    enslave: Option<Step>,
+) {
+    if mtu != Some(want) {
+        steps.push(Step::Change {
+            dev,
+            change: LinkChange::Mtu(want),
+        });
+    }
+    steps.push(Step::KeepNodeOff(dev));
+    steps.extend(enslave);
+    if !up {
+        steps.push(Step::Change {
+            dev,
+            change: LinkChange::Up,
+        });
+    }
 }
 
 #[cfg(test)]
@@ -350,7 +345,7 @@ mod tests {
             ]
         );
         assert!(spec(&c, &n).learning);
-        assert_eq!(spec(&c, &n).mac, vtep_mac(ip(1), 101));
+        assert_eq!(spec(&c, &n).mac, crate::vxlan::mac::vtep_mac(ip(1), 101));
     }
 
     #[test]

@@ -57,15 +57,33 @@ pub fn marked_for(dev: Dev, alias: &str) -> Option<&str> {
 
 /// The VTEP this config and node want.
 pub fn vtep_spec(cfg: &Config, node: &Node) -> VxlanSpec {
+    tunnel(
+        cfg.vtep_name.clone(),
+        (cfg.vni, cfg.port),
+        (node.local_ip, &node.underlay),
+        node.mtu,
+        false,
+    )
+}
+
+/// A VXLAN device of either mode: for `vni` on `port`, bound to the underlay address and
+/// device, with the kept MAC of that address, learning as asked.
+pub fn tunnel(
+    name: String,
+    (vni, port): (u32, u16),
+    (local, underlay): (IpAddr, &Link),
+    mtu: u32,
+    learning: bool,
+) -> VxlanSpec {
     VxlanSpec {
-        name: cfg.vtep_name.clone(),
-        vni: cfg.vni,
-        port: cfg.port,
-        local: node.local_ip,
-        underlay: Some(node.underlay.index),
-        mac: vtep_mac(node.local_ip, cfg.vni),
-        mtu: node.mtu,
-        learning: false,
+        name,
+        vni,
+        port,
+        local,
+        underlay: Some(underlay.index),
+        mac: vtep_mac(local, vni),
+        mtu,
+        learning,
     }
 }
 
