@@ -79,67 +79,93 @@ pub fn fdb_message(f: &Fdb) -> NeighbourMessage {
 
 /// Adds or replaces a permanent neighbour entry.
 pub fn replace(sock: &mut Socket, n: &Neighbour) -> Result<(), Error> {
-    sock.request(
-        "replace neighbour",
-        RouteNetlinkMessage::NewNeighbour(neighbour_message(n)),
-        NLM_F_CREATE | NLM_F_REPLACE,
-    )
-    .map(drop)
-    .map_err(|source| Error {
-        entry: format!("neighbour {}", n.ip),
-        index: n.index,
-        source,
-    })
+    Write::ReplaceNeighbour(n).answer(sock.write(Write::ReplaceNeighbour(n).request()))
 }
 
 pub fn delete(sock: &mut Socket, n: &Neighbour) -> Result<(), Error> {
-    match sock.request(
-        "delete neighbour",
-        RouteNetlinkMessage::DelNeighbour(neighbour_message(n)),
-        0,
-    ) {
-        Ok(_) => Ok(()),
-        Err(e) if e.is(Errno::ENOENT) => Ok(()),
-        Err(source) => Err(Error {
-            entry: format!("neighbour {}", n.ip),
-            index: n.index,
-            source,
-        }),
-    }
+    Write::DeleteNeighbour(n).answer(sock.write(Write::DeleteNeighbour(n).request()))
 }
 
 /// Adds a permanent FDB entry (`bridge fdb append`: one MAC may have several destinations,
 /// so the entry for another MAC is never disturbed).
 pub fn add_fdb(sock: &mut Socket, f: &Fdb) -> Result<(), Error> {
-    match sock.request(
-        "add fdb entry",
-        RouteNetlinkMessage::NewNeighbour(fdb_message(f)),
-        NLM_F_CREATE | NLM_F_APPEND,
-    ) {
-        Ok(_) => Ok(()),
-        Err(e) if e.is(Errno::EEXIST) => Ok(()),
-        Err(source) => Err(Error {
-            entry: format!("fdb {} dst {}", super::link::format_mac(&f.mac), f.dst),
-            index: f.index,
-            source,
-        }),
-    }
+    Write::AddFdb(f).answer(sock.write(Write::AddFdb(f).request()))
 }
 
 pub fn delete_fdb(sock: &mut Socket, f: &Fdb) -> Result<(), Error> {
-    match sock.request(
-        "delete fdb entry",
-        RouteNetlinkMessage::DelNeighbour(fdb_message(f)),
-        0,
-    ) {
-        Ok(_) => Ok(()),
-        Err(e) if e.is(Errno::ENOENT) => Ok(()),
-        Err(source) => Err(Error {
-            entry: format!("fdb {} dst {}", super::link::format_mac(&f.mac), f.dst),
-            index: f.index,
-            source,
-        }),
+    Write::DeleteFdb(f).answer(sock.write(Write::DeleteFdb(f).request()))
+}
+
+/// One write of an entry, alone ([`replace`], [`add_fdb`], ...) or in a batch
+/// ([`Socket::request_batch`]): its request, and what the kernel's answer means.
+#[derive(Debug, Clone, Copy)]
+pub enum Write<'a> {
+    ReplaceNeighbour(&'a Neighbour),
+    /// One already gone is success.
+    DeleteNeighbour(&'a Neighbour),
+    /// One already there is success.
+    AddFdb(&'a Fdb),
+    /// One already gone is success.
+    DeleteFdb(&'a Fdb),
+}
+
+impl Write<'_> {
+    pub fn request(self) -> socket::Request {
+        let (what, message, flags) = match self {
+            Write::ReplaceNeighbour(n) => (
+                "replace neighbour",
+                RouteNetlinkMessage::NewNeighbour(neighbour_message(n)),
+                NLM_F_CREATE | NLM_F_REPLACE,
+            ),
+            Write::DeleteNeighbour(n) => (
+                "delete neighbour",
+                RouteNetlinkMessage::DelNeighbour(neighbour_message(n)),
+                0,
+            ),
+            Write::AddFdb(f) => (
+                "add fdb entry",
+                RouteNetlinkMessage::NewNeighbour(fdb_message(f)),
+                NLM_F_CREATE | NLM_F_APPEND,
+            ),
+            Write::DeleteFdb(f) => (
+                "delete fdb entry",
+                RouteNetlinkMessage::DelNeighbour(fdb_message(f)),
+                0,
+            ),
+        };
+        socket::Request {
+            what,
+            message,
+            flags,
+        }
     }
+
+    /// The outcome of the write, from the kernel's answer to [`Write::request`].
+    pub fn answer(self, answer: Result<(), socket::Error>) -> Result<(), Error> {
+        let Err(source) = answer else {
+            return Ok(());
+        };
+        let (entry, index, fine) = match self {
+            Write::ReplaceNeighbour(n) => (format!("neighbour {}", n.ip), n.index, None),
+            Write::DeleteNeighbour(n) => {
+                (format!("neighbour {}", n.ip), n.index, Some(Errno::ENOENT))
+            }
+            Write::AddFdb(f) => (fdb_entry(f), f.index, Some(Errno::EEXIST)),
+            Write::DeleteFdb(f) => (fdb_entry(f), f.index, Some(Errno::ENOENT)),
+        };
+        if fine.is_some_and(|errno| source.is(errno)) {
+            return Ok(());
+        }
+        Err(Error {
+            entry,
+            index,
+            source,
+        })
+    }
+}
+
+fn fdb_entry(f: &Fdb) -> String {
+    format!("fdb {} dst {}", super::link::format_mac(&f.mac), f.dst)
 }
 
 /// The request that dumps the entries of `family` on interface `index`. The kernel filters

@@ -131,31 +131,55 @@ fn parse(msg: &RouteMessage) -> Option<Route> {
 
 /// Adds the route, replacing one with the same destination.
 pub fn replace(sock: &mut Socket, route: &Route) -> Result<(), Error> {
-    sock.request(
-        "replace route",
-        RouteNetlinkMessage::NewRoute(message(route)),
-        NLM_F_CREATE | NLM_F_REPLACE,
-    )
-    .map(drop)
-    .map_err(|source| Error {
-        route: route.to_string(),
-        source,
-    })
+    Write::Replace(route).answer(sock.write(Write::Replace(route).request()))
 }
 
 /// Removes the route; one that is already gone is success.
 pub fn delete(sock: &mut Socket, route: &Route) -> Result<(), Error> {
-    match sock.request(
-        "delete route",
-        RouteNetlinkMessage::DelRoute(message(route)),
-        0,
-    ) {
-        Ok(_) => Ok(()),
-        Err(e) if e.is(Errno::ESRCH) || e.is(Errno::ENOENT) => Ok(()),
-        Err(source) => Err(Error {
-            route: route.to_string(),
-            source,
-        }),
+    Write::Delete(route).answer(sock.write(Write::Delete(route).request()))
+}
+
+/// One write of a route, alone ([`replace`], [`delete`]) or in a batch
+/// ([`Socket::request_batch`]): its request, and what the kernel's answer means.
+#[derive(Debug, Clone, Copy)]
+pub enum Write<'a> {
+    Replace(&'a Route),
+    /// One already gone is success.
+    Delete(&'a Route),
+}
+
+impl Write<'_> {
+    pub fn request(self) -> socket::Request {
+        match self {
+            Write::Replace(route) => socket::Request {
+                what: "replace route",
+                message: RouteNetlinkMessage::NewRoute(message(route)),
+                flags: NLM_F_CREATE | NLM_F_REPLACE,
+            },
+            Write::Delete(route) => socket::Request {
+                what: "delete route",
+                message: RouteNetlinkMessage::DelRoute(message(route)),
+                flags: 0,
+            },
+        }
+    }
+
+    /// The outcome of the write, from the kernel's answer to [`Write::request`].
+    pub fn answer(self, answer: Result<(), socket::Error>) -> Result<(), Error> {
+        let (Write::Replace(route) | Write::Delete(route)) = self;
+        match answer {
+            Ok(()) => Ok(()),
+            Err(e)
+                if matches!(self, Write::Delete(_))
+                    && (e.is(Errno::ESRCH) || e.is(Errno::ENOENT)) =>
+            {
+                Ok(())
+            }
+            Err(source) => Err(Error {
+                route: route.to_string(),
+                source,
+            }),
+        }
     }
 }
 
