@@ -1,5 +1,5 @@
 //! Carries out a segment's [`Plan`] through a [`Kernel`], step by step, stopping at the first
-//! error. No decision is made here: the indexes of the two devices are the only thing it
+//! error; a run of flood entries goes to the kernel as one batch. No decision is made here: the indexes of the two devices are the only thing it
 //! works out (from what was read, or by looking a device up once it was made).
 
 use std::net::IpAddr;
@@ -10,7 +10,7 @@ use super::datapath::{Devices, FLOOD, Seen};
 use super::plan::{Dev, Plan, Step};
 use crate::netlink::link::{self, Link};
 use crate::netlink::neigh::Fdb;
-use crate::vxlan::kernel::{Kernel, LinkChange};
+use crate::vxlan::kernel::{EntryWrite, Kernel, LinkChange};
 
 /// The link called `name`, which must exist.
 fn require<K: Kernel>(k: &mut K, name: &str) -> Result<Link, Error> {
@@ -65,7 +65,13 @@ pub fn apply<K: Kernel>(
         bridge: seen.bridge.clone(),
         vxlan: seen.vxlan.clone(),
     };
+    // A run of flood entries goes out as one batch, in plan order, before the next step.
+    let mut floods = Vec::new();
     for step in &plan.steps {
+        if !floods.is_empty() && !matches!(step, Step::AddFlood(_) | Step::DeleteFlood(_)) {
+            k.write_entries(&floods)?;
+            floods.clear();
+        }
         match step {
             Step::CreateBridge { name, mtu } => {
                 k.create_bridge(name, *mtu, None)?;
@@ -102,13 +108,16 @@ pub fn apply<K: Kernel>(
             }
             Step::AddFlood(dst) => {
                 let index = known.get(k, Dev::Vxlan)?.index;
-                k.add_fdb(&flood(index, *dst))?;
+                floods.push(EntryWrite::AddFdb(flood(index, *dst)));
             }
             Step::DeleteFlood(dst) => {
                 let index = known.get(k, Dev::Vxlan)?.index;
-                k.delete_fdb(&flood(index, *dst))?;
+                floods.push(EntryWrite::DeleteFdb(flood(index, *dst)));
             }
         }
+    }
+    if !floods.is_empty() {
+        k.write_entries(&floods)?;
     }
     Ok(Devices {
         bridge: require(k, &cfg.bridge())?,

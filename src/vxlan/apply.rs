@@ -1,11 +1,12 @@
-//! Carries out a [`Plan`] through a [`Kernel`], step by step, stopping at the first error.
+//! Carries out a [`Plan`] through a [`Kernel`], step by step, stopping at the first error;
+//! a run of entry steps (FDB, neighbours, routes) goes to the kernel as one batch.
 //! No decision is made here: the indexes of the two devices are the only thing it works out
 //! (from what was observed, or by looking the device up once it was created).
 
 use super::Error;
 use super::config::Config;
 use super::devices::Dev;
-use super::kernel::Kernel;
+use super::kernel::{EntryWrite, Kernel};
 use super::node::Observed;
 use super::plan::{Plan, Step, route_for};
 use crate::netlink::link::Link;
@@ -51,6 +52,13 @@ impl Resolved<'_> {
         Ok(l)
     }
 
+    fn vtep_index(&mut self, k: &mut impl Kernel) -> Result<u32, Error> {
+        match &self.vtep {
+            Some(l) => Ok(l.index),
+            None => Ok(self.get(k, Dev::Vtep)?.index),
+        }
+    }
+
     fn changed(&mut self, dev: Dev) {
         self.stale[dev as usize] = true;
     }
@@ -69,7 +77,15 @@ pub fn apply(
         bridge: seen.link(&cfg.bridge).cloned(),
         stale: [false; 2],
     };
+    // A run of entry writes (FDB, neighbours, routes) goes out as one batch, in plan order,
+    // before the next step of another kind (which may need them made, or change what they
+    // apply to).
+    let mut entries = Vec::new();
     for step in &plan.steps {
+        if !entries.is_empty() && !is_entry(step) {
+            k.write_entries(&entries)?;
+            entries.clear();
+        }
         match step {
             Step::DeleteLink { name } => {
                 k.delete_link(name)?;
@@ -97,30 +113,32 @@ pub fn apply(
                 k.delete_address(l.index, *net)?;
             }
             Step::AddFdb { mac, dst } => {
-                let index = r.get(k, Dev::Vtep)?.index;
-                k.add_fdb(&fdb(index, *mac, *dst))?;
+                let index = r.vtep_index(k)?;
+                entries.push(EntryWrite::AddFdb(fdb(index, *mac, *dst)));
             }
             Step::DeleteFdb { mac, dst } => {
-                let index = r.get(k, Dev::Vtep)?.index;
-                k.delete_fdb(&fdb(index, *mac, *dst))?;
+                let index = r.vtep_index(k)?;
+                entries.push(EntryWrite::DeleteFdb(fdb(index, *mac, *dst)));
             }
             Step::ReplaceNeighbour { ip, mac } => {
-                let index = r.get(k, Dev::Vtep)?.index;
-                k.replace_neighbour(&neighbour(index, *ip, *mac))?;
+                let index = r.vtep_index(k)?;
+                entries.push(EntryWrite::ReplaceNeighbour(neighbour(index, *ip, *mac)));
             }
             Step::DeleteNeighbour { ip, mac } => {
-                let index = r.get(k, Dev::Vtep)?.index;
-                k.delete_neighbour(&neighbour(index, *ip, *mac))?;
+                let index = r.vtep_index(k)?;
+                entries.push(EntryWrite::DeleteNeighbour(neighbour(index, *ip, *mac)));
             }
             Step::ReplaceRoute { dst } => {
-                let index = r.get(k, Dev::Vtep)?.index;
-                let route = route_for(*dst, index);
-                k.replace_route(&route)?;
+                let index = r.vtep_index(k)?;
+                entries.push(EntryWrite::ReplaceRoute(route_for(*dst, index)));
             }
-            Step::DeleteRoute(route) => k.delete_route(route)?,
+            Step::DeleteRoute(route) => entries.push(EntryWrite::DeleteRoute(route.clone())),
             Step::Sysctl { key, value } => k.sysctl(key, value)?,
             Step::Firewall { script } => k.nft(script)?,
         }
+    }
+    if !entries.is_empty() {
+        k.write_entries(&entries)?;
     }
     for dev in [Dev::Vtep, Dev::Bridge] {
         if r.stale[dev as usize] {
@@ -131,6 +149,19 @@ pub fn apply(
         vtep: r.get(k, Dev::Vtep)?,
         bridge: r.get(k, Dev::Bridge)?,
     })
+}
+
+/// A step that writes one entry: consecutive ones go out as one batch.
+fn is_entry(step: &Step) -> bool {
+    matches!(
+        step,
+        Step::AddFdb { .. }
+            | Step::DeleteFdb { .. }
+            | Step::ReplaceNeighbour { .. }
+            | Step::DeleteNeighbour { .. }
+            | Step::ReplaceRoute { .. }
+            | Step::DeleteRoute(_)
+    )
 }
 
 fn fdb(index: u32, mac: [u8; 6], dst: std::net::IpAddr) -> Fdb {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::Error;
 use super::config::Config;
-use super::kernel::{Kernel, LinkChange};
+use super::kernel::{EntryWrite, Kernel, LinkChange, write_each};
 use super::node::{Node, Observed};
 use super::peers::Peer;
 use crate::netlink::link::{Link, VxlanInfo, VxlanSpec};
@@ -25,6 +25,8 @@ pub struct Fake {
     pub neighbours: Vec<Neighbour>,
     /// Each write, in order, as text.
     pub writes: Vec<String>,
+    /// How many writes each [`Kernel::write_entries`] call (one batch) had, in order.
+    pub batches: Vec<usize>,
     /// Each `route_to` question.
     pub queries: Vec<String>,
     /// A write whose text starts with this fails with this errno.
@@ -248,6 +250,10 @@ impl Kernel for Fake {
         self.write(format!("delete route {r}"))?;
         self.seen.routes.retain(|x| x != r);
         Ok(())
+    }
+    fn write_entries(&mut self, writes: &[EntryWrite]) -> Result<(), Error> {
+        self.batches.push(writes.len());
+        write_each(self, writes)
     }
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error> {
         self.write(format!("sysctl {key}={value}"))

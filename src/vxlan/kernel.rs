@@ -15,7 +15,7 @@ use netlink_packet_route::link::InfoKind;
 use crate::netlink::link::{self, Link, VxlanSpec};
 use crate::netlink::neigh::{self, Fdb, Neighbour};
 use crate::netlink::route::{self, Route};
-use crate::netlink::{Socket, addr, sysctl};
+use crate::netlink::{Socket, addr, socket, sysctl};
 
 /// One change to a link, by index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +26,59 @@ pub enum LinkChange {
     /// Enslave to the bridge of this index.
     Master(u32),
     Up,
+}
+
+/// One write of a VTEP's entries or of a route, as [`Kernel::write_entries`] takes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryWrite {
+    AddFdb(Fdb),
+    DeleteFdb(Fdb),
+    ReplaceNeighbour(Neighbour),
+    DeleteNeighbour(Neighbour),
+    ReplaceRoute(Route),
+    DeleteRoute(Route),
+}
+
+impl EntryWrite {
+    fn request(&self) -> socket::Request {
+        match self {
+            EntryWrite::AddFdb(f) => neigh::Write::AddFdb(f).request(),
+            EntryWrite::DeleteFdb(f) => neigh::Write::DeleteFdb(f).request(),
+            EntryWrite::ReplaceNeighbour(n) => neigh::Write::ReplaceNeighbour(n).request(),
+            EntryWrite::DeleteNeighbour(n) => neigh::Write::DeleteNeighbour(n).request(),
+            EntryWrite::ReplaceRoute(r) => route::Write::Replace(r).request(),
+            EntryWrite::DeleteRoute(r) => route::Write::Delete(r).request(),
+        }
+    }
+
+    /// The outcome of the write from the kernel's answer, as the write alone returns it.
+    fn answer(&self, answer: Result<(), socket::Error>) -> Result<(), Error> {
+        match self {
+            EntryWrite::AddFdb(f) => neigh::Write::AddFdb(f).answer(answer)?,
+            EntryWrite::DeleteFdb(f) => neigh::Write::DeleteFdb(f).answer(answer)?,
+            EntryWrite::ReplaceNeighbour(n) => neigh::Write::ReplaceNeighbour(n).answer(answer)?,
+            EntryWrite::DeleteNeighbour(n) => neigh::Write::DeleteNeighbour(n).answer(answer)?,
+            EntryWrite::ReplaceRoute(r) => route::Write::Replace(r).answer(answer)?,
+            EntryWrite::DeleteRoute(r) => route::Write::Delete(r).answer(answer)?,
+        }
+        Ok(())
+    }
+}
+
+/// The writes, in order, one method call each, stopping at the first error: what
+/// [`Kernel::write_entries`] does unless a kernel does better.
+pub fn write_each<K: Kernel + ?Sized>(k: &mut K, writes: &[EntryWrite]) -> Result<(), Error> {
+    for write in writes {
+        match write {
+            EntryWrite::AddFdb(f) => k.add_fdb(f)?,
+            EntryWrite::DeleteFdb(f) => k.delete_fdb(f)?,
+            EntryWrite::ReplaceNeighbour(n) => k.replace_neighbour(n)?,
+            EntryWrite::DeleteNeighbour(n) => k.delete_neighbour(n)?,
+            EntryWrite::ReplaceRoute(r) => k.replace_route(r)?,
+            EntryWrite::DeleteRoute(r) => k.delete_route(r)?,
+        }
+    }
+    Ok(())
 }
 
 /// What sticky-vxlan reads from and writes to the node's kernel.
@@ -56,6 +109,12 @@ pub trait Kernel {
     fn delete_neighbour(&mut self, n: &Neighbour) -> Result<(), Error>;
     fn replace_route(&mut self, r: &Route) -> Result<(), Error>;
     fn delete_route(&mut self, r: &Route) -> Result<(), Error>;
+    /// The writes, in order, each as its own method would do it; the error is the first
+    /// write's the kernel refused. One by one here, stopping there; [`Live`] sends them as
+    /// one batch, where the writes after a refused one may have been made as well.
+    fn write_entries(&mut self, writes: &[EntryWrite]) -> Result<(), Error> {
+        write_each(self, writes)
+    }
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error>;
     /// No IPv6 on device `name` (no link-local address, router solicitation or MLD report
     /// from it); nothing to do when the kernel keeps no IPv6 settings for it.
@@ -139,6 +198,16 @@ impl Kernel for Live<'_> {
     }
     fn delete_route(&mut self, r: &Route) -> Result<(), Error> {
         Ok(route::delete(self.sock, r)?)
+    }
+    /// Many requests per `send`, their ACKs read together ([`Socket::request_batch`]): the
+    /// kernel works through them in order, as it would one by one.
+    fn write_entries(&mut self, writes: &[EntryWrite]) -> Result<(), Error> {
+        let requests = writes.iter().map(EntryWrite::request).collect();
+        let answers = self.sock.request_batch(requests)?;
+        for (write, answer) in writes.iter().zip(answers) {
+            write.answer(answer)?;
+        }
+        Ok(())
     }
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error> {
         Ok(sysctl::write(key, value)?)

@@ -628,6 +628,60 @@ mod tests {
         assert!(matches!(err, Error::UnderlayBridge { .. }), "{err}");
     }
 
+    /// The lengths of the runs of entry steps in `p`, in order.
+    fn entry_runs(p: &Plan) -> Vec<usize> {
+        let mut runs = Vec::new();
+        let mut run = 0;
+        for s in &p.steps {
+            let entry = matches!(
+                s,
+                Step::AddFdb { .. }
+                    | Step::DeleteFdb { .. }
+                    | Step::ReplaceNeighbour { .. }
+                    | Step::DeleteNeighbour { .. }
+                    | Step::ReplaceRoute { .. }
+                    | Step::DeleteRoute(_)
+            );
+            if entry {
+                run += 1;
+            } else if run > 0 {
+                runs.push(run);
+                run = 0;
+            }
+        }
+        runs.extend((run > 0).then_some(run));
+        runs
+    }
+
+    #[test]
+    fn each_run_of_entry_steps_is_one_batch_written_in_plan_order() {
+        let (cfg, mut node, mut k) = setup();
+        node.remote.push(peer("192.0.2.3", "10.244.3.0/24"));
+        let first = reconcile(&cfg, &node, &mut k).unwrap();
+        assert_eq!(entry_runs(&first), [6], "{first:?}");
+        assert_eq!(k.batches, [6]);
+        let fdb = k
+            .writes
+            .iter()
+            .position(|w| w.starts_with("add fdb"))
+            .unwrap();
+        let kinds: Vec<&str> = k.writes[fdb..fdb + 6]
+            .iter()
+            .filter_map(|w| w.split(' ').nth(1))
+            .collect();
+        let plan_order = ["fdb", "fdb", "neighbour", "neighbour", "route", "route"];
+        assert_eq!(kinds, plan_order, "{:?}", k.writes);
+        // This node's subnet moves, a peer goes, another comes: deletions, the new gateway,
+        // then additions; each run of entries is one batch, never across an address step.
+        k.batches.clear();
+        node.local = peer("192.0.2.1", "10.244.5.0/24");
+        node.remote.pop();
+        node.remote.push(peer("192.0.2.4", "10.244.4.0/24"));
+        let moved = reconcile(&cfg, &node, &mut k).unwrap();
+        assert_eq!(entry_runs(&moved), [3, 3], "{moved:?}");
+        assert_eq!(k.batches, [3, 3]);
+    }
+
     #[test]
     fn peers_no_longer_listed_are_removed() {
         let (cfg, mut node, mut k) = setup();
