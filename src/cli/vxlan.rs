@@ -26,7 +26,7 @@ sticky-vxlan: CNI plugin for a VXLAN overlay whose VTEP MAC never changes.
 Run by a container runtime with CNI_COMMAND set, it is a CNI plugin (ADD, DEL, CHECK, GC,
 STATUS, VERSION). Run by hand:
 
-  sticky-vxlan mac --local <underlay IPv4> --vni <n>
+  sticky-vxlan mac --local <underlay IPv4 or IPv6> --vni <n>
       print the kept VTEP MAC of a node (to annotate flannel nodes, or to check a peer)
   sticky-vxlan reconcile --config <file.conflist|file.conf> [--config <file> ...]
       create/repair the VTEP and bridge and program the peers, without a pod

@@ -26,8 +26,9 @@ pub struct PeerEntry {
     pub mac: Option<String>,
 }
 
-/// A checked peer: underlay IPv4, pod subnets (one IPv4, optionally one IPv6) and an explicit
-/// VTEP MAC for nodes that do not use the kept-MAC scheme (e.g. flannel nodes).
+/// A checked peer: underlay address (IPv4 or IPv6, one family per network), pod subnets (one
+/// IPv4, optionally one IPv6) and an explicit VTEP MAC for nodes that do not use the kept-MAC
+/// scheme (e.g. flannel nodes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub ip: IpAddr,
