@@ -651,10 +651,8 @@ mod tests {
     #[test]
     #[ignore = "needs root: a network namespace"]
     fn links_read_field_by_field_are_what_full_decoding_reads_from_the_kernel() {
-        assert!(nix::unistd::geteuid().is_root(), "needs root");
-        let (fast, full, one) = std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            for args in [
+        let (fast, full, one) = crate::netlink::in_own_netns(
+            &[
                 // The underlay: a veth end (the dummy driver is not in every kernel).
                 &[
                     "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
@@ -679,35 +677,29 @@ mod tests {
                 &["link", "add", "vh0", "type", "veth", "peer", "name", "vp0"],
                 &["link", "set", "vh0", "master", "br9", "up"],
                 &["link", "set", "vt0", "alias", "sticky-vxlan:vtep x", "up"],
-            ] {
-                let out = std::process::Command::new("ip")
-                    .args(args)
-                    .output()
-                    .unwrap();
-                assert!(out.status.success(), "ip {args:?}: {out:?}");
-            }
-            let mut sock = Socket::open().unwrap();
-            let fast = list(&mut sock).unwrap();
-            let full: Vec<Link> = sock
-                .dump("t", RouteNetlinkMessage::GetLink(LinkMessage::default()))
-                .unwrap()
-                .iter()
-                .filter_map(|m| match m {
-                    RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
-                    _ => None,
-                })
-                .collect();
-            let one = get(&mut sock, "vt0").unwrap();
-            let vxlan = list_kind(&mut sock, InfoKind::Vxlan).unwrap();
-            let at = get_at(&mut sock, one.as_ref().unwrap().index).unwrap();
-            let none = get_at(&mut sock, 999_999).unwrap();
-            assert_eq!(vxlan, vec![one.clone().unwrap()], "only the VXLAN device");
-            assert_eq!(at, one);
-            assert_eq!(none, None);
-            (fast, full, one)
-        })
-        .join()
-        .unwrap();
+            ],
+            || {
+                let mut sock = Socket::open().unwrap();
+                let fast = list(&mut sock).unwrap();
+                let full: Vec<Link> = sock
+                    .dump("t", RouteNetlinkMessage::GetLink(LinkMessage::default()))
+                    .unwrap()
+                    .iter()
+                    .filter_map(|m| match m {
+                        RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                        _ => None,
+                    })
+                    .collect();
+                let one = get(&mut sock, "vt0").unwrap();
+                let vxlan = list_kind(&mut sock, InfoKind::Vxlan).unwrap();
+                let at = get_at(&mut sock, one.as_ref().unwrap().index).unwrap();
+                let none = get_at(&mut sock, 999_999).unwrap();
+                assert_eq!(vxlan, vec![one.clone().unwrap()], "only the VXLAN device");
+                assert_eq!(at, one);
+                assert_eq!(none, None);
+                (fast, full, one)
+            },
+        );
         assert_eq!(fast, full);
         let vt0 = fast.iter().find(|l| l.name == "vt0").unwrap();
         assert_eq!(one.as_ref(), Some(vt0));

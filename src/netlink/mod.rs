@@ -16,3 +16,31 @@ pub mod socket;
 pub mod sysctl;
 
 pub use socket::Socket;
+
+/// For the root tests of this layer: runs `f` on a thread of its own in a network namespace of
+/// its own (gone with the thread, even when an assertion fails), after the `ip` commands
+/// `setup` (each one's arguments; each must succeed).
+#[cfg(test)]
+pub(crate) fn in_own_netns<T: Send + 'static>(
+    setup: &[&[&str]],
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    assert!(nix::unistd::geteuid().is_root(), "needs root");
+    let setup: Vec<Vec<String>> = setup
+        .iter()
+        .map(|args| args.iter().map(|a| a.to_string()).collect())
+        .collect();
+    std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        for args in &setup {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}

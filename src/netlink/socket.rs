@@ -751,10 +751,8 @@ mod tests {
         use crate::netlink::route::{self, Route};
         use std::net::{IpAddr, Ipv4Addr};
 
-        assert!(nix::unistd::geteuid().is_root(), "needs root");
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            for args in [
+        crate::netlink::in_own_netns(
+            &[
                 &[
                     "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
                 ][..],
@@ -776,98 +774,92 @@ mod tests {
                     "nolearning",
                 ],
                 &["link", "set", "vt0", "up"],
-            ] {
-                let out = std::process::Command::new("ip")
-                    .args(args)
-                    .output()
-                    .unwrap();
-                assert!(out.status.success(), "ip {args:?}: {out:?}");
-            }
-            let mut sock = Socket::open().unwrap();
-            let vt0 = crate::netlink::link::get(&mut sock, "vt0")
-                .unwrap()
-                .unwrap()
-                .index;
-            let mut fdbs = Vec::new();
-            let mut neighbours = Vec::new();
-            let mut routes = Vec::new();
-            for i in 0..333u32 {
-                let [_, _, a, b] = i.to_be_bytes();
-                let mac = [0x0a, 1, 0, 0, a, b];
-                fdbs.push(Fdb {
-                    index: vt0,
-                    mac,
-                    dst: IpAddr::V4(Ipv4Addr::new(198, 18, a, b)),
-                    permanent: true,
-                });
-                let ip = Ipv4Addr::new(198, 19, a, b);
-                neighbours.push(Neighbour {
-                    index: vt0,
-                    ip: IpAddr::V4(ip),
-                    mac,
-                    permanent: true,
-                });
-                routes.push(Route {
-                    dst: ipnet::IpNet::new(IpAddr::V4(ip), 32).unwrap(),
-                    gateway: Some(IpAddr::V4(ip)),
-                    oif: Some(vt0),
-                    onlink: true,
-                    protocol: 118,
-                });
-            }
-            let bad = Route {
-                oif: Some(999_999),
-                ..routes[0].clone()
-            };
-            let mut requests = Vec::new();
-            for i in 0..333 {
-                requests.push(neigh::Write::AddFdb(&fdbs[i]).request());
-                requests.push(neigh::Write::ReplaceNeighbour(&neighbours[i]).request());
-                requests.push(route::Write::Replace(&routes[i]).request());
-                if i == 166 {
-                    requests.push(route::Write::Replace(&bad).request());
+            ],
+            || {
+                let mut sock = Socket::open().unwrap();
+                let vt0 = crate::netlink::link::get(&mut sock, "vt0")
+                    .unwrap()
+                    .unwrap()
+                    .index;
+                let mut fdbs = Vec::new();
+                let mut neighbours = Vec::new();
+                let mut routes = Vec::new();
+                for i in 0..333u32 {
+                    let [_, _, a, b] = i.to_be_bytes();
+                    let mac = [0x0a, 1, 0, 0, a, b];
+                    fdbs.push(Fdb {
+                        index: vt0,
+                        mac,
+                        dst: IpAddr::V4(Ipv4Addr::new(198, 18, a, b)),
+                        permanent: true,
+                    });
+                    let ip = Ipv4Addr::new(198, 19, a, b);
+                    neighbours.push(Neighbour {
+                        index: vt0,
+                        ip: IpAddr::V4(ip),
+                        mac,
+                        permanent: true,
+                    });
+                    routes.push(Route {
+                        dst: ipnet::IpNet::new(IpAddr::V4(ip), 32).unwrap(),
+                        gateway: Some(IpAddr::V4(ip)),
+                        oif: Some(vt0),
+                        onlink: true,
+                        protocol: 118,
+                    });
                 }
-            }
-            assert_eq!(requests.len(), 1000);
-            let answers = sock.request_batch(requests).unwrap();
-            assert_eq!(answers.len(), 1000);
-            for (k, answer) in answers.into_iter().enumerate() {
-                if k == 501 {
-                    let err = answer.as_ref().unwrap_err();
-                    assert!(err.is(nix::errno::Errno::ENODEV), "{err}");
-                    let named = route::Write::Replace(&bad).answer(answer);
-                    let text = named.unwrap_err().to_string();
-                    assert!(
-                        text.starts_with("route 198.19.0.0/32 via 198.19.0.0 dev #999999"),
-                        "{text}"
-                    );
-                } else {
-                    assert!(answer.is_ok(), "request {k}: {answer:?}");
+                let bad = Route {
+                    oif: Some(999_999),
+                    ..routes[0].clone()
+                };
+                let mut requests = Vec::new();
+                for i in 0..333 {
+                    requests.push(neigh::Write::AddFdb(&fdbs[i]).request());
+                    requests.push(neigh::Write::ReplaceNeighbour(&neighbours[i]).request());
+                    requests.push(route::Write::Replace(&routes[i]).request());
+                    if i == 166 {
+                        requests.push(route::Write::Replace(&bad).request());
+                    }
                 }
-            }
-            let mut got_fdb = neigh::list_fdb(&mut sock, vt0).unwrap();
-            got_fdb.retain(|f| f.mac[0] == 0x0a);
-            assert_eq!(got_fdb.len(), 333);
-            assert!(fdbs.iter().all(|f| got_fdb.contains(f)));
-            let got_neigh = neigh::list(&mut sock, vt0).unwrap();
-            assert!(
-                neighbours.iter().all(|n| got_neigh.contains(n)),
-                "{got_neigh:?}"
-            );
-            let got_routes = route::list(&mut sock).unwrap();
-            assert!(routes.iter().all(|r| got_routes.contains(r)));
-            // The same FDB entries again: there already, which is no error (the kernel may
-            // say EEXIST or nothing).
-            let again: Vec<Request> = fdbs
-                .iter()
-                .map(|f| neigh::Write::AddFdb(f).request())
-                .collect();
-            let answers = sock.request_batch(again).unwrap();
-            for (f, answer) in fdbs.iter().zip(answers) {
-                neigh::Write::AddFdb(f).answer(answer).unwrap();
-            }
-        })
-        .join()
-        .unwrap();
+                assert_eq!(requests.len(), 1000);
+                let answers = sock.request_batch(requests).unwrap();
+                assert_eq!(answers.len(), 1000);
+                for (k, answer) in answers.into_iter().enumerate() {
+                    if k == 501 {
+                        let err = answer.as_ref().unwrap_err();
+                        assert!(err.is(nix::errno::Errno::ENODEV), "{err}");
+                        let named = route::Write::Replace(&bad).answer(answer);
+                        let text = named.unwrap_err().to_string();
+                        assert!(
+                            text.starts_with("route 198.19.0.0/32 via 198.19.0.0 dev #999999"),
+                            "{text}"
+                        );
+                    } else {
+                        assert!(answer.is_ok(), "request {k}: {answer:?}");
+                    }
+                }
+                let mut got_fdb = neigh::list_fdb(&mut sock, vt0).unwrap();
+                got_fdb.retain(|f| f.mac[0] == 0x0a);
+                assert_eq!(got_fdb.len(), 333);
+                assert!(fdbs.iter().all(|f| got_fdb.contains(f)));
+                let got_neigh = neigh::list(&mut sock, vt0).unwrap();
+                assert!(
+                    neighbours.iter().all(|n| got_neigh.contains(n)),
+                    "{got_neigh:?}"
+                );
+                let got_routes = route::list(&mut sock).unwrap();
+                assert!(routes.iter().all(|r| got_routes.contains(r)));
+                // The same FDB entries again: there already, which is no error (the kernel may
+                // say EEXIST or nothing).
+                let again: Vec<Request> = fdbs
+                    .iter()
+                    .map(|f| neigh::Write::AddFdb(f).request())
+                    .collect();
+                let answers = sock.request_batch(again).unwrap();
+                for (f, answer) in fdbs.iter().zip(answers) {
+                    neigh::Write::AddFdb(f).answer(answer).unwrap();
+                }
+            },
+        );
     }
 }
