@@ -82,7 +82,7 @@ pub fn apply(
     // apply to).
     let mut entries = Vec::new();
     for step in &plan.steps {
-        if !entries.is_empty() && !is_entry(step) {
+        if !entries.is_empty() && !step.is_entry() {
             k.write_entries(&entries)?;
             entries.clear();
         }
@@ -149,19 +149,6 @@ pub fn apply(
         vtep: r.get(k, Dev::Vtep)?,
         bridge: r.get(k, Dev::Bridge)?,
     })
-}
-
-/// A step that writes one entry: consecutive ones go out as one batch.
-fn is_entry(step: &Step) -> bool {
-    matches!(
-        step,
-        Step::AddFdb { .. }
-            | Step::DeleteFdb { .. }
-            | Step::ReplaceNeighbour { .. }
-            | Step::DeleteNeighbour { .. }
-            | Step::ReplaceRoute { .. }
-            | Step::DeleteRoute(_)
-    )
 }
 
 fn fdb(index: u32, mac: [u8; 6], dst: std::net::IpAddr) -> Fdb {

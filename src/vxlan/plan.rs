@@ -87,6 +87,22 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// A step that writes one entry (FDB, neighbour, route): consecutive ones go out as one
+    /// batch.
+    pub fn is_entry(&self) -> bool {
+        matches!(
+            self,
+            Step::AddFdb { .. }
+                | Step::DeleteFdb { .. }
+                | Step::ReplaceNeighbour { .. }
+                | Step::DeleteNeighbour { .. }
+                | Step::ReplaceRoute { .. }
+                | Step::DeleteRoute(_)
+        )
+    }
+}
+
 /// Everything to do, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -633,16 +649,7 @@ mod tests {
         let mut runs = Vec::new();
         let mut run = 0;
         for s in &p.steps {
-            let entry = matches!(
-                s,
-                Step::AddFdb { .. }
-                    | Step::DeleteFdb { .. }
-                    | Step::ReplaceNeighbour { .. }
-                    | Step::DeleteNeighbour { .. }
-                    | Step::ReplaceRoute { .. }
-                    | Step::DeleteRoute(_)
-            );
-            if entry {
+            if s.is_entry() {
                 run += 1;
             } else if run > 0 {
                 runs.push(run);
