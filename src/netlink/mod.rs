@@ -17,6 +17,26 @@ pub mod sysctl;
 
 pub use socket::Socket;
 
+/// For the root tests of this layer: the `ip` arguments of a VXLAN device `vt0` (VNI 42, port
+/// 8472, no learning) on `eth0` at 192.0.2.1.
+#[cfg(test)]
+pub(crate) const TEST_VTEP: &[&str] = &[
+    "link",
+    "add",
+    "vt0",
+    "type",
+    "vxlan",
+    "id",
+    "42",
+    "local",
+    "192.0.2.1",
+    "dev",
+    "eth0",
+    "dstport",
+    "8472",
+    "nolearning",
+];
+
 /// For the root tests of this layer: runs `f` on a thread of its own in a network namespace of
 /// its own (gone with the thread, even when an assertion fails), after the `ip` commands
 /// `setup` (each one's arguments; each must succeed).
