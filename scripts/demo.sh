@@ -357,10 +357,11 @@ add_pod() {
     die "ADD of $name on node-$i failed: $out"
   pod_ip=$(result_ip "$out")
 }
-# reaches <pod netns> <ip>: a few pings (the first can be lost while neighbours resolve).
+# reaches <pod netns> <ip>: up to ten pings of a second each (the first can be lost while
+# neighbours resolve; a loaded machine answers late), done at the first reply.
 reaches() {
   local _try
-  for _try in 1 2 3 4 5; do
+  for _try in 1 2 3 4 5 6 7 8 9 10; do
     if ip netns exec "$1" ping -c 1 -W 1 "$2" >"$tmp/ping.out" 2>&1; then
       return 0
     fi

@@ -5,6 +5,10 @@ mod vxlan_support;
 
 use std::time::{Duration, Instant};
 
+/// What "did not block" means: a blocked plugin waits forever, an unblocked one ends in
+/// milliseconds; a minute holds on a loaded 2-core machine and still tells the two apart.
+const NOT_BLOCKED: Duration = Duration::from_secs(60);
+
 use serde_json::{Value, json};
 use vxlan_support::*;
 
@@ -168,7 +172,7 @@ fn a_state_dir_link_or_a_fifo_lock_is_refused_without_writing_or_blocking() {
     let started = Instant::now();
     let out = topo.try_add(&a, &conf);
     expect_error(&out, 128, "lock");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(started.elapsed() < NOT_BLOCKED);
 }
 
 /// Rule 9: a character device (through a link: links are followed for ConfigMap volumes) or a
@@ -196,7 +200,7 @@ fn a_device_or_a_directory_at_the_peers_file_does_not_block_add() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(started.elapsed() < NOT_BLOCKED);
     }
 }
 
