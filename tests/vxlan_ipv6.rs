@@ -307,3 +307,43 @@ fn a_segment_floods_to_its_ipv6_nodes_and_its_pods_talk_in_both_families() {
     assert!(topo.reaches(&p, "192.168.16.2"));
     assert!(topo.reaches(&p, "fd00:16::2"));
 }
+
+/// Issue 27, defect 5: `peerOnlyPort` and `ipMasq` on an IPv6 underlay, then `peerOnlyPort`
+/// removed and peer 2001:db8::3 added: the `ip6` table that dropped every other source goes
+/// with the option (a datagram from ::3 passes); the masquerade stays; with neither option,
+/// no table of the network is left.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn removing_an_option_leaves_no_rule_behind_in_the_ip6_table() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    for i in 1..=3 {
+        topo.add_node(i, 1500);
+    }
+    let peers = |n: u8| (1..=n).map(|i| topo.peer_of(i, true)).collect::<Vec<_>>();
+    let table = format!("sticky_vxlan_{}", topo.net);
+    let both = json!({"peers": peers(2), "v6": true, "peerOnlyPort": true,
+                      "ipMasq": true, "clusterCIDR": "10.244.0.0/16"});
+    topo.reconciled(1, &topo.conf(1, both));
+    let v6 = topo.nft_table_of_family(1, "ip6");
+    assert!(v6.contains("ip6 saddr != 2001:db8::2 counter"), "{v6}");
+
+    let masq = json!({"peers": peers(3), "v6": true,
+                      "ipMasq": true, "clusterCIDR": "10.244.0.0/16"});
+    topo.reconciled(1, &topo.conf(1, masq));
+    let tables = topo.nft_tables(1);
+    assert!(
+        !tables.contains(&format!("table ip6 {table}\n")),
+        "peerOnlyPort is off: the ip6 table must be gone: {tables}"
+    );
+    assert!(topo.nft_table(1).contains("masquerade"), "{tables}");
+    topo.add_udp_probe(1, "ip6", "2001:db8::3", 8472);
+    topo.udp_probe_sees_a_datagram(3, 1, "2001:db8::1", "ip6");
+
+    topo.reconciled(1, &topo.conf(1, json!({"peers": peers(3), "v6": true})));
+    let tables = topo.nft_tables(1);
+    assert!(
+        !tables.contains("sticky_vxlan_"),
+        "neither option: no table of the network is left: {tables}"
+    );
+}
