@@ -347,3 +347,45 @@ fn removing_an_option_leaves_no_rule_behind_in_the_ip6_table() {
         "neither option: no table of the network is left: {tables}"
     );
 }
+
+/// Issue 27, defect 7: peer 2001:db8:: while this node is 2001:db8::1/64 is the underlay
+/// prefix's subnet-router anycast address, which a forwarding node holds itself (the VXLAN
+/// traffic for that "peer" would be delivered here). It is refused, by ADD and `reconcile`,
+/// with an error naming it, as the IPv4 network address is; so is a reserved subnet anycast
+/// address (RFC 2526), and nothing is programmed.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_subnet_router_anycast_peer_is_refused_naming_it() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    topo.add_node(1, 1500);
+    for (ip, what) in [
+        ("2001:db8::", "subnet-router anycast"),
+        ("2001:db8::fdff:ffff:ffff:ff80", "reserved subnet anycast"),
+    ] {
+        let peers = json!([topo.peer_of(1, true), {"ip": ip, "subnets": ["10.244.9.0/24"]}]);
+        let conf = topo.conf(1, json!({"peers": peers, "v6": true}));
+        let out = topo.reconcile(1, &conf);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{ip} accepted as a peer: {err}");
+        assert!(
+            err.contains(&format!("peer ip {ip} is")) && err.contains(what),
+            "the error names {ip} and why: {err}"
+        );
+        let pod = topo.new_pod(1, &format!("p{}", ip.len()));
+        let out = topo.try_add(&pod, &conf);
+        assert!(!out.status.success(), "ADD with {ip} as a peer exited 0");
+        let add: Value = serde_json::from_slice(&out.stdout).expect("the CNI error is JSON");
+        assert!(
+            add["code"].is_number() && add["msg"].as_str().is_some_and(|m| m.contains(ip)),
+            "ADD refuses {ip} naming it: {add}"
+        );
+    }
+    assert!(
+        topo.ip(1, &["-6", "route", "show", "proto", "118"])
+            .trim()
+            .is_empty(),
+        "nothing programmed"
+    );
+}
