@@ -211,7 +211,10 @@ fn use_proxy(no_proxy: &str, host: &str, port: u16) -> bool {
 mod tests {
     use super::*;
 
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    /// Environment variables, as (name, value).
+    type Vars<'a> = &'a [(&'a str, &'a str)];
+
+    fn env<'a>(vars: Vars<'a>) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
             vars.iter()
                 .find(|(k, _)| *k == name)
@@ -253,7 +256,7 @@ mod tests {
     /// URL, proxy or `None`).
     #[test]
     fn go_proxy_for_url_cases() {
-        let cases: &[(&[(&str, &str)], &str, Option<&str>)] = &[
+        let cases: &[(Vars, &str, Option<&str>)] = &[
             (
                 &[("HTTP_PROXY", "127.0.0.1:8080")],
                 "http://example.com",
@@ -391,36 +394,43 @@ mod tests {
         );
     }
 
+    fn via(url: &str, from: &'static str) -> Option<Chosen> {
+        Some(Chosen {
+            url: url.into(),
+            from,
+        })
+    }
+
     /// Go's `FromEnvironment` tests: the upper-case name first, the lower-case one when the
     /// upper-case one is unset or empty; `ALL_PROXY` is never read.
     #[test]
     fn names_are_read_as_go_reads_them() {
         let https = "https://198.51.100.1:6443";
-        let cases: &[(&[(&str, &str)], &str, Option<(&str, &str)>)] = &[
+        let cases: Vec<(Vars, &str, Option<Chosen>)> = vec![
             (
                 &[("HTTPS_PROXY", "upper"), ("https_proxy", "lower")],
                 https,
-                Some(("http://upper", "HTTPS_PROXY")),
+                via("http://upper", "HTTPS_PROXY"),
             ),
             (
                 &[("https_proxy", "lower")],
                 https,
-                Some(("http://lower", "https_proxy")),
+                via("http://lower", "https_proxy"),
             ),
             (
                 &[("HTTPS_PROXY", ""), ("https_proxy", "lower")],
                 https,
-                Some(("http://lower", "https_proxy")),
+                via("http://lower", "https_proxy"),
             ),
             (
                 &[("HTTP_PROXY", "upper"), ("http_proxy", "lower")],
                 "http://192.0.2.1",
-                Some(("http://upper", "HTTP_PROXY")),
+                via("http://upper", "HTTP_PROXY"),
             ),
             (
                 &[("http_proxy", "lower")],
                 "http://192.0.2.1",
-                Some(("http://lower", "http_proxy")),
+                via("http://lower", "http_proxy"),
             ),
             (&[("ALL_PROXY", "p"), ("all_proxy", "p")], https, None),
             (
@@ -442,7 +452,7 @@ mod tests {
                     ("no_proxy", "198.51.100.1"),
                 ],
                 https,
-                Some(("http://p", "HTTPS_PROXY")),
+                via("http://p", "HTTPS_PROXY"),
             ),
             (
                 &[
@@ -456,15 +466,6 @@ mod tests {
         ];
         for (vars, url, want) in cases {
             let got = choose(env(vars), target(url)).unwrap();
-            let want = want.map(|(url, from)| Chosen {
-                url: url.into(),
-                from: match from {
-                    "HTTPS_PROXY" => "HTTPS_PROXY",
-                    "https_proxy" => "https_proxy",
-                    "HTTP_PROXY" => "HTTP_PROXY",
-                    _ => "http_proxy",
-                },
-            });
             assert_eq!(got, want, "{vars:?} for {url}");
         }
     }

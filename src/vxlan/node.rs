@@ -494,25 +494,36 @@ mod tests {
 
     #[test]
     fn underlay_network_and_broadcast_addresses_are_not_peers() {
-        let mut k = Fake::node("192.0.2.1/24");
-        let cfg = conf(serde_json::json!({}));
-        for ip in ["192.0.2.255", "192.0.2.0"] {
-            let all = [
-                peer("192.0.2.1", "10.244.1.0/24"),
-                peer(ip, "10.244.9.0/24"),
-            ];
+        // Each IPv4 edge with its IPv6 twin, named in the error.
+        let cases = [
+            ("192.0.2.1/24", "192.0.2.255", "the broadcast address"),
+            ("192.0.2.1/24", "192.0.2.0", "the network address"),
+            (
+                "2001:db8::1/64",
+                "2001:db8::",
+                "the subnet-router anycast address",
+            ),
+            (
+                "2001:db8::1/64",
+                "2001:db8::fdff:ffff:ffff:ffff",
+                "a reserved subnet anycast",
+            ),
+        ];
+        for (underlay, ip, what) in cases {
+            let mut k = Fake::node(underlay);
+            let cfg = conf(serde_json::json!({}));
+            let own = underlay.split('/').next().unwrap();
+            let all = [peer(own, "10.244.1.0/24"), peer(ip, "10.244.9.0/24")];
             let err = identify_on(&mut k, &cfg, &all).unwrap_err();
             assert!(
                 matches!(err, Error::Peers(peers::Error::UnderlayEdge { .. })),
                 "{ip}: {err}"
             );
+            let text = err.to_string();
+            assert!(text.contains(&format!("peer ip {ip} is {what}")), "{text}");
         }
     }
 
-    /// Every rule that makes an address no node's, each with its IPv4 twin side by side:
-    /// (rule, IPv4 address, this node's IPv4 underlay address, IPv6 address, this node's IPv6
-    /// underlay address, refused). The refusal is [`peers::not_a_node`] (any list) or
-    /// [`underlay_edge`] (against this node's underlay subnet).
     #[test]
     fn addresses_that_cannot_be_a_node_are_refused_in_both_families() {
         let rows: &[(&str, &str, &str, &str, &str, bool)] = &[
@@ -693,26 +704,6 @@ mod tests {
         assert_eq!(
             refusal("192.0.2.0", "192.0.2.1/24"),
             Some("the network address")
-        );
-    }
-
-    #[test]
-    fn the_subnet_router_anycast_peer_is_refused_naming_it() {
-        let mut k = Fake::node("2001:db8::1/64");
-        let cfg = conf(serde_json::json!({}));
-        let all = [
-            peer("2001:db8::1", "10.244.1.0/24"),
-            peer("2001:db8::", "10.244.9.0/24"),
-        ];
-        let err = identify_on(&mut k, &cfg, &all).unwrap_err();
-        assert!(
-            matches!(err, Error::Peers(peers::Error::UnderlayEdge { .. })),
-            "{err}"
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains("peer ip 2001:db8:: is the subnet-router anycast address of the underlay subnet 2001:db8::/64"),
-            "{text}"
         );
     }
 
