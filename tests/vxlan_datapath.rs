@@ -192,3 +192,40 @@ fn ip_masq_and_peer_only_port_rules_work_on_packets() {
         .unwrap_or(0);
     assert!(dropped >= 2, "{table}");
 }
+
+/// Issue 27, defect 5, the IPv4 twin: `peerOnlyPort` and `ipMasq`, then `peerOnlyPort`
+/// removed and peer 192.0.2.3 added: no rule drops ::3's twin any more (a datagram from
+/// 192.0.2.3 passes), the masquerade stays; with neither option, no table of the network is
+/// left.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn removing_an_option_leaves_no_rule_behind_in_the_ip_table() {
+    assert_can_run();
+    let mut topo = Topo::new(1500);
+    for n in 1..=3 {
+        topo.add_node(n, 1500);
+    }
+    let peers = |n: u8| (1..=n).map(|i| Topo::peer(i, false)).collect::<Vec<_>>();
+    let both = json!({"peers": peers(2), "peerOnlyPort": true,
+                      "ipMasq": true, "clusterCIDR": "10.244.0.0/16"});
+    topo.reconciled(1, &topo.conf(1, both));
+    let table = topo.nft_table(1);
+    assert!(table.contains("ip saddr != 192.0.2.2 counter"), "{table}");
+
+    let masq = json!({"peers": peers(3), "ipMasq": true, "clusterCIDR": "10.244.0.0/16"});
+    topo.reconciled(1, &topo.conf(1, masq));
+    let table = topo.nft_table(1);
+    assert!(
+        table.contains("masquerade") && !table.contains("udp dport"),
+        "peerOnlyPort is off: its rule must be gone, the masquerade kept: {table}"
+    );
+    topo.add_udp_probe(1, "ip", "192.0.2.3", 8472);
+    topo.udp_probe_sees_a_datagram(3, 1, "192.0.2.1", "ip");
+
+    topo.reconciled(1, &topo.conf(1, json!({"peers": peers(3)})));
+    let tables = topo.nft_tables(1);
+    assert!(
+        !tables.contains("sticky_vxlan_"),
+        "neither option: no table of the network is left: {tables}"
+    );
+}

@@ -307,3 +307,85 @@ fn a_segment_floods_to_its_ipv6_nodes_and_its_pods_talk_in_both_families() {
     assert!(topo.reaches(&p, "192.168.16.2"));
     assert!(topo.reaches(&p, "fd00:16::2"));
 }
+
+/// Issue 27, defect 5: `peerOnlyPort` and `ipMasq` on an IPv6 underlay, then `peerOnlyPort`
+/// removed and peer 2001:db8::3 added: the `ip6` table that dropped every other source goes
+/// with the option (a datagram from ::3 passes); the masquerade stays; with neither option,
+/// no table of the network is left.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn removing_an_option_leaves_no_rule_behind_in_the_ip6_table() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    for i in 1..=3 {
+        topo.add_node(i, 1500);
+    }
+    let peers = |n: u8| (1..=n).map(|i| topo.peer_of(i, true)).collect::<Vec<_>>();
+    let table = format!("sticky_vxlan_{}", topo.net);
+    let both = json!({"peers": peers(2), "v6": true, "peerOnlyPort": true,
+                      "ipMasq": true, "clusterCIDR": "10.244.0.0/16"});
+    topo.reconciled(1, &topo.conf(1, both));
+    let v6 = topo.nft_table_of_family(1, "ip6");
+    assert!(v6.contains("ip6 saddr != 2001:db8::2 counter"), "{v6}");
+
+    let masq = json!({"peers": peers(3), "v6": true,
+                      "ipMasq": true, "clusterCIDR": "10.244.0.0/16"});
+    topo.reconciled(1, &topo.conf(1, masq));
+    let tables = topo.nft_tables(1);
+    assert!(
+        !tables.contains(&format!("table ip6 {table}\n")),
+        "peerOnlyPort is off: the ip6 table must be gone: {tables}"
+    );
+    assert!(topo.nft_table(1).contains("masquerade"), "{tables}");
+    topo.add_udp_probe(1, "ip6", "2001:db8::3", 8472);
+    topo.udp_probe_sees_a_datagram(3, 1, "2001:db8::1", "ip6");
+
+    topo.reconciled(1, &topo.conf(1, json!({"peers": peers(3), "v6": true})));
+    let tables = topo.nft_tables(1);
+    assert!(
+        !tables.contains("sticky_vxlan_"),
+        "neither option: no table of the network is left: {tables}"
+    );
+}
+
+/// Issue 27, defect 7: peer 2001:db8:: while this node is 2001:db8::1/64 is the underlay
+/// prefix's subnet-router anycast address, which a forwarding node holds itself (the VXLAN
+/// traffic for that "peer" would be delivered here). It is refused, by ADD and `reconcile`,
+/// with an error naming it, as the IPv4 network address is; so is a reserved subnet anycast
+/// address (RFC 2526), and nothing is programmed.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_subnet_router_anycast_peer_is_refused_naming_it() {
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    topo.add_node(1, 1500);
+    for (ip, what) in [
+        ("2001:db8::", "subnet-router anycast"),
+        ("2001:db8::fdff:ffff:ffff:ff80", "reserved subnet anycast"),
+    ] {
+        let peers = json!([topo.peer_of(1, true), {"ip": ip, "subnets": ["10.244.9.0/24"]}]);
+        let conf = topo.conf(1, json!({"peers": peers, "v6": true}));
+        let out = topo.reconcile(1, &conf);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{ip} accepted as a peer: {err}");
+        assert!(
+            err.contains(&format!("peer ip {ip} is")) && err.contains(what),
+            "the error names {ip} and why: {err}"
+        );
+        let pod = topo.new_pod(1, &format!("p{}", ip.len()));
+        let out = topo.try_add(&pod, &conf);
+        assert!(!out.status.success(), "ADD with {ip} as a peer exited 0");
+        let add: Value = serde_json::from_slice(&out.stdout).expect("the CNI error is JSON");
+        assert!(
+            add["code"].is_number() && add["msg"].as_str().is_some_and(|m| m.contains(ip)),
+            "ADD refuses {ip} naming it: {add}"
+        );
+    }
+    assert!(
+        topo.ip(1, &["-6", "route", "show", "proto", "118"])
+            .trim()
+            .is_empty(),
+        "nothing programmed"
+    );
+}

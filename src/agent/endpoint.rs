@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
+use ureq::Proxy;
 use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
 
 pub const IN_CLUSTER_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -41,6 +42,16 @@ pub enum Error {
         "token {from}: it holds a control character (a CR, LF or NUL would inject headers): refused"
     )]
     TokenControl { from: String },
+    #[error(transparent)]
+    Proxy(#[from] super::proxy::Error),
+    #[error(
+        "{from}={url:?}: {reason} (the agent reaches its API through an http:// proxy with CONNECT, or directly: see NO_PROXY)"
+    )]
+    ProxyUrl {
+        from: &'static str,
+        url: String,
+        reason: String,
+    },
 }
 
 /// How requests are authenticated.
@@ -60,11 +71,55 @@ pub struct Endpoint {
     pub base: String,
     /// The server is this machine (loopback): no proxy, and http:// may carry credentials.
     pub loopback: bool,
+    /// The proxy from the environment for this server, by client-go's rules
+    /// ([`super::proxy`]); `None`: connect directly.
+    pub proxy: Option<EndpointProxy>,
     /// For https: whom to trust (the cluster CA only) and the client certificate.
     pub tls: Option<TlsConfig>,
     pub auth: Auth,
     /// For the log: the URL as given.
     pub url: String,
+}
+
+/// A proxy the agent's requests to its server go through.
+#[derive(Clone, Debug)]
+pub struct EndpointProxy {
+    /// For ureq, which is given this one and reads no environment itself.
+    pub proxy: Proxy,
+    /// For the log: `host:port` (never the credentials) and the variable it came from.
+    pub shown: String,
+}
+
+/// The proxy the environment names for `u` by client-go's rules, checked as ureq will use it:
+/// an `http://` proxy reached with CONNECT (ureq here speaks no SOCKS, and trusts only the
+/// cluster CA, so an `https://` proxy could not be verified).
+fn endpoint_proxy(
+    u: &Url,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Option<EndpointProxy>, Error> {
+    let target = super::proxy::Target {
+        tls: u.tls,
+        host: &u.host,
+        port: u.port,
+    };
+    let Some(chosen) = super::proxy::choose(env, target)? else {
+        return Ok(None);
+    };
+    let bad = |reason: &str| Error::ProxyUrl {
+        from: chosen.from,
+        url: chosen.url.clone(),
+        reason: reason.to_string(),
+    };
+    if !chosen
+        .url
+        .get(..7)
+        .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+    {
+        return Err(bad("only an http:// proxy is supported"));
+    }
+    let proxy = Proxy::new(&chosen.url).map_err(|e| bad(&e.to_string()))?;
+    let shown = format!("{}:{} (from {})", proxy.host(), proxy.port(), chosen.from);
+    Ok(Some(EndpointProxy { proxy, shown }))
 }
 
 /// Refuses a token that could inject a header (CR, LF, NUL or any other control character).
@@ -222,6 +277,7 @@ fn endpoint(
 ) -> Result<Endpoint, Error> {
     let u = parse_url(url)?;
     let loopback = is_loopback(&u.host);
+    let proxy = endpoint_proxy(&u, |name| std::env::var(name).ok())?;
     if !u.tls && !loopback {
         let what = match (&auth, client) {
             (_, Some(_)) => Some("a client certificate"),
@@ -257,6 +313,7 @@ fn endpoint(
     Ok(Endpoint {
         base: format!("{scheme}://{host}:{}{}", u.port, u.base),
         loopback,
+        proxy,
         tls,
         auth,
         url: url.to_string(),
@@ -616,6 +673,40 @@ mod tests {
         // A trailing newline (how token files are written) is not a control character.
         std::fs::write(&token, "tok\n").unwrap();
         assert_eq!(e.authorization().unwrap().unwrap(), "Bearer tok");
+    }
+
+    #[test]
+    fn the_proxy_is_one_ureq_can_use_or_a_clear_error() {
+        let proxy_for = |url: &str, proxy: &str| {
+            let env = |name: &str| (name == "HTTPS_PROXY").then(|| proxy.to_string());
+            endpoint_proxy(&parse_url(url).unwrap(), env).map(|p| p.map(|p| p.shown))
+        };
+        assert_eq!(
+            proxy_for(
+                "https://198.51.100.1:6443",
+                "http://u:secret@proxy.example:3128"
+            )
+            .unwrap()
+            .as_deref(),
+            Some("proxy.example:3128 (from HTTPS_PROXY)"),
+            "the log shows where, never the credentials"
+        );
+        assert_eq!(
+            proxy_for("https://198.51.100.1:6443", "proxy.example")
+                .unwrap()
+                .as_deref(),
+            Some("proxy.example:80 (from HTTPS_PROXY)")
+        );
+        assert!(
+            proxy_for("https://127.0.0.1:6443", "socks5://p")
+                .unwrap()
+                .is_none()
+        );
+        for bad in ["socks5://proxy.example", "https://proxy.example"] {
+            let err = proxy_for("https://198.51.100.1:6443", bad).unwrap_err();
+            assert!(matches!(err, Error::ProxyUrl { .. }), "{err}");
+            assert!(err.to_string().contains(bad), "{err}");
+        }
     }
 
     #[test]

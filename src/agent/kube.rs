@@ -1,6 +1,6 @@
 //! The real [`NodeApi`]: the Kubernetes API over HTTP(S) with `ureq` (blocking, rustls with
-//! ring, every resolved address tried, proxies from `HTTPS_PROXY`/`NO_PROXY` except for a
-//! loopback server, a timeout on every read).
+//! ring, every resolved address tried, the proxy client-go would use ([`super::proxy`]), a
+//! timeout on every read).
 //!
 //! Everything the server sends is bounded before it is believed: a list body is parsed as it
 //! streams (only the kept fields of each Node stay in memory, see [`super::objects`]) and
@@ -74,10 +74,9 @@ impl Kube {
         if let Some(tls) = &endpoint.tls {
             config = config.tls_config(tls.clone());
         }
-        if endpoint.loopback {
-            // A proxy in the environment must not see what goes to this machine.
-            config = config.proxy(None);
-        }
+        // Exactly the proxy client-go's rules chose for this server (none for a loopback
+        // one), never ureq's own reading of the environment.
+        config = config.proxy(endpoint.proxy.as_ref().map(|p| p.proxy.clone()));
         Kube {
             agent: config.build().into(),
             endpoint,

@@ -9,7 +9,8 @@
 //! It is a program of its own (`src/bin/sticky-vxlan-agent.rs`): the plugin binary kubelet
 //! executes for every pod links no TLS, HTTP or YAML.
 //!
-//! [`flags`] is the command line, [`endpoint`] finds the API and its credentials, [`api`] is
+//! [`flags`] is the command line, [`endpoint`] finds the API and its credentials ([`proxy`]
+//! the proxy to it, by client-go's rules), [`api`] is
 //! what the agent asks of the API (a trait), [`kube`] its HTTP implementation, [`objects`] the
 //! typed subset of the Node object, [`reflector`] the list/watch state machine over the
 //! [`api`] and [`clock`] traits, [`family`] decides the network's underlay family,
@@ -31,6 +32,7 @@ pub mod guard;
 pub mod kube;
 pub mod mapping;
 pub mod objects;
+pub mod proxy;
 pub mod publish;
 pub mod reconcile;
 pub mod reflector;
@@ -161,8 +163,12 @@ fn run(opts: Options) -> Result<(), Error> {
         }
         Some(e) => {
             log(&format!(
-                "peers from the Kubernetes API at {}, kept in {}; the underlay is {family} (from {decided_by})",
+                "peers from the Kubernetes API at {} ({}), kept in {}; the underlay is {family} (from {decided_by})",
                 e.url,
+                e.proxy.as_ref().map_or("directly".to_string(), |p| format!(
+                    "through the proxy {}",
+                    p.shown
+                )),
                 peers_file.display()
             ));
             let publisher = match (&opts.node_name, opts.publish) {

@@ -392,8 +392,9 @@ mod tests {
             if ips.contains(&edge) {
                 return Err(Refusal::Peers(peers::Error::UnderlayEdge {
                     ip: edge,
-                    what: "broadcast",
+                    what: "the broadcast address",
                     subnet: "192.0.2.0/24".parse().unwrap(),
+                    why: "an FDB entry for it would flood the underlay",
                 }));
             }
             Ok(())

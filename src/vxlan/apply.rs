@@ -135,6 +135,7 @@ pub fn apply(
             Step::DeleteRoute(route) => entries.push(EntryWrite::DeleteRoute(route.clone())),
             Step::Sysctl { key, value } => k.sysctl(key, value)?,
             Step::Firewall { script } => k.nft(script)?,
+            Step::RemoveTables { tables } => k.nft_remove(tables)?,
         }
     }
     if !entries.is_empty() {

@@ -264,6 +264,10 @@ impl Kernel for Fake {
     fn nft(&mut self, script: &str) -> Result<(), Error> {
         self.write(format!("nft {script}"))
     }
+    fn nft_remove(&mut self, tables: &[super::firewall::Table]) -> Result<(), Error> {
+        let tables: Vec<String> = tables.iter().map(ToString::to_string).collect();
+        self.write(format!("nft remove {}", tables.join(", ")))
+    }
 }
 
 /// A config named `edge`, VNI 1, host-local IPAM, with `extra` keys merged in.

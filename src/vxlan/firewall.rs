@@ -1,16 +1,21 @@
-//! Optional nftables rules, in one table of their own per network (`ip sticky_vxlan_<name>`,
-//! see [`table_name`]):
+//! Optional nftables rules, in tables of their own per network (`ip sticky_vxlan_<name>` and
+//! `ip6 sticky_vxlan_<name>`, see [`table_name`]):
 //!
 //! - `ipMasq`: pods' IPv4 traffic leaving the cluster CIDR is masqueraded:
-//!   `ip saddr <node subnet> ip daddr != <clusterCIDR> masquerade` (postrouting, srcnat);
-//!   traffic to other pods never is.
+//!   `ip saddr <node subnet> ip daddr != <clusterCIDR> masquerade` (postrouting, srcnat), in
+//!   the `ip` table; traffic to other pods never is.
 //! - `peerOnlyPort`: the VXLAN UDP port accepts packets from configured peers only:
-//!   `udp dport <port> ip saddr != { <peer ips> } counter drop` (input, just before filter).
+//!   `udp dport <port> ip saddr != { <peer ips> } counter drop` (input, just before filter),
+//!   in the table of the underlay's family (`ip6 saddr` in the `ip6` one).
 //!
-//! The table is rewritten whole in one `nft -f -` transaction, so it always matches the
-//! current config and peers. With neither option set nothing is touched. While the peers file
-//! cannot be used, the peers still programmed on the VTEP stay allowed too (a broken file never
-//! cuts a node off, in the firewall as on the VTEP).
+//! Every rewrite decides each table the network owns, in both families ([`tables`]): a table
+//! holding a wanted rule is replaced whole, every other one is deleted, all in one `nft -f -`
+//! transaction; so an option turned off or an underlay moved to the other family leaves no
+//! rule behind. With neither option set, the tables that exist are deleted
+//! ([`remove_present`]: `nft list tables` first, so a node that never used nftables needs no
+//! `nft`). Tables of any other name are never touched. While the peers file cannot be used,
+//! the peers still programmed on the VTEP stay allowed too (a broken file never cuts a node
+//! off, in the firewall as on the VTEP).
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -78,48 +83,79 @@ fn legacy_table_name(network: &str) -> String {
     format!("sticky_vxlan_{clean}")
 }
 
-/// The nft script for this config, or `None` when no rule is wanted. `subnet` is the node's
-/// IPv4 pod subnet, `local` the node's underlay address and `allowed` the underlay addresses
-/// the VXLAN port accepts (of `local`'s family). The masquerade rule is about IPv4 pods and
-/// sits in an `ip` table; the VXLAN port's rule sits in a table of the underlay's family
-/// (`ip6` for an IPv6 underlay), and both tables are replaced in one transaction, so a
-/// network moved from one underlay family to the other leaves no rule behind.
-pub fn script(
-    cfg: &Config,
-    subnet: Option<IpNet>,
-    local: IpAddr,
-    allowed: &[IpAddr],
-) -> Option<String> {
-    if !cfg.ip_masq && !cfg.peer_only_port {
-        return None;
+/// An nftables address family a table of the network lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Family {
+    Ip,
+    Ip6,
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+        })
     }
-    let table = table_name(&cfg.name);
-    let mut s = String::new();
-    let legacy = legacy_table_name(&cfg.name);
-    if legacy != table && !is_current_name(&legacy) {
-        s.push_str(&format!(
-            "table ip {legacy} {{}}\ndelete table ip {legacy}\n"
-        ));
+}
+
+/// One nftables table: `table <family> <name>`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Table {
+    pub family: Family,
+    pub name: String,
+}
+
+impl std::fmt::Display for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.family, self.name)
     }
-    s.push_str(&format!("table ip {table} {{}}\ndelete table ip {table}\n"));
-    if cfg.peer_only_port {
-        s.push_str(&format!(
-            "table ip6 {table} {{}}\ndelete table ip6 {table}\n"
-        ));
+}
+
+/// What a rewrite does with every table the network owns.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Tables {
+    /// Tables replaced whole, each with its chains (nft syntax, inside `table … { }`).
+    pub write: Vec<(Table, String)>,
+    /// The network's other tables: deleted.
+    pub delete: Vec<Table>,
+}
+
+/// Every table the network may own: [`table_name`] in both families, and the name earlier
+/// releases gave it ([`legacy_table_name`]) in both where that is no network's current name.
+fn owned(network: &str) -> Vec<Table> {
+    let current = table_name(network);
+    let legacy = legacy_table_name(network);
+    let mut names = vec![current.clone()];
+    if legacy != current && !is_current_name(&legacy) {
+        names.push(legacy);
     }
-    s.push_str(&format!("table ip {table} {{\n"));
+    let mut all = Vec::new();
+    for family in [Family::Ip, Family::Ip6] {
+        for name in &names {
+            all.push(Table {
+                family,
+                name: name.clone(),
+            });
+        }
+    }
+    all
+}
+
+/// Which of the network's tables hold rules for this config, and which are deleted (pure).
+/// `subnet` is the node's IPv4 pod subnet, `local` the node's underlay address and `allowed`
+/// the underlay addresses the VXLAN port accepts (of `local`'s family).
+pub fn tables(cfg: &Config, subnet: Option<IpNet>, local: IpAddr, allowed: &[IpAddr]) -> Tables {
+    let mut ip = String::new();
+    let mut ip6 = String::new();
     if cfg.ip_masq
         && let (Some(subnet), Some(cluster)) = (subnet, cfg.cluster_cidr)
         && cluster.addr().is_ipv4()
     {
-        s.push_str(&format!(
-                    "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    ip saddr {subnet} ip daddr != {cluster} masquerade\n  }}\n"
-                ));
+        ip.push_str(&format!(
+            "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    ip saddr {subnet} ip daddr != {cluster} masquerade\n  }}\n"
+        ));
     }
-    let (family, saddr) = match local {
-        IpAddr::V4(_) => ("ip", "ip saddr"),
-        IpAddr::V6(_) => ("ip6", "ip6 saddr"),
-    };
     if cfg.peer_only_port {
         let allowed: BTreeSet<IpAddr> = allowed
             .iter()
@@ -127,6 +163,11 @@ pub fn script(
             .filter(|a| a.is_ipv6() == local.is_ipv6())
             .collect();
         let peers: Vec<String> = allowed.iter().map(ToString::to_string).collect();
+        let saddr = if local.is_ipv6() {
+            "ip6 saddr"
+        } else {
+            "ip saddr"
+        };
         let rule = if peers.is_empty() {
             format!("udp dport {} counter drop", cfg.port)
         } else {
@@ -139,14 +180,82 @@ pub fn script(
         let chain = format!(
             "  chain input {{\n    type filter hook input priority filter - 1; policy accept;\n    {rule}\n  }}\n"
         );
-        if family == "ip" {
-            s.push_str(&chain);
+        if local.is_ipv6() {
+            ip6.push_str(&chain);
         } else {
-            s.push_str(&format!("}}\ntable ip6 {table} {{\n{chain}"));
+            ip.push_str(&chain);
         }
     }
-    s.push_str("}\n");
-    Some(s)
+    let current = table_name(&cfg.name);
+    let mut write = Vec::new();
+    for (family, chains) in [(Family::Ip, ip), (Family::Ip6, ip6)] {
+        if !chains.is_empty() {
+            let name = current.clone();
+            write.push((Table { family, name }, chains));
+        }
+    }
+    let delete = owned(&cfg.name)
+        .into_iter()
+        .filter(|t| !write.iter().any(|(w, _)| w == t))
+        .collect();
+    Tables { write, delete }
+}
+
+impl Tables {
+    /// The `nft -f -` script that deletes every table of the network and writes the wanted
+    /// ones again, in one transaction (`table … {}` first, so deleting one that is not there
+    /// is no error); `None` when no table is written (then [`remove_present`] deletes those
+    /// that exist, without needing nftables where none ever was).
+    pub fn script(&self) -> Option<String> {
+        if self.write.is_empty() {
+            return None;
+        }
+        let mut s = String::new();
+        for t in self.write.iter().map(|(t, _)| t).chain(&self.delete) {
+            s.push_str(&format!("table {t} {{}}\ndelete table {t}\n"));
+        }
+        for (t, chains) in &self.write {
+            s.push_str(&format!("table {t} {{\n{chains}}}\n"));
+        }
+        Some(s)
+    }
+}
+
+/// Deletes those of `tables` that exist, in one transaction. Without `nft`, or where
+/// `nft list tables` fails (no nf_tables in the kernel), there is no table to delete.
+pub fn remove_present(tables: &[Table]) -> Result<(), Error> {
+    let listed = match Command::new("nft")
+        .args(["list", "tables"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::Spawn(e)),
+    };
+    let script: String = present(&listed, tables)
+        .iter()
+        .map(|t| format!("delete table {t}\n"))
+        .collect();
+    if script.is_empty() {
+        return Ok(());
+    }
+    run(&script)
+}
+
+/// Those of `tables` that `nft list tables` printed (`table <family> <name>` a line).
+fn present<'a>(listed: &str, tables: &'a [Table]) -> Vec<&'a Table> {
+    tables
+        .iter()
+        .filter(|t| {
+            listed.lines().any(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                words == ["table", &t.family.to_string(), t.name.as_str()]
+            })
+        })
+        .collect()
 }
 
 /// Runs `script` with `nft -f -` (one transaction).
@@ -186,7 +295,10 @@ mod tests {
         .unwrap();
         let subnet = Some("10.244.1.0/24".parse().unwrap());
         let local: IpAddr = "192.0.2.1".parse().unwrap();
-        let s = script(&cfg, subnet, local, &["192.0.2.2".parse().unwrap()]).unwrap();
+        let script = |subnet, local, allowed: &[IpAddr]| {
+            tables(&cfg, subnet, local, allowed).script().unwrap()
+        };
+        let s = script(subnet, local, &["192.0.2.2".parse().unwrap()]);
         assert!(s.contains("table ip sticky_vxlan_edge_2d1 {"), "{s}");
         assert!(s.contains("delete table ip sticky_vxlan_edge_1\n"), "{s}");
         assert!(
@@ -202,7 +314,7 @@ mod tests {
             "192.0.2.2".parse().unwrap(),
             "192.0.2.2".parse().unwrap(),
         ];
-        let s = script(&cfg, subnet, local, &allowed).unwrap();
+        let s = script(subnet, local, &allowed);
         assert!(
             s.contains("udp dport 8472 ip saddr != { 192.0.2.2, 192.0.2.3 } counter drop"),
             "{s}"
@@ -210,7 +322,7 @@ mod tests {
         // An IPv6 underlay: the VXLAN port's rule in an ip6 table, the masquerade (IPv4
         // pods) where it was; both tables replaced.
         let local6: IpAddr = "2001:db8::1".parse().unwrap();
-        let s = script(&cfg, subnet, local6, &["2001:db8::2".parse().unwrap()]).unwrap();
+        let s = script(subnet, local6, &["2001:db8::2".parse().unwrap()]);
         assert!(
             s.contains("delete table ip6 sticky_vxlan_edge_2d1\n"),
             "{s}"
@@ -230,8 +342,8 @@ mod tests {
     fn table_names_are_injective_and_plain_names_keep_theirs() {
         assert_eq!(table_name("edge"), "sticky_vxlan_edge");
         let names = ["edge-1", "edge_1", "edge.1", "edge_2d1", "edge1"];
-        let tables: BTreeSet<String> = names.iter().map(|n| table_name(n)).collect();
-        assert_eq!(tables.len(), names.len(), "{tables:?}");
+        let names_made: BTreeSet<String> = names.iter().map(|n| table_name(n)).collect();
+        assert_eq!(names_made.len(), names.len(), "{names_made:?}");
         for n in names {
             assert!(is_current_name(&table_name(n)), "{n}");
         }
@@ -245,7 +357,98 @@ mod tests {
             )
             .unwrap()
         };
-        let s = script(&cfg("edge_2d1"), None, "192.0.2.1".parse().unwrap(), &[]).unwrap();
+        let s = tables(&cfg("edge_2d1"), None, "192.0.2.1".parse().unwrap(), &[])
+            .script()
+            .unwrap();
         assert!(!s.contains("delete table ip sticky_vxlan_edge_2d1"), "{s}");
+    }
+
+    /// Each option and underlay family: which tables are written and which deleted. Every
+    /// table the network owns is one or the other, in both families, so turning an option
+    /// off or moving the underlay leaves no rule behind.
+    #[test]
+    fn every_table_of_the_network_is_written_or_deleted() {
+        let v4: IpAddr = "192.0.2.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let cases: &[(serde_json::Value, IpAddr, &[&str])] = &[
+            (
+                json!({"ipMasq": true, "clusterCIDR": "10.244.0.0/16", "peerOnlyPort": true}),
+                v4,
+                &["ip"],
+            ),
+            (
+                json!({"ipMasq": true, "clusterCIDR": "10.244.0.0/16", "peerOnlyPort": true}),
+                v6,
+                &["ip", "ip6"],
+            ),
+            (
+                json!({"ipMasq": true, "clusterCIDR": "10.244.0.0/16"}),
+                v4,
+                &["ip"],
+            ),
+            (
+                json!({"ipMasq": true, "clusterCIDR": "10.244.0.0/16"}),
+                v6,
+                &["ip"],
+            ),
+            (json!({"peerOnlyPort": true}), v4, &["ip"]),
+            (json!({"peerOnlyPort": true}), v6, &["ip6"]),
+            // ipMasq without an IPv4 cluster CIDR has no rule: no table.
+            (json!({"ipMasq": true, "clusterCIDR": "fd00::/48"}), v4, &[]),
+            (json!({}), v4, &[]),
+            (json!({}), v6, &[]),
+        ];
+        let subnet = Some("10.244.1.0/24".parse().unwrap());
+        for (extra, local, written) in cases {
+            let mut conf = json!({"vni": 1, "ipam": {"type": "host-local"}});
+            conf.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let cfg = Config::from_json("edge-1", &conf).unwrap();
+            let t = tables(&cfg, subnet, *local, &["192.0.2.2".parse().unwrap()]);
+            let shown = |ts: Vec<&Table>| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+            let want_written: Vec<String> = written
+                .iter()
+                .map(|f| format!("{f} sticky_vxlan_edge_2d1"))
+                .collect();
+            assert_eq!(
+                shown(t.write.iter().map(|(t, _)| t).collect()),
+                want_written,
+                "{extra} on {local}"
+            );
+            let mut all = shown(t.write.iter().map(|(t, _)| t).chain(&t.delete).collect());
+            all.sort();
+            assert_eq!(
+                all,
+                [
+                    "ip sticky_vxlan_edge_1",
+                    "ip sticky_vxlan_edge_2d1",
+                    "ip6 sticky_vxlan_edge_1",
+                    "ip6 sticky_vxlan_edge_2d1"
+                ],
+                "{extra} on {local}: every table owned is written or deleted"
+            );
+            // The script replaces or deletes each one in one transaction; with nothing
+            // written, the tables that exist are removed instead.
+            match t.script() {
+                None => assert!(written.is_empty()),
+                Some(s) => {
+                    for table in &all {
+                        assert!(s.contains(&format!("delete table {table}\n")), "{s}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_listed_tables_of_the_network_are_removed() {
+        let listed = "table ip sticky_vxlan_edge_2d1\ntable ip6 filter\ntable ip6 sticky_vxlan_edge_2d1x\ntable inet sticky_vxlan_edge_2d1\n";
+        let ours = owned("edge-1");
+        let found: Vec<String> = present(listed, &ours)
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        assert_eq!(found, ["ip sticky_vxlan_edge_2d1"]);
     }
 }

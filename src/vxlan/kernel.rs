@@ -121,6 +121,8 @@ pub trait Kernel {
     fn disable_ipv6(&mut self, name: &str) -> Result<(), Error>;
     /// Runs an `nft -f -` script.
     fn nft(&mut self, script: &str) -> Result<(), Error>;
+    /// Deletes those of `tables` that exist ([`firewall::remove_present`]).
+    fn nft_remove(&mut self, tables: &[firewall::Table]) -> Result<(), Error>;
 }
 
 /// The real kernel of the namespace the socket was opened in.
@@ -218,5 +220,8 @@ impl Kernel for Live<'_> {
     }
     fn nft(&mut self, script: &str) -> Result<(), Error> {
         Ok(firewall::run(script)?)
+    }
+    fn nft_remove(&mut self, tables: &[firewall::Table]) -> Result<(), Error> {
+        Ok(firewall::remove_present(tables)?)
     }
 }

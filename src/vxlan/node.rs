@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 
 use super::Error;
 use super::config::{Config, IPV4_OVERHEAD, IPV6_OVERHEAD};
@@ -252,35 +252,79 @@ pub fn identify(
     })
 }
 
-/// A remote peer at the network or broadcast address of an underlay subnet is not a node:
-/// its FDB entry would send pod traffic to every host of the underlay.
+/// A remote peer at an edge of an underlay subnet ([`underlay_edge`]) is not a node.
 pub fn check_underlay_edges(
     seen: &Observed,
     underlay: &Link,
     remote: &[Peer],
 ) -> Result<(), Error> {
     for net in seen.addresses_of(underlay.index) {
-        // IPv6 has no broadcast address, and its subnet-router anycast address is no node's.
-        let IpNet::V4(net) = net else { continue };
-        if net.prefix_len() >= 31 {
-            continue;
-        }
-        let edges = [
-            (IpAddr::V4(Ipv4Net::network(&net)), "network"),
-            (IpAddr::V4(net.broadcast()), "broadcast"),
-        ];
         for p in remote {
-            if let Some((_, what)) = edges.iter().find(|(a, _)| *a == p.ip) {
+            if let Some((what, why)) = underlay_edge(net, p.ip) {
                 return Err(peers::Error::UnderlayEdge {
                     ip: p.ip,
                     what,
-                    subnet: IpNet::V4(net.trunc()),
+                    subnet: net.trunc(),
+                    why,
                 }
                 .into());
             }
         }
     }
     Ok(())
+}
+
+/// Why `ip` is no node's address on the underlay subnet `net` (an address of this node), if
+/// it is not: what it is, and what a peer entry for it would do (pure).
+///
+/// - IPv4: the network and the broadcast address (both addresses of a /31 are hosts,
+///   RFC 3021).
+/// - IPv6: the subnet-router anycast address, the all-zero host part (RFC 4291; none on a
+///   /127, RFC 6164), which the kernel gives this node itself while it forwards; and the
+///   reserved subnet anycast addresses (RFC 2526): in a /64 (or shorter) prefix of the
+///   EUI-64 kinds (all but `000…`), interface identifiers `fdff:ffff:ffff:ff80` to
+///   `fdff:ffff:ffff:ffff`; otherwise the highest 128 addresses of a subnet of at least 256.
+pub fn underlay_edge(net: IpNet, ip: IpAddr) -> Option<(&'static str, &'static str)> {
+    const FLOODS: &str = "an FDB entry for it would flood the underlay";
+    match (net, ip) {
+        (IpNet::V4(net), IpAddr::V4(ip)) => {
+            if net.prefix_len() >= 31 || !net.contains(&ip) {
+                None
+            } else if ip == net.network() {
+                Some(("the network address", FLOODS))
+            } else if ip == net.broadcast() {
+                Some(("the broadcast address", FLOODS))
+            } else {
+                None
+            }
+        }
+        (IpNet::V6(net), IpAddr::V6(ip)) => {
+            if net.prefix_len() >= 127 || !net.contains(&ip) {
+                return None;
+            }
+            if ip == net.network() {
+                return Some((
+                    "the subnet-router anycast address",
+                    "a forwarding node holds it itself: its VXLAN traffic would stay on this node",
+                ));
+            }
+            let bits = u128::from(ip);
+            let eui64 = bits >> 125 != 0;
+            let reserved = if eui64 && net.prefix_len() <= 64 {
+                bits as u64 & !0x7f == 0xfdff_ffff_ffff_ff80
+            } else if net.prefix_len() <= 120 {
+                let host = u128::from(net.hostmask());
+                bits & host & !0x7f == host & !0x7f
+            } else {
+                false
+            };
+            reserved.then_some((
+                "a reserved subnet anycast address (RFC 2526)",
+                "no node may hold it as its own",
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// The underlay address and device: `localIp` and/or `device` if given, else the address of
@@ -450,19 +494,217 @@ mod tests {
 
     #[test]
     fn underlay_network_and_broadcast_addresses_are_not_peers() {
-        let mut k = Fake::node("192.0.2.1/24");
-        let cfg = conf(serde_json::json!({}));
-        for ip in ["192.0.2.255", "192.0.2.0"] {
-            let all = [
-                peer("192.0.2.1", "10.244.1.0/24"),
-                peer(ip, "10.244.9.0/24"),
-            ];
+        // Each IPv4 edge with its IPv6 twin, named in the error.
+        let cases = [
+            ("192.0.2.1/24", "192.0.2.255", "the broadcast address"),
+            ("192.0.2.1/24", "192.0.2.0", "the network address"),
+            (
+                "2001:db8::1/64",
+                "2001:db8::",
+                "the subnet-router anycast address",
+            ),
+            (
+                "2001:db8::1/64",
+                "2001:db8::fdff:ffff:ffff:ffff",
+                "a reserved subnet anycast",
+            ),
+        ];
+        for (underlay, ip, what) in cases {
+            let mut k = Fake::node(underlay);
+            let cfg = conf(serde_json::json!({}));
+            let own = underlay.split('/').next().unwrap();
+            let all = [peer(own, "10.244.1.0/24"), peer(ip, "10.244.9.0/24")];
             let err = identify_on(&mut k, &cfg, &all).unwrap_err();
             assert!(
                 matches!(err, Error::Peers(peers::Error::UnderlayEdge { .. })),
                 "{ip}: {err}"
             );
+            let text = err.to_string();
+            assert!(text.contains(&format!("peer ip {ip} is {what}")), "{text}");
         }
+    }
+
+    #[test]
+    fn addresses_that_cannot_be_a_node_are_refused_in_both_families() {
+        let rows: &[(&str, &str, &str, &str, &str, bool)] = &[
+            (
+                "unspecified",
+                "0.0.0.0",
+                "192.0.2.1/24",
+                "::",
+                "2001:db8::1/64",
+                true,
+            ),
+            (
+                "loopback",
+                "127.0.0.1",
+                "192.0.2.1/24",
+                "::1",
+                "2001:db8::1/64",
+                true,
+            ),
+            (
+                "multicast",
+                "224.0.0.1",
+                "192.0.2.1/24",
+                "ff02::1",
+                "2001:db8::1/64",
+                true,
+            ),
+            (
+                "link-local",
+                "169.254.1.1",
+                "192.0.2.1/24",
+                "fe80::1",
+                "2001:db8::1/64",
+                true,
+            ),
+            // IPv6 has no broadcast; its all-nodes address is multicast.
+            (
+                "broadcast",
+                "255.255.255.255",
+                "192.0.2.1/24",
+                "ff02::1",
+                "2001:db8::1/64",
+                true,
+            ),
+            // "This network" (IPv4) and the IPv4-compatible addresses (IPv6): no destination
+            // of the underlay.
+            (
+                "this network / IPv4-compatible",
+                "0.1.2.3",
+                "192.0.2.1/24",
+                "::192.0.2.9",
+                "2001:db8::1/64",
+                true,
+            ),
+            // An IPv4 address is itself; in IPv6's clothes it is refused.
+            (
+                "IPv4-mapped",
+                "192.0.2.9",
+                "192.0.2.1/24",
+                "::ffff:192.0.2.9",
+                "2001:db8::1/64",
+                false,
+            ),
+            // The subnet's lowest address: the network address / the subnet-router anycast
+            // address (which a forwarding node holds itself).
+            (
+                "subnet's lowest",
+                "192.0.2.0",
+                "192.0.2.1/24",
+                "2001:db8::",
+                "2001:db8::1/64",
+                true,
+            ),
+            (
+                "subnet's lowest, shorter prefix",
+                "10.0.0.0",
+                "10.1.2.3/8",
+                "2001:db8::",
+                "2001:db8:0:1::1/48",
+                true,
+            ),
+            // The subnet's highest: the broadcast address / the reserved subnet anycast
+            // addresses (RFC 2526; in a /64, interface identifiers fdff:ffff:ffff:ff80-ff).
+            (
+                "subnet's highest",
+                "192.0.2.255",
+                "192.0.2.1/24",
+                "2001:db8::fdff:ffff:ffff:ffff",
+                "2001:db8::1/64",
+                true,
+            ),
+            (
+                "reserved anycast, lowest of 128",
+                "192.0.2.255",
+                "192.0.2.1/24",
+                "2001:db8::fdff:ffff:ffff:ff80",
+                "2001:db8::1/64",
+                true,
+            ),
+            (
+                "reserved anycast, in each /64 of a shorter prefix",
+                "10.255.255.255",
+                "10.1.2.3/8",
+                "2001:db8:0:7:fdff:ffff:ffff:ff80",
+                "2001:db8::1/48",
+                true,
+            ),
+            (
+                "reserved anycast, a longer prefix",
+                "192.0.2.127",
+                "192.0.2.1/25",
+                "2001:db8::ff80",
+                "2001:db8::1/112",
+                true,
+            ),
+            // Just below the reserved ones, and a node's address with the u bit set: hosts.
+            (
+                "just below the highest",
+                "192.0.2.254",
+                "192.0.2.1/24",
+                "2001:db8::fdff:ffff:ffff:ff7f",
+                "2001:db8::1/64",
+                false,
+            ),
+            (
+                "all ones but u/l",
+                "192.0.2.254",
+                "192.0.2.1/24",
+                "2001:db8::ffff:ffff:ffff:ffff",
+                "2001:db8::1/64",
+                false,
+            ),
+            // Point-to-point links have no edges (RFC 3021, RFC 6164).
+            (
+                "point-to-point",
+                "192.0.2.0",
+                "192.0.2.1/31",
+                "2001:db8::",
+                "2001:db8::1/127",
+                false,
+            ),
+            // Another subnet's edges are not this node's to judge.
+            (
+                "another subnet's lowest",
+                "198.51.100.0",
+                "192.0.2.1/24",
+                "2001:db8:1::",
+                "2001:db8::1/64",
+                false,
+            ),
+            (
+                "a plain host",
+                "192.0.2.2",
+                "192.0.2.1/24",
+                "2001:db8::2",
+                "2001:db8::1/64",
+                false,
+            ),
+        ];
+        let refusal = |ip: &str, net: &str| {
+            let ip: IpAddr = ip.parse().unwrap();
+            let net: IpNet = net.parse().unwrap();
+            peers::not_a_node(ip).or_else(|| underlay_edge(net, ip).map(|(what, _)| what))
+        };
+        for (rule, v4, net4, v6, net6, refused) in rows {
+            let (r4, r6) = (refusal(v4, net4), refusal(v6, net6));
+            if *rule == "IPv4-mapped" {
+                assert_eq!((r4, r6), (None, Some("an IPv4-mapped address")), "{rule}");
+                continue;
+            }
+            assert_eq!(r4.is_some(), *refused, "{rule}: {v4} on {net4}: {r4:?}");
+            assert_eq!(r6.is_some(), *refused, "{rule}: {v6} on {net6}: {r6:?}");
+        }
+        assert_eq!(
+            refusal("2001:db8::", "2001:db8::1/64"),
+            Some("the subnet-router anycast address")
+        );
+        assert_eq!(
+            refusal("192.0.2.0", "192.0.2.1/24"),
+            Some("the network address")
+        );
     }
 
     #[test]

@@ -82,13 +82,12 @@ pub enum Error {
         mac: [u8; 6],
         other: Option<IpAddr>,
     },
-    #[error(
-        "peer ip {ip} is the {what} address of the underlay subnet {subnet}: not a node (an FDB entry for it would flood the underlay)"
-    )]
+    #[error("peer ip {ip} is {what} of the underlay subnet {subnet}: not a node's address ({why})")]
     UnderlayEdge {
         ip: IpAddr,
         what: &'static str,
         subnet: IpNet,
+        why: &'static str,
     },
     #[error(
         "peers {} all name addresses of this node: exactly one entry may name it (its underlay address), or the node cannot tell which it is",
@@ -142,10 +141,16 @@ pub fn not_a_node(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(a) if a.is_link_local() => Some("link-local"),
         IpAddr::V4(a) if a.is_broadcast() => Some("the broadcast address"),
+        // 0.0.0.0/8 is "this host on this network" (RFC 1122): a source, never a destination.
+        IpAddr::V4(a) if a.octets()[0] == 0 => Some("in 0.0.0.0/8 (this network: a source only)"),
         IpAddr::V4(_) => None,
         IpAddr::V6(a) if a.is_unicast_link_local() => Some("link-local"),
         // ::ffff:a.b.c.d is an IPv4 node in IPv6's clothes: name it by its IPv4 address.
         IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => Some("an IPv4-mapped address"),
+        // ::a.b.c.d (deprecated by RFC 4291) is carried by IPv4 tunnels, not by the underlay.
+        IpAddr::V6(a) if a.segments()[..6] == [0; 6] => {
+            Some("an IPv4-compatible address (::/96, deprecated)")
+        }
         IpAddr::V6(_) => None,
     }
 }

@@ -85,6 +85,11 @@ pub enum Step {
     Firewall {
         script: String,
     },
+    /// No nftables rule is wanted: those of these tables (all the network owns) that exist
+    /// are deleted.
+    RemoveTables {
+        tables: Vec<firewall::Table>,
+    },
 }
 
 impl Step {
@@ -356,8 +361,13 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
     if !removing {
         allowed.extend(have_fdb.iter().map(|f| f.dst));
     }
-    if let Some(script) = firewall::script(cfg, node.subnet_v4(), node.local_ip, &allowed) {
-        steps.push(Step::Firewall { script });
+    // Every table the network owns is replaced or deleted, in both families.
+    let tables = firewall::tables(cfg, node.subnet_v4(), node.local_ip, &allowed);
+    match tables.script() {
+        Some(script) => steps.push(Step::Firewall { script }),
+        None => steps.push(Step::RemoveTables {
+            tables: tables.delete,
+        }),
     }
     Ok(Plan { steps })
 }
@@ -406,8 +416,12 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn only_sysctls(p: &Plan) -> bool {
-        p.steps.iter().all(|s| matches!(s, Step::Sysctl { .. }))
+    /// A converged node's plan: only what every reconcile enforces (sysctls, and without
+    /// nftables options the removal of any table of the network).
+    fn only_always_steps(p: &Plan) -> bool {
+        p.steps
+            .iter()
+            .all(|s| matches!(s, Step::Sysctl { .. } | Step::RemoveTables { .. }))
     }
 
     #[test]
@@ -477,13 +491,13 @@ mod tests {
         ));
         assert!(
             !has(&p, |s| matches!(s, Step::Firewall { .. })),
-            "no nft without ipMasq/peerOnlyPort"
+            "no nft script without ipMasq/peerOnlyPort"
         );
         let vtep = k.link_mut("sticky.1").clone();
         assert_eq!(vtep.alias.as_deref(), Some("sticky-vxlan:vtep edge"));
         // Converged: the same reconcile again changes nothing.
         let again = reconcile(&cfg, &node, &mut k).unwrap();
-        assert!(only_sysctls(&again), "{again:?}");
+        assert!(only_always_steps(&again), "{again:?}");
     }
 
     #[test]
@@ -712,7 +726,7 @@ mod tests {
             &p,
             |s| matches!(s, Step::DeleteFdb { dst, .. } if dst.to_string() == "192.0.2.2")
         ));
-        assert!(only_sysctls(&reconcile(&cfg, &node, &mut k).unwrap()));
+        assert!(only_always_steps(&reconcile(&cfg, &node, &mut k).unwrap()));
     }
 
     #[test]
@@ -801,7 +815,7 @@ mod tests {
                 dev: Dev::Bridge,
                 change: LinkChange::Mac([0x0e, 1, 10, 244, 5, 1])
             }));
-        assert!(only_sysctls(&reconcile(&cfg, &moved, &mut k).unwrap()));
+        assert!(only_always_steps(&reconcile(&cfg, &moved, &mut k).unwrap()));
     }
 
     #[test]
@@ -894,7 +908,7 @@ mod tests {
                 dev: Dev::Bridge,
                 net: net("fd00:1::1/64")
             }));
-        assert!(only_sysctls(&reconcile(&cfg, &moved, &mut k).unwrap()));
+        assert!(only_always_steps(&reconcile(&cfg, &moved, &mut k).unwrap()));
     }
 
     #[test]
@@ -935,7 +949,9 @@ mod tests {
             }
         });
         assert!(stale < own, "{p:?}");
-        assert!(only_sysctls(&reconcile(&cfg, &swapped, &mut k).unwrap()));
+        assert!(only_always_steps(
+            &reconcile(&cfg, &swapped, &mut k).unwrap()
+        ));
     }
 
     #[test]

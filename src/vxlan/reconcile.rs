@@ -221,7 +221,7 @@ mod tests {
                 .plan
                 .steps
                 .iter()
-                .all(|s| matches!(s, Step::Sysctl { .. })),
+                .all(|s| matches!(s, Step::Sysctl { .. } | Step::RemoveTables { .. })),
             "{:?}",
             again.plan
         );

@@ -104,6 +104,11 @@ impl Cluster {
     }
 
     pub fn agent(&self, n: u8, extra: &[&str]) -> Agent {
+        self.agent_env(n, extra, &[])
+    }
+
+    /// [`Cluster::agent`] with these environment variables (a proxy, say).
+    pub fn agent_env(&self, n: u8, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let conf = self.conf_files[usize::from(n) - 1]
             .to_string_lossy()
             .into_owned();
@@ -126,7 +131,7 @@ impl Cluster {
         ];
         args.extend_from_slice(extra);
         let log = self.topo.dir.path().join(format!("agent-{n}.log"));
-        Agent::start(AGENT_BIN, &self.topo.node_ns(n), log, &args)
+        Agent::start_env(AGENT_BIN, &self.topo.node_ns(n), log, &args, env)
     }
 
     /// An agent that finds the API through a kubeconfig file (YAML, CA by path, token).

@@ -1112,6 +1112,17 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(bin: &str, netns: &str, log: PathBuf, args: &[&str]) -> Agent {
+        Agent::start_env(bin, netns, log, args, &[])
+    }
+
+    /// [`Agent::start`] with these environment variables besides `PATH` (a proxy, say).
+    pub fn start_env(
+        bin: &str,
+        netns: &str,
+        log: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let err = std::fs::File::create(&log).expect("agent log");
         // STICKY_AGENT_BIN runs another build instead (to see a test fail on an older agent).
         let bin = std::env::var("STICKY_AGENT_BIN").unwrap_or_else(|_| bin.to_string());
@@ -1120,6 +1131,7 @@ impl Agent {
             .args(args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(env.iter().copied())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(err)
@@ -1166,4 +1178,150 @@ pub fn get_in_netns(netns: &Path, addr: &str, path: &str) -> Option<String> {
     })
     .ok()
     .flatten()
+}
+
+/// An HTTP CONNECT proxy in a network namespace that records what it is asked and what
+/// clients send through it (to see that a proxy is used, or not, and sees only TLS).
+pub struct ConnectProxy {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<ProxySeen>>,
+    stop: Arc<AtomicBool>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct ProxySeen {
+    /// Each request line (`CONNECT host:port HTTP/1.1`, or whatever else came).
+    requests: Vec<String>,
+    /// Every byte clients sent through a tunnel.
+    sent: Vec<u8>,
+}
+
+impl ConnectProxy {
+    /// A proxy on `ip` (port chosen by the kernel) in the namespace at `netns`, which it also
+    /// connects from.
+    pub fn new(ip: &str, netns: &Path) -> ConnectProxy {
+        let addr = SocketAddr::new(ip.parse().expect("the proxy's IP address"), 0);
+        let listener = netns::run_in(netns, || TcpListener::bind(addr))
+            .expect("enter netns")
+            .expect("bind the proxy");
+        let addr = listener.local_addr().expect("local addr");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let seen = Arc::new(Mutex::new(ProxySeen::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st, ns) = (seen.clone(), stop.clone(), netns.to_path_buf());
+        let accept = std::thread::spawn(move || {
+            while !st.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (s, ns) = (s.clone(), ns.clone());
+                        std::thread::spawn(move || tunnel(conn, &s, &ns));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        ConnectProxy {
+            addr,
+            seen,
+            stop,
+            accept: Some(accept),
+        }
+    }
+
+    /// `http://<addr>`, for `HTTPS_PROXY`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The request lines received so far.
+    pub fn requests(&self) -> Vec<String> {
+        self.seen.lock().unwrap().requests.clone()
+    }
+
+    /// Everything clients sent through the tunnels so far.
+    pub fn sent(&self) -> Vec<u8> {
+        self.seen.lock().unwrap().sent.clone()
+    }
+}
+
+impl Drop for ConnectProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One proxied connection: the CONNECT request, the upstream connection (made in `netns`),
+/// then bytes both ways, the client's recorded.
+fn tunnel(conn: TcpStream, seen: &Mutex<ProxySeen>, netns: &Path) {
+    let _ = conn.set_nonblocking(false);
+    let Ok(read_half) = conn.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(read_half);
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    seen.lock()
+        .unwrap()
+        .requests
+        .push(line.trim_end().to_string());
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header).unwrap_or(0) == 0 {
+            return;
+        }
+        if header == "\r\n" || header == "\n" {
+            break;
+        }
+    }
+    let mut conn = conn;
+    let target = match line.split_whitespace().collect::<Vec<_>>()[..] {
+        ["CONNECT", target, _] => target.to_string(),
+        _ => {
+            let _ = conn.write_all(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n");
+            return;
+        }
+    };
+    let upstream = netns::run_in(netns, || TcpStream::connect(&target))
+        .ok()
+        .and_then(Result::ok);
+    let Some(upstream) = upstream else {
+        let _ = conn.write_all(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n");
+        return;
+    };
+    if conn
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .is_err()
+    {
+        return;
+    }
+    let (Ok(mut down), Ok(mut client)) = (upstream.try_clone(), conn.try_clone()) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut down, &mut client);
+        let _ = client.shutdown(std::net::Shutdown::Both);
+    });
+    let mut up = upstream;
+    let mut buf = reader.buffer().to_vec();
+    loop {
+        if !buf.is_empty() {
+            seen.lock().unwrap().sent.extend_from_slice(&buf);
+            if up.write_all(&buf).is_err() {
+                break;
+            }
+        }
+        buf.resize(16 * 1024, 0);
+        let n = match std::io::Read::read(reader.get_mut(), &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        buf.truncate(n);
+    }
+    let _ = up.shutdown(std::net::Shutdown::Both);
 }

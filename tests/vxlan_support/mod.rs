@@ -406,6 +406,77 @@ impl Topo {
         ])
     }
 
+    /// Every nftables table on node `n`, one `table <family> <name>` a line.
+    pub fn nft_tables(&self, n: u8) -> String {
+        let ns = self.node_ns(n);
+        ok(&["ip", "netns", "exec", &ns, "nft", "list", "tables"])
+    }
+
+    /// A table of the test's own on node `n` (`<family> sticky_test_probe`, gone with the
+    /// namespace) counting the UDP datagrams to `port` from `saddr` that passed every input
+    /// rule hooked before it (the plugin's peer-only rule sits at `filter - 1`).
+    pub fn add_udp_probe(&self, n: u8, family: &str, saddr: &str, port: u16) {
+        let ns = self.node_ns(n);
+        let match_saddr = if family == "ip6" {
+            "ip6 saddr"
+        } else {
+            "ip saddr"
+        };
+        let script = format!(
+            "table {family} sticky_test_probe {{\n  chain input {{\n    type filter hook input priority filter + 10; policy accept;\n    udp dport {port} {match_saddr} {saddr} counter\n  }}\n}}\n"
+        );
+        let file = self.dir.path().join(format!("probe-{n}-{family}.nft"));
+        std::fs::write(&file, script).expect("probe script");
+        ok(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns,
+            "nft",
+            "-f",
+            file.to_str().expect("utf-8 path"),
+        ]);
+    }
+
+    /// How many datagrams [`Topo::add_udp_probe`]'s counter on node `n` has seen.
+    pub fn udp_probe_count(&self, n: u8, family: &str) -> u64 {
+        let ns = self.node_ns(n);
+        let out = ok(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns,
+            "nft",
+            "list",
+            "table",
+            family,
+            "sticky_test_probe",
+        ]);
+        out.split("counter packets ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("the probe's counter")
+    }
+
+    /// Sends a UDP datagram to `to`'s VXLAN port (8472) from node `from` until node `n`'s
+    /// probe ([`Topo::add_udp_probe`]) counts one (a datagram lost is sent again), within a
+    /// deadline that holds on a loaded machine.
+    pub fn udp_probe_sees_a_datagram(&self, from: u8, n: u8, to: &str, family: &str) {
+        let send = format!("echo x > /dev/udp/{to}/8472");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.udp_probe_count(n, family) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no datagram from node {from} got past node {n}'s input rules in 60 s: {}",
+                self.nft_tables(n)
+            );
+            let out = self.in_ns(&self.node_ns(from), &["bash", "-c", &send]);
+            succeeded(&out, &format!("a datagram from node {from}"));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// Pod veths (host ends) on node `n`.
     pub fn pod_veths(&self, n: u8) -> usize {
         ok(&[
