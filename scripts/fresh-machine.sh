@@ -32,6 +32,12 @@ set -euo pipefail
 self=$(readlink -f "${BASH_SOURCE[0]}")
 base_packages=gcc,libc6-dev,git,python3,python3-pip,ca-certificates,iproute2,procps
 suite=bookworm
+# The host's paths this script reads or overlays, from the environment so a test can point them
+# at a throw-away layout; the defaults are the real ones.
+cargo_home=${STICKY_FRESH_CARGO_HOME:-/root/.cargo}
+rustup_home=${STICKY_FRESH_RUSTUP_HOME:-/root/.rustup}
+apt_dir=${STICKY_FRESH_APT_DIR:-/etc/apt}
+tmp_dir=${STICKY_FRESH_TMPDIR:-/var/tmp}
 
 die() {
     echo "fresh-machine.sh: $*" >&2
@@ -51,10 +57,10 @@ if [[ ${1:-} == --in-root ]]; then
                 echo "fresh-machine.sh: could not remove $target from $toolchain" >&2
         done
     done
-    for f in /root/.cargo/bin/*; do
+    for f in "$cargo_home"/bin/*; do
         [[ $(basename "$f") == rustup || $(readlink "$f") == rustup ]] || rm -f "$f"
     done
-    rm -rf /root/.cargo/registry /root/.cargo/git /root/.cargo/.crates.toml /root/.cargo/.crates2.json
+    rm -rf "$cargo_home"/registry "$cargo_home"/git "$cargo_home"/.crates.toml "$cargo_home"/.crates2.json
     cd /work/sticky-cni
     echo "fresh-machine.sh: running '$*' in a bare $suite root ($(git log -1 --format='%h %s'))" >&2
     exec bash -c "$*" </dev/null
@@ -69,10 +75,11 @@ if [[ ${1:-} == --in-namespace ]]; then
     mount -t proc proc /proc # this PID namespace's own /proc, for the mounts below
     mkdir -p "$run"/{up,work,root}
     mount -t overlay overlay -o "lowerdir=$cache,upperdir=$run/up,workdir=$run/work" "$root"
-    for d in .rustup .cargo; do
-        [[ -d /root/$d ]] || continue
-        mkdir -p "$run/$d-up" "$run/$d-work" "$root/root/$d"
-        mount -t overlay overlay -o "lowerdir=/root/$d,upperdir=$run/$d-up,workdir=$run/$d-work,redirect_dir=on" "$root/root/$d"
+    for d in "$rustup_home" "$cargo_home"; do
+        [[ -d $d ]] || continue
+        layer=$run/$(basename "$d")
+        mkdir -p "$layer-up" "$layer-work" "$root$d"
+        mount -t overlay overlay -o "lowerdir=$d,upperdir=$layer-up,workdir=$layer-work,redirect_dir=on" "$root$d"
     done
     mount -t proc proc "$root/proc"
     mount --rbind /sys "$root/sys"
@@ -90,10 +97,10 @@ if [[ ${1:-} == --in-namespace ]]; then
         cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
     fi
     rm -f "$root/etc/apt/sources.list"
-    cp -a /etc/apt/sources.list.d/. "$root/etc/apt/sources.list.d/"
-    [[ -f /etc/apt/sources.list ]] && cp -a /etc/apt/sources.list "$root/etc/apt/"
-    cp -a /etc/apt/apt.conf.d/. "$root/etc/apt/apt.conf.d/"
-    cp -a /etc/apt/trusted.gpg.d/. "$root/etc/apt/trusted.gpg.d/"
+    cp -a "$apt_dir"/sources.list.d/. "$root/etc/apt/sources.list.d/"
+    [[ -f $apt_dir/sources.list ]] && cp -a "$apt_dir"/sources.list "$root/etc/apt/"
+    cp -a "$apt_dir"/apt.conf.d/. "$root/etc/apt/apt.conf.d/"
+    cp -a "$apt_dir"/trusted.gpg.d/. "$root/etc/apt/trusted.gpg.d/"
     [[ -f /etc/pip.conf ]] && cp /etc/pip.conf "$root/etc/"
     cp -L /etc/resolv.conf /etc/hosts /etc/hostname "$root/etc/" 2>/dev/null || true
     install -m 0755 "$self" "$root/.fresh-machine.sh"
@@ -122,7 +129,7 @@ fi
 cache_top=${STICKY_FRESH_CACHE:-/var/cache/sticky-cni/fresh-root}
 cache=$cache_top/$suite-$(printf '%s' "$base_packages" | sha256sum | cut -c1-12)
 if [[ ! -x $cache/bin/bash ]]; then
-    mirror=$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | grep -v -- -security | head -1)
+    mirror=$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' "$apt_dir"/sources.list.d/debian.sources 2>/dev/null | grep -v -- -security | head -1)
     mirror=${mirror:-http://deb.debian.org/debian}
     mkdir -p "$cache_top"
     tmp_root=$(mktemp -d "$cache_top/.bootstrap.XXXXXX")
@@ -139,7 +146,7 @@ if [[ ! -x $cache/bin/bash ]]; then
     echo "fresh-machine.sh: bootstrapped in $((SECONDS - start)) s" >&2
 fi
 
-run=$(mktemp -d /var/tmp/sticky-fresh.XXXXXX)
+run=$(mktemp -d "$tmp_dir/sticky-fresh.XXXXXX")
 cleanup() {
     # The namespace's mounts died with it; if any is still visible here, do not delete through it.
     if findmnt -rn -o TARGET | grep -q "^$run"; then
@@ -157,7 +164,9 @@ mkdir -p "$run/up/work"
 mv "$run/clone/sticky-cni" "$run/up/work/sticky-cni"
 
 # The host's environment as CI has it: certificate and proxy settings, PATH, HOME, CI.
-envs=(PATH="$PATH" HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" STICKY_FRESH_MACHINE=1)
+envs=(PATH="$PATH" HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" STICKY_FRESH_MACHINE=1
+    CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home"
+    STICKY_FRESH_CARGO_HOME="$cargo_home" STICKY_FRESH_RUSTUP_HOME="$rustup_home" STICKY_FRESH_APT_DIR="$apt_dir")
 while IFS='=' read -r name value; do
     case $name in
         CI | RUSTUP_* | *_CA_* | *CA_BUNDLE* | *CA_CERTS* | SSL_CERT_* | *_proxy | *_PROXY | PIP_CERT)
