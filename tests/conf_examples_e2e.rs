@@ -543,7 +543,11 @@ fn vxlan_example_at_1_1_0_answers_add_status_and_gc() {
     topo.add_node(1, 1500);
     std::os::unix::fs::symlink(support::sticky_bin(), topo.cni_path.join("sticky-ipam")).unwrap();
     let mut entry = support::runtime_entries(&example(name), true)[0].clone();
-    assert_eq!(entry["cniVersion"], support::LIBCNI_1_2_MAX, "{name}: {entry}");
+    assert_eq!(
+        entry["cniVersion"],
+        support::LIBCNI_1_2_MAX,
+        "{name}: {entry}"
+    );
     // Into the test's dirs: state, peers file, data dir. The example is node 1's subnet.
     let peers = json!([topo.peer_of(1, false), topo.peer_of(2, false)]);
     entry["stateDir"] = json!(topo.state_dir(1));
@@ -569,7 +573,10 @@ fn vxlan_example_at_1_1_0_answers_add_status_and_gc() {
     let links = vxlan_support::ok(&["ip", "-n", &topo.node_ns(1), "-o", "link"]);
     let host = |r: &Value| r["interfaces"][1]["name"].as_str().unwrap().to_string();
     assert!(links.contains(&host(&ra)), "valid attachment kept: {links}");
-    assert!(!links.contains(&host(&rb)), "stale attachment removed: {links}");
+    assert!(
+        !links.contains(&host(&rb)),
+        "stale attachment removed: {links}"
+    );
     let state = support::check_dir(&data.join("sticky"), support::COMPLETED);
     let ip = |r: &Value| vxlan_support::ip_of(r, false).parse::<IpAddr>().unwrap();
     assert_eq!(state.attached_to(&a.id), [ip(&ra)], "GC kept a's address");

@@ -147,7 +147,9 @@ fn negotiated_version(doc: &Value) -> Result<Option<Value>, String> {
         };
         best = best.max(Version::parse(text));
     }
-    Ok(best.map(|v| Value::from(v.as_str())).or_else(|| declared.cloned()))
+    Ok(best
+        .map(|v| Value::from(v.as_str()))
+        .or_else(|| declared.cloned()))
 }
 
 /// Whether a plugin entry has `type` `plugin`.
@@ -197,9 +199,15 @@ mod tests {
         let vx = |v: &Value| has_type(v, "sticky-vxlan");
         let cases = [
             // The shipped form: 1.0.0 for old runtimes, 1.1.0 negotiated by new ones.
-            (r#""cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"]"#, "1.1.0"),
+            (
+                r#""cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"]"#,
+                "1.1.0",
+            ),
             // Order does not matter; versions not spoken (newer, malformed) are skipped.
-            (r#""cniVersion":"1.0.0","cniVersions":["1.1.0","0.4.0","9.9.9","x"]"#, "1.1.0"),
+            (
+                r#""cniVersion":"1.0.0","cniVersions":["1.1.0","0.4.0","9.9.9","x"]"#,
+                "1.1.0",
+            ),
             (r#""cniVersion":"0.4.0","cniVersions":["0.3.1"]"#, "0.4.0"),
             (r#""cniVersions":["0.4.0","1.0.0"]"#, "1.0.0"),
             (r#""cniVersion":"1.0.0","cniVersions":[]"#, "1.0.0"),
@@ -219,7 +227,9 @@ mod tests {
             let list = write(
                 dir.path(),
                 "b.conflist",
-                &format!(r#"{{"cniVersion":"1.0.0",{bad},"name":"edge","plugins":[{{"type":"sticky-vxlan"}}]}}"#),
+                &format!(
+                    r#"{{"cniVersion":"1.0.0",{bad},"name":"edge","plugins":[{{"type":"sticky-vxlan"}}]}}"#
+                ),
             );
             let got = load(&list, "x", vx);
             assert!(
