@@ -23,9 +23,17 @@ fn entries(doc: &Value) -> Vec<Value> {
     runtime_entries(doc, false)
 }
 
-/// Runs ADD, DEL and ADD of a recreated pod with the example's IPAM section (dataDir moved to a
-/// temp dir), returns the addresses.
-fn exercise(name: &str, mut entry: Value, families: usize) -> Vec<std::net::IpAddr> {
+/// The first ADD of an example's entry: its IPAM section with `dataDir` moved to a temp dir,
+/// pod default/example as container c1, through sticky-ipam.
+struct FirstAdd {
+    tmp: tempfile::TempDir,
+    conf: Conf,
+    p: Plugin,
+    pod: Pod,
+    r: Value,
+}
+
+fn first_add(name: &str, mut entry: Value) -> FirstAdd {
     assert_eq!(entry["ipam"]["type"], "sticky-ipam", "{name}");
     let tmp = temp_dir();
     entry["ipam"]["dataDir"] = json!(tmp.path().to_str().unwrap());
@@ -33,6 +41,25 @@ fn exercise(name: &str, mut entry: Value, families: usize) -> Vec<std::net::IpAd
     let p = Plugin::sticky();
     let pod = Pod::new("default", "example", "uid-1");
     let r = p.run(&Call::add("c1", &conf).pod(&pod)).ok();
+    FirstAdd {
+        tmp,
+        conf,
+        p,
+        pod,
+        r,
+    }
+}
+
+/// Runs ADD, DEL and ADD of a recreated pod with the example's IPAM section (dataDir moved to a
+/// temp dir), returns the addresses.
+fn exercise(name: &str, entry: Value, families: usize) -> Vec<std::net::IpAddr> {
+    let FirstAdd {
+        tmp,
+        conf,
+        p,
+        pod,
+        r,
+    } = first_add(name, entry);
     let ips = result_ips(&r);
     assert_eq!(ips.len(), families, "{name}: {r}");
     p.run(&Call::del("c1", &conf).pod(&pod)).ok_empty();
@@ -188,17 +215,14 @@ fn shipped_conflists_negotiate_1_1_0_and_sticky_ipam_answers_add_status_gc() {
             "{name}: cniVersions beside cniVersion 1.0.0"
         );
         assert_eq!(runtime_entries(&doc, false)[0]["cniVersion"], "1.0.0");
-        let mut entry = runtime_entries(&doc, true)[0].clone();
+        let entry = runtime_entries(&doc, true)[0].clone();
         assert_eq!(entry["cniVersion"], LIBCNI_1_2_MAX, "{name}");
         if entry["ipam"]["type"] != "sticky-ipam" || entry["ipam"]["ranges"].is_null() {
             continue;
         }
-        let tmp = temp_dir();
-        entry["ipam"]["dataDir"] = json!(tmp.path().to_str().unwrap());
-        let conf = Conf { value: entry };
-        let p = Plugin::sticky();
-        let pod = Pod::new("default", "example", "uid-1");
-        let r = p.run(&Call::add("c1", &conf).pod(&pod)).ok();
+        let FirstAdd {
+            tmp, conf, p, r, ..
+        } = first_add(&name, entry);
         assert_eq!(r["cniVersion"], LIBCNI_1_2_MAX, "{name}: {r}");
         let ips = result_ips(&r);
         assert!(!ips.is_empty(), "{name}: {r}");

@@ -7,7 +7,8 @@
 //! `PATH`, and runs the script in a private mount namespace with a tmpfs over the real
 //! `/root/.cargo` and `/root/.rustup`, so even a script that ignored the variables could not
 //! reach the host's toolchain. No test runs a real debootstrap: the fake one "bootstraps" a
-//! tiny root (bash and its libraries, static busybox, fake rustc/rustup/git).
+//! tiny root (bash and its libraries, static busybox, fake rustc/rustup/git). Each layout is a
+//! tmpfs mounted on a temp dir and unmounted on drop.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -29,6 +30,15 @@ fn write_exec(path: &Path, text: &str) {
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// The files of the throw-away cargo and rustup homes: what stage 3 would delete on a host.
+const HOST_FILES: [&str; 5] = [
+    "cargo/bin/cargo",
+    "cargo/bin/cargo-nextest",
+    "cargo/registry/cache/crate",
+    "cargo/.crates.toml",
+    "rustup/toolchains/stable",
+];
+
 /// A throw-away stand-in for every host path the script touches.
 struct Layout {
     dir: tempfile::TempDir,
@@ -39,6 +49,14 @@ struct Layout {
 impl Layout {
     fn new() -> Layout {
         let dir = tempfile::tempdir().unwrap();
+        // A tmpfs of its own: the overlays stage 2 makes need an upper layer on a filesystem
+        // that can hold one, and the temp dir may be on an overlay (the bare root CI runs in).
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=512m,mode=0700", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mount tmpfs on {}", dir.path().display());
         let layout = Layout {
             dir,
             pid_namespaces: Vec::new(),
@@ -56,13 +74,7 @@ impl Layout {
         ] {
             fs::create_dir_all(layout.path(d)).unwrap();
         }
-        for f in [
-            "cargo/bin/cargo",
-            "cargo/bin/cargo-nextest",
-            "cargo/registry/cache/crate",
-            "cargo/.crates.toml",
-            "rustup/toolchains/stable",
-        ] {
+        for f in HOST_FILES {
             fs::write(layout.path(f), "host file\n").unwrap();
         }
         symlink("rustup", layout.path("cargo/bin/rustup")).unwrap();
@@ -92,13 +104,7 @@ impl Layout {
 
     /// The files of the throw-away cargo and rustup homes, which nothing may delete.
     fn assert_homes_intact(&self) {
-        for f in [
-            "cargo/bin/cargo",
-            "cargo/bin/cargo-nextest",
-            "cargo/registry/cache/crate",
-            "cargo/.crates.toml",
-            "rustup/toolchains/stable",
-        ] {
+        for f in HOST_FILES {
             assert!(self.path(f).exists(), "{f} was deleted");
         }
     }
@@ -152,6 +158,10 @@ impl Drop for Layout {
                 let _ = Command::new("kill").args(["-KILL", &pid]).status();
             }
         }
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
