@@ -488,9 +488,14 @@ fn sigterm_is_forwarded_and_cleanup_waits_for_the_child() {
     }
     let all = seen.join("\n");
     assert!(done.is_some(), "the script never said it was done:\n{all}");
+    let at = |what: &str| seen.iter().position(|l| l.contains(what));
     assert!(
-        all.contains("got TERM"),
+        at("got TERM").is_some(),
         "the command never got TERM:\n{all}"
+    );
+    assert!(
+        at("got TERM") < at("exited"),
+        "the script was done before its command:\n{all}"
     );
     assert_eq!(
         processes_in(&ns),
