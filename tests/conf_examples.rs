@@ -18,26 +18,22 @@ fn load(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"))
 }
 
-/// The plugin entries of a conf or conflist, each as libcni passes it: `name` and
-/// `cniVersion` injected from the list.
+/// The plugin entries of a conf or conflist as containerd 1.6/1.7 pass them.
 fn entries(doc: &Value) -> Vec<Value> {
-    match doc["plugins"].as_array() {
-        Some(plugins) => plugins
-            .iter()
-            .map(|p| {
-                let mut p = p.clone();
-                p["name"] = doc["name"].clone();
-                p["cniVersion"] = doc["cniVersion"].clone();
-                p
-            })
-            .collect(),
-        None => vec![doc.clone()],
-    }
+    runtime_entries(doc, false)
 }
 
-/// Runs ADD, DEL and ADD of a recreated pod with the example's IPAM section (dataDir moved to a
-/// temp dir), returns the addresses.
-fn exercise(name: &str, mut entry: Value, families: usize) -> Vec<std::net::IpAddr> {
+/// The first ADD of an example's entry: its IPAM section with `dataDir` moved to a temp dir,
+/// pod default/example as container c1, through sticky-ipam.
+struct FirstAdd {
+    tmp: tempfile::TempDir,
+    conf: Conf,
+    p: Plugin,
+    pod: Pod,
+    r: Value,
+}
+
+fn first_add(name: &str, mut entry: Value) -> FirstAdd {
     assert_eq!(entry["ipam"]["type"], "sticky-ipam", "{name}");
     let tmp = temp_dir();
     entry["ipam"]["dataDir"] = json!(tmp.path().to_str().unwrap());
@@ -45,6 +41,25 @@ fn exercise(name: &str, mut entry: Value, families: usize) -> Vec<std::net::IpAd
     let p = Plugin::sticky();
     let pod = Pod::new("default", "example", "uid-1");
     let r = p.run(&Call::add("c1", &conf).pod(&pod)).ok();
+    FirstAdd {
+        tmp,
+        conf,
+        p,
+        pod,
+        r,
+    }
+}
+
+/// Runs ADD, DEL and ADD of a recreated pod with the example's IPAM section (dataDir moved to a
+/// temp dir), returns the addresses.
+fn exercise(name: &str, entry: Value, families: usize) -> Vec<std::net::IpAddr> {
+    let FirstAdd {
+        tmp,
+        conf,
+        p,
+        pod,
+        r,
+    } = first_add(name, entry);
     let ips = result_ips(&r);
     assert_eq!(ips.len(), families, "{name}: {r}");
     p.run(&Call::del("c1", &conf).pod(&pod)).ok_empty();
@@ -175,6 +190,50 @@ fn segment_nad_example_is_the_readme_example_of_kube_vxlan_controller() {
     let a =
         sticky_cni::segment::attachments::find(&cfg.attachments, "default", "a-5cd8c6ccb8-kkvwt");
     assert_eq!(a.unwrap().routes[0].gw, Some(ip("192.168.11.1")));
+}
+
+/// Every shipped conflist at 1.0.0 declares `cniVersions` up to 1.1.0: containerd 1.6/1.7
+/// (libcni 1.1) load it at 1.0.0, a runtime on libcni ≥ 1.2 negotiates 1.1.0, and sticky-ipam
+/// answers ADD, STATUS and GC at that version (GC releasing what is not valid).
+#[test]
+fn shipped_conflists_negotiate_1_1_0_and_sticky_ipam_answers_add_status_gc() {
+    let mut names: Vec<String> = std::fs::read_dir(examples())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".conflist"))
+        .collect();
+    names.sort();
+    let mut exercised = 0;
+    for name in names {
+        let doc = load(&name);
+        if doc["cniVersion"] != "1.0.0" {
+            continue;
+        }
+        assert_eq!(
+            doc["cniVersions"],
+            json!(["1.0.0", "1.1.0"]),
+            "{name}: cniVersions beside cniVersion 1.0.0"
+        );
+        assert_eq!(runtime_entries(&doc, false)[0]["cniVersion"], "1.0.0");
+        let entry = runtime_entries(&doc, true)[0].clone();
+        assert_eq!(entry["cniVersion"], LIBCNI_1_2_MAX, "{name}");
+        if entry["ipam"]["type"] != "sticky-ipam" || entry["ipam"]["ranges"].is_null() {
+            continue;
+        }
+        let FirstAdd {
+            tmp, conf, p, r, ..
+        } = first_add(&name, entry);
+        assert_eq!(r["cniVersion"], LIBCNI_1_2_MAX, "{name}: {r}");
+        let ips = result_ips(&r);
+        assert!(!ips.is_empty(), "{name}: {r}");
+        p.run(&Call::new("STATUS", "c1", &conf.bytes())).ok_empty();
+        let gc = conf.clone().top("cni.dev/valid-attachments", json!([]));
+        p.run(&Call::new("GC", "c1", &gc.bytes())).ok_empty();
+        let state = check_dir(&tmp.path().join(conf.name()), COMPLETED);
+        assert_eq!(state.released_count(), ips.len(), "{name}: GC released c1");
+        exercised += 1;
+    }
+    assert!(exercised >= 3, "only {exercised} conflists exercised");
 }
 
 #[test]

@@ -530,6 +530,63 @@ fn segment_nad_example() {
     n.rt.must("del", "vxeth1", &gw.path, &env(&gw));
 }
 
+/// The vxlan example as a runtime on libcni ≥ 1.2 (containerd ≥ 2.0.1, CRI-O) sends it:
+/// cniVersion 1.1.0, negotiated from `cniVersions`, the plugin run directly (Debian's cnitool
+/// speaks up to 1.0.0). ADD answers at 1.1.0; STATUS is ready; GC removes the attachment it is
+/// not given and passes GC to sticky-ipam at the same version, which releases that lease.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn vxlan_example_at_1_1_0_answers_add_status_and_gc() {
+    vxlan_support::assert_can_run();
+    let name = "10-sticky-vxlan.conflist";
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    std::os::unix::fs::symlink(support::sticky_bin(), topo.cni_path.join("sticky-ipam")).unwrap();
+    let mut entry = support::runtime_entries(&example(name), true)[0].clone();
+    assert_eq!(
+        entry["cniVersion"],
+        support::LIBCNI_1_2_MAX,
+        "{name}: {entry}"
+    );
+    // Into the test's dirs: state, peers file, data dir. The example is node 1's subnet.
+    let peers = json!([topo.peer_of(1, false), topo.peer_of(2, false)]);
+    entry["stateDir"] = json!(topo.state_dir(1));
+    entry["peersFile"] = json!(topo.write_peers_file("peers.json", &peers));
+    let data = topo.dir.path().join("ipam");
+    entry["ipam"]["dataDir"] = json!(data);
+    assert_eq!(entry["ipam"]["ranges"][0][0]["subnet"], Topo::subnet(1));
+
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(1, "b");
+    let ra = topo.add(&a, &entry);
+    let rb = topo.add(&b, &entry);
+    for r in [&ra, &rb] {
+        assert_eq!(r["cniVersion"], support::LIBCNI_1_2_MAX, "{r}");
+    }
+    let status = topo.cni(1, "STATUS", &a, "", &entry, "");
+    vxlan_support::succeeded(&status, "STATUS");
+    let mut gc = entry.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": a.id, "ifname": "eth0"}]);
+    let out = topo.cni(1, "GC", &a, "", &gc, "");
+    vxlan_support::succeeded(&out, "GC");
+
+    let links = vxlan_support::ok(&["ip", "-n", &topo.node_ns(1), "-o", "link"]);
+    let host = |r: &Value| r["interfaces"][1]["name"].as_str().unwrap().to_string();
+    assert!(links.contains(&host(&ra)), "valid attachment kept: {links}");
+    assert!(
+        !links.contains(&host(&rb)),
+        "stale attachment removed: {links}"
+    );
+    let state = support::check_dir(&data.join("sticky"), support::COMPLETED);
+    let ip = |r: &Value| vxlan_support::ip_of(r, false).parse::<IpAddr>().unwrap();
+    assert_eq!(state.attached_to(&a.id), [ip(&ra)], "GC kept a's address");
+    assert_eq!(
+        state.attached_to(&b.id),
+        Vec::<IpAddr>::new(),
+        "GC released b's address"
+    );
+}
+
 #[test]
 fn every_file_in_conf_examples_is_exercised() {
     let mut files: Vec<String> = std::fs::read_dir(example_path(""))
@@ -555,6 +612,15 @@ fn every_file_in_conf_examples_is_exercised() {
             ["0.4.0", "1.0.0"].contains(&v),
             "{file} (exercised by {test}): cniVersion {v:?}"
         );
+        // A 1.0.0 conflist also offers 1.1.0 to runtimes that negotiate (libcni ≥ 1.2); the
+        // real ADD/DEL above runs it through cnitool, which loads it at 1.0.0.
+        if file.ends_with(".conflist") && v == "1.0.0" {
+            assert_eq!(
+                doc["cniVersions"],
+                json!(["1.0.0", "1.1.0"]),
+                "{file}: cniVersions beside cniVersion 1.0.0"
+            );
+        }
         // Ranges are the example's own, or (cluster-wide conflists) filled in per node.
         let first = doc.get("plugins").map_or(&doc, |p| &p[0]);
         if first["mode"] == "segment" {

@@ -37,6 +37,8 @@ fn node_conflist(n: u8) -> Value {
         list["cniVersion"], "1.0.0",
         "Debian's cnitool speaks up to 1.0.0"
     );
+    // Both keys, as shipped: libcni 1.1.2 (cnitool, containerd 1.6/1.7) ignores cniVersions.
+    assert_eq!(list["cniVersions"], json!(["1.0.0", "1.1.0"]));
     assert_eq!(list["name"], NET);
     assert_eq!(list["plugins"][1]["type"], "portmap");
     let main = &mut list["plugins"][0];

@@ -393,6 +393,9 @@ fn configmap_carries_the_conf_example_verbatim() {
     assert_eq!(embedded, example, "ConfigMap and {CONFLIST} differ");
 
     let conf: Value = serde_json::from_str(embedded).expect("the conflist is JSON");
+    // containerd 1.6/1.7 load 1.0.0; runtimes on libcni ≥ 1.2 negotiate 1.1.0 (STATUS, GC).
+    assert_eq!(conf["cniVersion"], "1.0.0");
+    assert_eq!(conf["cniVersions"], serde_json::json!(["1.0.0", "1.1.0"]));
     let types: Vec<&str> = conf["plugins"]
         .as_array()
         .map(|p| p.iter().filter_map(|p| p["type"].as_str()).collect())

@@ -3,12 +3,18 @@
 //! and `cniVersion` injected into that entry, then parsed and checked by the same
 //! [`NetConf::parse`] the plugins run on stdin. So a name the plugins refuse (`../../x`,
 //! which would put files outside the data dir or `stateDir`) is refused here too.
+//!
+//! The version injected is the one a runtime on libcni ≥ 1.2 (containerd ≥ 2.0.1, CRI-O)
+//! sends: the highest of the list's `cniVersion` and its `cniVersions` (CNI 1.1.0: every
+//! version the config supports) that this crate speaks. A runtime on an older libcni
+//! (containerd 1.6/1.7) ignores `cniVersions` and sends `cniVersion`; both read the same
+//! plugin config, so the tools see what the newer runtimes hand the plugins.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::cni::{NetConf, NetConfError};
+use crate::cni::{NetConf, NetConfError, Version};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConflistError {
@@ -30,6 +36,8 @@ pub enum ConflistError {
     NoPlugin { path: PathBuf, wanted: &'static str },
     #[error("{path}: {source}")]
     Invalid { path: PathBuf, source: NetConfError },
+    #[error("{path}: \"cniVersions\" must be a list of version strings, not {found}")]
+    BadVersions { path: PathBuf, found: String },
 }
 
 /// The largest config file read (a conflist with thousands of inline peers is a few MB).
@@ -83,10 +91,18 @@ pub fn load(
                         path: path_buf(),
                         wanted: what,
                     })?;
-            // libcni injects the list's name and version into each plugin's config.
-            for key in ["name", "cniVersion"] {
-                if let (Some(v), Value::Object(map)) = (doc.get(key), &mut entry) {
-                    map.insert(key.to_string(), v.clone());
+            // libcni injects the list's name and (negotiated) version into each plugin's
+            // config; `cniVersions` itself is not passed on.
+            let version = negotiated_version(&doc).map_err(|found| ConflistError::BadVersions {
+                path: path_buf(),
+                found,
+            })?;
+            if let Value::Object(map) = &mut entry {
+                if let Some(name) = doc.get("name") {
+                    map.insert("name".to_string(), name.clone());
+                }
+                if let Some(version) = version {
+                    map.insert("cniVersion".to_string(), version);
                 }
             }
             entry
@@ -109,6 +125,31 @@ pub fn load(
             source,
         })?;
     Ok(Loaded { entry, conf })
+}
+
+/// The `cniVersion` a runtime on libcni ≥ 1.2 sends the plugins of conflist `doc`: the highest
+/// version this crate speaks among `cniVersion` and the `cniVersions` entries (versions it does
+/// not speak are skipped, as libcni skips versions newer than its own); `cniVersion` as written
+/// when none is spoken or there is no `cniVersions`; `None` when the list has no version at
+/// all. Err quotes a `cniVersions` that is not a list of strings.
+fn negotiated_version(doc: &Value) -> Result<Option<Value>, String> {
+    let declared = doc.get("cniVersion");
+    let Some(list) = doc.get("cniVersions") else {
+        return Ok(declared.cloned());
+    };
+    let Value::Array(entries) = list else {
+        return Err(list.to_string());
+    };
+    let mut best = declared.and_then(Value::as_str).and_then(Version::parse);
+    for entry in entries {
+        let Value::String(text) = entry else {
+            return Err(list.to_string());
+        };
+        best = best.max(Version::parse(text));
+    }
+    Ok(best
+        .map(|v| Value::from(v.as_str()))
+        .or_else(|| declared.cloned()))
 }
 
 /// Whether a plugin entry has `type` `plugin`.
@@ -150,6 +191,52 @@ mod tests {
             load(&other, "x", vx),
             Err(ConflistError::NoPlugin { .. })
         ));
+    }
+
+    #[test]
+    fn cni_versions_pick_the_highest_version_spoken_as_libcni_1_2_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let vx = |v: &Value| has_type(v, "sticky-vxlan");
+        let cases = [
+            // The shipped form: 1.0.0 for old runtimes, 1.1.0 negotiated by new ones.
+            (
+                r#""cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"]"#,
+                "1.1.0",
+            ),
+            // Order does not matter; versions not spoken (newer, malformed) are skipped.
+            (
+                r#""cniVersion":"1.0.0","cniVersions":["1.1.0","0.4.0","9.9.9","x"]"#,
+                "1.1.0",
+            ),
+            (r#""cniVersion":"0.4.0","cniVersions":["0.3.1"]"#, "0.4.0"),
+            (r#""cniVersions":["0.4.0","1.0.0"]"#, "1.0.0"),
+            (r#""cniVersion":"1.0.0","cniVersions":[]"#, "1.0.0"),
+        ];
+        for (versions, want) in cases {
+            let list = write(
+                dir.path(),
+                "v.conflist",
+                &format!(r#"{{{versions},"name":"edge","plugins":[{{"type":"sticky-vxlan"}}]}}"#),
+            );
+            let l = load(&list, "x", vx).unwrap_or_else(|e| panic!("{versions}: {e}"));
+            assert_eq!(l.entry["cniVersion"], want, "{versions}");
+            assert_eq!(l.conf.version.as_str(), want, "{versions}");
+            assert!(l.entry.get("cniVersions").is_none(), "{versions}");
+        }
+        for bad in [r#""cniVersions":"1.1.0""#, r#""cniVersions":["1.0.0",110]"#] {
+            let list = write(
+                dir.path(),
+                "b.conflist",
+                &format!(
+                    r#"{{"cniVersion":"1.0.0",{bad},"name":"edge","plugins":[{{"type":"sticky-vxlan"}}]}}"#
+                ),
+            );
+            let got = load(&list, "x", vx);
+            assert!(
+                matches!(&got, Err(e @ ConflistError::BadVersions { .. }) if e.to_string().contains("cniVersions")),
+                "{bad}: {got:?}"
+            );
+        }
     }
 
     #[test]

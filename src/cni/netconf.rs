@@ -120,6 +120,29 @@ mod tests {
     }
 
     #[test]
+    fn cni_versions_in_a_plugin_config_leave_the_runtime_choice_alone() {
+        // The runtime negotiates (libcni >= 1.2 for a conflist) and passes its choice as
+        // cniVersion; a .conf hands the plugin its cniVersions as written. The plugin answers
+        // in cniVersion, never in a version picked from the list.
+        for (doc, want) in [
+            (
+                r#"{"cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"],"name":"n"}"#,
+                Version::V100,
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","cniVersions":["1.0.0","1.1.0"],"name":"n"}"#,
+                Version::V110,
+            ),
+        ] {
+            assert_eq!(
+                NetConf::parse(doc.as_bytes()).unwrap().version,
+                want,
+                "{doc}"
+            );
+        }
+    }
+
+    #[test]
     fn refusals() {
         assert!(matches!(NetConf::parse(b"{"), Err(NetConfError::Json(_))));
         assert!(matches!(

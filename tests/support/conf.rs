@@ -72,3 +72,44 @@ pub fn nad_config(yaml: &str) -> Value {
         .collect();
     serde_json::from_str(&body.join("\n")).expect("spec.config is JSON")
 }
+
+/// The newest CNI version a runtime on libcni ≥ 1.2 speaks (containerd ≥ 2.0.1, CRI-O).
+pub const LIBCNI_1_2_MAX: &str = "1.1.0";
+
+fn version_key(v: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+    let key = (parts.next()??, parts.next()??, parts.next()??);
+    parts.next().is_none().then_some(key)
+}
+
+/// The plugin entries of a conf or conflist as a runtime passes them: `name` and `cniVersion`
+/// injected from the list. With `negotiate`, the version is libcni ≥ 1.2's choice: the
+/// highest of `cniVersion` and the `cniVersions` entries up to [`LIBCNI_1_2_MAX`]; without,
+/// libcni 1.1's (containerd 1.6/1.7, Debian's cnitool): `cniVersion` as written.
+pub fn runtime_entries(doc: &Value, negotiate: bool) -> Vec<Value> {
+    let mut version = doc["cniVersion"].clone();
+    if negotiate && let Some(list) = doc["cniVersions"].as_array() {
+        let max = version_key(LIBCNI_1_2_MAX);
+        let best = list
+            .iter()
+            .chain([&doc["cniVersion"]])
+            .filter_map(Value::as_str)
+            .filter(|v| version_key(v).is_some_and(|k| Some(k) <= max))
+            .max_by_key(|v| version_key(v));
+        if let Some(best) = best {
+            version = json!(best);
+        }
+    }
+    match doc["plugins"].as_array() {
+        Some(plugins) => plugins
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                p["name"] = doc["name"].clone();
+                p["cniVersion"] = version.clone();
+                p
+            })
+            .collect(),
+        None => vec![doc.clone()],
+    }
+}
