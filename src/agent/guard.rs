@@ -145,7 +145,11 @@ impl Guard {
     /// counted.
     pub fn admit(&mut self, now: Instant, accepted: &[Peer], new: &[Peer]) -> Result<(), Refused> {
         self.spent.retain(|_, at| now.duration_since(*at) < WINDOW);
-        if self.accepted.as_ref().is_some_and(|(_, until)| now >= *until) {
+        if self
+            .accepted
+            .as_ref()
+            .is_some_and(|(_, until)| now >= *until)
+        {
             self.accepted = None;
         }
         let disrupted = disrupted(accepted, new);
@@ -297,7 +301,11 @@ mod tests {
         assert!(g.admit(t, &six(), &[]).is_err());
         let accepted = g.accept(t).cloned().unwrap();
         assert_eq!(accepted.change, fingerprint(&six(), &[]));
-        assert!(accepted.what().contains("6 of the 6"), "{}", accepted.what());
+        assert!(
+            accepted.what().contains("6 of the 6"),
+            "{}",
+            accepted.what()
+        );
         assert!(g.admit(t, &six(), &[]).is_ok());
         assert!(g.admit(t, &six(), &[]).is_err(), "only once");
         assert!(
@@ -368,7 +376,10 @@ mod tests {
         let t0 = Instant::now();
         let original: Vec<Peer> = (1..=3).map(|n| peer_at(n, n)).collect();
         let rotated: Vec<Peer> = (1..=3).map(|n| peer_at(n, n % 3 + 1)).collect();
-        assert!(g.admit(t0, &original, &rotated).is_err(), "rotation refused");
+        assert!(
+            g.admit(t0, &original, &rotated).is_err(),
+            "rotation refused"
+        );
         // Retried while refused, then the restored API's list is the accepted one again.
         let t = t0 + Duration::from_secs(5);
         assert!(g.admit(t, &original, &rotated).is_err());
@@ -392,7 +403,11 @@ mod tests {
             }
             at += Duration::from_millis(500);
         }
-        assert_eq!(accepted.len() - 1, 3, "remote peers of node 1: {accepted:?}");
+        assert_eq!(
+            accepted.len() - 1,
+            3,
+            "remote peers of node 1: {accepted:?}"
+        );
     }
 
     #[test]

@@ -90,7 +90,10 @@ pub enum Attempt {
     Idle,
     Published,
     /// The PATCH failed; tried again after `retry_in`.
-    Failed { error: Error, retry_in: Duration },
+    Failed {
+        error: Error,
+        retry_in: Duration,
+    },
     /// This node's Node cannot say its underlay yet: tried again at its next change.
     Unknown(Error),
 }
@@ -301,10 +304,7 @@ mod tests {
                 Attempt::Failed { error, retry_in } => {
                     assert!(error.to_string().contains("HTTP 403"), "{error}");
                     // Not due before its time.
-                    assert!(matches!(
-                        p.run(&mut api, now + retry_in / 2),
-                        Attempt::Idle
-                    ));
+                    assert!(matches!(p.run(&mut api, now + retry_in / 2), Attempt::Idle));
                     waits.push(retry_in);
                     now += retry_in;
                 }
@@ -325,6 +325,9 @@ mod tests {
         let bare: Node = serde_json::from_str(r#"{"metadata":{"name":"n2"}}"#).unwrap();
         p.offer(bare);
         assert!(matches!(p.run(&mut api, now), Attempt::Unknown(_)));
-        assert!(matches!(p.run(&mut api, now + Backoff::MAX * 2), Attempt::Idle));
+        assert!(matches!(
+            p.run(&mut api, now + Backoff::MAX * 2),
+            Attempt::Idle
+        ));
     }
 }
