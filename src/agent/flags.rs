@@ -266,6 +266,13 @@ mod tests {
             (o.source, o.resync.as_secs(), o.max_remove_fraction),
             (Source::None, 60, 0.5)
         );
+        assert_eq!(o.watch_timeout, None, "spread over 5 to 10 minutes");
+        let o = parse(
+            &args(&["--config", "/c", "--no-api", "--watch-timeout", "5"]),
+            none,
+        )
+        .unwrap();
+        assert_eq!(o.watch_timeout, Some(Duration::from_secs(5)));
         let pod = |k: &str| match k {
             "KUBERNETES_SERVICE_HOST" => Some("10.96.0.1".to_string()),
             "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
@@ -370,6 +377,10 @@ mod tests {
             (
                 &["--config", "/c", "--no-api", "--resync", "0"],
                 r#"--resync "0": expected seconds from 0.1 to 86400"#,
+            ),
+            (
+                &["--config", "/c", "--no-api", "--watch-timeout", "0.5"],
+                r#"--watch-timeout "0.5": expected whole seconds from 1 to 3600"#,
             ),
             (
                 &["--config", "/c", "--no-api", "--max-remove-fraction", "2"],
