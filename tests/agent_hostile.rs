@@ -293,22 +293,24 @@ fn watch_errors_other_than_410_lead_to_a_relist_and_the_status_says_stale() {
         let lists = c.api.lists();
         c.api.fail_watches(Some((code, message)));
         c.api.close_watches();
-        wait_for("the agent to relist", Duration::from_secs(10), || {
+        // Each wait below is for an event behind the agent's backoff (1 s doubling to 30 s,
+        // ±50%): deadlines of two capped backoffs and more, for a loaded 2-core machine.
+        wait_for("the agent to relist", Duration::from_secs(60), || {
             c.api.lists() > lists
         });
-        wait_for("show to say STALE", Duration::from_secs(10), || {
+        wait_for("show to say STALE", Duration::from_secs(60), || {
             show(&c, 1).contains("STALE since")
         });
         // A Node that only a new list can bring (relists after 1, 2, 4, 8 s, ±50%).
         c.api.put_node(Cluster::node(3));
         wait_for(
             "node 3 in node 1's file through a relist",
-            Duration::from_secs(25),
+            Duration::from_secs(120),
             || c.file_has(1, "192.0.2.3"),
         );
         c.api.fail_watches(None);
         c.api.delete_node("node-3");
-        wait_for("the stale mark gone", Duration::from_secs(60), || {
+        wait_for("the stale mark gone", Duration::from_secs(120), || {
             !show(&c, 1).contains("STALE") && !c.file_has(1, "192.0.2.3")
         });
         assert!(
@@ -333,14 +335,20 @@ fn an_api_that_fails_every_watch_is_not_hammered() {
     wait_for("node 1 to program node 2", Duration::from_secs(10), || {
         c.routes(1, &Topo::subnet(2))
     });
+    let lists = c.api.lists();
     c.api.fail_watches(Some((410, "too old resource version")));
     c.api.close_watches();
+    // The first relist comes after one backoff (1 s ±50%); on a loaded machine, later.
+    wait_for("the first relist", Duration::from_secs(60), || {
+        c.api.lists() > lists
+    });
     let (lists, watches) = (c.api.lists(), c.api.watches());
-    // Backoff 1, 2, 4, 8 s (±50%): at most 5 cycles in 8 s; without it, over a thousand.
+    // Then backoffs of 2, 4, 8 s (±50%): at most 5 more cycles in 8 s, however fast the
+    // machine; without them, over a thousand.
     std::thread::sleep(Duration::from_secs(8));
     let cycles = c.api.lists() - lists;
     assert!(
-        (1..=5).contains(&cycles),
+        cycles <= 5,
         "{cycles} lists and {} watches in 8 s",
         c.api.watches() - watches
     );
@@ -363,7 +371,8 @@ fn an_unreadable_peers_file_does_not_bypass_the_guard() {
     c.api.restore(vec![Cluster::node(1)]);
     wait_for(
         "agents 1 and 2 to refuse the list",
-        Duration::from_secs(15),
+        // A relist after a backoff (the restore's 410), on a loaded machine.
+        Duration::from_secs(60),
         || agents[0].log_text().contains("REFUSED") && agents[1].log_text().contains("REFUSED"),
     );
     assert!(
@@ -389,27 +398,10 @@ fn an_unreadable_peers_file_does_not_bypass_the_guard() {
 fn deletions_in_a_burst_and_a_cidr_swap_are_refused_until_the_operator_accepts() {
     assert_can_run();
     let c = Cluster::new();
-    for n in 1..=3 {
-        c.api.put_node(Cluster::node(n));
-    }
     // Three more Nodes without a namespace of their own: peers all the same.
-    for n in 4..=6u8 {
-        c.api.put_node(node_json(
-            &format!("node-{n}"),
-            &format!("192.0.2.{n}"),
-            &[&Topo::subnet(n)],
-            json!({}),
-        ));
-    }
+    put_nodes(&c, 6);
     let agent = c.agent(1, &[]);
-    wait_for("node 1 to take the six", Duration::from_secs(10), || {
-        peers_in_file(&c, 1).len() == 6
-    });
-    wait_for(
-        "node 1's plugin to accept them",
-        Duration::from_secs(10),
-        || node_accepts_its_file(&c, 1) && c.routes(1, &Topo::subnet(6)),
-    );
+    node_1_takes_all(&c, 6);
     for n in (2..=6u8).rev() {
         c.api.delete_node(&format!("node-{n}"));
         std::thread::sleep(Duration::from_millis(500));
@@ -422,10 +414,7 @@ fn deletions_in_a_burst_and_a_cidr_swap_are_refused_until_the_operator_accepts()
     assert!(left.len() >= 3, "drained to {left:?}");
     assert!(c.routes(1, &Topo::subnet(2)), "node 2 is still programmed");
     // The operator accepts: the file follows the API.
-    let accept = c.topo.state_dir(1).join(format!(
-        "{}.accept-changes",
-        c.confs[0]["name"].as_str().unwrap()
-    ));
+    let accept = accept_file(&c);
     std::fs::write(&accept, "").unwrap();
     wait_for("the accepted change", Duration::from_secs(15), || {
         peers_in_file(&c, 1) == ["192.0.2.1"]
@@ -447,7 +436,8 @@ fn deletions_in_a_burst_and_a_cidr_swap_are_refused_until_the_operator_accepts()
         })
         .collect();
     c2.api.restore(swapped);
-    wait_for("the swap refused", Duration::from_secs(15), || {
+    // A relist after a backoff (the restore's 410), on a loaded machine.
+    wait_for("the swap refused", Duration::from_secs(60), || {
         agents[0].log_text().contains("REFUSED")
     });
     assert_eq!(std::fs::read_to_string(c2.peers_file(1)).unwrap(), before);
@@ -482,16 +472,207 @@ fn lists_that_never_end_are_refused_and_memory_stays_bounded() {
         c.api.endless_body(endless);
         let agent = c.agent(1, &[]);
         let mut peak = 0;
-        wait_for(&format!("{what} refused"), Duration::from_secs(60), || {
+        // The refusal comes at the end of the agent's first list: 200 pages, 10,001 real-sized
+        // Nodes, or 1 MiB of one string, through TLS and JSON in debug builds. About 20 s on
+        // a 2-core machine with a load of 3; the bare-root CI run (the whole suite on both
+        // cores) went past 60 s. A later list would wait a backoff too (up to 45 s).
+        let took = wait_for(&format!("{what} refused"), Duration::from_secs(300), || {
             peak = peak.max(rss_kib(agent.pid()));
             agent.log_text().contains("the agent's memory is bounded")
         });
         peak = peak.max(rss_kib(agent.pid()));
-        eprintln!("{what}: peak resident {peak} kB");
+        eprintln!("{what}: refused after {took:?}, peak resident {peak} kB");
         assert!(peak < 64 * 1024, "{what}: resident {peak} kB");
         assert!(
             !c.peers_file(1).exists(),
             "nothing written from an incomplete list"
         );
     }
+}
+
+/// `/metrics` of the agent on node `n` (serving on 127.0.0.1:9767 in its namespace).
+fn metrics(c: &Cluster, n: u8) -> String {
+    let netns = std::path::PathBuf::from(format!("/run/netns/{}", c.topo.node_ns(n)));
+    get_in_netns(&netns, "127.0.0.1:9767", "/metrics").unwrap_or_default()
+}
+
+/// A metric's value from a `/metrics` answer (`None` when it is not there).
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The operator's `<stateDir>/<network>.accept-changes` on node 1.
+fn accept_file(c: &Cluster) -> std::path::PathBuf {
+    let network = c.confs[0]["name"].as_str().unwrap();
+    c.topo
+        .state_dir(1)
+        .join(format!("{network}.accept-changes"))
+}
+
+/// Waits for node 1's agent to write all `n` nodes and its plugin to accept the file.
+fn node_1_takes_all(c: &Cluster, n: u8) {
+    wait_for("node 1 to take every node", Duration::from_secs(60), || {
+        peers_in_file(c, 1).len() == usize::from(n)
+    });
+    wait_for(
+        "node 1's plugin to accept them",
+        Duration::from_secs(60),
+        || node_accepts_its_file(c, 1) && c.routes(1, &Topo::subnet(n)),
+    );
+}
+
+/// Nodes 1 to 3 (with namespaces) and 4 to `last` (peers only) in the API.
+fn put_nodes(c: &Cluster, last: u8) {
+    for n in 1..=3 {
+        c.api.put_node(Cluster::node(n));
+    }
+    for n in 4..=last {
+        c.api.put_node(node_json(
+            &format!("node-{n}"),
+            &format!("192.0.2.{n}"),
+            &[&Topo::subnet(n)],
+            json!({}),
+        ));
+    }
+}
+
+/// Issue 27, defect 3: a refusal for an unusable list (this node's own Node gone), then
+/// `accept-changes`: the file was consumed and the acceptance stayed armed, so a later restore
+/// removing 5 of 7 peers was written unrefused. Now the file accepts only a change the guard
+/// refused when it appeared; and `show` and the log say what an acceptance accepted.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn an_accept_file_during_an_unusable_list_accepts_nothing_later() {
+    assert_can_run();
+    let c = Cluster::new();
+    put_nodes(&c, 7);
+    let agent = c.agent(1, &[]);
+    node_1_takes_all(&c, 7);
+    // Node 1's own Node goes: no list this node's plugin accepts (not a guard refusal).
+    c.api.delete_node("node-1");
+    wait_for("the unusable list refused", Duration::from_secs(60), || {
+        agent
+            .log_text()
+            .contains("no peer list this node's plugin accepts")
+    });
+    let accept = accept_file(&c);
+    std::fs::write(&accept, "").unwrap();
+    wait_for(
+        "the accept file taken away",
+        Duration::from_secs(60),
+        || !accept.exists(),
+    );
+    c.api.put_node(Cluster::node(1));
+    // An API restored from a backup that knows nodes 1 and 2 only: 5 of the 7 would go.
+    c.api.restore(vec![Cluster::node(1), Cluster::node(2)]);
+    // Refused or written, whichever comes first (the agent relists after its backoff).
+    wait_for("the restore decided", Duration::from_secs(120), || {
+        agent.log_text().contains("remove or change 5 of the 7") || peers_in_file(&c, 1).len() < 7
+    });
+    assert_eq!(
+        peers_in_file(&c, 1).len(),
+        7,
+        "an acceptance outlived its refusal: {}",
+        agent.log_text()
+    );
+    assert!(!show(&c, 1).contains("ACCEPTED"), "{}", show(&c, 1));
+    // Touched now, it accepts this refusal, and says which.
+    std::fs::write(&accept, "").unwrap();
+    wait_for("the accepted restore", Duration::from_secs(60), || {
+        peers_in_file(&c, 1) == ["192.0.2.1", "192.0.2.2"]
+    });
+    let log = agent.log_text();
+    assert!(
+        log.contains("the operator accepts the change the guard refused")
+            && log.contains("remove or change 5 of the 7"),
+        "{log}"
+    );
+    let shown = show(&c, 1);
+    assert!(
+        shown.contains("ACCEPTED") && shown.contains("5 of the 7"),
+        "{shown}"
+    );
+}
+
+/// Issue 27, defect 6: a server sending a blank line every few seconds held a watch open
+/// forever; a Node removed from its list stayed in the peers file, `stale` 0. Now a watch has a
+/// deadline (its `timeoutSeconds` plus a margin, keepalive bytes are no answer), after which the
+/// agent relists.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_watch_held_open_by_keepalives_is_dropped_at_its_deadline_and_the_agent_relists() {
+    assert_can_run();
+    let c = Cluster::new();
+    put_nodes(&c, 3);
+    let agent = c.agent(
+        1,
+        &["--watch-timeout", "5", "--metrics-addr", "127.0.0.1:9767"],
+    );
+    wait_for(
+        "node 1 to program nodes 2 and 3",
+        Duration::from_secs(60),
+        || c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3)),
+    );
+    let watches = c.api.watches();
+    c.api.keepalive_watches(Some(Duration::from_secs(2)));
+    c.api.close_watches();
+    wait_for("a watch held open", Duration::from_secs(60), || {
+        c.api.watches() > watches
+    });
+    let failures = metric(&metrics(&c, 1), "sticky_vxlan_agent_watch_failures_total").unwrap();
+    c.api.delete_node_unseen("node-3");
+    // The deadline is 5 s + the margin; the relist follows one backoff.
+    wait_for(
+        "node 3 to leave node 1's peers file",
+        Duration::from_secs(120),
+        || !c.file_has(1, "192.0.2.3"),
+    );
+    assert!(
+        agent.log_text().contains("no end within"),
+        "{}",
+        agent.log_text()
+    );
+    let m = metrics(&c, 1);
+    assert!(
+        metric(&m, "sticky_vxlan_agent_watch_failures_total").unwrap() > failures,
+        "{m}"
+    );
+}
+
+/// Issue 27, defect 8: a flannel-annotation PATCH that failed (a 403 before RBAC is fixed, a
+/// 5xx) waited for the Node's next change. Now it is retried with a capped backoff until it
+/// succeeds; each failure is logged and counted.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_refused_annotation_patch_is_retried_until_it_is_published() {
+    assert_can_run();
+    let c = Cluster::new();
+    put_nodes(&c, 2);
+    c.api.refuse_patches(3);
+    let agent = c.agent(
+        1,
+        &[
+            "--publish-flannel-annotations",
+            "--metrics-addr",
+            "127.0.0.1:9767",
+        ],
+    );
+    // Nothing changes node-1 meanwhile: only the agent's retries can publish.
+    wait_for("node-1's annotations", Duration::from_secs(120), || {
+        c.api.node("node-1").is_some_and(|n| {
+            n["metadata"]["annotations"]["flannel.alpha.coreos.com/backend-type"] == "vxlan"
+        })
+    });
+    assert_eq!(c.api.patches_refused(), 3);
+    let m = metrics(&c, 1);
+    assert_eq!(
+        metric(&m, "sticky_vxlan_agent_publish_failures_total"),
+        Some(3.0),
+        "{m}"
+    );
+    let log = agent.log_text();
+    assert_eq!(log.matches("HTTP 403").count(), 3, "{log}");
+    assert!(log.contains("published flannel annotations"), "{log}");
 }

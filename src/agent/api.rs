@@ -61,6 +61,12 @@ pub enum ApiError {
         limit: u64,
         unit: &'static str,
     },
+    /// A watch the server had not ended by its deadline (its `timeoutSeconds` plus a margin):
+    /// bytes that are no event (a blank keepalive line) are no answer. Listed again.
+    #[error(
+        "{what}: no end within {after:?} (the watch's timeoutSeconds and a margin), keepalive bytes are no answer: dropped, listing again"
+    )]
+    Deadline { what: String, after: Duration },
     /// The credentials cannot be used (a token file unreadable or with control characters).
     #[error("credentials: {0}")]
     Credentials(String),

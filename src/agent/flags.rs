@@ -39,6 +39,9 @@ Options:
                                 fraction of the peers the plugin accepted within 10 minutes
                                 (default 0.5; 1 turns it off). Accept a refused change once:
                                 touch <stateDir>/<network>.accept-changes
+  --watch-timeout <seconds>     how long the API server keeps one watch open (its
+                                timeoutSeconds; default 300 to 600, spread); a watch with no
+                                end 30 s past it is dropped and the Nodes listed again
   --metrics-addr <addr:port>    serve /metrics and /healthz (default: off), e.g.
                                 127.0.0.1:9767: a loopback address unless
                                 --metrics-allow-remote
@@ -63,6 +66,8 @@ pub enum Error {
     Args(#[from] ArgsError),
     #[error("--resync {0:?}: expected seconds from 0.1 to 86400")]
     Resync(String),
+    #[error("--watch-timeout {0:?}: expected whole seconds from 1 to 3600")]
+    WatchTimeout(String),
     #[error("--max-remove-fraction {0:?}: expected a number from 0 to 1")]
     MaxRemoveFraction(String),
     #[error("--metrics-addr {0:?}: expected an address:port like 127.0.0.1:9767")]
@@ -116,6 +121,8 @@ pub struct Options {
     pub node_name: Option<String>,
     pub resync: Duration,
     pub max_remove_fraction: f64,
+    /// `--watch-timeout`: `None` for the default, 5 to 10 minutes spread over the fleet.
+    pub watch_timeout: Option<Duration>,
     pub metrics_addr: Option<SocketAddr>,
     pub publish: bool,
     /// `--underlay-family`: `None` lets the config decide ([`super::family::decide`]).
@@ -138,6 +145,7 @@ const SPEC: Spec = Spec {
         "--node-name",
         "--resync",
         "--max-remove-fraction",
+        "--watch-timeout",
         "--metrics-addr",
         "--segment-config",
         "--underlay-family",
@@ -177,6 +185,16 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             .filter(|f| (0.0..=1.0).contains(f))
             .ok_or_else(|| Error::MaxRemoveFraction(v.to_string()))?,
     };
+    let watch_timeout = p
+        .value("--watch-timeout")
+        .map(|v| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|s| (1..=3600).contains(s))
+                .map(Duration::from_secs)
+                .ok_or_else(|| Error::WatchTimeout(v.to_string()))
+        })
+        .transpose()?;
     let underlay_family = p
         .value("--underlay-family")
         .map(Family::parse_flag)
@@ -225,6 +243,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
         node_name,
         resync,
         max_remove_fraction,
+        watch_timeout,
         metrics_addr,
         publish,
         underlay_family,
@@ -247,6 +266,13 @@ mod tests {
             (o.source, o.resync.as_secs(), o.max_remove_fraction),
             (Source::None, 60, 0.5)
         );
+        assert_eq!(o.watch_timeout, None, "spread over 5 to 10 minutes");
+        let o = parse(
+            &args(&["--config", "/c", "--no-api", "--watch-timeout", "5"]),
+            none,
+        )
+        .unwrap();
+        assert_eq!(o.watch_timeout, Some(Duration::from_secs(5)));
         let pod = |k: &str| match k {
             "KUBERNETES_SERVICE_HOST" => Some("10.96.0.1".to_string()),
             "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
@@ -351,6 +377,10 @@ mod tests {
             (
                 &["--config", "/c", "--no-api", "--resync", "0"],
                 r#"--resync "0": expected seconds from 0.1 to 86400"#,
+            ),
+            (
+                &["--config", "/c", "--no-api", "--watch-timeout", "0.5"],
+                r#"--watch-timeout "0.5": expected whole seconds from 1 to 3600"#,
             ),
             (
                 &["--config", "/c", "--no-api", "--max-remove-fraction", "2"],

@@ -6,10 +6,16 @@
 //! five deletions half a second apart count as five. More than `--max-remove-fraction` of the
 //! accepted peers (at least one) within [`WINDOW`] is refused: the peers file stays as it is,
 //! the refusal is logged, counted and shown until the change shrinks back under the limit, the
-//! window passes, or the operator accepts it ([`Guard::accept_once`], see docs/agent.md).
-//! Additions never count.
+//! window passes, or the operator accepts it. Additions never count.
+//!
+//! An operator's acceptance ([`Guard::accept`], the `accept-changes` file, docs/agent.md) is
+//! tied to the one change the guard refuses when it comes, by that change's
+//! [`fingerprint`], and holds for [`ACCEPT_FOR`]: it lets that change through once, and
+//! nothing else. With no refusal of the guard standing (nothing refused, or a list refused for
+//! another reason) it accepts nothing.
 
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -17,6 +23,9 @@ use crate::vxlan::peers::Peer;
 
 /// How long a disrupted peer counts against the limit.
 pub const WINDOW: Duration = Duration::from_secs(600);
+
+/// How long an operator's acceptance of a refused change holds.
+pub const ACCEPT_FOR: Duration = Duration::from_secs(600);
 
 /// A change the guard refused.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,10 +38,14 @@ pub struct Refused {
     /// Peers in the list the plugin accepted when the window began.
     pub of: usize,
     pub max_fraction: f64,
+    /// Which change this is ([`fingerprint`] of the accepted list and the new one).
+    pub change: u64,
 }
 
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Refused {
+    /// What the change does, in a few words: "the API's nodes would remove or change N of
+    /// the M peers the plugin accepted (addresses), change <fingerprint>".
+    pub fn what(&self) -> String {
         let shown: Vec<String> = self
             .disrupted
             .iter()
@@ -40,9 +53,8 @@ impl std::fmt::Display for Refused {
             .map(ToString::to_string)
             .collect();
         let more = self.disrupted.len().saturating_sub(shown.len());
-        write!(
-            f,
-            "the API's nodes would remove or change {} of the {} peers the plugin accepted ({}{}), {} within {} minutes with the ones before, more than --max-remove-fraction {} allows ({}); keeping the peers file as it is. If the cluster really changed that much, accept it once with `touch <stateDir>/<network>.accept-changes` (docs/agent.md)",
+        format!(
+            "the API's nodes would remove or change {} of the {} peers the plugin accepted ({}{}), change {:016x}",
             self.disrupted.len(),
             self.of,
             shown.join(", "),
@@ -51,6 +63,17 @@ impl std::fmt::Display for Refused {
             } else {
                 String::new()
             },
+            self.change,
+        )
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}; {} within {} minutes with the ones before, more than --max-remove-fraction {} allows ({}); keeping the peers file as it is. If the cluster really changed that much, accept this change once with `touch <stateDir>/<network>.accept-changes` (docs/agent.md)",
+            self.what(),
             self.in_window,
             WINDOW.as_secs() / 60,
             self.max_fraction,
@@ -69,12 +92,27 @@ pub fn disrupted(accepted: &[Peer], new: &[Peer]) -> Vec<IpAddr> {
         .collect()
 }
 
+/// Which change goes from `accepted` to `new`: equal for the same two lists, in this process.
+pub fn fingerprint(accepted: &[Peer], new: &[Peer]) -> u64 {
+    let mut h = DefaultHasher::new();
+    for list in [accepted, new] {
+        list.len().hash(&mut h);
+        for p in list {
+            (p.ip, &p.subnets, p.mac).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
 #[derive(Debug, Clone)]
 pub struct Guard {
     max_fraction: f64,
     /// Peers disrupted by accepted changes, and when.
     spent: BTreeMap<IpAddr, Instant>,
-    accept_next: bool,
+    /// The change the guard refused last, while that refusal stands.
+    refused: Option<Refused>,
+    /// The refused change the operator accepted, and until when.
+    accepted: Option<(Refused, Instant)>,
 }
 
 impl Guard {
@@ -82,24 +120,52 @@ impl Guard {
         Guard {
             max_fraction,
             spent: BTreeMap::new(),
-            accept_next: false,
+            refused: None,
+            accepted: None,
         }
     }
 
-    /// The operator accepts the next change whatever its size; the window starts over.
-    pub fn accept_once(&mut self) {
-        self.accept_next = true;
+    /// The operator accepts, at `now`, the change the guard refuses now: that change (by its
+    /// fingerprint) is let through once, whatever its size, if it comes within
+    /// [`ACCEPT_FOR`], and the window starts over then. `None`, and nothing accepted, when no
+    /// refusal of the guard stands.
+    pub fn accept(&mut self, now: Instant) -> Option<&Refused> {
+        let refused = self.refused.clone()?;
+        self.accepted = Some((refused, now + ACCEPT_FOR));
+        self.accepted.as_ref().map(|(r, _)| r)
+    }
+
+    /// The change the guard refused is no longer asked for (the file already holds what the
+    /// Nodes make, or no list the plugin accepts can be made): its refusal stands no more.
+    pub fn refusal_gone(&mut self) {
+        self.refused = None;
     }
 
     /// Whether the change from `accepted` to `new` may be written now; when it may, it is
     /// counted.
     pub fn admit(&mut self, now: Instant, accepted: &[Peer], new: &[Peer]) -> Result<(), Refused> {
         self.spent.retain(|_, at| now.duration_since(*at) < WINDOW);
+        if self
+            .accepted
+            .as_ref()
+            .is_some_and(|(_, until)| now >= *until)
+        {
+            self.accepted = None;
+        }
         let disrupted = disrupted(accepted, new);
         if disrupted.is_empty() {
+            self.refused = None;
+            self.accepted = None;
             return Ok(());
         }
-        if std::mem::take(&mut self.accept_next) {
+        let change = fingerprint(accepted, new);
+        if self
+            .accepted
+            .as_ref()
+            .is_some_and(|(r, _)| r.change == change)
+        {
+            self.accepted = None;
+            self.refused = None;
             self.spent.clear();
             return Ok(());
         }
@@ -115,17 +181,22 @@ impl Guard {
                 .filter(|ip| !self.spent.contains_key(ip))
                 .count();
         if self.max_fraction < 1.0 && in_window > limit {
-            return Err(Refused {
+            let refused = Refused {
                 disrupted,
                 in_window,
                 limit,
                 of: baseline,
                 max_fraction: self.max_fraction,
-            });
+                change,
+            };
+            self.refused = Some(refused.clone());
+            return Err(refused);
         }
         for ip in disrupted {
             self.spent.insert(ip, now);
         }
+        self.refused = None;
+        self.accepted = None;
         Ok(())
     }
 }
@@ -224,16 +295,134 @@ mod tests {
     }
 
     #[test]
-    fn the_operator_accepts_one_refused_change_and_the_window_starts_over() {
+    fn the_operator_accepts_the_refused_change_once_and_the_window_starts_over() {
         let mut g = Guard::new(0.5);
         let t = Instant::now();
         assert!(g.admit(t, &six(), &[]).is_err());
-        g.accept_once();
+        let accepted = g.accept(t).cloned().unwrap();
+        assert_eq!(accepted.change, fingerprint(&six(), &[]));
+        assert!(
+            accepted.what().contains("6 of the 6"),
+            "{}",
+            accepted.what()
+        );
         assert!(g.admit(t, &six(), &[]).is_ok());
         assert!(g.admit(t, &six(), &[]).is_err(), "only once");
         assert!(
             Guard::new(1.0).admit(t, &six(), &[]).is_ok(),
             "1 turns it off"
         );
+    }
+
+    /// Issue 27, defect 3: an acceptance with no refusal of the guard standing (a list refused
+    /// because this node's plugin would take none) stayed armed, and let a later mass removal
+    /// through. Now it accepts nothing.
+    #[test]
+    fn an_acceptance_with_no_refusal_standing_accepts_nothing() {
+        let mut g = Guard::new(0.5);
+        let t = Instant::now();
+        assert!(g.accept(t).is_none(), "nothing refused yet");
+        // A refusal the keeper then sees go (the Nodes came back, or an unusable list).
+        assert!(g.admit(t, &six(), &[]).is_err());
+        g.refusal_gone();
+        assert!(g.accept(t).is_none());
+        assert!(g.admit(t, &six(), &[]).is_err(), "nothing was armed");
+        // A refusal that went by itself (the change shrank under the limit) likewise.
+        let mut g = Guard::new(0.5);
+        assert!(g.admit(t, &six(), &[]).is_err());
+        assert!(g.admit(t, &six(), &six()[1..]).is_ok());
+        assert!(g.accept(t).is_none());
+    }
+
+    #[test]
+    fn an_acceptance_lets_only_its_own_change_through_and_expires() {
+        let t0 = Instant::now();
+        let mut g = Guard::new(0.5);
+        assert!(g.admit(t0, &six(), &[]).is_err());
+        assert!(g.accept(t0).is_some());
+        // Another change (two peers left, not none) is not the one accepted.
+        let other = &six()[4..];
+        let r = g.admit(t0, &six(), other).unwrap_err();
+        assert_ne!(r.change, fingerprint(&six(), &[]));
+        // The accepted one, within ten minutes: through.
+        assert!(g.admit(t0 + ACCEPT_FOR / 2, &six(), &[]).is_ok());
+
+        let mut g = Guard::new(0.5);
+        assert!(g.admit(t0, &six(), &[]).is_err());
+        assert!(g.accept(t0).is_some());
+        assert!(
+            g.admit(t0 + ACCEPT_FOR, &six(), &[]).is_err(),
+            "expired after {ACCEPT_FOR:?}"
+        );
+    }
+
+    fn peer_at(n: u8, cidr: u8) -> Peer {
+        Peer {
+            ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, n)),
+            subnets: vec![format!("10.244.{cidr}.0/24").parse().unwrap()],
+            mac: None,
+        }
+    }
+
+    /// The sequence of issue 27's "one more": three nodes, a pod CIDR rotation refused, the
+    /// API restored, five Nodes added, then deleted one by one half a second apart, the
+    /// accepted list following every write (as the agent's reconcile keeps it). The guard keeps
+    /// node 1 at least 3 remote peers. It ended with 2 only when the agent saw fewer than all
+    /// five newcomers (a relist after its backoff, two deletions in): then 3 of the 6 it had
+    /// accepted went, which is the limit; [`reaching_fewer_newcomers_the_limit_is_of_those`].
+    #[test]
+    fn a_refused_rotation_a_restore_then_five_nodes_added_and_deleted_keep_three_remote() {
+        let mut g = Guard::new(0.5);
+        let t0 = Instant::now();
+        let original: Vec<Peer> = (1..=3).map(|n| peer_at(n, n)).collect();
+        let rotated: Vec<Peer> = (1..=3).map(|n| peer_at(n, n % 3 + 1)).collect();
+        assert!(
+            g.admit(t0, &original, &rotated).is_err(),
+            "rotation refused"
+        );
+        // Retried while refused, then the restored API's list is the accepted one again.
+        let t = t0 + Duration::from_secs(5);
+        assert!(g.admit(t, &original, &rotated).is_err());
+        assert!(g.admit(t, &original, &original).is_ok());
+        let mut accepted = original.clone();
+        for n in 4..=8u8 {
+            let mut new = accepted.clone();
+            new.push(peer_at(n, n));
+            assert!(g.admit(t, &accepted, &new).is_ok(), "node {n} added");
+            accepted = new;
+        }
+        let mut at = t + Duration::from_secs(1);
+        for n in (4..=8u8).rev() {
+            let new: Vec<Peer> = accepted
+                .iter()
+                .filter(|p| p.ip != IpAddr::V4(Ipv4Addr::new(192, 0, 2, n)))
+                .cloned()
+                .collect();
+            if g.admit(at, &accepted, &new).is_ok() {
+                accepted = new;
+            }
+            at += Duration::from_millis(500);
+        }
+        assert_eq!(
+            accepted.len() - 1,
+            3,
+            "remote peers of node 1: {accepted:?}"
+        );
+    }
+
+    #[test]
+    fn reaching_fewer_newcomers_the_limit_is_of_those() {
+        let mut g = Guard::new(0.5);
+        let t = Instant::now();
+        let original: Vec<Peer> = (1..=3).map(|n| peer_at(n, n)).collect();
+        // The relist after the restore comes two deletions late: nodes 4 to 6 only.
+        let mut accepted: Vec<Peer> = (1..=6).map(|n| peer_at(n, n)).collect();
+        assert!(g.admit(t, &original, &accepted).is_ok());
+        for n in (4..=6u8).rev() {
+            let new: Vec<Peer> = accepted[..usize::from(n) - 1].to_vec();
+            assert!(g.admit(t, &accepted, &new).is_ok(), "3 of 6 is the limit");
+            accepted = new;
+        }
+        assert_eq!(accepted, original);
     }
 }

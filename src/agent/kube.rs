@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use ureq::Agent;
@@ -42,6 +42,9 @@ const PAGE: usize = 500;
 /// No byte for this long means a watch connection is dead (a real API server sends a
 /// bookmark about every minute): the watch is resumed on a new connection.
 const WATCH_SILENCE: Duration = Duration::from_secs(150);
+/// A watch not ended by the server this long after its `timeoutSeconds` is dropped, whatever
+/// bytes that are no event (blank keepalive lines) it still brings: the agent lists again.
+pub const WATCH_MARGIN: Duration = Duration::from_secs(30);
 /// No byte for this long during a list or a patch.
 const CALL_SILENCE: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -94,13 +97,20 @@ impl Kube {
     }
 
     /// GET `path`; a non-2xx answer becomes the error it stands for.
-    fn get(&self, path: &str, silence: Duration) -> Result<Response<ureq::Body>, ApiError> {
+    /// GET `path`, no byte for `silence` and the whole body within `deadline` (if any).
+    fn get(
+        &self,
+        path: &str,
+        silence: Duration,
+        deadline: Option<Duration>,
+    ) -> Result<Response<ureq::Body>, ApiError> {
         let url = format!("{}{path}", self.endpoint.base);
         let mut req = self
             .agent
             .get(&url)
             .config()
             .timeout_per_read(Some(silence))
+            .timeout_recv_body(deadline)
             .build();
         if let Some(a) = self.authorization()? {
             req = req.header("Authorization", a);
@@ -306,7 +316,7 @@ impl NodeApi for Kube {
                 query_escape(v)
             )),
         }
-        let mut resp = self.get(&path, CALL_SILENCE)?;
+        let mut resp = self.get(&path, CALL_SILENCE, None)?;
         let mut reader = Guarded::new(resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1));
         OVERFLOW.with(|o| o.set(false));
         let parsed: Result<BoundedList, _> = serde_json::from_reader(BufReader::new(&mut reader));
@@ -354,10 +364,14 @@ impl NodeApi for Kube {
             query_escape(resource_version),
             timeout.as_secs()
         );
-        let resp = self.get(&path, WATCH_SILENCE)?;
+        let within = timeout + WATCH_MARGIN;
+        let deadline = Instant::now() + within;
+        let resp = self.get(&path, WATCH_SILENCE, Some(within))?;
         Ok(Box::new(Watch {
             lines: BufReader::new(resp.into_body().into_reader()),
             path,
+            deadline,
+            within,
         }))
     }
 
@@ -387,23 +401,45 @@ impl NodeApi for Kube {
     }
 }
 
-/// An open watch stream: one JSON event per line.
-struct Watch {
-    lines: BufReader<ureq::BodyReader<'static>>,
+/// An open watch stream: one JSON event per line, until its deadline.
+struct Watch<R> {
+    lines: BufReader<R>,
     path: String,
+    /// When the server should long have ended it ([`WATCH_MARGIN`] after its timeout); the
+    /// body's read budget ends it there too.
+    deadline: Instant,
+    within: Duration,
 }
 
-impl Events for Watch {
+impl<R: Read> Watch<R> {
+    fn past_deadline(&self) -> Option<ApiError> {
+        (Instant::now() >= self.deadline).then(|| ApiError::Deadline {
+            what: self.path.clone(),
+            after: self.within,
+        })
+    }
+}
+
+impl<R: Read> Events for Watch<R> {
     fn next_event(&mut self) -> Result<Option<Event>, ApiError> {
         loop {
+            if let Some(e) = self.past_deadline() {
+                return Err(e);
+            }
             let mut line = Vec::new();
-            let n = (&mut self.lines)
+            let read = (&mut self.lines)
                 .take(EVENT_LIMIT + 1)
-                .read_until(b'\n', &mut line)
-                .map_err(|e| ApiError::Connection {
-                    what: self.path.clone(),
-                    reason: e.to_string(),
-                })?;
+                .read_until(b'\n', &mut line);
+            let n = match read {
+                Ok(n) => n,
+                // The body's budget ran out: the deadline, not a broken connection.
+                Err(e) => {
+                    return Err(self.past_deadline().unwrap_or(ApiError::Connection {
+                        what: self.path.clone(),
+                        reason: e.to_string(),
+                    }));
+                }
+            };
             if n == 0 {
                 return Ok(None);
             }
@@ -520,5 +556,26 @@ mod tests {
     fn query_values_are_escaped() {
         assert_eq!(query_escape("a b&c=d/e"), "a%20b%26c%3Dd%2Fe");
         assert_eq!(query_escape("eyJ2Ijo-_.~"), "eyJ2Ijo-_.~");
+    }
+
+    /// A stream of blank lines (a server's keepalive) never answers: past its deadline the
+    /// watch ends with [`ApiError::Deadline`], not a resumable broken connection.
+    #[test]
+    fn keepalive_lines_are_no_answer_past_the_deadline() {
+        let blank = std::io::repeat(b'\n');
+        let mut w = Watch {
+            lines: BufReader::new(blank.take(1 << 20)),
+            path: "/api/v1/nodes?watch=1".into(),
+            deadline: Instant::now() + Duration::from_millis(50),
+            within: Duration::from_millis(50),
+        };
+        let started = Instant::now();
+        let Err(e) = w.next_event() else {
+            panic!("a blank line is not an event");
+        };
+        assert!(matches!(e, ApiError::Deadline { .. }), "{e:?}");
+        assert!(!e.is_connection(), "a deadline means list again");
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert!(e.to_string().contains("no end within"), "{e}");
     }
 }

@@ -173,11 +173,14 @@ fn run(opts: Options) -> Result<(), Error> {
             ));
             let publisher = match (&opts.node_name, opts.publish) {
                 (Some(name), true) => Some((
-                    publish::Publisher {
-                        node_name: name.clone(),
-                        vni: cfg.vni,
-                        family,
-                    },
+                    publish::Publishing::new(
+                        publish::Publisher {
+                            node_name: name.clone(),
+                            vni: cfg.vni,
+                            family,
+                        },
+                        clock::Backoff::new(),
+                    ),
                     kube::Kube::new(e.clone()),
                 )),
                 _ => None,
@@ -187,7 +190,8 @@ fn run(opts: Options) -> Result<(), Error> {
                 clock::SystemClock,
                 sync::Feed::new(tx, opts.node_name.clone(), family),
                 clock::Backoff::new(),
-            );
+            )
+            .with_watch_timeout(opts.watch_timeout);
             std::thread::spawn(move || reflector.run());
             Some(ApiSide {
                 keeper: sync::Keeper::new(
@@ -210,7 +214,7 @@ fn run(opts: Options) -> Result<(), Error> {
 /// peers file; and the publisher of this node's flannel annotations.
 struct ApiSide {
     keeper: sync::Keeper,
-    publisher: Option<(publish::Publisher, kube::Kube)>,
+    publisher: Option<(publish::Publishing, kube::Kube)>,
     /// When the guard last refused (the change is tried again every [`RETRY`]).
     refused_at: Option<Instant>,
     /// The plugin's last-good copy of the peers file, read again only when it changed.
@@ -269,26 +273,32 @@ impl ApiSide {
                 u => dirty |= self.keeper.apply(u),
             }
         }
-        if let (Some(n), Some((p, kube))) = (own, &mut self.publisher) {
-            match p.publish(kube, &n) {
-                Ok(false) => {}
-                Ok(true) => log(&format!(
-                    "published flannel annotations on Node {}",
-                    p.node_name
-                )),
-                Err(e) => log(&format!("publishing flannel annotations: {e}")),
+        if let Some((p, kube)) = &mut self.publisher {
+            if let Some(n) = own {
+                p.offer(*n);
+            }
+            let attempt = p.run(kube, Instant::now());
+            let node = &p.publisher.node_name;
+            match attempt {
+                publish::Attempt::Idle => {}
+                publish::Attempt::Published => {
+                    log(&format!("published flannel annotations on Node {node}"));
+                }
+                publish::Attempt::Unknown(e) => {
+                    log(&format!(
+                        "publishing flannel annotations: {e}; tried again when the Node changes"
+                    ));
+                }
+                publish::Attempt::Failed { error, retry_in } => {
+                    shared.lock().counters.publish_failures += 1;
+                    log(&format!(
+                        "publishing flannel annotations on Node {node}: {error}; trying again in {:.1} s",
+                        retry_in.as_secs_f64()
+                    ));
+                }
             }
         }
-        let accept = accept_changes_path(cfg);
-        let accepted = self.refused_at.is_some() && accept.exists();
-        if accepted {
-            let _ = std::fs::remove_file(&accept);
-            log(&format!(
-                "{}: the operator accepts the refused change",
-                accept.display()
-            ));
-            self.keeper.guard.accept_once();
-        }
+        let accepted = self.take_accept_file(cfg, shared);
         let retry = self.refused_at.is_some_and(|t| t.elapsed() >= RETRY);
         if !dirty && !retry && !accepted {
             return false;
@@ -349,7 +359,43 @@ impl ApiSide {
     }
 }
 
-/// The file whose existence accepts a change the guard refused, once.
+impl ApiSide {
+    /// The operator's `accept-changes` file, if it appeared: removed, and the change the
+    /// guard refuses now accepted (said in the log and the status); with no refusal of the
+    /// guard standing it accepts nothing, and the log says so. True when a change was
+    /// accepted.
+    fn take_accept_file(&mut self, cfg: &Config, shared: &Shared) -> bool {
+        let path = accept_changes_path(cfg);
+        if std::fs::symlink_metadata(&path).is_err() {
+            return false;
+        }
+        if let Err(e) = std::fs::remove_file(&path) {
+            log(&format!("{}: {e}; it is not taken", path.display()));
+            return false;
+        }
+        let Some(refused) = self.keeper.guard.accept(Instant::now()) else {
+            log(&format!(
+                "{}: the guard refuses no change, so the file accepts nothing; removed",
+                path.display()
+            ));
+            return false;
+        };
+        let what = refused.what();
+        log(&format!(
+            "{}: the operator accepts the change the guard refused: {what}; it is written once if it comes within {} minutes",
+            path.display(),
+            guard::ACCEPT_FOR.as_secs() / 60
+        ));
+        let mut s = shared.lock();
+        s.status.accepted = Some(state::Accepted {
+            at: state::now_unix(),
+            change: what,
+        });
+        true
+    }
+}
+
+/// The file whose existence accepts the change the guard refuses, once.
 fn accept_changes_path(cfg: &Config) -> PathBuf {
     cfg.state_dir.join(format!("{}.accept-changes", cfg.name))
 }

@@ -5,8 +5,10 @@
 //! other sticky-cni agents to compute its MAC rather than read flannel's.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use super::api::{ApiError, NodeApi};
+use super::clock::Backoff;
 use super::family::Family;
 use super::mapping::{self, FLANNEL_BACKEND_TYPE, FLANNEL_KUBE_MANAGED, KEPT_MAC_ANNOTATION};
 use super::objects::Node;
@@ -68,6 +70,81 @@ impl Publisher {
     }
 }
 
+/// Publishing that does not give up: the own Node's annotations are patched when it changes,
+/// and a PATCH that failed (a 403 before RBAC is fixed, a 5xx, a broken connection) is tried
+/// again after a capped backoff ([`Backoff`]: 1 s doubling to 30 s, spread), with the latest
+/// own Node, until it succeeds; not only at the Node's next change.
+pub struct Publishing {
+    pub publisher: Publisher,
+    /// The latest own Node, while its annotations may still need publishing.
+    pending: Option<Node>,
+    /// When the next attempt is due, after a failed one.
+    retry_at: Option<Instant>,
+    backoff: Backoff,
+}
+
+/// What one [`Publishing::run`] came to.
+#[derive(Debug)]
+pub enum Attempt {
+    /// Nothing to publish, or not due yet.
+    Idle,
+    Published,
+    /// The PATCH failed; tried again after `retry_in`.
+    Failed {
+        error: Error,
+        retry_in: Duration,
+    },
+    /// This node's Node cannot say its underlay yet: tried again at its next change.
+    Unknown(Error),
+}
+
+impl Publishing {
+    pub fn new(publisher: Publisher, backoff: Backoff) -> Publishing {
+        Publishing {
+            publisher,
+            pending: None,
+            retry_at: None,
+            backoff,
+        }
+    }
+
+    /// The own Node changed: it is published at the next [`run`](Self::run), at once.
+    pub fn offer(&mut self, own: Node) {
+        self.pending = Some(own);
+        self.retry_at = None;
+    }
+
+    /// Publishes the pending own Node if an attempt is due at `now`.
+    pub fn run(&mut self, api: &mut impl NodeApi, now: Instant) -> Attempt {
+        let Some(own) = &self.pending else {
+            return Attempt::Idle;
+        };
+        if self.retry_at.is_some_and(|t| now < t) {
+            return Attempt::Idle;
+        }
+        match self.publisher.publish(api, own) {
+            Ok(patched) => {
+                self.pending = None;
+                self.retry_at = None;
+                if patched {
+                    Attempt::Published
+                } else {
+                    Attempt::Idle
+                }
+            }
+            Err(error @ Error::Unknown { .. }) => {
+                self.pending = None;
+                Attempt::Unknown(error)
+            }
+            Err(error) => {
+                let retry_in = self.backoff.next_wait(now);
+                self.retry_at = Some(now + retry_in);
+                Attempt::Failed { error, retry_in }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +176,8 @@ mod tests {
     struct Patches {
         sent: Vec<(String, BTreeMap<String, String>)>,
         refuse: bool,
+        /// Refuses this many more, then accepts.
+        refuse_next: usize,
     }
 
     impl NodeApi for Patches {
@@ -113,7 +192,8 @@ mod tests {
             name: &str,
             annotations: &BTreeMap<String, String>,
         ) -> Result<(), ApiError> {
-            if self.refuse {
+            if self.refuse || self.refuse_next > 0 {
+                self.refuse_next = self.refuse_next.saturating_sub(1);
                 return Err(ApiError::Status {
                     what: format!("PATCH node {name}"),
                     code: 403,
@@ -204,5 +284,50 @@ mod tests {
             publisher(Family::V6).wanted(&v4_only),
             Err(mapping::Skip::NoUnderlay(Family::V6))
         );
+    }
+
+    /// Issue 27, defect 8: a refused PATCH waited for the Node's next change. Now it is tried
+    /// again after a backoff, with nothing changing, until it goes through; the waits double
+    /// up to the cap.
+    #[test]
+    fn a_refused_patch_is_tried_again_after_a_backoff_until_it_succeeds() {
+        let mut p = Publishing::new(publisher(Family::V4), Backoff::seeded(3));
+        let mut api = Patches {
+            refuse_next: 8,
+            ..Patches::default()
+        };
+        let mut now = Instant::now();
+        p.offer(own());
+        let mut waits = Vec::new();
+        loop {
+            match p.run(&mut api, now) {
+                Attempt::Failed { error, retry_in } => {
+                    assert!(error.to_string().contains("HTTP 403"), "{error}");
+                    // Not due before its time.
+                    assert!(matches!(p.run(&mut api, now + retry_in / 2), Attempt::Idle));
+                    waits.push(retry_in);
+                    now += retry_in;
+                }
+                Attempt::Published => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(waits.len(), 8);
+        assert_eq!(api.sent.len(), 1, "published once it was allowed");
+        assert!(waits[0] <= Backoff::MIN * 3 / 2, "{waits:?}");
+        assert!(
+            waits.iter().all(|w| *w <= Backoff::MAX * 3 / 2),
+            "capped: {waits:?}"
+        );
+        assert!(waits[7] >= Backoff::MAX / 2, "grew to the cap: {waits:?}");
+        assert!(matches!(p.run(&mut api, now), Attempt::Idle), "done");
+        // A Node with no underlay yet: nothing to retry until it changes.
+        let bare: Node = serde_json::from_str(r#"{"metadata":{"name":"n2"}}"#).unwrap();
+        p.offer(bare);
+        assert!(matches!(p.run(&mut api, now), Attempt::Unknown(_)));
+        assert!(matches!(
+            p.run(&mut api, now + Backoff::MAX * 2),
+            Attempt::Idle
+        ));
     }
 }

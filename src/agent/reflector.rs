@@ -60,8 +60,9 @@ pub enum Phase {
     Watch { resource_version: String },
 }
 
-/// How long the server should keep one watch open: 5 to 10 minutes, as client-go asks.
-const WATCH_TIMEOUT: Duration = Duration::from_secs(450);
+/// How long the server should keep one watch open: 5 to 10 minutes, as client-go asks
+/// (450 s ± a third), unless `--watch-timeout` says otherwise.
+pub const WATCH_TIMEOUT: Duration = Duration::from_secs(450);
 /// How often the last answer's time is passed on while events flow.
 const ANSWER_EVERY: Duration = Duration::from_secs(10);
 /// A watch that the server ended after less than this is resumed only after a backoff (a
@@ -75,6 +76,8 @@ pub struct Reflector<A, C, S> {
     backoff: Backoff,
     state: SyncState,
     phase: Phase,
+    /// `--watch-timeout`: the server's `timeoutSeconds` as given, not spread.
+    watch_timeout: Option<Duration>,
 }
 
 impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
@@ -86,7 +89,15 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
             backoff,
             state: SyncState::default(),
             phase: Phase::List(ListFrom::Cache),
+            watch_timeout: None,
         }
+    }
+
+    /// Asks the server to end each watch after `timeout` (`--watch-timeout`), instead of 5
+    /// to 10 minutes.
+    pub fn with_watch_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.watch_timeout = timeout;
+        self
     }
 
     pub fn phase(&self) -> &Phase {
@@ -167,8 +178,13 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
     }
 
     fn watch(&mut self, mut resource_version: String) -> Phase {
-        let timeout = self.backoff.jitter(WATCH_TIMEOUT, 1.0 / 3.0);
-        let timeout = Duration::from_secs(timeout.as_secs());
+        let timeout = match self.watch_timeout {
+            Some(t) => t,
+            None => {
+                let spread = self.backoff.jitter(WATCH_TIMEOUT, 1.0 / 3.0);
+                Duration::from_secs(spread.as_secs())
+            }
+        };
         let started = self.clock.now();
         let (state, sink, clock) = (&mut self.state, &mut self.sink, &self.clock);
         let end = match self.api.watch(&resource_version, timeout) {
@@ -486,6 +502,29 @@ mod tests {
         steps(&mut r, 2);
         assert_eq!(r.phase(), &Phase::List(ListFrom::Latest));
         assert_eq!(r.sink.log, ["replace a", "upsert a"]);
+    }
+
+    /// Issue 27, defect 6: a watch held open past its deadline (blank lines only) is dropped;
+    /// the agent lists again and is stale until that list.
+    #[test]
+    fn a_watch_past_its_deadline_means_list_again_and_stale_until_then() {
+        let mut r = reflector(vec![
+            page(&["a", "b"], "5", None),
+            Answer::Watch(vec![Err(ApiError::Deadline {
+                what: "watch".into(),
+                after: Duration::from_secs(480),
+            })]),
+            page(&["a"], "9", None),
+        ]);
+        steps(&mut r, 2);
+        assert_eq!(r.phase(), &Phase::List(ListFrom::NotOlderThan("5".into())));
+        let s = r.sink.states.last().unwrap();
+        assert!(s.stale_since.is_some(), "{s:?}");
+        assert!(s.last_error.as_deref().unwrap().contains("no end within"));
+        assert_eq!(s.watch_failures, 1);
+        steps(&mut r, 1);
+        assert_eq!(r.sink.log, ["replace a,b", "replace a"]);
+        assert_eq!(r.sink.states.last().unwrap().stale_since, None);
     }
 
     #[test]

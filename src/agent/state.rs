@@ -30,6 +30,10 @@ pub struct Status {
     pub peers: usize,
     /// Set while the removal guard keeps the old peers.
     pub refused: Option<String>,
+    /// The last change the operator accepted with `accept-changes`. Absent from older
+    /// agents' files.
+    #[serde(default)]
+    pub accepted: Option<Accepted>,
     /// Nodes left out of the peers (each logged with why when it happens).
     #[serde(default)]
     pub left_out: usize,
@@ -38,6 +42,15 @@ pub struct Status {
     /// from the files of agents older than this field: then no segment is known.
     #[serde(default)]
     pub segments: Vec<SegmentStatus>,
+}
+
+/// A change the guard refused that the operator accepted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Accepted {
+    /// Unix seconds of the acceptance.
+    pub at: u64,
+    /// What the change does ([`super::guard::Refused::what`]).
+    pub change: String,
 }
 
 /// The last reconcile of one segment network the agent keeps.
@@ -59,6 +72,7 @@ pub struct Counters {
     pub lists: u64,
     pub list_failures: u64,
     pub watch_failures: u64,
+    pub publish_failures: u64,
 }
 
 #[derive(Debug)]
@@ -100,7 +114,7 @@ impl Shared {
     /// Prometheus text format.
     pub fn metrics(&self) -> String {
         let s = self.lock();
-        let metrics: [(&str, &str, &str, f64); 15] = [
+        let metrics: [(&str, &str, &str, f64); 16] = [
             (
                 "nodes_left_out",
                 "gauge",
@@ -184,6 +198,12 @@ impl Shared {
                 "counter",
                 "Times the agent rewrote the peers file.",
                 s.counters.file_writes as f64,
+            ),
+            (
+                "publish_failures_total",
+                "counter",
+                "Flannel-annotation PATCHes of this node's Node that failed (each logged, and tried again after a capped backoff).",
+                s.counters.publish_failures as f64,
             ),
             (
                 "removals_refused_total",
@@ -271,6 +291,14 @@ pub fn describe(state_dir: &Path) -> String {
         }
         if let Some(r) = &s.refused {
             let _ = writeln!(out, "  REFUSED: {r}");
+        }
+        if let Some(a) = &s.accepted {
+            let _ = writeln!(
+                out,
+                "  ACCEPTED by the operator {} (accept-changes): {}",
+                ago(Some(a.at)),
+                a.change
+            );
         }
         for seg in &s.segments {
             let _ = match &seg.error {

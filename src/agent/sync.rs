@@ -218,6 +218,8 @@ impl Keeper {
                     Refusal::Peers(e) => e.to_string(),
                     Refusal::Other(s) => s,
                 };
+                // Not the guard's refusal: what it refused before is not what is asked now.
+                self.guard.refusal_gone();
                 return (Outcome::Unusable(why), Vec::new());
             }
         };
@@ -239,6 +241,7 @@ impl Keeper {
             .get(&self.peers_file, files::current_peers)
             .map(<[Peer]>::to_vec);
         if current.as_deref() == Some(&new[..]) {
+            self.guard.refusal_gone();
             return (Outcome::Unchanged, log);
         }
         if let Err(r) = self.guard.admit(now, held, &new) {

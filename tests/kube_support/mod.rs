@@ -230,6 +230,13 @@ struct State {
     compact_after_list: bool,
     /// Bookmarks sent, every stream together.
     bookmarks: u64,
+    /// When set, every new watch is held open with a blank line this often and nothing else:
+    /// no event, no bookmark, no end at its `timeoutSeconds` (a hostile server or proxy).
+    keepalive_only: Option<Duration>,
+    /// The next this many PATCHes are refused with 403 (RBAC not granted yet).
+    refuse_patches: usize,
+    /// PATCHes refused so far.
+    patches_refused: usize,
     /// The most items the server puts in one page (it may return fewer than asked).
     page_size: usize,
     down: bool,
@@ -467,6 +474,32 @@ impl ApiServer {
     /// called with `None`.
     pub fn fail_watches(&self, failure: Option<(u16, &str)>) {
         self.change(|s| s.watch_failure = failure.map(|(c, m)| (c, m.to_string())));
+    }
+
+    /// Every new watch is held open with a blank line every `every` and nothing else, past
+    /// its `timeoutSeconds` (`None`: normal watches again).
+    pub fn keepalive_watches(&self, every: Option<Duration>) {
+        self.change(|s| s.keepalive_only = every);
+    }
+
+    /// Deletes a node with no event on any watch (its history keeps no DELETED): only a new
+    /// list tells a client it is gone.
+    pub fn delete_node_unseen(&self, name: &str) {
+        self.change(|s| {
+            if s.nodes.remove(name).is_some() {
+                s.rv += 1;
+            }
+        });
+    }
+
+    /// The next `n` PATCHes are answered 403 Forbidden, as before the agent's RBAC is fixed.
+    pub fn refuse_patches(&self, n: usize) {
+        self.change(|s| s.refuse_patches = n);
+    }
+
+    /// PATCHes answered 403 by [`refuse_patches`](Self::refuse_patches) so far.
+    pub fn patches_refused(&self) -> usize {
+        self.shared.state.lock().unwrap().patches_refused
     }
 
     /// Every list is answered with an endless body (`None`: normal lists again).
@@ -890,13 +923,14 @@ fn endless(w: &mut impl Write, kind: Endless) {
     }
     match kind {
         Endless::Items => {
+            // One real-sized Node serialized once; each item is that text with its own name
+            // and address, so the server's side costs little of a loaded machine's time.
+            let (name, ip) = ("endless-0000000", "198.18.255.255");
+            let template = node_json(name, ip, &["10.250.0.0/24"], json!({})).to_string();
             for i in 0..1_000_000u32 {
-                let node = node_json(
-                    &format!("endless-{i}"),
-                    &format!("198.18.{}.{}", i / 250 % 250, i % 250 + 1),
-                    &["10.250.0.0/24"],
-                    json!({}),
-                );
+                let node = template
+                    .replace(name, &format!("endless-{i:07}"))
+                    .replace(ip, &format!("198.18.{}.{}", i / 250 % 250, i % 250 + 1));
                 if write!(w, "{node},").is_err() {
                     return;
                 }
@@ -953,6 +987,22 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
         .is_some_and(|v| v == "true");
     if !head(w, 200, Body::Chunked) || w.flush().is_err() {
         return;
+    }
+    let keepalive = shared.state.lock().unwrap().keepalive_only;
+    if let Some(every) = keepalive {
+        // Blank lines only, for as long as the mode lasts: never an event, never the end.
+        loop {
+            {
+                let s = shared.state.lock().unwrap();
+                if s.down || s.keepalive_only.is_none() {
+                    return;
+                }
+            }
+            if !chunk(w, "") {
+                return;
+            }
+            std::thread::sleep(every);
+        }
     }
     let started = Instant::now();
     let mut s = shared.state.lock().unwrap();
@@ -1044,6 +1094,21 @@ fn patch(w: &mut impl Write, shared: &Shared, req: &Req) {
         return;
     }
     let mut s = shared.state.lock().unwrap();
+    if s.refuse_patches > 0 {
+        s.refuse_patches -= 1;
+        s.patches_refused += 1;
+        drop(s);
+        respond(
+            w,
+            403,
+            &status_json(
+                403,
+                "Forbidden",
+                &format!("nodes \"{name}\" is forbidden: cannot patch resource \"nodes/status\""),
+            ),
+        );
+        return;
+    }
     s.patches.push((name.clone(), p.clone()));
     let Some(mut node) = s.nodes.get(&name).cloned() else {
         drop(s);
