@@ -192,3 +192,133 @@ fn ip_masq_and_peer_only_port_rules_work_on_packets() {
         .unwrap_or(0);
     assert!(dropped >= 2, "{table}");
 }
+
+/// One kernel setting the node's pods depend on: how the review broke it (in node 1's
+/// namespace), and whether it is as the reconcile left it.
+struct Breakage {
+    what: &'static str,
+    args: &'static [&'static str],
+    back: fn(&Topo) -> bool,
+}
+
+fn vtep_info(topo: &Topo) -> Value {
+    topo.link_details(&topo.node_ns(1), "sticky.1")["linkinfo"]["info_data"].clone()
+}
+
+fn forwarding(topo: &Topo) -> String {
+    let out = topo.in_ns(&topo.node_ns(1), &["sysctl", "-n", "net.ipv4.ip_forward"]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+const BREAKAGES: &[Breakage] = &[
+    Breakage {
+        what: "the VTEP's local address",
+        args: &["ip", "link", "set", "sticky.1", "type", "vxlan", "local", "192.0.2.9"],
+        back: |t| vtep_info(t)["local"] == "192.0.2.1",
+    },
+    Breakage {
+        what: "the VTEP's learning",
+        args: &["ip", "link", "set", "sticky.1", "type", "vxlan", "learning"],
+        back: |t| vtep_info(t)["learning"] == false,
+    },
+    Breakage {
+        what: "the VTEP's ttl",
+        args: &["ip", "link", "set", "sticky.1", "type", "vxlan", "ttl", "1"],
+        back: |t| vtep_info(t)["ttl"] == 0,
+    },
+    Breakage {
+        what: "the bridge's gateway",
+        args: &["ip", "addr", "flush", "dev", "stickybr0"],
+        back: |t| {
+            t.ip(1, &["addr", "show", "dev", "stickybr0"])
+                .contains("inet 10.244.1.1/24")
+        },
+    },
+    Breakage {
+        what: "ip_forward",
+        args: &["sysctl", "-qw", "net.ipv4.ip_forward=0"],
+        back: |t| forwarding(t) == "1",
+    },
+];
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn an_add_on_a_node_whose_data_path_was_broken_repairs_it_and_its_pod_reaches_its_peers() {
+    assert_can_run();
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let conf1 = topo.conf(1, json!({"peers": peers}));
+    let conf2 = topo.conf(2, json!({"peers": peers}));
+    let (a, ip_b) = topo.pods_a_and_b(&conf1, &conf2);
+    assert!(topo.reaches_within(&a, &ip_b), "before any breakage");
+    let n1 = topo.node_ns(1);
+    // Every breakage is tried (each after the one before was repaired, or not): the failures
+    // are listed together.
+    let mut failures = Vec::new();
+    for (i, b) in BREAKAGES.iter().enumerate() {
+        succeeded(&topo.in_ns(&n1, b.args), b.what);
+        assert!(!(b.back)(&topo), "{}: not broken by {:?}", b.what, b.args);
+        let pod = topo.new_pod(1, &format!("p{i}"));
+        topo.add(&pod, &conf1);
+        if !(b.back)(&topo) {
+            failures.push(format!("{}: not repaired by the ADD", b.what));
+        }
+        if !topo.reaches_within(&pod, &ip_b) {
+            failures.push(format!("{}: the new pod does not reach its peer", b.what));
+        }
+        // A full reconcile repairs it too.
+        succeeded(&topo.in_ns(&n1, b.args), b.what);
+        topo.reconciled(1, &conf1);
+        if !(b.back)(&topo) {
+            failures.push(format!("{}: not repaired by reconcile", b.what));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Whether `host` (a pod's host veth on node 1) is on the bridge, and its hairpin setting.
+fn port_of(topo: &Topo, host: &str) -> (bool, bool) {
+    let d = topo.link_details(&topo.node_ns(1), host);
+    let hairpin = d["linkinfo"]["info_slave_data"]["hairpin"] == true;
+    (d["master"] == "stickybr0", hairpin)
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_recreated_bridge_gets_every_pod_back_by_reconcile_or_by_one_add() {
+    assert_can_run();
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let conf1 = topo.conf(1, json!({"peers": peers, "hairpinMode": true}));
+    let conf2 = topo.conf(2, json!({"peers": peers}));
+    let b = topo.new_pod(2, "b");
+    let ip_b = ip_of(&topo.add(&b, &conf2), false);
+    let mut pods: Vec<(Pod, String)> = Vec::new();
+    for i in 0..4 {
+        let p = topo.new_pod(1, &format!("a{i}"));
+        let r = topo.add(&p, &conf1);
+        let host = r["interfaces"][1]["name"].as_str().unwrap().to_string();
+        pods.push((p, host));
+    }
+    let n1 = topo.node_ns(1);
+    let all_back = |topo: &Topo, how: &str| {
+        for (p, host) in &pods {
+            assert_eq!(port_of(topo, host), (true, true), "{how}: {host}");
+            assert!(topo.reaches_within(p, &ip_b), "{how}: {} cut off", p.ns);
+        }
+    };
+    all_back(&topo, "before");
+
+    ok(&["ip", "-n", &n1, "link", "del", "stickybr0"]);
+    topo.reconciled(1, &conf1);
+    all_back(&topo, "after reconcile");
+
+    ok(&["ip", "-n", &n1, "link", "del", "stickybr0"]);
+    let c = topo.new_pod(1, "c");
+    topo.add(&c, &conf1);
+    all_back(&topo, "after one ADD");
+}

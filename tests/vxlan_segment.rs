@@ -852,3 +852,60 @@ fn a_bad_requested_mac_is_quoted_once() {
         "{msg}"
     );
 }
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_segment_add_on_a_node_whose_vxlan_device_was_changed_repairs_it_and_its_pod_is_reached() {
+    let (mut topo, dir) = nodes(2);
+    std::os::unix::fs::symlink("/usr/lib/cni/static", topo.cni_path.join("static")).unwrap();
+    let conf = |n: u8, ip: &str| {
+        segment(
+            &dir,
+            "seg15",
+            105,
+            n,
+            json!({
+                "cniVersion": "1.0.0",
+                "capabilities": {"ips": true},
+                "ipam": {"type": "static"},
+                "runtimeConfig": {"ips": [ip]},
+            }),
+        )
+    };
+    let p = with_ifname(topo.new_pod(1, "p"), "net1");
+    topo.add_args(&p, &conf(1, "192.168.15.1/24"), &k8s("p"));
+    let q = with_ifname(topo.new_pod(2, "q"), "net1");
+    topo.add_args(&q, &conf(2, "192.168.15.2/24"), &k8s("q"));
+    assert!(topo.reaches_within(&p, "192.168.15.2"));
+    let n1 = topo.node_ns(1);
+    let device = |topo: &Topo| topo.link_details(&n1, "segvx105");
+    let breakages: [(&str, &[&str], &dyn Fn(&Value) -> bool); 2] = [
+        (
+            "local address and learning",
+            &[
+                "link", "set", "segvx105", "type", "vxlan", "local", "192.0.2.9", "nolearning",
+            ],
+            &|d| {
+                d["linkinfo"]["info_data"]["local"] == "192.0.2.1"
+                    && d["linkinfo"]["info_data"]["learning"] == true
+            },
+        ),
+        (
+            "master",
+            &["link", "set", "segvx105", "nomaster"],
+            &|d| d["master"] == "segbr105",
+        ),
+    ];
+    for (i, (what, args, back)) in breakages.into_iter().enumerate() {
+        topo.ip(1, args);
+        assert!(!back(&device(&topo)), "{what}: not broken by {args:?}");
+        let r = with_ifname(topo.new_pod(1, &format!("r{i}")), "net1");
+        let ip = format!("192.168.15.{}/24", 10 + i);
+        topo.add_args(&r, &conf(1, &ip), &k8s(&format!("r{i}")));
+        assert!(back(&device(&topo)), "{what}: not repaired by the ADD");
+        assert!(
+            topo.reaches_within(&r, "192.168.15.2"),
+            "{what}: the new pod does not reach its peer"
+        );
+    }
+}

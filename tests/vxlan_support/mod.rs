@@ -371,6 +371,25 @@ impl Topo {
         (0..3).any(|_| self.ping(from, to))
     }
 
+    /// Pings until one answers or `deadline` (60 s, for a loaded machine) has passed: for a
+    /// pod whose ADD has just returned, neighbours still resolving.
+    pub fn reaches_within(&self, from: &Pod, to: &str) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            if self.ping(from, to) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `ip -d -j link show dev <dev>` in namespace `ns`: the link's details as JSON.
+    pub fn link_details(&self, ns: &str, dev: &str) -> Value {
+        let out = ok(&["ip", "-n", ns, "-d", "-j", "link", "show", "dev", dev]);
+        let v: Value = serde_json::from_str(&out).expect("ip -j");
+        v[0].clone()
+    }
+
     pub fn link_mac(&self, ns: &str, dev: &str) -> String {
         let out = ok(&["ip", "-n", ns, "-j", "link", "show", "dev", dev]);
         let v: Value = serde_json::from_str(&out).expect("ip -j");
