@@ -5,8 +5,10 @@
 //!
 //! As in the main mode ([`crate::vxlan::stamp`]), a full reconcile ends by stamping what it
 //! left and what a pod needs (this node's address, the MTU, its slice of the IPAM ranges); an
-//! ADD then checks the stamp with three link lookups and a `stat`, and reconciles in full only
-//! when something a reboot, an upgrade or a new peers file changes has changed.
+//! ADD then checks the stamp with three link lookups and a `stat` (the VXLAN device's local
+//! address, learning, port, TTL, underlay device and bridge among what the lookups compare),
+//! and reconciles in full only when something a reboot, an upgrade, a new peers file or a
+//! hand on the node changes has changed.
 
 use std::net::IpAddr;
 
@@ -75,7 +77,14 @@ fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(Node, ForPod), Error> {
         mtu: node.mtu,
         ranges,
     };
-    keeper.after(&before, (&vxlan, &bridge, &node.underlay), ready.clone());
+    // A segment carries frames: no address or sysctl of the node's is on its pods' way.
+    let depends = stamp::Depends::default();
+    keeper.after(
+        &before,
+        (&vxlan, &bridge, &node.underlay),
+        depends,
+        ready.clone(),
+    );
     Ok((node, ForPod { ready, bridge }))
 }
 
@@ -92,13 +101,7 @@ pub fn for_pod<K: Kernel>(k: &mut K, cfg: &Config) -> Result<ForPod, Error> {
 /// What the last full reconcile's stamp says, if it still holds; `None` when a full
 /// reconcile is needed.
 pub fn stamped<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Option<ForPod>, Error> {
-    let held = keeper(cfg).holding(|underlay| -> Result<stamp::Found, Error> {
-        Ok((
-            k.link(&cfg.vxlan())?,
-            k.link(&cfg.bridge())?,
-            k.link_at(underlay)?,
-        ))
-    })?;
+    let held = keeper(cfg).holding(k, (&cfg.vxlan(), &cfg.bridge()))?;
     Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
 }
 

@@ -6,7 +6,7 @@
 use super::Error;
 use super::config::Config;
 use super::devices::Dev;
-use super::kernel::{EntryWrite, Kernel};
+use super::kernel::{EntryWrite, Kernel, LinkChange};
 use super::node::Observed;
 use super::plan::{Plan, Step, route_for};
 use crate::netlink::link::Link;
@@ -133,6 +133,13 @@ pub fn apply(
                 entries.push(EntryWrite::ReplaceRoute(route_for(*dst, index)));
             }
             Step::DeleteRoute(route) => entries.push(EntryWrite::DeleteRoute(route.clone())),
+            Step::Reattach { link, hairpin } => {
+                let bridge = r.get(k, Dev::Bridge)?.index;
+                k.change_link(link, &LinkChange::Master(bridge))?;
+                if *hairpin {
+                    k.set_hairpin(&link.name)?;
+                }
+            }
             Step::Sysctl { key, value } => k.sysctl(key, value)?,
             Step::Firewall { script } => k.nft(script)?,
         }

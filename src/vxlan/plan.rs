@@ -10,7 +10,8 @@
 //! through any other device is refused, named, and left alone.
 //!
 //! Order (so any earlier state converges, issue 8 rule 2): the devices first (a VTEP whose
-//! parameters changed is recreated, which drops its entries); then every stale entry is
+//! parameters changed is recreated, which drops its entries; this network's pod veths off
+//! the bridge go back on it); then every stale entry is
 //! removed (an own address or gateway of an earlier subnet, peers no longer listed), so a new
 //! peer taking this node's old subnet never meets its old `/32` or connected route; then the
 //! wanted entries; then sysctls and nftables. While the peers file cannot be used nothing is
@@ -27,7 +28,7 @@ use super::kernel::LinkChange;
 use super::mac::vtep_mac;
 use super::node::{Node, Observed, gateway_of};
 use super::{Error, ROUTE_PROTOCOL, firewall};
-use crate::netlink::link::VxlanSpec;
+use crate::netlink::link::{Link, VxlanSpec};
 use crate::netlink::route::Route;
 
 pub use super::devices::marker;
@@ -78,6 +79,13 @@ pub enum Step {
         dst: IpNet,
     },
     DeleteRoute(Route),
+    /// A pod's host end of this network back on the bridge (made again: deleting a bridge
+    /// releases its ports, and the pods behind them are still there), hairpin mode on when
+    /// the config asks for it.
+    Reattach {
+        link: Link,
+        hairpin: bool,
+    },
     Sysctl {
         key: String,
         value: String,
@@ -135,20 +143,28 @@ pub fn desired(vni: u32, node: &Node) -> Desired {
             d.routes.push(*s);
         }
     }
+    (d.own, d.gateways) = local_addresses(node);
+    d
+}
+
+/// This node's own `/32`s on the VTEP (the network address of each IPv4 subnet) and the
+/// bridge's gateways (the first address of each local subnet, with its prefix).
+pub fn local_addresses(node: &Node) -> (Vec<IpNet>, Vec<IpNet>) {
+    let (mut own, mut gateways) = (Vec::new(), Vec::new());
     for s in &node.local.subnets {
         if s.addr().is_ipv4()
             && let Ok(net) = IpNet::new(s.network(), 32)
         {
-            d.own.push(net);
+            own.push(net);
         }
         // Same family and prefix as a valid subnet, so `IpNet::new` cannot fail.
         if let Some(gw) = gateway_of(s)
             && let Ok(net) = IpNet::new(gw, s.prefix_len())
         {
-            d.gateways.push(net);
+            gateways.push(net);
         }
     }
-    d
+    (own, gateways)
 }
 
 /// The route [`Step::ReplaceRoute`] installs for `dst` through the VTEP `vtep`.
@@ -194,6 +210,16 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
     }
     let vtep = devices::vtep(cfg, node, seen, &mut steps)?;
     let bridge = devices::bridge(cfg, node, seen, &mut steps)?;
+    // This network's pods off the bridge (all of them when it is made again) go back on it.
+    let bridge_index = bridge.map(|b| b.index);
+    for l in &seen.pods {
+        if bridge_index.is_none() || l.master != bridge_index {
+            steps.push(Step::Reattach {
+                link: l.clone(),
+                hairpin: cfg.hairpin_mode,
+            });
+        }
+    }
     // Entries on a VTEP that is (re)created are gone with the old device.
     let (have_fdb, have_neigh, vtep_index) = match vtep {
         Some(l) => (&seen.vtep_fdb[..], &seen.vtep_neighbours[..], Some(l.index)),
@@ -388,7 +414,7 @@ mod tests {
 
     /// Plans against the fake's state and applies the plan to it; returns the plan.
     fn reconcile(cfg: &Config, node: &Node, k: &mut Fake) -> Result<Plan, Error> {
-        let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge)?;
+        let seen = Observed::read(k, cfg)?;
         let p = plan(cfg, node, &seen)?;
         apply(k, cfg, &p, &seen)?;
         Ok(p)

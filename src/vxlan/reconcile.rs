@@ -60,7 +60,8 @@ pub struct ForPod {
 }
 
 /// ADD's way to the node: when the last full reconcile's stamp still holds (nothing a reboot,
-/// an upgrade or a new peers file changes has changed), three link lookups and the stamp;
+/// an upgrade, a new peers file or a hand on the node changes has changed), what
+/// [`stamped`] reads;
 /// otherwise a full reconcile ([`stamp`] says what is checked and what is left to the
 /// resync). Under the network's lock either way.
 pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
@@ -76,16 +77,11 @@ pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
 }
 
 /// What the last full reconcile's stamp says, if it still holds ([`stamp`]: three link
-/// lookups and a `stat`); `None` when a full reconcile is needed. DEL, CHECK and GC take this
+/// lookups, two address requests, the forwarding sysctls and a `stat`); `None` when a full
+/// reconcile is needed. DEL, CHECK and GC take this
 /// node's subnets from it too, so none of them reads the peer list while it holds.
 pub fn stamped(k: &mut impl Kernel, cfg: &Config) -> Result<Option<ForPod>, Error> {
-    let held = keeper(cfg).holding(|underlay| -> Result<stamp::Found, Error> {
-        Ok((
-            k.link(&cfg.vtep_name)?,
-            k.link(&cfg.bridge)?,
-            k.link_at(underlay)?,
-        ))
-    })?;
+    let held = keeper(cfg).holding(k, (&cfg.vtep_name, &cfg.bridge))?;
     Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
 }
 
@@ -142,7 +138,7 @@ fn keeper(cfg: &Config) -> stamp::Keeper<'_> {
 fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let keeper = keeper(cfg);
     let before = keeper.before();
-    let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge)?;
+    let seen = Observed::read(k, cfg)?;
     let peers = node::peer_list(cfg)?;
     // The file that was used is kept for when it cannot be: here, under the lock, in the
     // open (working the node out only reads).
@@ -151,13 +147,38 @@ fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     node.check(cfg.vni)?;
     let plan = plan::plan(cfg, &node, &seen).map_err(|e| name_device(k, e))?;
     let Devices { vtep, bridge } = apply::apply(k, cfg, &plan, &seen)?;
-    keeper.after(&before, (&vtep, &bridge, &node.underlay), ready_of(&node));
+    let depends = depends_of(&node, &plan);
+    keeper.after(
+        &before,
+        (&vtep, &bridge, &node.underlay),
+        depends,
+        ready_of(&node),
+    );
     Ok(Report {
         node,
         vtep,
         bridge,
         plan,
     })
+}
+
+/// What the node's pods depend on beyond the devices, as the plan just set it: this node's
+/// own `/32`s on the VTEP, the gateways on the bridge, the forwarding sysctls.
+fn depends_of(node: &Node, plan: &Plan) -> stamp::Depends {
+    let (vtep_addresses, bridge_addresses) = plan::local_addresses(node);
+    let sysctls = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            plan::Step::Sysctl { key, value } => Some((key.clone(), value.clone())),
+            _ => None,
+        })
+        .collect();
+    stamp::Depends {
+        vtep_addresses,
+        bridge_addresses,
+        sysctls,
+    }
 }
 
 /// A foreign route's device, named for the error when the plan had not read that link.
@@ -354,7 +375,7 @@ mod tests {
             onlink: false,
             protocol: 3,
         });
-        let seen = Observed::read(&mut k, &cfg.vtep_name, &cfg.bridge).unwrap();
+        let seen = Observed::read(&mut k, &cfg).unwrap();
         assert!(seen.link("eth1").is_none(), "a plain link is not read");
         let err = node_with(&mut k, &cfg).unwrap_err();
         assert!(
