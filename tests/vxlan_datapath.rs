@@ -205,15 +205,24 @@ fn vtep_info(topo: &Topo) -> Value {
     topo.link_details(&topo.node_ns(1), "sticky.1")["linkinfo"]["info_data"].clone()
 }
 
-fn forwarding(topo: &Topo) -> String {
-    let out = topo.in_ns(&topo.node_ns(1), &["sysctl", "-n", "net.ipv4.ip_forward"]);
+fn forwarding(topo: &Topo, key: &str) -> String {
+    let out = topo.in_ns(&topo.node_ns(1), &["sysctl", "-n", key]);
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 const BREAKAGES: &[Breakage] = &[
     Breakage {
         what: "the VTEP's local address",
-        args: &["ip", "link", "set", "sticky.1", "type", "vxlan", "local", "192.0.2.9"],
+        args: &[
+            "ip",
+            "link",
+            "set",
+            "sticky.1",
+            "type",
+            "vxlan",
+            "local",
+            "192.0.2.9",
+        ],
         back: |t| vtep_info(t)["local"] == "192.0.2.1",
     },
     Breakage {
@@ -237,7 +246,12 @@ const BREAKAGES: &[Breakage] = &[
     Breakage {
         what: "ip_forward",
         args: &["sysctl", "-qw", "net.ipv4.ip_forward=0"],
-        back: |t| forwarding(t) == "1",
+        back: |t| forwarding(t, "net.ipv4.ip_forward") == "1",
+    },
+    Breakage {
+        what: "IPv6 forwarding",
+        args: &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=0"],
+        back: |t| forwarding(t, "net.ipv6.conf.all.forwarding") == "1",
     },
 ];
 
@@ -248,11 +262,18 @@ fn an_add_on_a_node_whose_data_path_was_broken_repairs_it_and_its_pod_reaches_it
     let mut topo = Topo::new(1500);
     topo.add_node(1, 1500);
     topo.add_node(2, 1500);
-    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
-    let conf1 = topo.conf(1, json!({"peers": peers}));
-    let conf2 = topo.conf(2, json!({"peers": peers}));
-    let (a, ip_b) = topo.pods_a_and_b(&conf1, &conf2);
-    assert!(topo.reaches_within(&a, &ip_b), "before any breakage");
+    // Dual-stack pods: IPv6 forwarding is one of the settings they depend on.
+    let peers = json!([Topo::peer(1, true), Topo::peer(2, true)]);
+    let conf1 = topo.conf(1, json!({"peers": peers, "v6": true}));
+    let conf2 = topo.conf(2, json!({"peers": peers, "v6": true}));
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(2, "b");
+    topo.add(&a, &conf1);
+    let result_b = topo.add(&b, &conf2);
+    let ips_b = [ip_of(&result_b, false), ip_of(&result_b, true)];
+    for ip in &ips_b {
+        assert!(topo.reaches_within(&a, ip), "{ip} before any breakage");
+    }
     let n1 = topo.node_ns(1);
     // Every breakage is tried (each after the one before was repaired, or not): the failures
     // are listed together.
@@ -265,8 +286,10 @@ fn an_add_on_a_node_whose_data_path_was_broken_repairs_it_and_its_pod_reaches_it
         if !(b.back)(&topo) {
             failures.push(format!("{}: not repaired by the ADD", b.what));
         }
-        if !topo.reaches_within(&pod, &ip_b) {
-            failures.push(format!("{}: the new pod does not reach its peer", b.what));
+        for ip in &ips_b {
+            if !topo.reaches_within(&pod, ip) {
+                failures.push(format!("{}: the new pod does not reach {ip}", b.what));
+            }
         }
         // A full reconcile repairs it too.
         succeeded(&topo.in_ns(&n1, b.args), b.what);

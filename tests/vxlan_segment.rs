@@ -883,18 +883,23 @@ fn a_segment_add_on_a_node_whose_vxlan_device_was_changed_repairs_it_and_its_pod
         (
             "local address and learning",
             &[
-                "link", "set", "segvx105", "type", "vxlan", "local", "192.0.2.9", "nolearning",
+                "link",
+                "set",
+                "segvx105",
+                "type",
+                "vxlan",
+                "local",
+                "192.0.2.9",
+                "nolearning",
             ],
             &|d| {
                 d["linkinfo"]["info_data"]["local"] == "192.0.2.1"
                     && d["linkinfo"]["info_data"]["learning"] == true
             },
         ),
-        (
-            "master",
-            &["link", "set", "segvx105", "nomaster"],
-            &|d| d["master"] == "segbr105",
-        ),
+        ("master", &["link", "set", "segvx105", "nomaster"], &|d| {
+            d["master"] == "segbr105"
+        }),
     ];
     for (i, (what, args, back)) in breakages.into_iter().enumerate() {
         topo.ip(1, args);

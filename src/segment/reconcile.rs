@@ -207,6 +207,39 @@ mod tests {
     }
 
     #[test]
+    fn an_add_repairs_a_vxlan_device_changed_in_place_or_taken_off_its_bridge() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(&dir);
+        let mut k = Fake::node("192.0.2.1/24");
+        for_pod(&mut k, &c).unwrap();
+        let made = k.seen.link("segvx101").cloned().unwrap();
+        type Edit = fn(&mut crate::netlink::link::Link);
+        let edits: [(&str, Edit); 5] = [
+            ("local", |l| {
+                l.vxlan.as_mut().unwrap().local = Some("192.0.2.9".parse().unwrap());
+            }),
+            ("learning", |l| {
+                l.vxlan.as_mut().unwrap().learning = Some(false)
+            }),
+            ("port", |l| l.vxlan.as_mut().unwrap().port = Some(4789)),
+            ("ttl", |l| l.vxlan.as_mut().unwrap().ttl = Some(1)),
+            ("master", |l| l.master = None),
+        ];
+        for (what, edit) in edits {
+            edit(k.link_mut("segvx101"));
+            k.queries.clear();
+            for_pod(&mut k, &c).unwrap();
+            assert!(dumps(&k) > 0, "{what}: not noticed");
+            let now = k.seen.link("segvx101").cloned().unwrap();
+            assert_eq!(
+                (&now.vxlan, now.master.is_some()),
+                (&made.vxlan, true),
+                "{what}: not repaired"
+            );
+        }
+    }
+
+    #[test]
     fn reading_the_slice_writes_no_last_good_copy_and_the_reconcile_keeps_it() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("peers.json");

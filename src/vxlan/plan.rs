@@ -1028,6 +1028,61 @@ mod tests {
     }
 
     #[test]
+    fn this_networks_pods_off_the_bridge_go_back_on_it_with_hairpin() {
+        let (_, node, mut k) = setup();
+        let cfg = conf(json!({"hairpinMode": true}));
+        let pod = |k: &mut Fake, name: &str, network: &str| {
+            k.add_link(name, "veth");
+            k.link_mut(name).alias = Some(format!("sticky-vxlan {network} c-{name} eth0"));
+        };
+        pod(&mut k, "sv01", "edge");
+        pod(&mut k, "sv02", "edge");
+        pod(&mut k, "sv03", "other");
+        // A veth of ours without our alias (the node's uplink is one in these fakes) stays.
+        let reattached = |p: &Plan| -> Vec<(String, bool)> {
+            p.steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Reattach { link, hairpin } => Some((link.name.clone(), *hairpin)),
+                    _ => None,
+                })
+                .collect()
+        };
+        // A fresh bridge: every pod of this network, none of another's.
+        let p = reconcile(&cfg, &node, &mut k).unwrap();
+        let bridge = k.seen.link("stickybr0").unwrap().index;
+        assert_eq!(
+            reattached(&p),
+            [("sv01".to_string(), true), ("sv02".to_string(), true)]
+        );
+        let create = position(&p, |s| matches!(s, Step::CreateBridge { .. }));
+        assert!(create < position(&p, |s| matches!(s, Step::Reattach { .. })));
+        assert!(
+            k.writes.contains(&"hairpin sv01".to_string()),
+            "{:?}",
+            k.writes
+        );
+        assert_eq!(k.seen.link("sv01").unwrap().master, Some(bridge));
+        assert_eq!(k.seen.link("sv03").unwrap().master, None, "not ours");
+        // All on the bridge: nothing to do; one taken off by hand: only that one.
+        assert_eq!(reattached(&reconcile(&cfg, &node, &mut k).unwrap()), []);
+        k.link_mut("sv02").master = None;
+        let p = reconcile(&cfg, &node, &mut k).unwrap();
+        assert_eq!(reattached(&p), [("sv02".to_string(), true)]);
+        // Without hairpinMode, back on the bridge without it.
+        k.link_mut("sv02").master = None;
+        let plain = conf(json!({}));
+        let writes = k.writes.len();
+        reconcile(&plain, &node, &mut k).unwrap();
+        assert!(
+            !k.writes[writes..].iter().any(|w| w.starts_with("hairpin")),
+            "{:?}",
+            &k.writes[writes..]
+        );
+        assert_eq!(k.seen.link("sv02").unwrap().master, Some(bridge));
+    }
+
+    #[test]
     fn compatible_keeps_only_mac_and_mtu_drift() {
         let (cfg, node, _) = setup();
         let want = vtep_spec(&cfg, &node);
@@ -1040,12 +1095,13 @@ mod tests {
         drift.mtu = Some(1300);
         assert!(compatible(&drift, &want));
         type Edit = fn(&mut crate::netlink::link::VxlanInfo);
-        let edits: [(&str, Edit); 5] = [
+        let edits: [(&str, Edit); 6] = [
             ("vni", |v| v.vni = Some(2)),
             ("port", |v| v.port = Some(4789)),
             ("local", |v| v.local = Some("192.0.2.9".parse().unwrap())),
             ("underlay", |v| v.underlay = Some(9)),
             ("learning", |v| v.learning = Some(true)),
+            ("ttl", |v| v.ttl = Some(1)),
         ];
         for (what, edit) in edits {
             let mut l = made.clone();

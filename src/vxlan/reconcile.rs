@@ -293,6 +293,77 @@ mod tests {
     }
 
     #[test]
+    fn an_add_reconciles_in_full_when_a_setting_its_pods_depend_on_changed_and_repairs_it() {
+        let (_dir, cfg) = two_nodes();
+        let mut k = Fake::node("192.0.2.1/24");
+        for_pod(&mut k, &cfg).unwrap();
+        let vtep = |k: &mut Fake| -> crate::netlink::link::VxlanInfo {
+            k.link_mut("sticky.1").vxlan.clone().unwrap()
+        };
+        let made = vtep(&mut k);
+        let on = |k: &Fake, dev: &str, net: &str| {
+            let index = k.seen.link(dev).unwrap().index;
+            k.seen.addresses_of(index).contains(&net.parse().unwrap())
+        };
+        let off = |k: &mut Fake, dev: &str, net: &str| {
+            let index = k.seen.link(dev).unwrap().index;
+            let net: IpNet = net.parse().unwrap();
+            k.seen.addresses.retain(|a| *a != (index, net));
+        };
+        type Break = Box<dyn Fn(&mut Fake)>;
+        type Back = Box<dyn Fn(&mut Fake) -> bool>;
+        let tunnel = |edit: fn(&mut crate::netlink::link::VxlanInfo)| -> Break {
+            Box::new(move |k| edit(k.link_mut("sticky.1").vxlan.as_mut().unwrap()))
+        };
+        let same = {
+            let made = made.clone();
+            move || -> Back {
+                let made = made.clone();
+                Box::new(move |k| vtep(k) == made)
+            }
+        };
+        let cases: Vec<(&str, Break, Back)> = vec![
+            (
+                "local",
+                tunnel(|v| v.local = Some("192.0.2.9".parse().unwrap())),
+                same(),
+            ),
+            ("learning", tunnel(|v| v.learning = Some(true)), same()),
+            ("ttl", tunnel(|v| v.ttl = Some(1)), same()),
+            ("underlay", tunnel(|v| v.underlay = Some(99)), same()),
+            (
+                "the bridge's gateway",
+                Box::new(move |k| off(k, "stickybr0", "10.244.1.1/24")),
+                Box::new(move |k| on(k, "stickybr0", "10.244.1.1/24")),
+            ),
+            (
+                "the VTEP's own /32",
+                Box::new(move |k| off(k, "sticky.1", "10.244.1.0/32")),
+                Box::new(move |k| on(k, "sticky.1", "10.244.1.0/32")),
+            ),
+            (
+                "ip_forward",
+                Box::new(|k| {
+                    k.sysctls.insert("net/ipv4/ip_forward".into(), "0".into());
+                }),
+                Box::new(|k| k.sysctls["net/ipv4/ip_forward"] == "1"),
+            ),
+        ];
+        for (what, breaks, back) in cases {
+            breaks(&mut k);
+            assert!(!back(&mut k), "{what}");
+            k.queries.clear();
+            for_pod(&mut k, &cfg).unwrap();
+            assert!(dumps(&k) > 0, "{what}: not noticed");
+            assert!(back(&mut k), "{what}: not repaired");
+            // Repaired and stamped: the next ADD reads no table.
+            k.queries.clear();
+            for_pod(&mut k, &cfg).unwrap();
+            assert_eq!(dumps(&k), 0, "{what}: {:?}", k.queries);
+        }
+    }
+
+    #[test]
     fn a_changed_peers_file_is_programmed_by_the_next_add() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("peers.json");

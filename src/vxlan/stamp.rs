@@ -247,7 +247,11 @@ impl<R> Stamp<R> {
         if let Some(l) = found.vtep.as_ref().filter(|_| !d.vtep_addresses.is_empty()) {
             found.vtep_addresses = k.addresses_of(l.index)?;
         }
-        if let Some(l) = found.bridge.as_ref().filter(|_| !d.bridge_addresses.is_empty()) {
+        if let Some(l) = found
+            .bridge
+            .as_ref()
+            .filter(|_| !d.bridge_addresses.is_empty())
+        {
             found.bridge_addresses = k.addresses_of(l.index)?;
         }
         for (key, _) in &d.sysctls {
