@@ -1080,6 +1080,10 @@ mod tests {
             &k.writes[writes..]
         );
         assert_eq!(k.seen.link("sv02").unwrap().master, Some(bridge));
+        // A pod deleted between the read and its reattach: skipped, the reconcile goes on.
+        k.link_mut("sv02").master = None;
+        k.fail = Some(("change sv02".into(), nix::errno::Errno::ENODEV as i32));
+        reconcile(&cfg, &node, &mut k).unwrap();
     }
 
     #[test]
