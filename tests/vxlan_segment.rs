@@ -879,7 +879,9 @@ fn a_segment_add_on_a_node_whose_vxlan_device_was_changed_repairs_it_and_its_pod
     assert!(topo.reaches_within(&p, "192.168.15.2"));
     let n1 = topo.node_ns(1);
     let device = |topo: &Topo| topo.link_details(&n1, "segvx105");
-    let breakages: [(&str, &[&str], &dyn Fn(&Value) -> bool); 2] = [
+    // What was done to the device (in node 1), and whether its details show it repaired.
+    type Breakage<'a> = (&'a str, &'a [&'a str], &'a dyn Fn(&Value) -> bool);
+    let breakages: [Breakage; 2] = [
         (
             "local address and learning",
             &[

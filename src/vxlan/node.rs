@@ -394,7 +394,7 @@ mod tests {
     }
 
     fn identify_on(k: &mut Fake, cfg: &Config, all: &[Peer]) -> Result<Node, Error> {
-        let seen = Observed::read(k, &cfg).unwrap();
+        let seen = Observed::read(k, cfg).unwrap();
         identify(k, cfg, &seen, all, None)
     }
 
