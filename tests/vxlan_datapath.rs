@@ -70,11 +70,7 @@ fn our_vtep_whose_parameters_changed_is_recreated_with_the_kept_mac() {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn parallel_adds_all_succeed_and_hairpin_is_on() {
-    assert_can_run();
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    topo.add_node(2, 1500);
-    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let (mut topo, peers) = two_nodes(false);
     let conf1 = topo.conf(1, json!({"peers": peers, "hairpinMode": true}));
     let b = topo.new_pod(2, "b");
     topo.add(&b, &topo.conf(2, json!({"peers": peers})));
@@ -258,12 +254,8 @@ const BREAKAGES: &[Breakage] = &[
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn an_add_on_a_node_whose_data_path_was_broken_repairs_it_and_its_pod_reaches_its_peers() {
-    assert_can_run();
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    topo.add_node(2, 1500);
     // Dual-stack pods: IPv6 forwarding is one of the settings they depend on.
-    let peers = json!([Topo::peer(1, true), Topo::peer(2, true)]);
+    let (mut topo, peers) = two_nodes(true);
     let conf1 = topo.conf(1, json!({"peers": peers, "v6": true}));
     let conf2 = topo.conf(2, json!({"peers": peers, "v6": true}));
     let a = topo.new_pod(1, "a");
@@ -311,11 +303,7 @@ fn port_of(topo: &Topo, host: &str) -> (bool, bool) {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn a_recreated_bridge_gets_every_pod_back_by_reconcile_or_by_one_add() {
-    assert_can_run();
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    topo.add_node(2, 1500);
-    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let (mut topo, peers) = two_nodes(false);
     let conf1 = topo.conf(1, json!({"peers": peers, "hairpinMode": true}));
     let conf2 = topo.conf(2, json!({"peers": peers}));
     let b = topo.new_pod(2, "b");

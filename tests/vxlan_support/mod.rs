@@ -463,6 +463,16 @@ impl Topo {
     }
 }
 
+/// Nodes 1 and 2 on a 1500-byte underlay and the peer list naming both (with their IPv6 pod
+/// subnets when `v6`); panics when the test cannot run here ([`assert_can_run`]).
+pub fn two_nodes(v6: bool) -> (Topo, Value) {
+    assert_can_run();
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    (topo, json!([Topo::peer(1, v6), Topo::peer(2, v6)]))
+}
+
 /// One node with a config naming only itself: what most single-node tests start from.
 pub fn one_node() -> (Topo, Value) {
     let mut topo = Topo::new(1500);
