@@ -61,9 +61,8 @@ pub struct ForPod {
 
 /// ADD's way to the node: when the last full reconcile's stamp still holds (nothing a reboot,
 /// an upgrade, a new peers file or a hand on the node changes has changed), what
-/// [`stamped`] reads;
-/// otherwise a full reconcile ([`stamp`] says what is checked and what is left to the
-/// resync). Under the network's lock either way.
+/// [`stamped`] reads; otherwise a full reconcile ([`stamp`] says what is checked and what is
+/// left to the resync). Under the network's lock either way.
 pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
     let _guard = state_dir::lock(cfg)?;
     if let Some(node) = stamped(k, cfg)? {
@@ -77,9 +76,9 @@ pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
 }
 
 /// What the last full reconcile's stamp says, if it still holds ([`stamp`]: three link
-/// lookups, two address requests, the forwarding sysctls and a `stat`); `None` when a full
-/// reconcile is needed. DEL, CHECK and GC take this
-/// node's subnets from it too, so none of them reads the peer list while it holds.
+/// lookups, at most two address requests, the forwarding sysctls and a `stat`); `None` when
+/// a full reconcile is needed. DEL, CHECK and GC take this node's subnets from it too, so
+/// none of them reads the peer list while it holds.
 pub fn stamped(k: &mut impl Kernel, cfg: &Config) -> Result<Option<ForPod>, Error> {
     let held = keeper(cfg).holding(k, (&cfg.vtep_name, &cfg.bridge))?;
     Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
