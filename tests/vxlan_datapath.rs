@@ -70,11 +70,7 @@ fn our_vtep_whose_parameters_changed_is_recreated_with_the_kept_mac() {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn parallel_adds_all_succeed_and_hairpin_is_on() {
-    assert_can_run();
-    let mut topo = Topo::new(1500);
-    topo.add_node(1, 1500);
-    topo.add_node(2, 1500);
-    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    let (mut topo, peers) = two_nodes(false);
     let conf1 = topo.conf(1, json!({"peers": peers, "hairpinMode": true}));
     let b = topo.new_pod(2, "b");
     topo.add(&b, &topo.conf(2, json!({"peers": peers})));
@@ -228,4 +224,149 @@ fn removing_an_option_leaves_no_rule_behind_in_the_ip_table() {
         !tables.contains("sticky_vxlan_"),
         "neither option: no table of the network is left: {tables}"
     );
+}
+
+/// One kernel setting the node's pods depend on: how the review broke it (in node 1's
+/// namespace), and whether it is as the reconcile left it.
+struct Breakage {
+    what: &'static str,
+    args: &'static [&'static str],
+    back: fn(&Topo) -> bool,
+}
+
+fn vtep_info(topo: &Topo) -> Value {
+    topo.link_details(&topo.node_ns(1), "sticky.1")["linkinfo"]["info_data"].clone()
+}
+
+fn forwarding(topo: &Topo, key: &str) -> String {
+    let out = topo.in_ns(&topo.node_ns(1), &["sysctl", "-n", key]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+const BREAKAGES: &[Breakage] = &[
+    Breakage {
+        what: "the VTEP's local address",
+        args: &[
+            "ip",
+            "link",
+            "set",
+            "sticky.1",
+            "type",
+            "vxlan",
+            "local",
+            "192.0.2.9",
+        ],
+        back: |t| vtep_info(t)["local"] == "192.0.2.1",
+    },
+    Breakage {
+        what: "the VTEP's learning",
+        args: &["ip", "link", "set", "sticky.1", "type", "vxlan", "learning"],
+        back: |t| vtep_info(t)["learning"] == false,
+    },
+    Breakage {
+        what: "the VTEP's ttl",
+        args: &["ip", "link", "set", "sticky.1", "type", "vxlan", "ttl", "1"],
+        back: |t| vtep_info(t)["ttl"] == 0,
+    },
+    Breakage {
+        what: "the bridge's gateway",
+        args: &["ip", "addr", "flush", "dev", "stickybr0"],
+        back: |t| {
+            t.ip(1, &["addr", "show", "dev", "stickybr0"])
+                .contains("inet 10.244.1.1/24")
+        },
+    },
+    Breakage {
+        what: "ip_forward",
+        args: &["sysctl", "-qw", "net.ipv4.ip_forward=0"],
+        back: |t| forwarding(t, "net.ipv4.ip_forward") == "1",
+    },
+    Breakage {
+        what: "IPv6 forwarding",
+        args: &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=0"],
+        back: |t| forwarding(t, "net.ipv6.conf.all.forwarding") == "1",
+    },
+];
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn an_add_on_a_node_whose_data_path_was_broken_repairs_it_and_its_pod_reaches_its_peers() {
+    // Dual-stack pods: IPv6 forwarding is one of the settings they depend on.
+    let (mut topo, peers) = two_nodes(true);
+    let conf1 = topo.conf(1, json!({"peers": peers, "v6": true}));
+    let conf2 = topo.conf(2, json!({"peers": peers, "v6": true}));
+    let a = topo.new_pod(1, "a");
+    let b = topo.new_pod(2, "b");
+    topo.add(&a, &conf1);
+    let result_b = topo.add(&b, &conf2);
+    let ips_b = [ip_of(&result_b, false), ip_of(&result_b, true)];
+    for ip in &ips_b {
+        assert!(topo.reaches_within(&a, ip), "{ip} before any breakage");
+    }
+    let n1 = topo.node_ns(1);
+    // Every breakage is tried (each after the one before was repaired, or not): the failures
+    // are listed together.
+    let mut failures = Vec::new();
+    for (i, b) in BREAKAGES.iter().enumerate() {
+        succeeded(&topo.in_ns(&n1, b.args), b.what);
+        assert!(!(b.back)(&topo), "{}: not broken by {:?}", b.what, b.args);
+        let pod = topo.new_pod(1, &format!("p{i}"));
+        topo.add(&pod, &conf1);
+        if !(b.back)(&topo) {
+            failures.push(format!("{}: not repaired by the ADD", b.what));
+        }
+        for ip in &ips_b {
+            if !topo.reaches_within(&pod, ip) {
+                failures.push(format!("{}: the new pod does not reach {ip}", b.what));
+            }
+        }
+        // A full reconcile repairs it too.
+        succeeded(&topo.in_ns(&n1, b.args), b.what);
+        topo.reconciled(1, &conf1);
+        if !(b.back)(&topo) {
+            failures.push(format!("{}: not repaired by reconcile", b.what));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Whether `host` (a pod's host veth on node 1) is on the bridge, and its hairpin setting.
+fn port_of(topo: &Topo, host: &str) -> (bool, bool) {
+    let d = topo.link_details(&topo.node_ns(1), host);
+    let hairpin = d["linkinfo"]["info_slave_data"]["hairpin"] == true;
+    (d["master"] == "stickybr0", hairpin)
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_recreated_bridge_gets_every_pod_back_by_reconcile_or_by_one_add() {
+    let (mut topo, peers) = two_nodes(false);
+    let conf1 = topo.conf(1, json!({"peers": peers, "hairpinMode": true}));
+    let conf2 = topo.conf(2, json!({"peers": peers}));
+    let b = topo.new_pod(2, "b");
+    let ip_b = ip_of(&topo.add(&b, &conf2), false);
+    let mut pods: Vec<(Pod, String)> = Vec::new();
+    for i in 0..4 {
+        let p = topo.new_pod(1, &format!("a{i}"));
+        let r = topo.add(&p, &conf1);
+        let host = r["interfaces"][1]["name"].as_str().unwrap().to_string();
+        pods.push((p, host));
+    }
+    let n1 = topo.node_ns(1);
+    let all_back = |topo: &Topo, how: &str| {
+        for (p, host) in &pods {
+            assert_eq!(port_of(topo, host), (true, true), "{how}: {host}");
+            assert!(topo.reaches_within(p, &ip_b), "{how}: {} cut off", p.ns);
+        }
+    };
+    all_back(&topo, "before");
+
+    ok(&["ip", "-n", &n1, "link", "del", "stickybr0"]);
+    topo.reconciled(1, &conf1);
+    all_back(&topo, "after reconcile");
+
+    ok(&["ip", "-n", &n1, "link", "del", "stickybr0"]);
+    let c = topo.new_pod(1, "c");
+    topo.add(&c, &conf1);
+    all_back(&topo, "after one ADD");
 }

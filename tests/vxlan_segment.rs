@@ -51,6 +51,30 @@ fn segment(dir: &Path, name: &str, vni: u32, n: u8, extra: Value) -> Value {
     c
 }
 
+/// Links the reference `static` IPAM into the test's CNI_PATH.
+fn with_static(topo: &Topo) {
+    std::os::unix::fs::symlink("/usr/lib/cni/static", topo.cni_path.join("static"))
+        .expect("link static");
+}
+
+/// Segment `name` (VNI `vni`) for node `n` whose pod gets `ip` from the reference `static`
+/// IPAM with the `ips` capability, as Multus passes it ([`with_static`] first).
+fn static_segment(dir: &Path, (name, vni): (&str, u32), n: u8, ip: &str) -> Value {
+    segment(
+        dir,
+        name,
+        vni,
+        n,
+        json!({
+            // Debian's static (plugins 1.1.1) speaks up to 1.0.0.
+            "cniVersion": "1.0.0",
+            "capabilities": {"ips": true, "mac": true},
+            "ipam": {"type": "static"},
+            "runtimeConfig": {"ips": [ip]},
+        }),
+    )
+}
+
 /// The pod `pod` seen through another interface (a second segment of the same pod).
 fn iface(pod: &Pod, ifname: &str) -> Pod {
     Pod {
@@ -230,23 +254,8 @@ fn kube_vxlan_controller_example_a_and_b_talk_through_gw_and_a_neighbour_answers
 #[ignore = "needs root: network namespaces"]
 fn a_pod_recreated_on_its_static_address_keeps_its_mac_and_is_reached_with_nothing_run_elsewhere() {
     let (mut topo, dir) = nodes(2);
-    std::os::unix::fs::symlink("/usr/lib/cni/static", topo.cni_path.join("static")).unwrap();
-    // The reference `static` IPAM with the `ips` capability, as Multus passes it.
-    let conf = |n: u8, ip: &str| {
-        segment(
-            &dir,
-            "seg13",
-            103,
-            n,
-            json!({
-                // Debian's static (plugins 1.1.1) speaks up to 1.0.0.
-                "cniVersion": "1.0.0",
-                "capabilities": {"ips": true, "mac": true},
-                "ipam": {"type": "static"},
-                "runtimeConfig": {"ips": [ip]},
-            }),
-        )
-    };
+    with_static(&topo);
+    let conf = |n: u8, ip: &str| static_segment(&dir, ("seg13", 103), n, ip);
     let p = with_ifname(topo.new_pod(1, "p"), "net1");
     topo.add_args(&p, &conf(1, "192.168.13.1/24"), &k8s("p"));
     let q = with_ifname(topo.new_pod(2, "q"), "net1");
@@ -851,4 +860,55 @@ fn a_bad_requested_mac_is_quoted_once() {
         msg.starts_with(r#"runtimeConfig.mac "01:00:5e:00:00:01" is not a unicast MAC"#),
         "{msg}"
     );
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_segment_add_on_a_node_whose_vxlan_device_was_changed_repairs_it_and_its_pod_is_reached() {
+    let (mut topo, dir) = nodes(2);
+    with_static(&topo);
+    let conf = |n: u8, ip: &str| static_segment(&dir, ("seg15", 105), n, ip);
+    let p = with_ifname(topo.new_pod(1, "p"), "net1");
+    topo.add_args(&p, &conf(1, "192.168.15.1/24"), &k8s("p"));
+    let q = with_ifname(topo.new_pod(2, "q"), "net1");
+    topo.add_args(&q, &conf(2, "192.168.15.2/24"), &k8s("q"));
+    assert!(topo.reaches_within(&p, "192.168.15.2"));
+    let n1 = topo.node_ns(1);
+    let device = |topo: &Topo| topo.link_details(&n1, "segvx105");
+    // What was done to the device (in node 1), and whether its details show it repaired.
+    type Breakage<'a> = (&'a str, &'a [&'a str], &'a dyn Fn(&Value) -> bool);
+    let breakages: [Breakage; 2] = [
+        (
+            "local address and learning",
+            &[
+                "link",
+                "set",
+                "segvx105",
+                "type",
+                "vxlan",
+                "local",
+                "192.0.2.9",
+                "nolearning",
+            ],
+            &|d| {
+                d["linkinfo"]["info_data"]["local"] == "192.0.2.1"
+                    && d["linkinfo"]["info_data"]["learning"] == true
+            },
+        ),
+        ("master", &["link", "set", "segvx105", "nomaster"], &|d| {
+            d["master"] == "segbr105"
+        }),
+    ];
+    for (i, (what, args, back)) in breakages.into_iter().enumerate() {
+        topo.ip(1, args);
+        assert!(!back(&device(&topo)), "{what}: not broken by {args:?}");
+        let r = with_ifname(topo.new_pod(1, &format!("r{i}")), "net1");
+        let ip = format!("192.168.15.{}/24", 10 + i);
+        topo.add_args(&r, &conf(1, &ip), &k8s(&format!("r{i}")));
+        assert!(back(&device(&topo)), "{what}: not repaired by the ADD");
+        assert!(
+            topo.reaches_within(&r, "192.168.15.2"),
+            "{what}: the new pod does not reach its peer"
+        );
+    }
 }

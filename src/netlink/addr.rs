@@ -75,9 +75,11 @@ pub fn delete(sock: &mut Socket, index: u32, net: IpNet) -> Result<(), Error> {
     }
 }
 
-/// Every address on interface `index` (both families).
+/// Every address on interface `index` (both families). The request names the index, so a
+/// socket that checks strictly (ours do) gets only that interface's addresses, not the node's;
+/// the others are dropped here if a kernel sent them anyway.
 pub fn list(sock: &mut Socket, index: u32) -> Result<Vec<IpNet>, Error> {
-    Ok(list_all(sock)?
+    Ok(dump(sock, index)?
         .into_iter()
         .filter(|(i, _)| *i == index)
         .map(|(_, net)| net)
@@ -86,12 +88,15 @@ pub fn list(sock: &mut Socket, index: u32) -> Result<Vec<IpNet>, Error> {
 
 /// Every address of the namespace, with the index of the interface holding it.
 pub fn list_all(sock: &mut Socket) -> Result<Vec<(u32, IpNet)>, Error> {
-    let index = 0;
+    dump(sock, 0)
+}
+
+/// The addresses of interface `index` (0: of every interface), with their interface's index.
+fn dump(sock: &mut Socket, index: u32) -> Result<Vec<(u32, IpNet)>, Error> {
+    let mut msg = AddressMessage::default();
+    msg.header.index = index;
     let found = sock
-        .dump(
-            "list addresses",
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-        )
+        .dump("list addresses", RouteNetlinkMessage::GetAddress(msg))
         .map_err(|source| Error {
             addr: "*".into(),
             index,

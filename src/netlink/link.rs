@@ -53,13 +53,15 @@ fn ctx(name: &str) -> impl FnOnce(socket::Error) -> Error + '_ {
 }
 
 /// VXLAN parameters as the kernel reports them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VxlanInfo {
     pub vni: Option<u32>,
     pub port: Option<u16>,
     pub local: Option<IpAddr>,
     pub underlay: Option<u32>,
     pub learning: Option<bool>,
+    /// The outer packets' TTL; 0 (`ttl auto`) is the route's hop limit.
+    pub ttl: Option<u8>,
 }
 
 /// What we need to know about one link.
@@ -89,6 +91,7 @@ const IFLA_INFO_DATA: u16 = 2;
 const IFLA_VXLAN_ID: u16 = 1;
 const IFLA_VXLAN_LINK: u16 = 3;
 const IFLA_VXLAN_LOCAL: u16 = 4;
+const IFLA_VXLAN_TTL: u16 = 5;
 const IFLA_VXLAN_LEARNING: u16 = 7;
 const IFLA_VXLAN_PORT: u16 = 15;
 const IFLA_VXLAN_LOCAL6: u16 = 17;
@@ -175,6 +178,7 @@ fn vxlan_from_bytes(data: &[u8]) -> Result<VxlanInfo, decode::Error> {
             }
             IFLA_VXLAN_LINK => info.underlay = Some(parse_u32(v).map_err(bad)?),
             IFLA_VXLAN_LEARNING => info.learning = Some(parse_u8(v).map_err(bad)? > 0),
+            IFLA_VXLAN_TTL => info.ttl = Some(parse_u8(v).map_err(bad)?),
             _ => {}
         }
     }
@@ -529,6 +533,7 @@ mod tests {
                 InfoVxlan::Local6(l) => info.local = Some(IpAddr::V6(*l)),
                 InfoVxlan::Link(l) => info.underlay = Some(*l),
                 InfoVxlan::Learning(l) => info.learning = Some(*l),
+                InfoVxlan::Ttl(t) => info.ttl = Some(*t),
                 _ => {}
             }
         }

@@ -153,13 +153,7 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Seen) -> Result<Plan, Error> {
                 dev: Dev::Bridge,
                 change: marker(),
             });
-            let ours = |l: &&Link| {
-                l.alias
-                    .as_deref()
-                    .and_then(crate::vxlan::pod::parse_alias)
-                    .is_some_and(|(network, _, _)| network == cfg.name)
-            };
-            for l in seen.links.iter().filter(ours) {
+            for l in crate::vxlan::pod::host_ends(&cfg.name, &seen.links) {
                 steps.push(Step::Reattach(l.clone()));
             }
             (Some(node.mtu), false)
@@ -284,6 +278,7 @@ mod tests {
                 local: Some(ip(1)),
                 underlay: Some(2),
                 learning: Some(true),
+                ttl: Some(0),
             }),
             ..Link::default()
         };
@@ -507,6 +502,7 @@ mod tests {
             local: Some(want.local),
             underlay: Some(2),
             learning: Some(true),
+            ttl: None,
         };
         let l = |info| Link {
             vxlan: Some(info),
@@ -524,6 +520,10 @@ mod tests {
             },
             crate::netlink::link::VxlanInfo {
                 underlay: Some(3),
+                ..info.clone()
+            },
+            crate::netlink::link::VxlanInfo {
+                ttl: Some(1),
                 ..info.clone()
             },
         ] {

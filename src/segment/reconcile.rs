@@ -5,8 +5,10 @@
 //!
 //! As in the main mode ([`crate::vxlan::stamp`]), a full reconcile ends by stamping what it
 //! left and what a pod needs (this node's address, the MTU, its slice of the IPAM ranges); an
-//! ADD then checks the stamp with three link lookups and a `stat`, and reconciles in full only
-//! when something a reboot, an upgrade or a new peers file changes has changed.
+//! ADD then checks the stamp with three link lookups and a `stat` (the VXLAN device's local
+//! address, learning, port, TTL, underlay device and bridge among what the lookups compare),
+//! and reconciles in full only when something a reboot, an upgrade, a new peers file or a
+//! hand on the node changes has changed.
 
 use std::net::IpAddr;
 
@@ -75,7 +77,14 @@ fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(Node, ForPod), Error> {
         mtu: node.mtu,
         ranges,
     };
-    keeper.after(&before, (&vxlan, &bridge, &node.underlay), ready.clone());
+    // A segment carries frames: no address or sysctl of the node's is on its pods' way.
+    let depends = stamp::Depends::default();
+    keeper.after(
+        &before,
+        (&vxlan, &bridge, &node.underlay),
+        depends,
+        ready.clone(),
+    );
     Ok((node, ForPod { ready, bridge }))
 }
 
@@ -92,13 +101,7 @@ pub fn for_pod<K: Kernel>(k: &mut K, cfg: &Config) -> Result<ForPod, Error> {
 /// What the last full reconcile's stamp says, if it still holds; `None` when a full
 /// reconcile is needed.
 pub fn stamped<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Option<ForPod>, Error> {
-    let held = keeper(cfg).holding(|underlay| -> Result<stamp::Found, Error> {
-        Ok((
-            k.link(&cfg.vxlan())?,
-            k.link(&cfg.bridge())?,
-            k.link_at(underlay)?,
-        ))
-    })?;
+    let held = keeper(cfg).holding(k, (&cfg.vxlan(), &cfg.bridge()))?;
     Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
 }
 
@@ -201,6 +204,39 @@ mod tests {
             wider.ready.ranges.unwrap()[0][0]["rangeEnd"],
             "192.168.11.126"
         );
+    }
+
+    #[test]
+    fn an_add_repairs_a_vxlan_device_changed_in_place_or_taken_off_its_bridge() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(&dir);
+        let mut k = Fake::node("192.0.2.1/24");
+        for_pod(&mut k, &c).unwrap();
+        let made = k.seen.link("segvx101").cloned().unwrap();
+        type Edit = fn(&mut crate::netlink::link::Link);
+        let edits: [(&str, Edit); 5] = [
+            ("local", |l| {
+                l.vxlan.as_mut().unwrap().local = Some("192.0.2.9".parse().unwrap());
+            }),
+            ("learning", |l| {
+                l.vxlan.as_mut().unwrap().learning = Some(false)
+            }),
+            ("port", |l| l.vxlan.as_mut().unwrap().port = Some(4789)),
+            ("ttl", |l| l.vxlan.as_mut().unwrap().ttl = Some(1)),
+            ("master", |l| l.master = None),
+        ];
+        for (what, edit) in edits {
+            edit(k.link_mut("segvx101"));
+            k.queries.clear();
+            for_pod(&mut k, &c).unwrap();
+            assert!(dumps(&k) > 0, "{what}: not noticed");
+            let now = k.seen.link("segvx101").cloned().unwrap();
+            assert_eq!(
+                (&now.vxlan, now.master.is_some()),
+                (&made.vxlan, true),
+                "{what}: not repaired"
+            );
+        }
     }
 
     #[test]

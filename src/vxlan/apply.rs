@@ -6,7 +6,7 @@
 use super::Error;
 use super::config::Config;
 use super::devices::Dev;
-use super::kernel::{EntryWrite, Kernel};
+use super::kernel::{EntryWrite, Kernel, LinkChange};
 use super::node::Observed;
 use super::plan::{Plan, Step, route_for};
 use crate::netlink::link::Link;
@@ -133,6 +133,20 @@ pub fn apply(
                 entries.push(EntryWrite::ReplaceRoute(route_for(*dst, index)));
             }
             Step::DeleteRoute(route) => entries.push(EntryWrite::DeleteRoute(route.clone())),
+            Step::Reattach { link, hairpin } => {
+                let bridge = r.get(k, Dev::Bridge)?.index;
+                let put_back = k
+                    .change_link(link, &LinkChange::Master(bridge))
+                    .and_then(|()| match hairpin {
+                        true => k.set_hairpin(&link.name),
+                        false => Ok(()),
+                    });
+                match put_back {
+                    // Its pod was deleted since the veths were read: nothing to put back.
+                    Err(Error::Link(e)) if gone(&e) => {}
+                    other => other?,
+                }
+            }
             Step::Sysctl { key, value } => k.sysctl(key, value)?,
             Step::Firewall { script } => k.nft(script)?,
             Step::RemoveTables { tables } => k.nft_remove(tables)?,
@@ -150,6 +164,13 @@ pub fn apply(
         vtep: r.get(k, Dev::Vtep)?,
         bridge: r.get(k, Dev::Bridge)?,
     })
+}
+
+/// Whether a link error says the device is no longer there.
+fn gone(e: &crate::netlink::link::Error) -> bool {
+    let errno = e.errno();
+    errno == Some(nix::errno::Errno::ENODEV as i32)
+        || errno == Some(nix::errno::Errno::ENOENT as i32)
 }
 
 fn fdb(index: u32, mac: [u8; 6], dst: std::net::IpAddr) -> Fdb {

@@ -5,7 +5,7 @@
 //! set right after creating it. The rules:
 //! - no device of that name: create it (the VTEP with its kept MAC in the creating message);
 //! - our marker: ours: repaired (MAC, MTU, up); a VTEP whose VNI, port, local address, underlay
-//!   device or learning no longer match is deleted and created again;
+//!   device, learning or TTL no longer match is deleted and created again;
 //! - another network's marker: refused (two networks never share a VTEP or a bridge: each
 //!   would remove the other's peers and gateways);
 //! - no marker: a device made by a release before markers is adopted (marked) only when it
@@ -93,9 +93,13 @@ pub fn compatible(existing: &Link, want: &VxlanSpec) -> bool {
 }
 
 /// Whether a VXLAN device has the VNI, port, local address, underlay device and learning
-/// `want` asks for (a kernel that reports no learning flag counts as learning off): the
-/// parameters that cannot be changed on a live device. The main mode's VTEP and a segment's
-/// device are kept or recreated by this one rule.
+/// `want` asks for, and the TTL every device is made with (0, `ttl auto`: the route's hop
+/// limit); a kernel that reports no learning flag counts as learning off, none reporting a
+/// TTL as 0. The kernel refuses to change the VNI or the port of a live device; it changes
+/// the local address, learning and the TTL in place (`ip link set ... type vxlan local ...`)
+/// — the drift this catches. The main mode's VTEP and a segment's device are kept, or deleted
+/// and made again with their kept MAC (their entries are written again by the same
+/// reconcile), by this one rule.
 pub(crate) fn same_tunnel(existing: &Link, want: &VxlanSpec) -> bool {
     existing.vxlan.as_ref().is_some_and(|v| {
         v.vni == Some(want.vni)
@@ -103,6 +107,7 @@ pub(crate) fn same_tunnel(existing: &Link, want: &VxlanSpec) -> bool {
             && v.local == Some(want.local)
             && v.underlay == want.underlay
             && v.learning.unwrap_or(false) == want.learning
+            && v.ttl.unwrap_or(0) == 0
     })
 }
 

@@ -34,6 +34,8 @@ pub struct Fake {
     /// The container ends of the veths made through [`super::pods::Pods`]
     /// (`super::fake_pods`).
     pub containers: Vec<super::fake_pods::FakeContainer>,
+    /// Each sysctl as last written (a key never written reads as missing).
+    pub sysctls: std::collections::BTreeMap<String, String>,
 }
 
 impl Fake {
@@ -109,6 +111,11 @@ impl Kernel for Fake {
         let vxlan = |l: &&Link| l.kind.as_deref() == Some("vxlan");
         Ok(self.seen.links.iter().filter(vxlan).cloned().collect())
     }
+    fn veth_links(&mut self) -> Result<Vec<Link>, Error> {
+        self.queries.push("dump veth links".into());
+        let veth = |l: &&Link| l.kind.as_deref() == Some("veth");
+        Ok(self.seen.links.iter().filter(veth).cloned().collect())
+    }
     fn link(&mut self, name: &str) -> Result<Option<Link>, Error> {
         Ok(self.seen.link(name).cloned())
     }
@@ -118,6 +125,10 @@ impl Kernel for Fake {
     fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error> {
         self.queries.push("dump addresses".into());
         Ok(self.seen.addresses.clone())
+    }
+    fn addresses_of(&mut self, index: u32) -> Result<Vec<IpNet>, Error> {
+        self.queries.push(format!("addresses of #{index}"));
+        Ok(self.seen.addresses_of(index))
     }
     fn routes(&mut self) -> Result<Vec<Route>, Error> {
         self.queries.push("dump routes".into());
@@ -165,6 +176,7 @@ impl Kernel for Fake {
             local: Some(spec.local),
             underlay: spec.underlay,
             learning: Some(spec.learning),
+            ttl: Some(0),
         });
         Ok(())
     }
@@ -256,7 +268,16 @@ impl Kernel for Fake {
         write_each(self, writes)
     }
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error> {
-        self.write(format!("sysctl {key}={value}"))
+        self.write(format!("sysctl {key}={value}"))?;
+        self.sysctls.insert(key.into(), value.into());
+        Ok(())
+    }
+    fn read_sysctl(&mut self, key: &str) -> Result<Option<String>, Error> {
+        self.queries.push(format!("read sysctl {key}"));
+        Ok(self.sysctls.get(key).cloned())
+    }
+    fn set_hairpin(&mut self, name: &str) -> Result<(), Error> {
+        self.write(format!("hairpin {name}"))
     }
     fn disable_ipv6(&mut self, name: &str) -> Result<(), Error> {
         self.write(format!("disable ipv6 {name}"))

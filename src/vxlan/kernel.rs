@@ -86,10 +86,14 @@ pub trait Kernel {
     fn links(&mut self) -> Result<Vec<Link>, Error>;
     /// Every VXLAN device of the namespace (and no other link).
     fn vxlan_links(&mut self) -> Result<Vec<Link>, Error>;
+    /// Every veth of the namespace (and no other link): the pods' host ends among them.
+    fn veth_links(&mut self) -> Result<Vec<Link>, Error>;
     fn link(&mut self, name: &str) -> Result<Option<Link>, Error>;
     fn link_at(&mut self, index: u32) -> Result<Option<Link>, Error>;
     /// Every address of the namespace, with the index of the interface holding it.
     fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error>;
+    /// The addresses on interface `index` (the kernel filters them: no dump of the others).
+    fn addresses_of(&mut self, index: u32) -> Result<Vec<IpNet>, Error>;
     /// Every unicast route of the main table.
     fn routes(&mut self) -> Result<Vec<Route>, Error>;
     fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>, Error>;
@@ -116,6 +120,10 @@ pub trait Kernel {
         write_each(self, writes)
     }
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error>;
+    /// The value of `/proc/sys/<key>`, trimmed; `None` when it cannot be read.
+    fn read_sysctl(&mut self, key: &str) -> Result<Option<String>, Error>;
+    /// Hairpin mode on for the bridge port `name`.
+    fn set_hairpin(&mut self, name: &str) -> Result<(), Error>;
     /// No IPv6 on device `name` (no link-local address, router solicitation or MLD report
     /// from it); nothing to do when the kernel keeps no IPv6 settings for it.
     fn disable_ipv6(&mut self, name: &str) -> Result<(), Error>;
@@ -137,6 +145,9 @@ impl Kernel for Live<'_> {
     fn vxlan_links(&mut self) -> Result<Vec<Link>, Error> {
         Ok(link::list_kind(self.sock, InfoKind::Vxlan)?)
     }
+    fn veth_links(&mut self) -> Result<Vec<Link>, Error> {
+        Ok(link::list_kind(self.sock, InfoKind::Veth)?)
+    }
     fn link(&mut self, name: &str) -> Result<Option<Link>, Error> {
         Ok(link::get(self.sock, name)?)
     }
@@ -145,6 +156,9 @@ impl Kernel for Live<'_> {
     }
     fn addresses(&mut self) -> Result<Vec<(u32, IpNet)>, Error> {
         Ok(addr::list_all(self.sock)?)
+    }
+    fn addresses_of(&mut self, index: u32) -> Result<Vec<IpNet>, Error> {
+        Ok(addr::list(self.sock, index)?)
     }
     fn routes(&mut self) -> Result<Vec<Route>, Error> {
         Ok(route::list(self.sock)?)
@@ -213,6 +227,12 @@ impl Kernel for Live<'_> {
     }
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), Error> {
         Ok(sysctl::write(key, value)?)
+    }
+    fn read_sysctl(&mut self, key: &str) -> Result<Option<String>, Error> {
+        Ok(sysctl::read(key).ok())
+    }
+    fn set_hairpin(&mut self, name: &str) -> Result<(), Error> {
+        Ok(link::set_hairpin(name)?)
     }
     fn disable_ipv6(&mut self, name: &str) -> Result<(), Error> {
         let key = format!("net/ipv6/conf/{name}/disable_ipv6");

@@ -23,15 +23,21 @@ pub struct Observed {
     pub routes: Vec<Route>,
     pub vtep_fdb: Vec<Fdb>,
     pub vtep_neighbours: Vec<Neighbour>,
+    /// The host ends of this network's pods ([`super::pod::host_ends`]), on the bridge or not.
+    pub pods: Vec<Link>,
 }
 
 impl Observed {
     /// What programming the node needs. Links: every VXLAN device (the VTEP, any VTEP an
     /// earlier config left, any other device on the VNI), and the links named as the VTEP
-    /// and the bridge, whatever their kind. The node's other links (on a busy node, a veth
-    /// per pod) are not read: [`resolve`] asks for the underlay by name or index when it is
-    /// not among these.
-    pub fn read(k: &mut impl Kernel, vtep_name: &str, bridge: &str) -> Result<Observed, Error> {
+    /// and the bridge, whatever their kind; the host ends of this network's pods (one veth
+    /// dump: O(pods on this node), so that a bridge made again gets them back). Other links
+    /// are not read: [`resolve`] asks for the underlay by name or index when it is not among
+    /// these.
+    pub fn read(k: &mut impl Kernel, cfg: &Config) -> Result<Observed, Error> {
+        let (vtep_name, bridge) = (cfg.vtep_name.as_str(), cfg.bridge.as_str());
+        let veths = k.veth_links()?;
+        let pods = super::pod::host_ends(&cfg.name, &veths).cloned().collect();
         let mut links = k.vxlan_links()?;
         for name in [vtep_name, bridge] {
             if !links.iter().any(|l| l.name == name)
@@ -51,6 +57,7 @@ impl Observed {
             links,
             vtep_fdb,
             vtep_neighbours,
+            pods,
         })
     }
 
@@ -431,7 +438,7 @@ mod tests {
     }
 
     fn identify_on(k: &mut Fake, cfg: &Config, all: &[Peer]) -> Result<Node, Error> {
-        let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge).unwrap();
+        let seen = Observed::read(k, cfg).unwrap();
         identify(k, cfg, &seen, all, None)
     }
 

@@ -10,7 +10,8 @@
 //! through any other device is refused, named, and left alone.
 //!
 //! Order (so any earlier state converges, issue 8 rule 2): the devices first (a VTEP whose
-//! parameters changed is recreated, which drops its entries); then every stale entry is
+//! parameters changed is recreated, which drops its entries; this network's pod veths off
+//! the bridge go back on it); then every stale entry is
 //! removed (an own address or gateway of an earlier subnet, peers no longer listed), so a new
 //! peer taking this node's old subnet never meets its old `/32` or connected route; then the
 //! wanted entries; then sysctls and nftables. While the peers file cannot be used nothing is
@@ -27,7 +28,7 @@ use super::kernel::LinkChange;
 use super::mac::vtep_mac;
 use super::node::{Node, Observed, gateway_of};
 use super::{Error, ROUTE_PROTOCOL, firewall};
-use crate::netlink::link::VxlanSpec;
+use crate::netlink::link::{Link, VxlanSpec};
 use crate::netlink::route::Route;
 
 pub use super::devices::marker;
@@ -78,6 +79,13 @@ pub enum Step {
         dst: IpNet,
     },
     DeleteRoute(Route),
+    /// A pod's host end of this network back on the bridge (made again: deleting a bridge
+    /// releases its ports, and the pods behind them are still there), hairpin mode on when
+    /// the config asks for it.
+    Reattach {
+        link: Link,
+        hairpin: bool,
+    },
     Sysctl {
         key: String,
         value: String,
@@ -140,20 +148,28 @@ pub fn desired(vni: u32, node: &Node) -> Desired {
             d.routes.push(*s);
         }
     }
+    (d.own, d.gateways) = local_addresses(node);
+    d
+}
+
+/// This node's own `/32`s on the VTEP (the network address of each IPv4 subnet) and the
+/// bridge's gateways (the first address of each local subnet, with its prefix).
+pub fn local_addresses(node: &Node) -> (Vec<IpNet>, Vec<IpNet>) {
+    let (mut own, mut gateways) = (Vec::new(), Vec::new());
     for s in &node.local.subnets {
         if s.addr().is_ipv4()
             && let Ok(net) = IpNet::new(s.network(), 32)
         {
-            d.own.push(net);
+            own.push(net);
         }
         // Same family and prefix as a valid subnet, so `IpNet::new` cannot fail.
         if let Some(gw) = gateway_of(s)
             && let Ok(net) = IpNet::new(gw, s.prefix_len())
         {
-            d.gateways.push(net);
+            gateways.push(net);
         }
     }
-    d
+    (own, gateways)
 }
 
 /// The route [`Step::ReplaceRoute`] installs for `dst` through the VTEP `vtep`.
@@ -199,6 +215,16 @@ pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
     }
     let vtep = devices::vtep(cfg, node, seen, &mut steps)?;
     let bridge = devices::bridge(cfg, node, seen, &mut steps)?;
+    // This network's pods off the bridge (all of them when it is made again) go back on it.
+    let bridge_index = bridge.map(|b| b.index);
+    for l in &seen.pods {
+        if bridge_index.is_none() || l.master != bridge_index {
+            steps.push(Step::Reattach {
+                link: l.clone(),
+                hairpin: cfg.hairpin_mode,
+            });
+        }
+    }
     // Entries on a VTEP that is (re)created are gone with the old device.
     let (have_fdb, have_neigh, vtep_index) = match vtep {
         Some(l) => (&seen.vtep_fdb[..], &seen.vtep_neighbours[..], Some(l.index)),
@@ -398,7 +424,7 @@ mod tests {
 
     /// Plans against the fake's state and applies the plan to it; returns the plan.
     fn reconcile(cfg: &Config, node: &Node, k: &mut Fake) -> Result<Plan, Error> {
-        let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge)?;
+        let seen = Observed::read(k, cfg)?;
         let p = plan(cfg, node, &seen)?;
         apply(k, cfg, &p, &seen)?;
         Ok(p)
@@ -1018,6 +1044,65 @@ mod tests {
     }
 
     #[test]
+    fn this_networks_pods_off_the_bridge_go_back_on_it_with_hairpin() {
+        let (_, node, mut k) = setup();
+        let cfg = conf(json!({"hairpinMode": true}));
+        let pod = |k: &mut Fake, name: &str, network: &str| {
+            k.add_link(name, "veth");
+            k.link_mut(name).alias = Some(format!("sticky-vxlan {network} c-{name} eth0"));
+        };
+        pod(&mut k, "sv01", "edge");
+        pod(&mut k, "sv02", "edge");
+        pod(&mut k, "sv03", "other");
+        // A veth of ours without our alias (the node's uplink is one in these fakes) stays.
+        let reattached = |p: &Plan| -> Vec<(String, bool)> {
+            p.steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Reattach { link, hairpin } => Some((link.name.clone(), *hairpin)),
+                    _ => None,
+                })
+                .collect()
+        };
+        // A fresh bridge: every pod of this network, none of another's.
+        let p = reconcile(&cfg, &node, &mut k).unwrap();
+        let bridge = k.seen.link("stickybr0").unwrap().index;
+        assert_eq!(
+            reattached(&p),
+            [("sv01".to_string(), true), ("sv02".to_string(), true)]
+        );
+        let create = position(&p, |s| matches!(s, Step::CreateBridge { .. }));
+        assert!(create < position(&p, |s| matches!(s, Step::Reattach { .. })));
+        assert!(
+            k.writes.contains(&"hairpin sv01".to_string()),
+            "{:?}",
+            k.writes
+        );
+        assert_eq!(k.seen.link("sv01").unwrap().master, Some(bridge));
+        assert_eq!(k.seen.link("sv03").unwrap().master, None, "not ours");
+        // All on the bridge: nothing to do; one taken off by hand: only that one.
+        assert_eq!(reattached(&reconcile(&cfg, &node, &mut k).unwrap()), []);
+        k.link_mut("sv02").master = None;
+        let p = reconcile(&cfg, &node, &mut k).unwrap();
+        assert_eq!(reattached(&p), [("sv02".to_string(), true)]);
+        // Without hairpinMode, back on the bridge without it.
+        k.link_mut("sv02").master = None;
+        let plain = conf(json!({}));
+        let writes = k.writes.len();
+        reconcile(&plain, &node, &mut k).unwrap();
+        assert!(
+            !k.writes[writes..].iter().any(|w| w.starts_with("hairpin")),
+            "{:?}",
+            &k.writes[writes..]
+        );
+        assert_eq!(k.seen.link("sv02").unwrap().master, Some(bridge));
+        // A pod deleted between the read and its reattach: skipped, the reconcile goes on.
+        k.link_mut("sv02").master = None;
+        k.fail = Some(("change sv02".into(), nix::errno::Errno::ENODEV as i32));
+        reconcile(&cfg, &node, &mut k).unwrap();
+    }
+
+    #[test]
     fn compatible_keeps_only_mac_and_mtu_drift() {
         let (cfg, node, _) = setup();
         let want = vtep_spec(&cfg, &node);
@@ -1030,12 +1115,13 @@ mod tests {
         drift.mtu = Some(1300);
         assert!(compatible(&drift, &want));
         type Edit = fn(&mut crate::netlink::link::VxlanInfo);
-        let edits: [(&str, Edit); 5] = [
+        let edits: [(&str, Edit); 6] = [
             ("vni", |v| v.vni = Some(2)),
             ("port", |v| v.port = Some(4789)),
             ("local", |v| v.local = Some("192.0.2.9".parse().unwrap())),
             ("underlay", |v| v.underlay = Some(9)),
             ("learning", |v| v.learning = Some(true)),
+            ("ttl", |v| v.ttl = Some(1)),
         ];
         for (what, edit) in edits {
             let mut l = made.clone();

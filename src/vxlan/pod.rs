@@ -84,6 +84,18 @@ pub fn host_alias(network: &str, container_id: &str, ifname: &str) -> String {
     format!("sticky-vxlan {network} {container_id} {ifname}")
 }
 
+/// The host ends of `network`'s pods among `links`, found by their alias ([`host_alias`]):
+/// what a bridge made again takes back (deleting a bridge releases its ports, and the pods
+/// behind them are still there). Both modes find them this way.
+pub fn host_ends<'a>(network: &'a str, links: &'a [Link]) -> impl Iterator<Item = &'a Link> {
+    links.iter().filter(move |l| {
+        l.alias
+            .as_deref()
+            .and_then(parse_alias)
+            .is_some_and(|(net, _, _)| net == network)
+    })
+}
+
 /// The interfaces of an ADD result, in the order both modes report them: the bridge, the
 /// host end, the container end (index 2, which the result's `ips` point at).
 pub fn result_interfaces(

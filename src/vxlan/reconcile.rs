@@ -60,9 +60,9 @@ pub struct ForPod {
 }
 
 /// ADD's way to the node: when the last full reconcile's stamp still holds (nothing a reboot,
-/// an upgrade or a new peers file changes has changed), three link lookups and the stamp;
-/// otherwise a full reconcile ([`stamp`] says what is checked and what is left to the
-/// resync). Under the network's lock either way.
+/// an upgrade, a new peers file or a hand on the node changes has changed), what
+/// [`stamped`] reads; otherwise a full reconcile ([`stamp`] says what is checked and what is
+/// left to the resync). Under the network's lock either way.
 pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
     let _guard = state_dir::lock(cfg)?;
     if let Some(node) = stamped(k, cfg)? {
@@ -76,16 +76,11 @@ pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
 }
 
 /// What the last full reconcile's stamp says, if it still holds ([`stamp`]: three link
-/// lookups and a `stat`); `None` when a full reconcile is needed. DEL, CHECK and GC take this
-/// node's subnets from it too, so none of them reads the peer list while it holds.
+/// lookups, at most two address requests, the forwarding sysctls and a `stat`); `None` when
+/// a full reconcile is needed. DEL, CHECK and GC take this node's subnets from it too, so
+/// none of them reads the peer list while it holds.
 pub fn stamped(k: &mut impl Kernel, cfg: &Config) -> Result<Option<ForPod>, Error> {
-    let held = keeper(cfg).holding(|underlay| -> Result<stamp::Found, Error> {
-        Ok((
-            k.link(&cfg.vtep_name)?,
-            k.link(&cfg.bridge)?,
-            k.link_at(underlay)?,
-        ))
-    })?;
+    let held = keeper(cfg).holding(k, (&cfg.vtep_name, &cfg.bridge))?;
     Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
 }
 
@@ -142,7 +137,7 @@ fn keeper(cfg: &Config) -> stamp::Keeper<'_> {
 fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let keeper = keeper(cfg);
     let before = keeper.before();
-    let seen = Observed::read(k, &cfg.vtep_name, &cfg.bridge)?;
+    let seen = Observed::read(k, cfg)?;
     let peers = node::peer_list(cfg)?;
     // The file that was used is kept for when it cannot be: here, under the lock, in the
     // open (working the node out only reads).
@@ -151,13 +146,38 @@ fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     node.check(cfg.vni)?;
     let plan = plan::plan(cfg, &node, &seen).map_err(|e| name_device(k, e))?;
     let Devices { vtep, bridge } = apply::apply(k, cfg, &plan, &seen)?;
-    keeper.after(&before, (&vtep, &bridge, &node.underlay), ready_of(&node));
+    let depends = depends_of(&node, &plan);
+    keeper.after(
+        &before,
+        (&vtep, &bridge, &node.underlay),
+        depends,
+        ready_of(&node),
+    );
     Ok(Report {
         node,
         vtep,
         bridge,
         plan,
     })
+}
+
+/// What the node's pods depend on beyond the devices, as the plan just set it: this node's
+/// own `/32`s on the VTEP, the gateways on the bridge, the forwarding sysctls.
+fn depends_of(node: &Node, plan: &Plan) -> stamp::Depends {
+    let (vtep_addresses, bridge_addresses) = plan::local_addresses(node);
+    let sysctls = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            plan::Step::Sysctl { key, value } => Some((key.clone(), value.clone())),
+            _ => None,
+        })
+        .collect();
+    stamp::Depends {
+        vtep_addresses,
+        bridge_addresses,
+        sysctls,
+    }
 }
 
 /// A foreign route's device, named for the error when the plan had not read that link.
@@ -272,6 +292,77 @@ mod tests {
     }
 
     #[test]
+    fn an_add_reconciles_in_full_when_a_setting_its_pods_depend_on_changed_and_repairs_it() {
+        let (_dir, cfg) = two_nodes();
+        let mut k = Fake::node("192.0.2.1/24");
+        for_pod(&mut k, &cfg).unwrap();
+        let vtep = |k: &mut Fake| -> crate::netlink::link::VxlanInfo {
+            k.link_mut("sticky.1").vxlan.clone().unwrap()
+        };
+        let made = vtep(&mut k);
+        let on = |k: &Fake, dev: &str, net: &str| {
+            let index = k.seen.link(dev).unwrap().index;
+            k.seen.addresses_of(index).contains(&net.parse().unwrap())
+        };
+        let off = |k: &mut Fake, dev: &str, net: &str| {
+            let index = k.seen.link(dev).unwrap().index;
+            let net: IpNet = net.parse().unwrap();
+            k.seen.addresses.retain(|a| *a != (index, net));
+        };
+        type Break = Box<dyn Fn(&mut Fake)>;
+        type Back = Box<dyn Fn(&mut Fake) -> bool>;
+        let tunnel = |edit: fn(&mut crate::netlink::link::VxlanInfo)| -> Break {
+            Box::new(move |k| edit(k.link_mut("sticky.1").vxlan.as_mut().unwrap()))
+        };
+        let same = {
+            let made = made.clone();
+            move || -> Back {
+                let made = made.clone();
+                Box::new(move |k| vtep(k) == made)
+            }
+        };
+        let cases: Vec<(&str, Break, Back)> = vec![
+            (
+                "local",
+                tunnel(|v| v.local = Some("192.0.2.9".parse().unwrap())),
+                same(),
+            ),
+            ("learning", tunnel(|v| v.learning = Some(true)), same()),
+            ("ttl", tunnel(|v| v.ttl = Some(1)), same()),
+            ("underlay", tunnel(|v| v.underlay = Some(99)), same()),
+            (
+                "the bridge's gateway",
+                Box::new(move |k| off(k, "stickybr0", "10.244.1.1/24")),
+                Box::new(move |k| on(k, "stickybr0", "10.244.1.1/24")),
+            ),
+            (
+                "the VTEP's own /32",
+                Box::new(move |k| off(k, "sticky.1", "10.244.1.0/32")),
+                Box::new(move |k| on(k, "sticky.1", "10.244.1.0/32")),
+            ),
+            (
+                "ip_forward",
+                Box::new(|k| {
+                    k.sysctls.insert("net/ipv4/ip_forward".into(), "0".into());
+                }),
+                Box::new(|k| k.sysctls["net/ipv4/ip_forward"] == "1"),
+            ),
+        ];
+        for (what, breaks, back) in cases {
+            breaks(&mut k);
+            assert!(!back(&mut k), "{what}");
+            k.queries.clear();
+            for_pod(&mut k, &cfg).unwrap();
+            assert!(dumps(&k) > 0, "{what}: not noticed");
+            assert!(back(&mut k), "{what}: not repaired");
+            // Repaired and stamped: the next ADD reads no table.
+            k.queries.clear();
+            for_pod(&mut k, &cfg).unwrap();
+            assert_eq!(dumps(&k), 0, "{what}: {:?}", k.queries);
+        }
+    }
+
+    #[test]
     fn a_changed_peers_file_is_programmed_by_the_next_add() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("peers.json");
@@ -354,7 +445,7 @@ mod tests {
             onlink: false,
             protocol: 3,
         });
-        let seen = Observed::read(&mut k, &cfg.vtep_name, &cfg.bridge).unwrap();
+        let seen = Observed::read(&mut k, &cfg).unwrap();
         assert!(seen.link("eth1").is_none(), "a plain link is not read");
         let err = node_with(&mut k, &cfg).unwrap_err();
         assert!(

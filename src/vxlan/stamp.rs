@@ -3,18 +3,24 @@
 //!
 //! A full reconcile ([`super::reconcile`]) ends by writing `<stateDir>/<network>.stamp`: the
 //! network's settings (a hash), the peers file's identity (device, inode, size, modification
-//! and change times) and content hash, the VTEP's and the bridge's index, MAC and MTU, the
-//! underlay device's, and what an ADD needs (this node's address and subnets, the MTU). A
+//! and change times) and content hash, the VTEP's and the bridge's index, MAC, MTU, marker,
+//! master and VXLAN parameters (VNI, local address, learning, port, TTL, underlay device), the
+//! underlay device's, what the node's pods depend on beyond the devices ([`Depends`]: the
+//! VTEP's and the bridge's addresses, the forwarding sysctls) and what an ADD needs (this
+//! node's address and subnets, the MTU). A
 //! write to the file changes its change time (no tool can set that one), except a write within
 //! the same clock tick as the one before (file times are coarse): when the stamp was taken
 //! less than [`FRESH`] after the file's last change, the ADD also compares the content hash,
 //! and the first one that finds it unchanged once the file is older than that re-stamps
-//! without the need. An ADD then checks only what a reboot, an upgrade or a changed
-//! file can break: the stamp exists and was written by this release for these settings, the
-//! peers file is the one reconciled, and the VTEP, the bridge and the underlay are the devices
-//! it saw (three link lookups, no dump). When one differs, the ADD reconciles in full, as
-//! before. What the check does not look at (an entry deleted by hand, a flushed nftables
-//! table) is repaired by the next full reconcile: the node agent's periodic resync
+//! without the need. An ADD then checks only what a reboot, an upgrade, a changed file or a
+//! hand on the node can break in what every pod depends on: the stamp exists and was written
+//! by this release for these settings, the peers file is the one reconciled, the VTEP, the
+//! bridge and the underlay are the devices it saw with the same parameters (three link
+//! lookups), the addresses are still on them (one filtered address request per device that
+//! holds any) and the sysctls still read as set (one file each). None of it grows with the
+//! peers. When one differs, the ADD reconciles in full, as before. What the check does not
+//! look at (an entry deleted by hand, a flushed nftables table, a pod veth taken off the
+//! bridge) is repaired by the next full reconcile: the node agent's periodic resync
 //! (`--resync`, 60 s by default), `sticky-vxlan reconcile`, the boot unit (docs/vxlan.md).
 //!
 //! The stamp is a cache: losing it (a reboot empties `/run`) costs one full reconcile; it is
@@ -23,15 +29,18 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use ipnet::IpNet;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::netlink::link::Link;
+use super::Error;
+use super::kernel::Kernel;
+use crate::netlink::link::{Link, VxlanInfo};
 use crate::nofollow;
 
 /// Bumped when the stamp's meaning changes: an older stamp is never trusted.
-const VERSION: &str = concat!("1 ", env!("CARGO_PKG_VERSION"));
+const VERSION: &str = concat!("2 ", env!("CARGO_PKG_VERSION"));
 
 /// A file changed less than this before the stamp was taken may change again without its
 /// times showing it (file times tick coarsely).
@@ -78,6 +87,10 @@ pub struct DeviceId {
     pub mac: Option<[u8; 6]>,
     pub mtu: Option<u32>,
     pub alias: Option<String>,
+    /// The bridge it is a port of (a segment's VXLAN device).
+    pub master: Option<u32>,
+    /// A VXLAN device's parameters (VNI, local address, learning, port, TTL, underlay).
+    pub vxlan: Option<VxlanInfo>,
 }
 
 impl DeviceId {
@@ -87,8 +100,23 @@ impl DeviceId {
             mac: l.mac,
             mtu: l.mtu,
             alias: l.alias.clone(),
+            master: l.master,
+            vxlan: l.vxlan.clone(),
         }
     }
+}
+
+/// What the node's pods depend on beyond the devices themselves, as a full reconcile left it:
+/// each mode says what ([`super::reconcile`]; a segment carries frames only, and has none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Depends {
+    /// Addresses the VXLAN device holds (the main mode's own `/32`s: without its last IPv4
+    /// address the kernel drops every route through the device).
+    pub vtep_addresses: Vec<IpNet>,
+    /// Addresses the bridge holds (the pods' gateways).
+    pub bridge_addresses: Vec<IpNet>,
+    /// Sysctls as set (`net/ipv4/ip_forward` = `1`, ...).
+    pub sysctls: Vec<(String, String)>,
 }
 
 /// The peers file's content, as [`crate::nofollow::read_regular`] reads a file (a FIFO or a
@@ -111,6 +139,7 @@ pub struct Stamp<R> {
     vtep: DeviceId,
     bridge: DeviceId,
     underlay: DeviceId,
+    depends: Depends,
     /// What an ADD needs of the node (each mode says what).
     pub ready: R,
 }
@@ -134,17 +163,28 @@ pub enum Check {
     Stale,
 }
 
-/// The three devices a stamp names, as an ADD finds them: the VXLAN device, the bridge and
-/// the underlay.
-pub type Found = (Option<Link>, Option<Link>, Option<Link>);
+/// What an ADD finds of what a stamp names: the VXLAN device, the bridge and the underlay,
+/// the addresses on the first two (read only when the stamp names some), and the value of
+/// each of the stamp's sysctls, in its order.
+#[derive(Debug, Clone, Default)]
+pub struct Found {
+    pub vtep: Option<Link>,
+    pub bridge: Option<Link>,
+    pub underlay: Option<Link>,
+    pub vtep_addresses: Vec<IpNet>,
+    pub bridge_addresses: Vec<IpNet>,
+    pub sysctls: Vec<Option<String>>,
+}
 
 impl<R> Stamp<R> {
     /// The stamp of a full reconcile whose settings hash to `settings` and that left these
-    /// devices. `peers_file`: the file's identity and content as the reconcile read them.
+    /// devices and `depends`. `peers_file`: the file's identity and content as the reconcile
+    /// read them.
     pub fn new(
         settings: String,
         peers_file: Option<(FileId, &[u8])>,
         (vtep, bridge, underlay): (&Link, &Link, &Link),
+        depends: Depends,
         ready: R,
     ) -> Stamp<R> {
         Stamp {
@@ -156,34 +196,68 @@ impl<R> Stamp<R> {
             vtep: DeviceId::of(vtep),
             bridge: DeviceId::of(bridge),
             underlay: DeviceId::of(underlay),
+            depends,
             ready,
         }
     }
 
     /// Pure: whether the node is still as this stamp says, given what the ADD found (the
-    /// settings' hash, the peers file's identity now, the three devices now). The VXLAN
-    /// device and the bridge must be the very devices the reconcile left (same index: a
-    /// device deleted and made again by anyone has another), with the same MAC and MTU, and up.
-    pub fn check(
-        &self,
-        settings: &str,
-        peers_file: Option<FileId>,
-        (vtep, bridge, underlay): (Option<&Link>, Option<&Link>, Option<&Link>),
-    ) -> Check {
+    /// settings' hash, the peers file's identity now, [`Found`]). The VXLAN device and the
+    /// bridge must be the very devices the reconcile left (same index: a device deleted and
+    /// made again by anyone has another), with the same MAC, MTU, marker, master and VXLAN
+    /// parameters, and up; every address the reconcile put on them still there (others may
+    /// have come: an IPAM's own gateway); every sysctl reading as it was set.
+    pub fn check(&self, settings: &str, peers_file: Option<FileId>, found: &Found) -> Check {
         let same = |want: &DeviceId, l: Option<&Link>, up: bool| {
             l.is_some_and(|l| DeviceId::of(l) == *want && (!up || l.up))
         };
+        let held = |want: &[IpNet], have: &[IpNet]| want.iter().all(|a| have.contains(a));
+        let d = &self.depends;
         let holds = self.version == VERSION
             && self.settings == settings
             && self.peers_file == peers_file
-            && same(&self.vtep, vtep, true)
-            && same(&self.bridge, bridge, true)
-            && same(&self.underlay, underlay, false);
+            && same(&self.vtep, found.vtep.as_ref(), true)
+            && same(&self.bridge, found.bridge.as_ref(), true)
+            && same(&self.underlay, found.underlay.as_ref(), false)
+            && held(&d.vtep_addresses, &found.vtep_addresses)
+            && held(&d.bridge_addresses, &found.bridge_addresses)
+            && d.sysctls.len() == found.sysctls.len()
+            && d.sysctls
+                .iter()
+                .zip(&found.sysctls)
+                .all(|((_, want), have)| have.as_deref() == Some(want.as_str()));
         match (&self.peers_hash, holds) {
             (_, false) => Check::Stale,
             (Some(h), true) if self.verify_content => Check::IfContent(h.clone()),
             _ => Check::Holds,
         }
+    }
+
+    /// What the check reads through `k`, the devices named `vtep` and `bridge`: three link
+    /// lookups, the addresses of a device the stamp says holds some, each sysctl. Nothing
+    /// here grows with the peers.
+    fn find(&self, k: &mut impl Kernel, (vtep, bridge): (&str, &str)) -> Result<Found, Error> {
+        let mut found = Found {
+            vtep: k.link(vtep)?,
+            bridge: k.link(bridge)?,
+            underlay: k.link_at(self.underlay.index)?,
+            ..Found::default()
+        };
+        let d = &self.depends;
+        if let Some(l) = found.vtep.as_ref().filter(|_| !d.vtep_addresses.is_empty()) {
+            found.vtep_addresses = k.addresses_of(l.index)?;
+        }
+        if let Some(l) = found
+            .bridge
+            .as_ref()
+            .filter(|_| !d.bridge_addresses.is_empty())
+        {
+            found.bridge_addresses = k.addresses_of(l.index)?;
+        }
+        for (key, _) in &d.sysctls {
+            found.sysctls.push(k.read_sysctl(key)?);
+        }
+        Ok(found)
     }
 
     /// The same stamp, no longer asking ADD to compare the content: once the file is older
@@ -216,40 +290,47 @@ impl Keeper<'_> {
         self.peers_file.map(|p| Some((FileId::of(p)?, content(p)?)))
     }
 
-    /// After a full reconcile that left these devices (VXLAN device, bridge, underlay):
-    /// stamps it, or forgets the stamp when the peers file could not be read.
-    pub fn after<R: Serialize>(&self, before: &Before, devices: (&Link, &Link, &Link), ready: R) {
-        match before {
-            Some(None) => self.forget(),
-            Some(Some((id, text))) => self.write(&Stamp::new(
-                self.settings.clone(),
-                Some((*id, text)),
-                devices,
-                ready,
-            )),
-            None => self.write(&Stamp::new(self.settings.clone(), None, devices, ready)),
-        }
+    /// After a full reconcile that left these devices (VXLAN device, bridge, underlay) and
+    /// `depends`: stamps it, or forgets the stamp when the peers file could not be read.
+    pub fn after<R: Serialize>(
+        &self,
+        before: &Before,
+        devices: (&Link, &Link, &Link),
+        depends: Depends,
+        ready: R,
+    ) {
+        let file = match before {
+            Some(None) => return self.forget(),
+            Some(Some((id, text))) => Some((*id, text.as_slice())),
+            None => None,
+        };
+        self.write(&Stamp::new(
+            self.settings.clone(),
+            file,
+            devices,
+            depends,
+            ready,
+        ));
     }
 
-    /// What the stamp says an ADD needs, and the bridge, if the stamp still holds: `find`
-    /// looks up the three devices (given the underlay's index). `None`: reconcile in full.
-    pub fn holding<R, E>(
+    /// What the stamp says an ADD needs, and the bridge, if the stamp still holds, reading
+    /// through `k` the devices named `devices` (VXLAN device, bridge) and what the stamp
+    /// names ([`Stamp::check`]). `None`: reconcile in full.
+    pub fn holding<R>(
         &self,
-        find: impl FnOnce(u32) -> Result<Found, E>,
-    ) -> Result<Option<(R, Link)>, E>
+        k: &mut impl Kernel,
+        devices: (&str, &str),
+    ) -> Result<Option<(R, Link)>, Error>
     where
         R: Serialize + DeserializeOwned,
     {
         let Some(s) = self.read::<R>() else {
             return Ok(None);
         };
-        let (vtep, bridge, underlay) = find(s.underlay.index)?;
+        let found = s.find(k, devices)?;
+        let bridge = found.bridge.clone();
         let file = self.peers_file.and_then(FileId::of);
-        let holds = match s.check(
-            &self.settings,
-            file,
-            (vtep.as_ref(), bridge.as_ref(), underlay.as_ref()),
-        ) {
+        let holds = match s.check(&self.settings, file, &found) {
             Check::Holds => true,
             Check::IfContent(want) => {
                 let same = self
@@ -300,6 +381,7 @@ impl Keeper<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vxlan::fake::Fake;
 
     fn link(index: u32, mac: u8, up: bool) -> Link {
         Link {
@@ -312,48 +394,135 @@ mod tests {
         }
     }
 
+    fn found(v: &Link, b: &Link, u: &Link) -> Found {
+        Found {
+            vtep: Some(v.clone()),
+            bridge: Some(b.clone()),
+            underlay: Some(u.clone()),
+            ..Found::default()
+        }
+    }
+
     fn stamp() -> (Stamp<u32>, Link, Link, Link) {
         let (v, b, u) = (link(7, 1, true), link(8, 2, true), link(2, 3, true));
-        (Stamp::new("s".into(), None, (&v, &b, &u), 1450), v, b, u)
+        let s = Stamp::new("s".into(), None, (&v, &b, &u), Depends::default(), 1450);
+        (s, v, b, u)
     }
 
     #[test]
     fn the_stamp_holds_only_while_everything_it_names_is_as_it_was() {
         let (s, v, b, u) = stamp();
-        let holds = |s: &Stamp<u32>, f, d: (Option<&Link>, Option<&Link>, Option<&Link>)| {
-            s.check("s", f, d) == Check::Holds
-        };
-        assert!(holds(&s, None, (Some(&v), Some(&b), Some(&u))));
+        let holds = |s: &Stamp<u32>, f, found: Found| s.check("s", f, &found) == Check::Holds;
+        assert!(holds(&s, None, found(&v, &b, &u)));
         // A VTEP deleted (a reboot), or made again by anyone (a new index), or down.
-        assert!(!holds(&s, None, (None, Some(&b), Some(&u))));
-        assert!(!holds(
-            &s,
-            None,
-            (Some(&link(9, 1, true)), Some(&b), Some(&u))
-        ));
-        assert!(!holds(
-            &s,
-            None,
-            (Some(&link(7, 1, false)), Some(&b), Some(&u))
-        ));
+        let without_vtep = Found {
+            vtep: None,
+            ..found(&v, &b, &u)
+        };
+        assert!(!holds(&s, None, without_vtep));
+        assert!(!holds(&s, None, found(&link(9, 1, true), &b, &u)));
+        assert!(!holds(&s, None, found(&link(7, 1, false), &b, &u)));
         // A MAC rewritten; the underlay's MTU lowered.
-        assert!(!holds(
-            &s,
-            None,
-            (Some(&link(7, 9, true)), Some(&b), Some(&u))
-        ));
+        assert!(!holds(&s, None, found(&link(7, 9, true), &b, &u)));
         let mut lower = u.clone();
         lower.mtu = Some(1400);
-        assert!(!holds(&s, None, (Some(&v), Some(&b), Some(&lower))));
+        assert!(!holds(&s, None, found(&v, &b, &lower)));
         // Other settings; a peers file where there was none.
-        assert_eq!(
-            s.check("other", None, (Some(&v), Some(&b), Some(&u))),
-            Check::Stale
-        );
+        assert_eq!(s.check("other", None, &found(&v, &b, &u)), Check::Stale);
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("peers.json");
         std::fs::write(&f, "[]").unwrap();
-        assert!(!holds(&s, FileId::of(&f), (Some(&v), Some(&b), Some(&u))));
+        assert!(!holds(&s, FileId::of(&f), found(&v, &b, &u)));
+    }
+
+    #[test]
+    fn every_setting_the_pods_depend_on_is_part_of_the_check() {
+        let mut v = link(7, 1, true);
+        v.vxlan = Some(VxlanInfo {
+            vni: Some(1),
+            port: Some(8472),
+            local: Some("192.0.2.1".parse().unwrap()),
+            underlay: Some(2),
+            learning: Some(false),
+            ttl: Some(0),
+        });
+        let (b, u) = (link(8, 2, true), link(2, 3, true));
+        let depends = Depends {
+            vtep_addresses: vec!["10.244.1.0/32".parse().unwrap()],
+            bridge_addresses: vec!["10.244.1.1/24".parse().unwrap()],
+            sysctls: vec![("net/ipv4/ip_forward".into(), "1".into())],
+        };
+        let s = Stamp::new("s".into(), None, (&v, &b, &u), depends.clone(), 1450u32);
+        let good = || Found {
+            vtep_addresses: depends.vtep_addresses.clone(),
+            // Another address on the bridge (an IPAM's own gateway) is not a change.
+            bridge_addresses: vec![
+                "fe80::1/64".parse().unwrap(),
+                "10.244.1.1/24".parse().unwrap(),
+            ],
+            sysctls: vec![Some("1".into())],
+            ..found(&v, &b, &u)
+        };
+        assert_eq!(s.check("s", None, &good()), Check::Holds);
+        let tunnel = |change: fn(&mut VxlanInfo)| {
+            let mut l = v.clone();
+            change(l.vxlan.as_mut().unwrap());
+            Found {
+                vtep: Some(l),
+                ..good()
+            }
+        };
+        let broken: Vec<(&str, Found)> = vec![
+            (
+                "local",
+                tunnel(|t| t.local = Some("192.0.2.9".parse().unwrap())),
+            ),
+            ("learning", tunnel(|t| t.learning = Some(true))),
+            ("port", tunnel(|t| t.port = Some(4789))),
+            ("ttl", tunnel(|t| t.ttl = Some(1))),
+            ("underlay device", tunnel(|t| t.underlay = Some(5))),
+            (
+                "master",
+                Found {
+                    vtep: Some(Link {
+                        master: Some(8),
+                        ..v.clone()
+                    }),
+                    ..good()
+                },
+            ),
+            (
+                "the VTEP's address",
+                Found {
+                    vtep_addresses: vec![],
+                    ..good()
+                },
+            ),
+            (
+                "the bridge's gateway",
+                Found {
+                    bridge_addresses: vec!["fe80::1/64".parse().unwrap()],
+                    ..good()
+                },
+            ),
+            (
+                "ip_forward",
+                Found {
+                    sysctls: vec![Some("0".into())],
+                    ..good()
+                },
+            ),
+            (
+                "ip_forward unreadable",
+                Found {
+                    sysctls: vec![None],
+                    ..good()
+                },
+            ),
+        ];
+        for (what, found) in broken {
+            assert_eq!(s.check("s", None, &found), Check::Stale, "{what}");
+        }
     }
 
     #[test]
@@ -363,23 +532,30 @@ mod tests {
         let f = dir.path().join("peers.json");
         std::fs::write(&f, "[1]").unwrap();
         let id = FileId::of(&f).unwrap();
-        let s = Stamp::new("s".into(), Some((id, b"[1]")), (&v, &b, &u), 1450);
+        let depends = Depends::default();
+        let s = Stamp::new("s".into(), Some((id, b"[1]")), (&v, &b, &u), depends, 1450);
         // Just written: its times may not show a write in the same tick.
         assert_eq!(
-            s.check("s", Some(id), (Some(&v), Some(&b), Some(&u))),
+            s.check("s", Some(id), &found(&v, &b, &u)),
             Check::IfContent(hash(b"[1]"))
         );
         let settled = s.settled();
         assert_eq!(
-            settled.check("s", Some(id), (Some(&v), Some(&b), Some(&u))),
+            settled.check("s", Some(id), &found(&v, &b, &u)),
             Check::Holds
         );
     }
 
     #[test]
     fn a_keeper_gives_back_what_it_stamped_until_something_changes() {
-        let (_, v, b, u) = stamp();
         let dir = tempfile::tempdir().unwrap();
+        let mut k = Fake::node("192.0.2.1/24");
+        k.add_link("vtep", "vxlan");
+        k.add_link("br", "bridge");
+        k.add_address("br", "10.244.1.1/24");
+        k.sysctls.insert("net/ipv4/ip_forward".into(), "1".into());
+        let get = |k: &Fake, name: &str| k.seen.link(name).cloned().unwrap();
+        let (v, b, u) = (get(&k, "vtep"), get(&k, "br"), get(&k, "eth0"));
         let f = dir.path().join("peers.json");
         std::fs::write(&f, "[1]").unwrap();
         let keeper = Keeper {
@@ -387,25 +563,39 @@ mod tests {
             settings: "s".into(),
             peers_file: Some(&f),
         };
-        let found =
-            || -> Result<Found, ()> { Ok((Some(v.clone()), Some(b.clone()), Some(u.clone()))) };
+        let names = ("vtep", "br");
         assert_eq!(
-            keeper.holding::<u32, ()>(|_| found()),
-            Ok(None),
+            keeper.holding::<u32>(&mut k, names).unwrap(),
+            None,
             "nothing stamped yet"
         );
+        let depends = Depends {
+            bridge_addresses: vec!["10.244.1.1/24".parse().unwrap()],
+            sysctls: vec![("net/ipv4/ip_forward".into(), "1".into())],
+            ..Depends::default()
+        };
         let before = keeper.before();
-        keeper.after(&before, (&v, &b, &u), 1450u32);
+        keeper.after(&before, (&v, &b, &u), depends.clone(), 1450u32);
+        k.queries.clear();
         assert_eq!(
-            keeper.holding::<u32, ()>(|i| {
-                assert_eq!(i, u.index, "the underlay is looked up by the index it had");
-                found()
-            }),
-            Ok(Some((1450, b.clone())))
+            keeper.holding::<u32>(&mut k, names).unwrap(),
+            Some((1450, b.clone()))
         );
+        // The bridge's addresses and the sysctl are read; the VTEP's, which the stamp does
+        // not name, are not.
+        assert_eq!(
+            k.queries,
+            [
+                format!("addresses of #{}", b.index),
+                "read sysctl net/ipv4/ip_forward".into()
+            ]
+        );
+        k.sysctls.insert("net/ipv4/ip_forward".into(), "0".into());
+        assert_eq!(keeper.holding::<u32>(&mut k, names).unwrap(), None);
+        k.sysctls.insert("net/ipv4/ip_forward".into(), "1".into());
         // The same size, rewritten at once (possibly in the same clock tick): the content tells.
         std::fs::write(&f, "[2]").unwrap();
-        assert_eq!(keeper.holding::<u32, ()>(|_| found()), Ok(None));
+        assert_eq!(keeper.holding::<u32>(&mut k, names).unwrap(), None);
         // A peers file that could not be read is never stamped.
         let missing = dir.path().join("missing.json");
         let gone = Keeper {
@@ -414,7 +604,7 @@ mod tests {
         };
         let before = gone.before();
         assert_eq!(before, Some(None));
-        gone.after(&before, (&v, &b, &u), 1450u32);
+        gone.after(&before, (&v, &b, &u), depends, 1450u32);
         assert!(!gone.path.exists());
     }
 

@@ -371,6 +371,25 @@ impl Topo {
         (0..3).any(|_| self.ping(from, to))
     }
 
+    /// Pings until one answers or `deadline` (60 s, for a loaded machine) has passed: for a
+    /// pod whose ADD has just returned, neighbours still resolving.
+    pub fn reaches_within(&self, from: &Pod, to: &str) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            if self.ping(from, to) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `ip -d -j link show dev <dev>` in namespace `ns`: the link's details as JSON.
+    pub fn link_details(&self, ns: &str, dev: &str) -> Value {
+        let out = ok(&["ip", "-n", ns, "-d", "-j", "link", "show", "dev", dev]);
+        let v: Value = serde_json::from_str(&out).expect("ip -j");
+        v[0].clone()
+    }
+
     pub fn link_mac(&self, ns: &str, dev: &str) -> String {
         let out = ok(&["ip", "-n", ns, "-j", "link", "show", "dev", dev]);
         let v: Value = serde_json::from_str(&out).expect("ip -j");
@@ -513,6 +532,16 @@ impl Topo {
         std::fs::rename(&tmp, &path).expect("rename peers");
         path
     }
+}
+
+/// Nodes 1 and 2 on a 1500-byte underlay and the peer list naming both (with their IPv6 pod
+/// subnets when `v6`); panics when the test cannot run here ([`assert_can_run`]).
+pub fn two_nodes(v6: bool) -> (Topo, Value) {
+    assert_can_run();
+    let mut topo = Topo::new(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    (topo, json!([Topo::peer(1, v6), Topo::peer(2, v6)]))
 }
 
 /// One node with a config naming only itself: what most single-node tests start from.
