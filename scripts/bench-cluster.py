@@ -207,8 +207,8 @@ def main():
         # The agent against the test API server with 5,000 real-sized Nodes (issue 20's agent
         # targets): its own process tree and namespaces, removed by the test.
         out = subprocess.run(
-            ["cargo", "test", "--release", "--locked", "--test", "vxlan_agent", "--",
-             "--ignored", "--nocapture", "--exact", "bench_5000_nodes"],
+            ["cargo", "test", "--release", "--locked", "-p", "sticky-vxlan-agent", "--test", "agent", "--",
+             "--ignored", "--nocapture", "--exact", "cluster::bench_5000_nodes"],
             cwd=os.path.join(here, ".."), capture_output=True, text=True)
         lines = [l for l in (out.stdout + out.stderr).splitlines() if l.startswith("BENCH")]
         print("\n".join(lines) if lines else f"agent bench failed:\n{out.stdout}\n{out.stderr}")

@@ -6,5 +6,5 @@
 # dir the test creates and removes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --locked --test vxlan_agent -- --ignored --nocapture demo_agent_adds_a_node 2>&1 |
+cargo test --locked -p sticky-vxlan-agent --test agent -- --ignored --nocapture demo_agent_adds_a_node 2>&1 |
     grep -o 'DEMO .*' | sed 's/^DEMO //'
