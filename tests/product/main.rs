@@ -6,6 +6,7 @@
 mod cli_convention;
 mod conf_examples;
 mod conf_examples_e2e;
+mod crate_graph;
 mod demo;
 mod e2e_cnitool;
 mod fresh_machine;

@@ -246,16 +246,14 @@ fn take_burst(rx: &mpsc::Receiver<sync::Update>, poll: Duration) -> Vec<sync::Up
     }
 }
 
-/// This node's plugin's own check of a peer list ([`sticky_overlay::node::accepts`]).
+/// This node's plugin's own check of a peer list ([`sticky_overlay::node::accepts_here`]).
 fn plugin_accepts(
     cfg: &Config,
     list: &[sticky_overlay::peers::Peer],
 ) -> Result<(), table::Refusal> {
-    let mut sock = sticky_netlink::socket::Socket::open()
-        .map_err(|e| table::Refusal::Other(format!("netlink: {e}")))?;
-    let mut k = sticky_overlay::kernel::Live { sock: &mut sock };
-    sticky_overlay::node::accepts(&mut k, cfg, list).map_err(|e| match e {
+    sticky_overlay::node::accepts_here(cfg, list).map_err(|e| match e {
         sticky_overlay::Error::Peers(p) => table::Refusal::Peers(p),
+        sticky_overlay::Error::Socket(e) => table::Refusal::Other(format!("netlink: {e}")),
         other => table::Refusal::Other(other.to_string()),
     })
 }

@@ -197,6 +197,16 @@ pub fn peer_list(cfg: &Config) -> Result<Gathered, Error> {
     Ok(gathered)
 }
 
+/// [`accepts`] against this node's kernel (the agent's check before it writes a peers file).
+pub fn accepts_here(cfg: &Config, file_peers: &[Peer]) -> Result<(), Error> {
+    let mut sock = sticky_netlink::Socket::open()?;
+    accepts(
+        &mut super::kernel::Live { sock: &mut sock },
+        cfg,
+        file_peers,
+    )
+}
+
 /// Whether this node's plugin would accept `file_peers` as its peers file: the rules ADD and
 /// `reconcile` apply to the whole list (merged with the config's own peers, exactly one entry
 /// naming this node, a VTEP MAC of its own for every peer, no peer at an underlay subnet's
