@@ -161,6 +161,30 @@ pub fn version_hint(stdin: &[u8]) -> Version {
 mod tests {
     use super::*;
 
+    /// A stdout whose every write fails with `kind`.
+    struct Failing(ErrorKind);
+
+    impl Write for Failing {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(self.0.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_answer_is_one_line_and_a_reader_that_has_gone_is_no_error() {
+        let mut out = Vec::new();
+        answer(&mut out, "").unwrap();
+        assert!(out.is_empty(), "nothing to say prints nothing");
+        answer(&mut out, "{}").unwrap();
+        assert_eq!(out, b"{}\n");
+        assert!(answer(&mut Failing(ErrorKind::BrokenPipe), "{}").is_ok());
+        let other = answer(&mut Failing(ErrorKind::StorageFull), "{}").unwrap_err();
+        assert_eq!(other.kind(), ErrorKind::StorageFull);
+    }
+
     /// A plugin that is never reached: every case below fails before dispatching.
     struct Unreached;
 
