@@ -308,7 +308,7 @@ impl ApiSide {
         let copy = self
             .last_good
             .get(&cfg.last_good_peers_path(), |p| {
-                Some(sticky_overlay::state_dir::last_good(p))
+                Some(sticky_overlay::peers::last_good(p))
             })
             .unwrap_or_default()
             .to_vec();

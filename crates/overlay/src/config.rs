@@ -350,6 +350,11 @@ impl Config {
     pub fn lock_path(&self) -> PathBuf {
         self.state_dir.join(format!("{}.lock", self.name))
     }
+
+    /// Takes the network's lock, `<stateDir>/<name>.lock`, waiting for it.
+    pub fn lock(&self) -> Result<super::state_dir::Lock, super::state_dir::LockError> {
+        super::state_dir::lock_at(&self.state_dir, &self.lock_path())
+    }
 }
 
 #[cfg(test)]

@@ -22,16 +22,10 @@ use super::Error;
 use super::config::{Config, DEFAULT_PORT};
 use super::kernel::LinkChange;
 use super::mac::{pod_mac, vtep_mac};
-use super::node::{Node, Observed, gateway_of};
-use crate::step::Step;
+use super::node::{Node, Observed};
+use super::pod::gateway_of;
+use crate::step::{Dev, Step};
 use sticky_netlink::link::{Link, VxlanSpec};
-
-/// The node's two shared devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dev {
-    Vtep,
-    Bridge,
-}
 
 impl Dev {
     fn role(self) -> &'static str {

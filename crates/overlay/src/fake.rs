@@ -3,6 +3,7 @@
 //! write in order, so the plan's decisions are tested without root.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 
 use ipnet::IpNet;
 use serde_json::{Value, json};
@@ -33,9 +34,19 @@ pub struct Fake {
     pub fail: Option<(String, i32)>,
     /// The container ends of the veths made through [`super::pods::Pods`]
     /// (`super::fake_pods`).
-    pub containers: Vec<super::fake_pods::FakeContainer>,
+    pub containers: Vec<FakeContainer>,
     /// Each sysctl as last written (a key never written reads as missing).
     pub sysctls: std::collections::BTreeMap<String, String>,
+}
+
+/// A container end the fake made (the `Pods` side of the fake is in `fake_pods`).
+#[derive(Debug, Clone)]
+pub struct FakeContainer {
+    pub netns: PathBuf,
+    /// The host end it is paired with.
+    pub host: String,
+    pub link: Link,
+    pub addresses: Vec<ipnet::IpNet>,
 }
 
 impl Fake {

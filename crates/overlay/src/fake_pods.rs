@@ -5,28 +5,18 @@
 //! are tested without root.
 
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 
 use serde_json::Value;
 
 use super::Error;
-use super::fake::Fake;
+use super::fake::{Fake, FakeContainer};
 use super::kernel::Kernel;
 use super::pods::{Pods, Setup, Veth};
 use cni_protocol::delegate::{self, Answer, Exec, Running};
 use cni_protocol::{Call, Env, NetConf};
 use sticky_netlink::link::{self, Link};
-
-/// A container end the fake made.
-#[derive(Debug, Clone)]
-pub struct FakeContainer {
-    pub netns: PathBuf,
-    /// The host end it is paired with.
-    pub host: String,
-    pub link: Link,
-    pub addresses: Vec<ipnet::IpNet>,
-}
 
 impl Fake {
     /// The container end `ifname` in `netns`, if there is one.

@@ -169,19 +169,6 @@ pub fn mtu_for(underlay: &Link, local: IpAddr, wanted: Option<u32>) -> Result<u3
     }
 }
 
-/// The gateway of a pod subnet: its first address (what host-local hands out by default).
-pub fn gateway_of(subnet: &IpNet) -> Option<IpAddr> {
-    subnet
-        .hosts()
-        .next()
-        .filter(|h| *h != subnet.network())
-        .or_else(|| match subnet {
-            // IPv6 `hosts()` starts at the network address itself.
-            IpNet::V6(n) => n.hosts().nth(1).map(IpAddr::V6),
-            IpNet::V4(_) => None,
-        })
-}
-
 /// The peers of the config and the peers file, merged; and why the file could not be used,
 /// if it could not (then its last good copy stands in for it, and the problem is logged).
 /// Reads only: the reconcile that programs the node keeps the file that was used
@@ -434,18 +421,6 @@ mod tests {
     use crate::fake::{Fake, conf, peer};
     #[allow(unused_imports)]
     use std::net::{IpAddr, Ipv4Addr};
-
-    #[test]
-    fn gateways() {
-        assert_eq!(
-            gateway_of(&"10.244.1.0/24".parse().unwrap()),
-            Some("10.244.1.1".parse().unwrap())
-        );
-        assert_eq!(
-            gateway_of(&"fd00:1::/64".parse().unwrap()),
-            Some("fd00:1::1".parse().unwrap())
-        );
-    }
 
     fn identify_on(k: &mut Fake, cfg: &Config, all: &[Peer]) -> Result<Node, Error> {
         let seen = Observed::read(k, cfg).unwrap();

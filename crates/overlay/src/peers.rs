@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::mac::vtep_mac;
 use sticky_netlink::link::{format_mac, parse_mac};
+use sticky_primitives::nofollow::{self, Durability};
 
 /// One entry as written in JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -425,7 +426,7 @@ impl Gathered {
     /// never by a read.
     pub fn keep_last_good(&self, copy: &Path) {
         if let Some(text) = &self.file_text {
-            super::state_dir::keep_last_good(copy, text);
+            keep_last_good(copy, text);
         }
     }
 }
@@ -438,7 +439,7 @@ pub fn gather(listed: &[Peer], file: Option<&Path>, copy: &Path) -> Result<Gathe
     let (from_file, file_error, file_text) = match file.map(read_file) {
         None => (Vec::new(), None, None),
         Some(Ok((list, text))) => (list, None, Some(text)),
-        Some(Err(e)) => (super::state_dir::last_good(copy), Some(e), None),
+        Some(Err(e)) => (last_good(copy), Some(e), None),
     };
     Ok(Gathered {
         peers: merge(listed, &from_file)?,
@@ -505,6 +506,36 @@ pub fn split_local(
         });
     }
     Ok((local.into_iter().next(), remote))
+}
+
+/// Keeps `text`, a peers file that just parsed, as the last good copy ([`nofollow::replace`],
+/// so the copy is always whole). [`Durability::Cache`]: the copy is only the fallback for a
+/// broken peers file, and every reconcile that reads a good file writes it again. Best effort:
+/// failing to keep it only weakens the fallback, so it is logged.
+pub fn keep_last_good(copy: &Path, text: &[u8]) {
+    if nofollow::read(copy).is_ok_and(|old| old.as_deref() == Some(text)) {
+        return;
+    }
+    let Some(dir) = copy.parent() else {
+        return;
+    };
+    let saved = super::state_dir::create_dir(dir)
+        .and_then(|()| nofollow::replace(copy, text, 0o600, Durability::Cache));
+    if let Err(e) = saved {
+        eprintln!(
+            "sticky-vxlan: keeping a copy of the peers file in {}: {e}",
+            copy.display()
+        );
+    }
+}
+
+/// The last valid peers list, or none.
+pub fn last_good(copy: &Path) -> Vec<Peer> {
+    nofollow::read(copy)
+        .ok()
+        .flatten()
+        .and_then(|text| parse_file(&text).ok())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ use sha2::{Digest, Sha256};
 
 use super::Error;
 use super::mac::pod_mac_of;
-use super::node::gateway_of;
 use cni_protocol::{Attachment, Call, CniResult, IpConfig, Route};
 use sticky_netlink::link::{self, Link};
 use sticky_netlink::route::{self as nlroute};
@@ -260,9 +259,34 @@ pub fn remove_stale_veths(network: &str, valid: &[Attachment]) -> Result<(), Err
     first
 }
 
+/// The gateway of a pod subnet: its first address (what host-local hands out by default).
+pub fn gateway_of(subnet: &IpNet) -> Option<IpAddr> {
+    subnet
+        .hosts()
+        .next()
+        .filter(|h| *h != subnet.network())
+        .or_else(|| match subnet {
+            // IPv6 `hosts()` starts at the network address itself.
+            IpNet::V6(n) => n.hosts().nth(1).map(IpAddr::V6),
+            IpNet::V4(_) => None,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gateways() {
+        assert_eq!(
+            gateway_of(&"10.244.1.0/24".parse().unwrap()),
+            Some("10.244.1.1".parse().unwrap())
+        );
+        assert_eq!(
+            gateway_of(&"fd00:1::/64".parse().unwrap()),
+            Some("fd00:1::1".parse().unwrap())
+        );
+    }
 
     #[test]
     fn a_pod_without_ipv4_keeps_a_mac_made_from_its_ipv6_address() {

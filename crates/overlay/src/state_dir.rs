@@ -1,20 +1,19 @@
-//! `stateDir`: the per-network lock and the copy of the last valid peers file.
+//! `stateDir`: the directory and the per-network lock (the last valid peers file kept there is
+//! [`super::peers`]' own: `keep_last_good`, `last_good`).
 //!
 //! Security model: the directory is root's (created 0700 when missing). Nothing here is ever
 //! written through a link someone planted: the lock is opened `O_NOFOLLOW` (a link at its
 //! name is an error, never followed to create or truncate its target), the copy is written to
 //! a temp file created `O_EXCL | O_NOFOLLOW` under an unpredictable name and renamed over the
 //! copy (a rename replaces a link, it never writes through it), and the copy is read
-//! `O_NOFOLLOW`. The network name in every path is checked by [`super::config::Config`] (the
-//! CNI name pattern: no `/`, no `..`).
+//! `O_NOFOLLOW`. The network name in every path is checked by the config (the CNI name
+//! pattern: no `/`, no `..`).
 
 use std::fs::File;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use super::config::Config;
-use super::peers::{self, Peer};
-use sticky_primitives::nofollow::{self, Durability};
+use sticky_primitives::nofollow;
 
 #[derive(Debug, thiserror::Error)]
 #[error("lock {path}: {source}")]
@@ -41,11 +40,6 @@ pub fn create_dir(dir: &Path) -> std::io::Result<()> {
     nofollow::ensure_real_dir(dir)
 }
 
-/// Takes the network's lock, `<stateDir>/<name>.lock`, waiting for it.
-pub fn lock(cfg: &Config) -> Result<Lock, LockError> {
-    lock_at(&cfg.state_dir, &cfg.lock_path())
-}
-
 /// Takes the lock file `path` in `state_dir` (created 0700 when missing, never through a
 /// link), waiting for it: the one way a network's state is locked, whatever its mode (the
 /// segment mode has a lock file of its own name).
@@ -60,39 +54,10 @@ pub fn lock_at(state_dir: &Path, path: &Path) -> Result<Lock, LockError> {
     Ok(Lock { _file: file })
 }
 
-/// Keeps `text`, a peers file that just parsed, as the last good copy ([`nofollow::replace`],
-/// so the copy is always whole). [`Durability::Cache`]: the copy is only the fallback for a
-/// broken peers file, and every reconcile that reads a good file writes it again. Best effort:
-/// failing to keep it only weakens the fallback, so it is logged.
-pub fn keep_last_good(copy: &Path, text: &[u8]) {
-    if nofollow::read(copy).is_ok_and(|old| old.as_deref() == Some(text)) {
-        return;
-    }
-    let Some(dir) = copy.parent() else {
-        return;
-    };
-    let saved =
-        create_dir(dir).and_then(|()| nofollow::replace(copy, text, 0o600, Durability::Cache));
-    if let Err(e) = saved {
-        eprintln!(
-            "sticky-vxlan: keeping a copy of the peers file in {}: {e}",
-            copy.display()
-        );
-    }
-}
-
-/// The last valid peers list, or none.
-pub fn last_good(copy: &Path) -> Vec<Peer> {
-    nofollow::read(copy)
-        .ok()
-        .flatten()
-        .and_then(|text| peers::parse_file(&text).ok())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::peers::{keep_last_good, last_good};
 
     #[test]
     fn keeping_the_copy_never_writes_through_a_planted_link() {

@@ -8,9 +8,15 @@ use ipnet::IpNet;
 use sticky_netlink::link::{Link, VxlanSpec};
 use sticky_netlink::route::Route;
 
-use crate::devices::Dev;
 use crate::kernel::LinkChange;
 use crate::nft::Table;
+
+/// The node's two shared devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dev {
+    Vtep,
+    Bridge,
+}
 
 /// One change to the node. Entries without a device are on the VTEP.
 #[derive(Debug, Clone, PartialEq, Eq)]

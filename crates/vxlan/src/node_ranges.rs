@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use serde_json::Value;
 
 use sticky_netlink::{Socket, addr};
-use sticky_overlay::{config, peers, state_dir};
+use sticky_overlay::{config, peers};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeRangesError {
@@ -43,7 +43,7 @@ pub fn fill(entry: &Value, name: &str) -> Result<Option<Value>, NodeRangesError>
         Some(path) => match peers::read_file(path) {
             Ok((list, _)) => list,
             Err(e) => {
-                let last = state_dir::last_good(&cfg.last_good_peers_path());
+                let last = peers::last_good(&cfg.last_good_peers_path());
                 if last.is_empty() {
                     return Err(NodeRangesError::PeersFile {
                         path: path.clone(),

@@ -8,9 +8,9 @@ use sticky_netlink::link::Link;
 use sticky_netlink::neigh::{Fdb, Neighbour};
 use sticky_overlay::Error;
 use sticky_overlay::config::Config;
-use sticky_overlay::devices::Dev;
 use sticky_overlay::kernel::{EntryWrite, Kernel, LinkChange};
 use sticky_overlay::node::Observed;
+use sticky_overlay::step::Dev;
 use sticky_overlay::step::Step;
 
 /// The node's two devices as they are after the plan.

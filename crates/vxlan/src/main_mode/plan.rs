@@ -24,9 +24,11 @@ use ipnet::IpNet;
 
 use super::firewall;
 use sticky_overlay::config::Config;
-use sticky_overlay::devices::{self, Dev};
+use sticky_overlay::devices;
 use sticky_overlay::mac::vtep_mac;
-use sticky_overlay::node::{Node, Observed, gateway_of};
+use sticky_overlay::node::{Node, Observed};
+use sticky_overlay::pod::gateway_of;
+use sticky_overlay::step::Dev;
 pub use sticky_overlay::step::Step;
 use sticky_overlay::{Error, ROUTE_PROTOCOL};
 

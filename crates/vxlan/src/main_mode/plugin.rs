@@ -21,7 +21,8 @@ use sticky_netlink::link::Link;
 use sticky_overlay::Error;
 use sticky_overlay::config::Config;
 use sticky_overlay::kernel::{Kernel, Live};
-use sticky_overlay::node::{self, Observed, gateway_of};
+use sticky_overlay::node::{self, Observed};
+use sticky_overlay::pod::gateway_of;
 use sticky_overlay::pod::{self, host_veth_name};
 use sticky_overlay::pods::{self, LiveOnDemand, Pods, Setup, Veth, after_ipam};
 

@@ -18,7 +18,7 @@ use sticky_netlink::link::Link;
 use sticky_overlay::config::Config;
 use sticky_overlay::kernel::{Kernel, Live};
 use sticky_overlay::node::{self, Node, Observed};
-use sticky_overlay::{Error, stamp, state_dir};
+use sticky_overlay::{Error, stamp};
 
 /// What a reconcile did and found.
 #[derive(Debug, Clone)]
@@ -48,7 +48,7 @@ pub fn node(cfg: &Config) -> Result<Report, Error> {
 
 /// [`node()`] through a given kernel.
 pub fn node_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
-    let _guard = state_dir::lock(cfg)?;
+    let _guard = cfg.lock()?;
     full(k, cfg)
 }
 
@@ -64,7 +64,7 @@ pub struct ForPod {
 /// [`stamped`] reads; otherwise a full reconcile ([`stamp`] says what is checked and what is
 /// left to the resync). Under the network's lock either way.
 pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
-    let _guard = state_dir::lock(cfg)?;
+    let _guard = cfg.lock()?;
     if let Some(node) = stamped(k, cfg)? {
         return Ok(node);
     }

@@ -6,8 +6,7 @@ use std::net::IpAddr;
 
 use super::Error;
 use super::config::Config;
-use super::datapath::{Devices, FLOOD, Seen};
-use super::plan::{Dev, Plan, Step};
+use super::plan::{Dev, Devices, FLOOD, Plan, Seen, Step};
 use sticky_netlink::link::{self, Link};
 use sticky_netlink::neigh::Fdb;
 use sticky_overlay::kernel::{EntryWrite, Kernel, LinkChange};

@@ -10,17 +10,12 @@
 //! As in the main mode: read once ([`Seen`]), decide ([`super::plan`], pure), apply
 //! ([`super::apply`]).
 
-use std::net::IpAddr;
-
 use super::config::Config;
 use super::node::Node;
-use super::{Error, apply, plan};
-use sticky_netlink::link::Link;
+use super::plan::{self, Devices, FLOOD, Seen};
+use super::{Error, apply};
 use sticky_overlay::kernel::Kernel;
 use sticky_overlay::state_dir;
-
-/// The flood entries' MAC.
-pub const FLOOD: [u8; 6] = [0; 6];
 
 /// Takes the segment's lock, `<stateDir>/<name>.segment.lock`, the way the main mode takes
 /// its own ([`state_dir::lock_at`]: no link followed, a FIFO refused).
@@ -29,61 +24,39 @@ pub fn lock(cfg: &Config) -> Result<state_dir::Lock, Error> {
         .map_err(|e| Error::Vxlan(sticky_overlay::Error::Lock(e)))
 }
 
-/// What the kernel holds of the segment's devices, read once.
-#[derive(Debug, Clone, Default)]
-pub struct Seen {
-    pub bridge: Option<Link>,
-    pub vxlan: Option<Link>,
-    /// The permanent flood entries on the VXLAN device, when it is kept as it is.
-    pub flood: Vec<IpAddr>,
-    /// Every link, only when a device is to be made ([`plan::makes_a_device`]): a new
-    /// bridge takes this network's pod veths back, and a new VXLAN device must not take a VNI
-    /// another device holds. The node's other links (a veth per pod) are not read otherwise.
-    pub links: Vec<Link>,
-}
-
-impl Seen {
-    /// What [`plan::plan`] needs: two link lookups, the flood entries of a device that is
-    /// kept, and every link when a device is to be made.
-    pub fn read<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Seen, Error> {
-        let want = plan::spec(cfg, node);
-        let bridge = k.link(&cfg.bridge())?;
-        let vxlan = k.link(&want.name)?;
-        let flood = match vxlan.as_ref().filter(|l| plan::keeps(l, &want)) {
-            Some(l) => k
-                .fdb(l.index)?
-                .into_iter()
-                .filter(|f| f.mac == FLOOD && f.permanent)
-                .map(|f| f.dst)
-                .collect(),
-            None => Vec::new(),
-        };
-        let links = if plan::makes_a_device(bridge.as_ref(), vxlan.as_ref(), &want) {
-            k.links()?
-        } else {
-            Vec::new()
-        };
-        Ok(Seen {
-            bridge,
-            vxlan,
-            flood,
-            links,
-        })
-    }
-}
-
-/// The segment's two devices on this node, as programmed.
-#[derive(Debug, Clone)]
-pub struct Devices {
-    pub bridge: Link,
-    pub vxlan: Link,
+/// What the kernel holds of the segment's devices ([`Seen`]), as much as [`plan::plan`] needs: two link lookups, the flood entries of a device that is
+/// kept, and every link when a device is to be made.
+pub fn read<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Seen, Error> {
+    let want = plan::spec(cfg, node);
+    let bridge = k.link(&cfg.bridge())?;
+    let vxlan = k.link(&want.name)?;
+    let flood = match vxlan.as_ref().filter(|l| plan::keeps(l, &want)) {
+        Some(l) => k
+            .fdb(l.index)?
+            .into_iter()
+            .filter(|f| f.mac == FLOOD && f.permanent)
+            .map(|f| f.dst)
+            .collect(),
+        None => Vec::new(),
+    };
+    let links = if plan::makes_a_device(bridge.as_ref(), vxlan.as_ref(), &want) {
+        k.links()?
+    } else {
+        Vec::new()
+    };
+    Ok(Seen {
+        bridge,
+        vxlan,
+        flood,
+        links,
+    })
 }
 
 /// Bridge, VXLAN device and flood entries for this segment on this node: read ([`Seen`]),
 /// decide ([`plan::plan`], pure), apply ([`apply::apply`]). The caller holds the segment's
 /// [`lock`].
 pub fn ensure<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Devices, Error> {
-    let seen = Seen::read(k, cfg, node)?;
+    let seen = read(k, cfg, node)?;
     let plan = plan::plan(cfg, node, &seen)?;
     apply::apply(k, cfg, &plan, &seen)
 }

@@ -15,11 +15,33 @@ use std::net::IpAddr;
 
 use super::Error;
 use super::config::Config;
-use super::datapath::Seen;
 use super::node::Node;
 use sticky_netlink::link::{Link, VxlanSpec};
 use sticky_overlay::devices;
 use sticky_overlay::kernel::LinkChange;
+
+/// The flood entries' MAC.
+pub const FLOOD: [u8; 6] = [0; 6];
+
+/// What the kernel holds of the segment's devices, read once.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub bridge: Option<Link>,
+    pub vxlan: Option<Link>,
+    /// The permanent flood entries on the VXLAN device, when it is kept as it is.
+    pub flood: Vec<IpAddr>,
+    /// Every link, only when a device is to be made ([`makes_a_device`]): a new
+    /// bridge takes this network's pod veths back, and a new VXLAN device must not take a VNI
+    /// another device holds. The node's other links (a veth per pod) are not read otherwise.
+    pub links: Vec<Link>,
+}
+
+/// The segment's two devices on this node, as programmed.
+#[derive(Debug, Clone)]
+pub struct Devices {
+    pub bridge: Link,
+    pub vxlan: Link,
+}
 
 /// One of the segment's two devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

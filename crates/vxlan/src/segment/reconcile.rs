@@ -16,8 +16,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::config::Config;
-use super::datapath::{self, Devices};
+use super::datapath;
 use super::node::{self, Node};
+use super::plan::Devices;
 use super::{Error, slice};
 use sticky_netlink::Socket;
 use sticky_netlink::link::Link;

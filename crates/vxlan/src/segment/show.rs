@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::datapath::FLOOD;
+use super::plan::FLOOD;
 use sticky_netlink::link::Link;
 use sticky_netlink::{Socket, neigh};
 use sticky_overlay::Error;
