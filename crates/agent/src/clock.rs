@@ -29,6 +29,7 @@ impl Clock for SystemClock {
 }
 
 /// A clock that moves only when slept on, and remembers every sleep.
+#[cfg(test)]
 #[derive(Debug, Clone)]
 pub struct FakeClock {
     pub start: Instant,
@@ -36,6 +37,7 @@ pub struct FakeClock {
     pub sleeps: Vec<Duration>,
 }
 
+#[cfg(test)]
 impl Default for FakeClock {
     fn default() -> FakeClock {
         FakeClock {
@@ -46,6 +48,7 @@ impl Default for FakeClock {
     }
 }
 
+#[cfg(test)]
 impl Clock for FakeClock {
     fn now(&self) -> Instant {
         self.start + self.elapsed

@@ -69,8 +69,6 @@ pub enum Auth {
 pub struct Endpoint {
     /// `scheme://host:port[/base]`, without a trailing `/`.
     pub base: String,
-    /// The server is this machine (loopback): no proxy, and http:// may carry credentials.
-    pub loopback: bool,
     /// The proxy from the environment for this server, by client-go's rules
     /// ([`super::proxy`]); `None`: connect directly.
     pub proxy: Option<EndpointProxy>,
@@ -312,7 +310,6 @@ fn endpoint(
     let scheme = if u.tls { "https" } else { "http" };
     Ok(Endpoint {
         base: format!("{scheme}://{host}:{}{}", u.port, u.base),
-        loopback,
         proxy,
         tls,
         auth,

@@ -86,10 +86,6 @@ impl Kube {
         }
     }
 
-    pub fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
-    }
-
     fn authorization(&self) -> Result<Option<String>, ApiError> {
         self.endpoint
             .authorization()

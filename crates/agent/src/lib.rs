@@ -22,24 +22,24 @@
 //! [`reconcile`] programs the node, [`state`] and [`serve`] are the metrics, `/healthz` and the
 //! status file, and [`publish`] sets flannel's annotations on the agent's own Node.
 
-pub mod api;
-pub mod clock;
-pub mod endpoint;
-pub mod family;
-pub mod files;
-pub mod flags;
-pub mod guard;
-pub mod kube;
-pub mod mapping;
-pub mod objects;
-pub mod proxy;
-pub mod publish;
-pub mod reconcile;
-pub mod reflector;
-pub mod serve;
-pub mod state;
-pub mod sync;
-pub mod table;
+mod api;
+mod clock;
+mod endpoint;
+mod family;
+mod files;
+mod flags;
+mod guard;
+mod kube;
+mod mapping;
+mod objects;
+mod proxy;
+mod publish;
+mod reconcile;
+mod reflector;
+mod serve;
+mod state;
+mod sync;
+mod table;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -82,8 +82,6 @@ pub enum Skip {
     },
     #[error("pod CIDR {0:?} is not a CIDR")]
     BadCidr(String),
-    #[error("{0}")]
-    Invalid(String),
 }
 
 fn is_sticky(node: &Node) -> bool {

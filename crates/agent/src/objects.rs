@@ -1,5 +1,5 @@
 //! The small typed subset of the Kubernetes API objects the agent reads: Node (name,
-//! resourceVersion, the annotations it reads, pod CIDRs, InternalIP addresses), NodeList, a
+//! resourceVersion, the annotations it reads, pod CIDRs, InternalIP addresses), list metadata, a
 //! watch event and Status. Every other field of a real object is skipped while it is read
 //! (a real Node is 10-40 KB, mostly `status.images`), and what is kept of one Node is bounded
 //! whatever the API sends: a name of at most [`MAX_NAME`] bytes (a longer one is not a Node),
@@ -178,15 +178,6 @@ pub struct ListMeta {
     pub resource_version: String,
     #[serde(default, rename = "continue")]
     pub continue_token: Option<String>,
-}
-
-/// `GET /api/v1/nodes`.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct NodeList {
-    #[serde(default)]
-    pub metadata: ListMeta,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub items: Vec<Node>,
 }
 
 /// A `Status` object: what the API answers with on errors, and the object of an ERROR event.

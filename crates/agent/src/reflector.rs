@@ -100,6 +100,7 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
         self
     }
 
+    #[cfg(test)]
     pub fn phase(&self) -> &Phase {
         &self.phase
     }

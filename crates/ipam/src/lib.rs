@@ -9,23 +9,23 @@
 //! - [`plugin`] wires the CNI commands to them; the operator's tool (a layer up) is `cli::ipam`; [`metrics`]
 //!   writes the node_exporter textfile.
 
-pub mod allocator;
-pub mod check;
+mod allocator;
+mod check;
 pub mod cli;
-pub mod codes;
+mod codes;
 pub mod config;
-pub mod del;
-pub mod disk;
-pub mod group;
-pub mod host;
+mod del;
+mod disk;
+mod group;
+mod host;
 pub mod identity;
-pub mod index;
-pub mod lifecycle;
-pub mod metrics;
+mod index;
+mod lifecycle;
+mod metrics;
 pub mod plugin;
-pub mod range;
+mod range;
 pub mod record;
-pub mod resolv;
+mod resolv;
 pub mod store;
 
 use cni_protocol::ArgsError;

@@ -7,7 +7,7 @@
 //! plugin lives for one call and wants a blocking socket.
 
 pub mod addr;
-pub mod decode;
+mod decode;
 pub mod link;
 pub mod neigh;
 pub mod netns;

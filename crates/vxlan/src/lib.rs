@@ -11,9 +11,9 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cli;
-pub mod delegate;
+mod delegate;
 pub mod main_mode;
 pub mod networks;
-pub mod node_ranges;
+mod node_ranges;
 pub mod segment;
 pub mod status;
