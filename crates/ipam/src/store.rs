@@ -515,6 +515,11 @@ impl Note {
 }
 
 #[cfg(any(test, feature = "testing"))]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: the memory store panics where a test misuses it"
+)]
 pub mod mem {
     //! An in-memory store for allocator tests.
 

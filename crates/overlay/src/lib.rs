@@ -20,8 +20,18 @@ pub mod codes;
 pub mod config;
 pub mod devices;
 #[cfg(any(test, feature = "testing"))]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a fake panics where a test misuses it"
+)]
 pub mod fake;
 #[cfg(any(test, feature = "testing"))]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a fake panics where a test misuses it"
+)]
 pub mod fake_pods;
 pub mod kernel;
 pub mod mac;

@@ -21,6 +21,12 @@ pub struct Cluster {
     pub token: PathBuf,
 }
 
+impl Default for Cluster {
+    fn default() -> Cluster {
+        Cluster::new()
+    }
+}
+
 impl Cluster {
     /// Nodes 1 to 3 on an IPv4 underlay (`192.0.2.<n>/24`), the API at [`API_IP`].
     pub fn new() -> Cluster {

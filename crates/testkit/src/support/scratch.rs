@@ -27,6 +27,10 @@ impl Rng {
         (Rng::new(seed), seed)
     }
 
+    #[allow(
+        clippy::should_implement_trait,
+        reason = "an endless generator: an Option per draw would only be unwrapped"
+    )]
     pub fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
