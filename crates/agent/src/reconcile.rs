@@ -45,7 +45,7 @@ pub struct Reconciled {
 /// Reconciles this node exactly as `sticky-vxlan reconcile` does (VTEP, bridge, peers, under
 /// the network's lock, the same lock the plugin's ADD takes).
 pub fn reconcile_node(cfg: &Config) -> Result<Reconciled, sticky_overlay::Error> {
-    let report = sticky_vxlan::main_mode::reconcile::node(cfg)?;
+    let report = sticky_vxlan::main_mode::reconcile::run(cfg)?;
     Ok(Reconciled {
         remote_peers: report.node.remote.len(),
         peers_file_error: report.node.peers_file_error,

@@ -22,7 +22,7 @@ use super::Error;
 use super::config::{Config, DEFAULT_PORT};
 use super::kernel::LinkChange;
 use super::mac::{pod_mac, vtep_mac};
-use super::node::{Node, Observed};
+use super::node::{LocalNode, Observed};
 use super::pod::gateway_of;
 use crate::step::{Dev, Step};
 use sticky_netlink::link::{Link, VxlanSpec};
@@ -50,7 +50,7 @@ pub fn marked_for(dev: Dev, alias: &str) -> Option<&str> {
 }
 
 /// The VTEP this config and node want.
-pub fn vtep_spec(cfg: &Config, node: &Node) -> VxlanSpec {
+pub fn vtep_spec(cfg: &Config, node: &LocalNode) -> VxlanSpec {
     tunnel(
         cfg.vtep_name.clone(),
         (cfg.vni, cfg.port),
@@ -194,7 +194,7 @@ pub fn retired_vteps<'a>(cfg: &Config, seen: &'a Observed) -> Vec<&'a Link> {
 /// The VTEP's steps; returns the existing VTEP when it is kept (its entries stay).
 pub fn vtep<'a>(
     cfg: &Config,
-    node: &Node,
+    node: &LocalNode,
     seen: &'a Observed,
     steps: &mut Vec<Step>,
 ) -> Result<Option<&'a Link>, Error> {
@@ -232,7 +232,7 @@ pub fn vtep<'a>(
 
 /// The bridge's MAC: the pod scheme applied to its IPv4 gateway, so it never changes as pods
 /// come and go.
-pub fn bridge_mac(node: &Node) -> Option<[u8; 6]> {
+pub fn bridge_mac(node: &LocalNode) -> Option<[u8; 6]> {
     match node.subnet_v4().and_then(|s| gateway_of(&s)) {
         Some(IpAddr::V4(gw)) => Some(pod_mac(gw)),
         _ => None,
@@ -242,7 +242,7 @@ pub fn bridge_mac(node: &Node) -> Option<[u8; 6]> {
 /// The bridge's steps; returns the existing bridge when it is kept.
 pub fn bridge<'a>(
     cfg: &Config,
-    node: &Node,
+    node: &LocalNode,
     seen: &'a Observed,
     steps: &mut Vec<Step>,
 ) -> Result<Option<&'a Link>, Error> {

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::Error;
 use super::config::Config;
 use super::kernel::{EntryWrite, Kernel, LinkChange, write_each};
-use super::node::{Node, Observed};
+use super::node::{LocalNode, Observed};
 use super::peers::Peer;
 use sticky_netlink::link::{Link, VxlanInfo, VxlanSpec};
 use sticky_netlink::neigh::{Fdb, Neighbour};
@@ -323,8 +323,8 @@ pub fn peer(ip: &str, subnet: &str) -> Peer {
 }
 
 /// A node at `ip` on `eth0` (index 2, MTU 1500) with `subnet`, and remote (ip, subnet) peers.
-pub fn node_with(ip: &str, subnet: &str, remote: &[(&str, &str)]) -> Node {
-    Node {
+pub fn node_with(ip: &str, subnet: &str, remote: &[(&str, &str)]) -> LocalNode {
+    LocalNode {
         local_ip: ip.parse::<IpAddr>().unwrap(),
         underlay: Link {
             index: 2,

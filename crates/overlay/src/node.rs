@@ -110,7 +110,7 @@ impl Observed {
 
 /// This node, as far as the overlay is concerned.
 #[derive(Debug, Clone)]
-pub struct Node {
+pub struct LocalNode {
     /// The underlay address: IPv4, or IPv6 (every peer's is of the same family).
     pub local_ip: IpAddr,
     pub underlay: Link,
@@ -124,7 +124,7 @@ pub struct Node {
     pub peers_file_error: Option<String>,
 }
 
-impl Node {
+impl LocalNode {
     /// What programming the node needs beyond [`resolve`] (ADD, `reconcile`, STATUS): the
     /// underlay address is the one this node's entry names, and every peer has a VTEP MAC of
     /// its own. DEL, CHECK and GC only need the local subnets and do not ask.
@@ -211,7 +211,7 @@ pub fn resolve(
     cfg: &Config,
     seen: &Observed,
     peers: &Gathered,
-) -> Result<Node, Error> {
+) -> Result<LocalNode, Error> {
     let file_error = peers.file_error.as_ref().map(ToString::to_string);
     identify(k, cfg, seen, &peers.peers, file_error)
 }
@@ -223,7 +223,7 @@ pub fn identify(
     seen: &Observed,
     all: &[Peer],
     peers_file_error: Option<String>,
-) -> Result<Node, Error> {
+) -> Result<LocalNode, Error> {
     let node_addrs = seen.node_addresses();
     let (local_ip, underlay) = underlay(k, cfg, seen, all, &node_addrs)?;
     if let Some(other) = all.iter().find(|p| p.ip.is_ipv4() != local_ip.is_ipv4()) {
@@ -246,7 +246,7 @@ pub fn identify(
     peers::split_local(all, &node_addrs)?;
     check_underlay_edges(seen, &underlay, &remote)?;
     let mtu = mtu_for(&underlay, local_ip, cfg.mtu)?;
-    Ok(Node {
+    Ok(LocalNode {
         local_ip,
         underlay,
         mtu,
@@ -422,7 +422,7 @@ mod tests {
     #[allow(unused_imports)]
     use std::net::{IpAddr, Ipv4Addr};
 
-    fn identify_on(k: &mut Fake, cfg: &Config, all: &[Peer]) -> Result<Node, Error> {
+    fn identify_on(k: &mut Fake, cfg: &Config, all: &[Peer]) -> Result<LocalNode, Error> {
         let seen = Observed::read(k, cfg).unwrap();
         identify(k, cfg, &seen, all, None)
     }

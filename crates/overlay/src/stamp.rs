@@ -274,7 +274,7 @@ impl<R> Stamp<R> {
 pub type Before = Option<Option<(FileId, Vec<u8>)>>;
 
 /// One network's stamp: where it is kept and what it is checked against.
-pub struct Keeper<'a> {
+pub struct StampFile<'a> {
     /// The stamp file, in the network's state directory.
     pub path: PathBuf,
     /// The hash of the settings that shape the node's programming (not those of one pod).
@@ -283,7 +283,7 @@ pub struct Keeper<'a> {
     pub peers_file: Option<&'a Path>,
 }
 
-impl Keeper<'_> {
+impl StampFile<'_> {
     /// The peers file as it is before a full reconcile reads it: a write after this shows in
     /// the stamp's check.
     pub fn before(&self) -> Before {
@@ -558,7 +558,7 @@ mod tests {
         let (v, b, u) = (get(&k, "vtep"), get(&k, "br"), get(&k, "eth0"));
         let f = dir.path().join("peers.json");
         std::fs::write(&f, "[1]").unwrap();
-        let keeper = Keeper {
+        let keeper = StampFile {
             path: dir.path().join("n.stamp"),
             settings: "s".into(),
             peers_file: Some(&f),
@@ -598,7 +598,7 @@ mod tests {
         assert_eq!(keeper.holding::<u32>(&mut k, names).unwrap(), None);
         // A peers file that could not be read is never stamped.
         let missing = dir.path().join("missing.json");
-        let gone = Keeper {
+        let gone = StampFile {
             peers_file: Some(&missing),
             ..keeper
         };

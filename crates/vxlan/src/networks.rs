@@ -190,7 +190,7 @@ pub fn segment_peers_file(path: &Path) -> Option<PathBuf> {
 
 /// Creates or repairs the main mode's node (VTEP, bridge, peers) and says what it did.
 fn main_node(cfg: &Config) -> Result<String, Error> {
-    let report = crate::main_mode::reconcile::node(cfg)?;
+    let report = crate::main_mode::reconcile::run(cfg)?;
     let (node, vtep, bridge) = (&report.node, &report.vtep, &report.bridge);
     let mut out = format!(
         "{} up with MAC {} (local {}, vni {}, port {}), bridge {}, {} remote peer(s)\n",

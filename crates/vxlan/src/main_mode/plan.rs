@@ -1,5 +1,5 @@
 //! The node's shared data path as a plan: what the kernel must be told, worked out as pure
-//! data from the node ([`Node`]) and what the kernel holds ([`Observed`]), the ownership rules
+//! data from the node ([`LocalNode`]) and what the kernel holds ([`Observed`]), the ownership rules
 //! applied. [`super::apply`] carries it out; nothing here touches the kernel.
 //!
 //! Ownership: sticky-vxlan changes only what it made. Its VTEP and bridge carry a marker,
@@ -26,7 +26,7 @@ use super::firewall;
 use sticky_overlay::config::Config;
 use sticky_overlay::devices;
 use sticky_overlay::mac::vtep_mac;
-use sticky_overlay::node::{Node, Observed};
+use sticky_overlay::node::{LocalNode, Observed};
 use sticky_overlay::pod::gateway_of;
 use sticky_overlay::step::Dev;
 pub use sticky_overlay::step::Step;
@@ -58,7 +58,7 @@ pub struct Desired {
 }
 
 /// Pure: what the VTEP and the bridge hold for this node and its peers (flannel's entries).
-pub fn desired(vni: u32, node: &Node) -> Desired {
+pub fn desired(vni: u32, node: &LocalNode) -> Desired {
     let mut d = Desired::default();
     for p in &node.remote {
         let mac = p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni));
@@ -74,7 +74,7 @@ pub fn desired(vni: u32, node: &Node) -> Desired {
 
 /// This node's own `/32`s on the VTEP (the network address of each IPv4 subnet) and the
 /// bridge's gateways (the first address of each local subnet, with its prefix).
-pub fn local_addresses(node: &Node) -> (Vec<IpNet>, Vec<IpNet>) {
+pub fn local_addresses(node: &LocalNode) -> (Vec<IpNet>, Vec<IpNet>) {
     let (mut own, mut gateways) = (Vec::new(), Vec::new());
     for s in &node.local.subnets {
         if s.addr().is_ipv4()
@@ -122,7 +122,7 @@ fn stale_gateway(net: &IpNet, own: &[IpNet]) -> bool {
 }
 
 /// Pure: the plan that brings the node from `seen` to what `cfg` and `node` say.
-pub fn plan(cfg: &Config, node: &Node, seen: &Observed) -> Result<Plan, Error> {
+pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Error> {
     let want = desired(cfg.vni, node);
     let mut steps = Vec::new();
     // A VTEP this network made under another name (its vni or vtepName changed) goes first:
@@ -332,7 +332,7 @@ mod tests {
 
     /// Node 192.0.2.1 (10.244.1.0/24) with peer 192.0.2.2 (10.244.2.0/24), on a fake whose
     /// `eth0` has index 2 as [`node_with`] says.
-    fn setup() -> (Config, Node, Fake) {
+    fn setup() -> (Config, LocalNode, Fake) {
         let cfg = conf(json!({}));
         let node = node_with(
             "192.0.2.1",
@@ -344,7 +344,7 @@ mod tests {
     }
 
     /// Plans against the fake's state and applies the plan to it; returns the plan.
-    fn reconcile(cfg: &Config, node: &Node, k: &mut Fake) -> Result<Plan, Error> {
+    fn reconcile(cfg: &Config, node: &LocalNode, k: &mut Fake) -> Result<Plan, Error> {
         let seen = Observed::read(k, cfg)?;
         let p = plan(cfg, node, &seen)?;
         apply(k, cfg, &p, &seen)?;

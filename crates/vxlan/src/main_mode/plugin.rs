@@ -1,7 +1,7 @@
 //! The CNI commands of `sticky-vxlan`.
 //!
 //! ADD reads the config once ([`Config`]), opens one netlink socket for the host namespace
-//! and keeps it for the node ([`reconcile::node_with`]), the veth and any rollback; the pod's
+//! and keeps it for the node ([`reconcile::run_with`]), the veth and any rollback; the pod's
 //! namespace gets one socket of its own, opened while IPAM works ([`Pods::enter`]) and used
 //! once it has answered ([`Pods::configure`]). What to do when IPAM or the node fails is one
 //! pure decision, [`after_ipam`], carried out by [`pods::settle`]; the segment mode shares

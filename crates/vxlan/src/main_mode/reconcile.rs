@@ -1,6 +1,6 @@
 //! Reconciling a node: the one entry point that brings the VTEP, the bridge, the peers, the
 //! sysctls and the nftables rules to what a config says. `sticky-vxlan reconcile`, every ADD
-//! and the node agent all go through [`node()`] (or [`node_with`] with a kernel of their own).
+//! and the node agent all go through [`run()`] (or [`run_with`] with a kernel of their own).
 //!
 //! Read once ([`Observed`]), decide ([`plan::plan`], pure), apply ([`apply::apply`]); all of
 //! it under the network's lock in `stateDir`, so parallel ADDs never race to create the VTEP
@@ -17,13 +17,13 @@ use sticky_netlink::Socket;
 use sticky_netlink::link::Link;
 use sticky_overlay::config::Config;
 use sticky_overlay::kernel::{Kernel, Live};
-use sticky_overlay::node::{self, Node, Observed};
+use sticky_overlay::node::{self, LocalNode, Observed};
 use sticky_overlay::{Error, stamp};
 
 /// What a reconcile did and found.
 #[derive(Debug, Clone)]
 pub struct Report {
-    pub node: Node,
+    pub node: LocalNode,
     /// The VTEP and the bridge as they are now (MAC, MTU, index).
     pub vtep: Link,
     pub bridge: Link,
@@ -41,13 +41,13 @@ impl Report {
 /// Reconciles the node (the network namespace of the calling thread) exactly as
 /// `sticky-vxlan reconcile --config` does: this is the stable entry point for callers outside
 /// the CNI path (the node agent).
-pub fn node(cfg: &Config) -> Result<Report, Error> {
+pub fn run(cfg: &Config) -> Result<Report, Error> {
     let mut sock = Socket::open()?;
-    node_with(&mut Live { sock: &mut sock }, cfg)
+    run_with(&mut Live { sock: &mut sock }, cfg)
 }
 
-/// [`node()`] through a given kernel.
-pub fn node_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
+/// [`run()`] through a given kernel.
+pub fn run_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let _guard = cfg.lock()?;
     full(k, cfg)
 }
@@ -94,7 +94,7 @@ pub struct Ready {
     pub mtu: u32,
 }
 
-fn ready_of(node: &Node) -> Ready {
+fn ready_of(node: &LocalNode) -> Ready {
     Ready {
         local_ip: node.local_ip,
         subnets: node.local.subnets.clone(),
@@ -104,7 +104,7 @@ fn ready_of(node: &Node) -> Ready {
 
 /// The network's stamp: `<stateDir>/<network>.stamp`, checked against the settings that shape
 /// the node's programming (not those of one pod: IPAM, the default route, hairpin).
-fn keeper(cfg: &Config) -> stamp::Keeper<'_> {
+fn keeper(cfg: &Config) -> stamp::StampFile<'_> {
     let shaping = format!(
         "{:?} {:?}",
         (
@@ -126,7 +126,7 @@ fn keeper(cfg: &Config) -> stamp::Keeper<'_> {
             &cfg.state_dir,
         )
     );
-    stamp::Keeper {
+    stamp::StampFile {
         path: cfg.state_dir.join(format!("{}.stamp", cfg.name)),
         settings: stamp::hash(shaping.as_bytes()),
         peers_file: cfg.peers_file.as_deref(),
@@ -163,7 +163,7 @@ fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
 
 /// What the node's pods depend on beyond the devices, as the plan just set it: this node's
 /// own `/32`s on the VTEP, the gateways on the bridge, the forwarding sysctls.
-fn depends_of(node: &Node, plan: &Plan) -> stamp::Depends {
+fn depends_of(node: &LocalNode, plan: &Plan) -> stamp::Depends {
     let (vtep_addresses, bridge_addresses) = plan::local_addresses(node);
     let sysctls = plan
         .steps
@@ -219,7 +219,7 @@ mod tests {
     fn the_entry_point_resolves_plans_and_applies_under_the_lock_and_converges() {
         let (dir, cfg) = two_nodes();
         let mut k = Fake::node("192.0.2.1/24");
-        let report = node_with(&mut k, &cfg).unwrap();
+        let report = run_with(&mut k, &cfg).unwrap();
         assert!(dir.path().join("edge.lock").exists());
         assert_eq!(report.node.local_ip.to_string(), "192.0.2.1");
         assert_eq!(report.node.remote.len(), 1);
@@ -233,9 +233,9 @@ mod tests {
         // Something rewrote the bridge's MAC: the report has the repaired one (ADD's result
         // reports it), not the one read before the repair.
         k.link_mut("stickybr0").mac = Some([2, 0, 0, 0, 0, 0x99]);
-        let repaired = node_with(&mut k, &cfg).unwrap();
+        let repaired = run_with(&mut k, &cfg).unwrap();
         assert_eq!(repaired.bridge.mac, Some([0x0e, 1, 10, 244, 1, 1]));
-        let again = node_with(&mut k, &cfg).unwrap();
+        let again = run_with(&mut k, &cfg).unwrap();
         assert!(
             again
                 .plan
@@ -424,10 +424,10 @@ mod tests {
         assert_eq!(found.remote.len(), 1);
         assert!(!copy.exists(), "reading never writes");
         // The reconcile keeps it, and falls back on it once the file is broken.
-        node_with(&mut k, &cfg).unwrap();
+        run_with(&mut k, &cfg).unwrap();
         assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
         std::fs::write(&file, "[{\"ip\": ").unwrap();
-        let report = node_with(&mut k, &cfg).unwrap();
+        let report = run_with(&mut k, &cfg).unwrap();
         assert!(report.peers_file_error().is_some());
         assert_eq!(report.node.remote.len(), 1, "the last good copy stands in");
         assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
@@ -447,7 +447,7 @@ mod tests {
         });
         let seen = Observed::read(&mut k, &cfg).unwrap();
         assert!(seen.link("eth1").is_none(), "a plain link is not read");
-        let err = node_with(&mut k, &cfg).unwrap_err();
+        let err = run_with(&mut k, &cfg).unwrap_err();
         assert!(
             matches!(&err, Error::ForeignRoute { device: Some(d), .. } if d == "eth1"),
             "{err}"

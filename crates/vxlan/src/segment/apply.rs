@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use super::Error;
 use super::config::Config;
-use super::plan::{Dev, Devices, FLOOD, Plan, Seen, Step};
+use super::plan::{Dev, Devices, FLOOD, Observed, Plan, Step};
 use sticky_netlink::link::{self, Link};
 use sticky_netlink::neigh::Fdb;
 use sticky_overlay::kernel::{EntryWrite, Kernel, LinkChange};
@@ -57,7 +57,7 @@ pub fn apply<K: Kernel>(
     k: &mut K,
     cfg: &Config,
     plan: &Plan,
-    seen: &Seen,
+    seen: &Observed,
 ) -> Result<Devices, Error> {
     let mut known = Known {
         cfg,

@@ -7,12 +7,12 @@
 //! without it is someone else's and is refused, never adopted. Everything is idempotent and
 //! runs under the segment's lock.
 //!
-//! As in the main mode: read once ([`Seen`]), decide ([`super::plan`], pure), apply
+//! As in the main mode: read once ([`Observed`]), decide ([`super::plan`], pure), apply
 //! ([`super::apply`]).
 
 use super::config::Config;
-use super::node::Node;
-use super::plan::{self, Devices, FLOOD, Seen};
+use super::node::SegmentNode;
+use super::plan::{self, Devices, FLOOD, Observed};
 use super::{Error, apply};
 use sticky_overlay::kernel::Kernel;
 use sticky_overlay::state_dir;
@@ -24,9 +24,9 @@ pub fn lock(cfg: &Config) -> Result<state_dir::Lock, Error> {
         .map_err(|e| Error::Vxlan(sticky_overlay::Error::Lock(e)))
 }
 
-/// What the kernel holds of the segment's devices ([`Seen`]), as much as [`plan::plan`] needs: two link lookups, the flood entries of a device that is
+/// What the kernel holds of the segment's devices ([`Observed`]), as much as [`plan::plan`] needs: two link lookups, the flood entries of a device that is
 /// kept, and every link when a device is to be made.
-pub fn read<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Seen, Error> {
+pub fn read<K: Kernel>(k: &mut K, cfg: &Config, node: &SegmentNode) -> Result<Observed, Error> {
     let want = plan::spec(cfg, node);
     let bridge = k.link(&cfg.bridge())?;
     let vxlan = k.link(&want.name)?;
@@ -44,7 +44,7 @@ pub fn read<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Seen, Err
     } else {
         Vec::new()
     };
-    Ok(Seen {
+    Ok(Observed {
         bridge,
         vxlan,
         flood,
@@ -52,10 +52,10 @@ pub fn read<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Seen, Err
     })
 }
 
-/// Bridge, VXLAN device and flood entries for this segment on this node: read ([`Seen`]),
+/// Bridge, VXLAN device and flood entries for this segment on this node: read ([`Observed`]),
 /// decide ([`plan::plan`], pure), apply ([`apply::apply`]). The caller holds the segment's
 /// [`lock`].
-pub fn ensure<K: Kernel>(k: &mut K, cfg: &Config, node: &Node) -> Result<Devices, Error> {
+pub fn ensure<K: Kernel>(k: &mut K, cfg: &Config, node: &SegmentNode) -> Result<Devices, Error> {
     let seen = read(k, cfg, node)?;
     let plan = plan::plan(cfg, node, &seen)?;
     apply::apply(k, cfg, &plan, &seen)
@@ -83,8 +83,8 @@ mod tests {
     }
 
     /// Node 1 of a segment on nodes 1 to 3 (node 3 left out with `remote`).
-    fn node(k: &Fake, remote: &[u8]) -> Node {
-        Node {
+    fn node(k: &Fake, remote: &[u8]) -> SegmentNode {
+        SegmentNode {
             local_ip: ip(1),
             underlay: k.seen.link("eth0").cloned().unwrap(),
             mtu: 1450,

@@ -20,7 +20,7 @@ fn peer_error(e: peers::Error) -> Error {
 
 /// This node as the segment sees it.
 #[derive(Debug, Clone)]
-pub struct Node {
+pub struct SegmentNode {
     pub local_ip: IpAddr,
     pub underlay: Link,
     /// MTU of the VXLAN device, the bridge and every pod interface.
@@ -67,7 +67,11 @@ pub fn peer_list(cfg: &Config) -> Result<Gathered, Error> {
 
 /// This node (the peer entry whose `ip` is one of its addresses), its underlay device and MTU,
 /// and the segment's other nodes, from the gathered peer list ([`peer_list`]). Reads only.
-pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config, gathered: &Gathered) -> Result<Node, Error> {
+pub fn resolve<K: Kernel>(
+    k: &mut K,
+    cfg: &Config,
+    gathered: &Gathered,
+) -> Result<SegmentNode, Error> {
     let all = &gathered.peers;
     let peers_file_error = gathered.file_error.as_ref().map(ToString::to_string);
     // This node is the one entry naming one of its addresses, by the main mode's rule: a
@@ -99,7 +103,7 @@ pub fn resolve<K: Kernel>(k: &mut K, cfg: &Config, gathered: &Gathered) -> Resul
         .copied()
         .filter(|ip| *ip != local_ip)
         .collect();
-    Ok(Node {
+    Ok(SegmentNode {
         local_ip,
         underlay,
         mtu,
@@ -129,7 +133,7 @@ mod tests {
         Config::from_json("seg", &raw).unwrap()
     }
 
-    fn resolved(k: &mut Fake, cfg: &Config) -> Result<Node, Error> {
+    fn resolved(k: &mut Fake, cfg: &Config) -> Result<SegmentNode, Error> {
         resolve(k, cfg, &peer_list(cfg)?)
     }
 

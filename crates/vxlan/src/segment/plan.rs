@@ -1,5 +1,5 @@
 //! A segment's devices on this node as a plan: what the kernel must be told, worked out as
-//! pure data from the node ([`Node`]) and what was read of the segment's devices ([`Seen`]),
+//! pure data from the node ([`SegmentNode`]) and what was read of the segment's devices ([`Observed`]),
 //! the ownership rules applied. [`super::apply`] carries it out; nothing here touches the
 //! kernel.
 //!
@@ -15,7 +15,7 @@ use std::net::IpAddr;
 
 use super::Error;
 use super::config::Config;
-use super::node::Node;
+use super::node::SegmentNode;
 use sticky_netlink::link::{Link, VxlanSpec};
 use sticky_overlay::devices;
 use sticky_overlay::kernel::LinkChange;
@@ -25,7 +25,7 @@ pub const FLOOD: [u8; 6] = [0; 6];
 
 /// What the kernel holds of the segment's devices, read once.
 #[derive(Debug, Clone, Default)]
-pub struct Seen {
+pub struct Observed {
     pub bridge: Option<Link>,
     pub vxlan: Option<Link>,
     /// The permanent flood entries on the VXLAN device, when it is kept as it is.
@@ -88,7 +88,7 @@ pub struct Plan {
 }
 
 /// The VXLAN device the segment wants on this node.
-pub fn spec(cfg: &Config, node: &Node) -> VxlanSpec {
+pub fn spec(cfg: &Config, node: &SegmentNode) -> VxlanSpec {
     devices::tunnel(
         cfg.vxlan(),
         (cfg.vni, cfg.port),
@@ -104,7 +104,7 @@ pub fn keeps(l: &Link, want: &VxlanSpec) -> bool {
     devices::same_tunnel(l, want)
 }
 
-/// Whether a device is to be made, so that the plan needs every link ([`Seen::links`]).
+/// Whether a device is to be made, so that the plan needs every link ([`Observed::links`]).
 pub fn makes_a_device(bridge: Option<&Link>, vxlan: Option<&Link>, want: &VxlanSpec) -> bool {
     bridge.is_none() || !vxlan.is_some_and(|l| keeps(l, want))
 }
@@ -141,7 +141,7 @@ pub fn flood_plan(
 
 /// Pure: the plan that brings the segment's devices on this node from `seen` to what `cfg`
 /// and `node` say.
-pub fn plan(cfg: &Config, node: &Node, seen: &Seen) -> Result<Plan, Error> {
+pub fn plan(cfg: &Config, node: &SegmentNode, seen: &Observed) -> Result<Plan, Error> {
     let want = spec(cfg, node);
     if let Some(b) = &seen.bridge {
         owned(cfg, b, "bridge")?;
@@ -257,8 +257,8 @@ mod tests {
     }
 
     /// Node 1 (underlay `eth0`, index 2) of a segment with the `remote` nodes.
-    fn node(remote: &[u8]) -> Node {
-        Node {
+    fn node(remote: &[u8]) -> SegmentNode {
+        SegmentNode {
             local_ip: ip(1),
             underlay: Link {
                 index: 2,
@@ -335,9 +335,9 @@ mod tests {
     fn a_fresh_node_plans_the_bridge_then_the_vxlan_device_then_one_flood_entry_per_node() {
         let (c, n) = (cfg(), node(&[2, 3]));
         let ours = veth("sv0123456789ab", "sticky-vxlan vxeth1 c1 net1");
-        let seen = Seen {
+        let seen = Observed {
             links: vec![ours.clone(), veth("sv_other", "sticky-vxlan other c2 net1")],
-            ..Seen::default()
+            ..Observed::default()
         };
         assert!(makes_a_device(None, None, &spec(&c, &n)));
         let plan = plan(&c, &n, &seen).unwrap();
@@ -370,7 +370,7 @@ mod tests {
         let (c, n) = (cfg(), node(&[2, 3]));
         let (bridge, vxlan) = programmed();
         assert!(!makes_a_device(Some(&bridge), Some(&vxlan), &spec(&c, &n)));
-        let seen = Seen {
+        let seen = Observed {
             bridge: Some(bridge.clone()),
             vxlan: Some(vxlan.clone()),
             flood: vec![ip(2), ip(4)],
@@ -386,7 +386,7 @@ mod tests {
             ]
         );
         // The peers file broken: nothing removed.
-        let broken = Node {
+        let broken = SegmentNode {
             peers_file_error: Some("half-written".into()),
             ..n.clone()
         };
@@ -397,7 +397,7 @@ mod tests {
                 .contains(&Step::DeleteFlood(ip(4)))
         );
         // Down, off the bridge, another MTU: repaired.
-        let seen = Seen {
+        let seen = Observed {
             bridge: Some(Link {
                 up: false,
                 mtu: Some(1500),
@@ -433,7 +433,7 @@ mod tests {
             v.learning = Some(false);
         }
         assert!(makes_a_device(Some(&bridge), Some(&vxlan), &spec(&c, &n)));
-        let seen = Seen {
+        let seen = Observed {
             bridge: Some(bridge),
             // Read before: gone with the old device.
             flood: vec![ip(2)],
@@ -462,33 +462,33 @@ mod tests {
     fn a_device_that_is_not_ours_or_another_holding_the_vni_is_refused_before_any_step() {
         let (c, n) = (cfg(), node(&[2]));
         let (bridge, vxlan) = programmed();
-        let unmarked = Seen {
+        let unmarked = Observed {
             bridge: Some(Link {
                 alias: None,
                 ..bridge.clone()
             }),
-            ..Seen::default()
+            ..Observed::default()
         };
         assert!(matches!(
             plan(&c, &n, &unmarked),
             Err(Error::NotOurs { .. })
         ));
-        let others = Seen {
+        let others = Observed {
             vxlan: Some(Link {
                 alias: Some("sticky-vxlan segment other vni 101".into()),
                 ..vxlan.clone()
             }),
-            ..Seen::default()
+            ..Observed::default()
         };
         assert!(matches!(plan(&c, &n, &others), Err(Error::NotOurs { .. })));
-        let theirs = Seen {
+        let theirs = Observed {
             bridge: Some(bridge),
             links: vec![Link {
                 name: "theirs".into(),
                 alias: None,
                 ..vxlan
             }],
-            ..Seen::default()
+            ..Observed::default()
         };
         let err = plan(&c, &n, &theirs).unwrap_err();
         assert!(

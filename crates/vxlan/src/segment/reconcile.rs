@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::config::Config;
 use super::datapath;
-use super::node::{self, Node};
+use super::node::{self, SegmentNode};
 use super::plan::Devices;
 use super::{Error, slice};
 use sticky_netlink::Socket;
@@ -44,8 +44,8 @@ pub struct ForPod {
 
 /// The segment's stamp: `<stateDir>/<network>.segment.stamp`, checked against the whole
 /// config (the IPAM section included: the stamp keeps its ranges cut).
-fn keeper(cfg: &Config) -> stamp::Keeper<'_> {
-    stamp::Keeper {
+fn keeper(cfg: &Config) -> stamp::StampFile<'_> {
+    stamp::StampFile {
         path: cfg.state_dir.join(format!("{}.segment.stamp", cfg.name)),
         settings: stamp::hash(format!("{cfg:?}").as_bytes()),
         peers_file: cfg.peers_file.as_deref(),
@@ -53,7 +53,7 @@ fn keeper(cfg: &Config) -> stamp::Keeper<'_> {
 }
 
 /// This node's slice of the IPAM ranges, when the config asks for one.
-fn ranges_of(cfg: &Config, node: &Node) -> Result<Option<Value>, Error> {
+fn ranges_of(cfg: &Config, node: &SegmentNode) -> Result<Option<Value>, Error> {
     cfg.node_slice
         .map(|p| slice::cut_ranges(&cfg.ipam, node.local_ip, &node.members, p))
         .transpose()
@@ -63,7 +63,7 @@ fn ranges_of(cfg: &Config, node: &Node) -> Result<Option<Value>, Error> {
 /// Read, program; then stamp what it left. The caller holds the segment's lock. A slice that
 /// cannot be cut (two nodes on one slot) is an error once the devices are programmed, and
 /// nothing is stamped: every ADD looks again.
-fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(Node, ForPod), Error> {
+fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(SegmentNode, ForPod), Error> {
     let keeper = keeper(cfg);
     let before = keeper.before();
     let peers = node::peer_list(cfg)?;
