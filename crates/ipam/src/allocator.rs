@@ -67,7 +67,7 @@ impl Request<'_> {
 
 /// One address handed out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Allocation {
+pub(crate) struct Allocation {
     pub ip: IpAddr,
     pub range: Range,
     /// The attachment already existed or the pod took its own lease back (a sticky hit).
@@ -105,7 +105,7 @@ fn list(ips: &[IpAddr]) -> String {
 }
 
 /// Matches requested addresses to range sets, before anything on disk is touched.
-pub fn assign_requested(config: &IpamConfig) -> Result<Vec<Option<IpAddr>>, AllocError> {
+pub(crate) fn assign_requested(config: &IpamConfig) -> Result<Vec<Option<IpAddr>>, AllocError> {
     let mut per_set = vec![None; config.range_sets.len()];
     let mut unfulfilled = Vec::new();
     for &ip in &config.requested {
@@ -283,7 +283,7 @@ pub enum Plan {
 
 /// A whole ADD, planned: nothing written yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AddPlan {
+pub(crate) struct AddPlan {
     pub sets: Vec<Plan>,
     /// Files of the pod's leases outside every configured range, or on an address the
     /// config now reserves (the config changed).
@@ -427,7 +427,7 @@ pub fn add<S: Store>(
 
 /// Whether range set `index` could serve one more new pod: a never-held address, or a
 /// released lease when `when_exhausted` lets a new pod reclaim one.
-pub fn has_room<S: Store>(
+pub(crate) fn has_room<S: Store>(
     store: &mut S,
     set: &RangeSet,
     index: usize,

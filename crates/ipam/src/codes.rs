@@ -5,11 +5,11 @@ use cni_protocol::CniError;
 use cni_protocol::error::code;
 
 /// No address left in a range set (and no released lease may be reclaimed).
-pub const RANGE_EXHAUSTED: u32 = 100;
+pub(crate) const RANGE_EXHAUSTED: u32 = 100;
 /// A requested address is held, reserved, or outside the ranges.
-pub const REQUESTED_UNAVAILABLE: u32 = 101;
+pub(crate) const REQUESTED_UNAVAILABLE: u32 = 101;
 /// CHECK: an address of prevResult is not recorded for the attachment.
-pub const NOT_RECORDED: u32 = 102;
+pub(crate) const NOT_RECORDED: u32 = 102;
 
 impl From<crate::Error> for CniError {
     fn from(err: crate::Error) -> CniError {

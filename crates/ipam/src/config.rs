@@ -44,7 +44,7 @@ pub struct IpamConfig {
     pub metrics_file: Option<PathBuf>,
 }
 
-pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
+pub(crate) const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -261,7 +261,7 @@ fn requested_ips(conf: &NetConf, args: &Args) -> Result<Vec<IpAddr>, ConfigError
 }
 
 /// `90s`, `30m`, `72h`, `7d`, or a sum such as `1h30m`.
-pub fn parse_duration(text: &str) -> Option<Duration> {
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     let mut total: u64 = 0;
     let mut digits = String::new();
     for c in text.trim().chars() {

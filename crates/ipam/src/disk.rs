@@ -50,10 +50,10 @@ use sticky_primitives::crash;
 use sticky_primitives::nofollow::{self, Durability};
 
 /// Bookkeeping file names, beside the records.
-pub const LOCK_FILE: &str = "lock";
-pub const RELEASE_SEQ_FILE: &str = "release_seq";
-pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
-pub const TEMP_PREFIX: &str = ".tmp.";
+pub(crate) const LOCK_FILE: &str = "lock";
+pub(crate) const RELEASE_SEQ_FILE: &str = "release_seq";
+pub(crate) const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+pub(crate) const TEMP_PREFIX: &str = ".tmp.";
 
 /// One network's data dir, locked.
 #[derive(Debug)]
@@ -100,7 +100,7 @@ impl DiskStore {
 
     /// Locks an existing data dir for writing, as [`DiskStore::open`] (the operator's writing
     /// verbs); `None` if it is absent, which is never created.
-    pub fn open_if_present(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
+    pub(crate) fn open_if_present(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
         match fs::symlink_metadata(dir) {
             Ok(_) => Self::open(dir).map(Some),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
@@ -112,7 +112,7 @@ impl DiskStore {
     /// --dry-run`): a shared lock on `lock` when there is one (so no ADD or DEL is seen half
     /// done), nothing created, killed writers' temp files left alone, every write refused.
     /// Works on a read-only filesystem. `None` if the directory is absent.
-    pub fn open_read_only(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
+    pub(crate) fn open_read_only(dir: &Path) -> Result<Option<DiskStore>, StoreError> {
         match fs::symlink_metadata(dir) {
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -187,7 +187,7 @@ impl DiskStore {
     }
 
     /// Removes the derived name index for good (the way back to host-local's layout).
-    pub fn remove_index(&mut self) -> Result<(), StoreError> {
+    pub(crate) fn remove_index(&mut self) -> Result<(), StoreError> {
         self.no_index = true;
         let path = self.dir.join(index::DIR);
         match fs::remove_dir_all(&path) {
@@ -203,7 +203,7 @@ impl DiskStore {
     /// Proves the directory takes a new record (STATUS): a temp file of one block (more than
     /// any record) written, fsynced and removed. An empty file would fit in a full
     /// filesystem.
-    pub fn probe_writable(&mut self) -> Result<(), StoreError> {
+    pub(crate) fn probe_writable(&mut self) -> Result<(), StoreError> {
         self.wrote = true;
         let (mut file, temp) = nofollow::create_temp(&self.dir, TEMP_PREFIX, 0o644)
             .map_err(io("creating a temp file in", &self.dir))?;

@@ -5,18 +5,18 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Where the kernel publishes the current boot's id.
-pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+pub(crate) const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
 /// The current boot id, or "" when the kernel does not say (then no lease is ever judged to
 /// be from an earlier boot).
-pub fn current_boot() -> String {
+pub(crate) fn current_boot() -> String {
     std::fs::read_to_string(BOOT_ID_PATH)
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
 
 /// Wall clock in Unix seconds.
-pub fn wall_clock() -> u64 {
+pub(crate) fn wall_clock() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

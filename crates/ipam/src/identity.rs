@@ -40,7 +40,7 @@ pub struct Pod {
 impl Pod {
     /// The pod named in `args`, or `None` without `K8S_POD_NAME` (then the plugin behaves
     /// exactly like host-local).
-    pub fn from_args(args: &Args) -> Option<Pod> {
+    pub(crate) fn from_args(args: &Args) -> Option<Pod> {
         let name = args.non_empty("K8S_POD_NAME")?;
         Some(Pod {
             namespace: args

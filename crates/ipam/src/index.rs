@@ -49,7 +49,7 @@ pub const DIR: &str = "sticky-index";
 const STAMP: &str = "stamp";
 const MAGIC: &str = "sticky-index/1";
 /// Buckets per family.
-pub const BUCKETS: usize = 256;
+pub(crate) const BUCKETS: usize = 256;
 
 /// What a bucket is keyed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,7 +65,7 @@ pub enum Family {
 pub struct Bucket(pub Family, pub u8);
 
 impl Bucket {
-    pub fn of_ip(ip: std::net::IpAddr) -> Bucket {
+    pub(crate) fn of_ip(ip: std::net::IpAddr) -> Bucket {
         let bytes = match ip {
             std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
             std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
@@ -73,7 +73,7 @@ impl Bucket {
         Bucket(Family::Ip, fnv(&bytes) as u8)
     }
 
-    pub fn of_suffix(suffix: &str) -> Bucket {
+    pub(crate) fn of_suffix(suffix: &str) -> Bucket {
         Bucket(Family::Pod, fnv(suffix.as_bytes()) as u8)
     }
 
@@ -172,7 +172,7 @@ impl Hashes {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum IndexError {
+pub(crate) enum IndexError {
     #[error("{action} {path}: {source}")]
     Io {
         action: &'static str,
@@ -327,7 +327,7 @@ impl Stored {
 /// Writes `changed` buckets (each a list of names), then stamps the directory: its mtime set
 /// just before the coarse clock, the stamp naming it and every bucket's hash. `known` are the
 /// hashes of the buckets not rewritten; without them every bucket must be in `changed`.
-pub fn save(
+pub(crate) fn save(
     net_dir: &Path,
     known: Option<&Hashes>,
     changed: &[(Bucket, Vec<String>)],

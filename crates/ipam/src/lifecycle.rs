@@ -22,7 +22,7 @@ use super::store::{Note, Store, StoreError};
 use cni_protocol::Attachment;
 
 /// The most the lease clock advances in one call, in seconds.
-pub const MAX_CLOCK_STEP: u64 = 3600;
+pub(crate) const MAX_CLOCK_STEP: u64 = 3600;
 
 /// What a pass would do to one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub struct Change {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Attached lease → released lease (kept for its pod).
     Release,
     /// File removed: the address is free again.
@@ -57,7 +57,7 @@ pub fn apply<S: Store>(store: &mut S, changes: &[Change], lease_clock: u64) -> V
 
 /// The data dir's lease clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseClock {
+pub(crate) struct LeaseClock {
     /// Lease-clock seconds now; `releasedAt` of a lease is on this clock.
     pub now: u64,
     wall: u64,
@@ -89,7 +89,7 @@ impl LeaseClock {
         }
     }
 
-    pub fn save<S: Store>(&self, store: &mut S) -> Result<(), StoreError> {
+    pub(crate) fn save<S: Store>(&self, store: &mut S) -> Result<(), StoreError> {
         let next = self
             .next_expiry
             .map(|n| n.to_string())
@@ -101,20 +101,23 @@ impl LeaseClock {
     }
 
     /// Records that a lease released now expires after `hold`.
-    pub fn released_one(&mut self, hold: u64) {
+    pub(crate) fn released_one(&mut self, hold: u64) {
         self.next_expiry = self
             .next_expiry
             .map(|n| n.min(self.now.saturating_add(hold)));
     }
 
     /// Whether an expiry pass could free anything.
-    pub fn expiry_due(&self) -> bool {
+    pub(crate) fn expiry_due(&self) -> bool {
         self.next_expiry.is_none_or(|due| self.now >= due)
     }
 }
 
 /// Attached leases of an earlier boot, unless this boot was already swept.
-pub fn plan_boot_sweep<S: Store>(store: &mut S, boot: &str) -> Result<Vec<Change>, StoreError> {
+pub(crate) fn plan_boot_sweep<S: Store>(
+    store: &mut S,
+    boot: &str,
+) -> Result<Vec<Change>, StoreError> {
     if boot.is_empty() || store.note(Note::Boot).as_deref() == Some(boot) {
         return Ok(Vec::new());
     }
@@ -136,7 +139,7 @@ pub fn plan_boot_sweep<S: Store>(store: &mut S, boot: &str) -> Result<Vec<Change
 }
 
 /// Applies the boot sweep and remembers this boot. Returns how many leases it released.
-pub fn sweep_earlier_boots<S: Store>(
+pub(crate) fn sweep_earlier_boots<S: Store>(
     store: &mut S,
     boot: &str,
     lease_clock: u64,
@@ -154,7 +157,7 @@ pub fn sweep_earlier_boots<S: Store>(
 
 /// Released leases (and OpenYurt markers) older than `hold` on the lease clock. Also
 /// computes when the next one will be due.
-pub fn plan_expiry<S: Store>(
+pub(crate) fn plan_expiry<S: Store>(
     store: &mut S,
     hold: u64,
     clock: &mut LeaseClock,
@@ -213,7 +216,7 @@ fn is_attached(record: &Record) -> bool {
 
 /// Attachments not in `valid`: leases are released (kept) when `keep_leases`, anything else
 /// removed. Errors reading one address do not stop the others.
-pub fn plan_gc<S: Store>(
+pub(crate) fn plan_gc<S: Store>(
     store: &mut S,
     valid: &[Attachment],
     keep_leases: bool,

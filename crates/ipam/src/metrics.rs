@@ -27,7 +27,7 @@ use super::store::{Note, Store, StoreError};
 use sticky_primitives::nofollow::{self, Durability};
 
 #[derive(Debug, thiserror::Error)]
-pub enum MetricsError {
+pub(crate) enum MetricsError {
     #[error("metricsFile {path}: {source}")]
     Write {
         path: PathBuf,
@@ -39,7 +39,7 @@ pub enum MetricsError {
 
 /// Address counts of one range set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
+pub(crate) struct Counts {
     pub free: u128,
     pub attached: u128,
     pub released: u128,
@@ -66,7 +66,7 @@ impl Counters {
 /// After a CNI call, with the store still held: adds `hits`/`misses` to the persisted
 /// counters and rewrites `metricsFile`, when configured. Errors are logged, never returned:
 /// metrics must not fail a pod's network setup.
-pub fn after_call<S: Store>(config: &IpamConfig, store: &mut S, hits: u64, misses: u64) {
+pub(crate) fn after_call<S: Store>(config: &IpamConfig, store: &mut S, hits: u64, misses: u64) {
     if config.metrics_file.is_some()
         && let Err(err) = write(config, store, hits, misses)
     {
@@ -76,7 +76,7 @@ pub fn after_call<S: Store>(config: &IpamConfig, store: &mut S, hits: u64, misse
 
 /// [`after_call`] for an ADD: a named pod (with stickiness on) that got every address back
 /// is a hit, one that got a new or reclaimed address a miss.
-pub fn after_add<S: Store>(
+pub(crate) fn after_add<S: Store>(
     config: &IpamConfig,
     store: &mut S,
     named_pod: bool,
@@ -167,7 +167,7 @@ fn label(value: &str) -> String {
 }
 
 /// The file's text, in Prometheus' text exposition format.
-pub fn render(network: &str, sets: &[(String, Counts)], counters: Counters) -> String {
+pub(crate) fn render(network: &str, sets: &[(String, Counts)], counters: Counters) -> String {
     let net = label(network);
     let mut out = String::new();
     out.push_str(

@@ -14,7 +14,7 @@ use ipnet::IpNet;
 /// One range as written in the config.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RangeSpec {
+pub(crate) struct RangeSpec {
     #[serde(default)]
     pub subnet: Option<String>,
     #[serde(default)]
@@ -92,7 +92,7 @@ fn parse_ip(what: &'static str, text: &str) -> Result<IpAddr, RangeError> {
 }
 
 /// An address as an integer, for arithmetic in either family.
-pub fn to_int(ip: IpAddr) -> u128 {
+pub(crate) fn to_int(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(v4) => u128::from(u32::from(v4)),
         IpAddr::V6(v6) => u128::from(v6),
@@ -100,7 +100,7 @@ pub fn to_int(ip: IpAddr) -> u128 {
 }
 
 /// The address `n` in the family of `like`; `n` must fit the family.
-pub fn from_int(n: u128, like: IpAddr) -> IpAddr {
+pub(crate) fn from_int(n: u128, like: IpAddr) -> IpAddr {
     match like {
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(u32::MAX))),
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::from(n)),
@@ -108,7 +108,7 @@ pub fn from_int(n: u128, like: IpAddr) -> IpAddr {
 }
 
 impl Range {
-    pub fn from_spec(spec: &RangeSpec) -> Result<Range, RangeError> {
+    pub(crate) fn from_spec(spec: &RangeSpec) -> Result<Range, RangeError> {
         let text = spec.subnet.as_deref().ok_or(RangeError::NoSubnet)?;
         let subnet: IpNet = text
             .trim()
@@ -178,7 +178,7 @@ impl Range {
     }
 
     /// Addresses never handed out even inside the range: gateway, network, IPv4 broadcast.
-    pub fn is_reserved(&self, ip: IpAddr) -> bool {
+    pub(crate) fn is_reserved(&self, ip: IpAddr) -> bool {
         ip == self.gateway
             || ip == self.subnet.network()
             || (ip.is_ipv4() && ip == self.subnet.broadcast())
@@ -198,7 +198,7 @@ impl fmt::Display for Range {
 }
 
 impl RangeSet {
-    pub fn from_specs(specs: &[RangeSpec]) -> Result<RangeSet, RangeError> {
+    pub(crate) fn from_specs(specs: &[RangeSpec]) -> Result<RangeSet, RangeError> {
         let ranges = specs
             .iter()
             .map(Range::from_spec)
@@ -220,7 +220,7 @@ impl RangeSet {
     }
 
     /// The range holding `ip`, if any.
-    pub fn range_for(&self, ip: IpAddr) -> Option<&Range> {
+    pub(crate) fn range_for(&self, ip: IpAddr) -> Option<&Range> {
         self.0.iter().find(|r| r.contains(ip))
     }
 
@@ -229,12 +229,12 @@ impl RangeSet {
     }
 
     /// Whether `ip` may be handed out: inside a range and not reserved there.
-    pub fn is_assignable(&self, ip: IpAddr) -> bool {
+    pub(crate) fn is_assignable(&self, ip: IpAddr) -> bool {
         self.range_for(ip).is_some_and(|r| !r.is_reserved(ip))
     }
 
     /// Fails if any range of `self` overlaps a range of `other` (the same set: distinct pairs).
-    pub fn check_no_overlap(&self, other: &RangeSet) -> Result<(), RangeError> {
+    pub(crate) fn check_no_overlap(&self, other: &RangeSet) -> Result<(), RangeError> {
         let same = std::ptr::eq(self, other);
         for (i, a) in self.0.iter().enumerate() {
             for (j, b) in other.0.iter().enumerate() {
@@ -248,7 +248,10 @@ impl RangeSet {
 
     /// Every assignable address once, in host-local's round-robin order: from the one after
     /// `last` when `last` is in the set, else from the first range's start; wrapping around.
-    pub fn round_robin(&self, last: Option<IpAddr>) -> impl Iterator<Item = (IpAddr, &Range)> {
+    pub(crate) fn round_robin(
+        &self,
+        last: Option<IpAddr>,
+    ) -> impl Iterator<Item = (IpAddr, &Range)> {
         let ranges = &self.0;
         let (first_range, first_offset) = last
             .and_then(|ip| {

@@ -96,7 +96,7 @@ pub fn parse_name(name: &str) -> Option<(IpAddr, Option<&str>)> {
 }
 
 /// The namespace and pod spelled by a suffix, when it is not shortened.
-pub fn suffix_identity(suffix: &str) -> Option<(String, String)> {
+pub(crate) fn suffix_identity(suffix: &str) -> Option<(String, String)> {
     let (ns, pod) = suffix.strip_prefix('_')?.split_once('_')?;
     Some((identity::decode(ns)?, identity::decode(pod)?))
 }
@@ -217,7 +217,7 @@ impl Record {
     }
 
     /// Whether this record is the attachment (container id, ifname).
-    pub fn is_attachment(&self, container_id: &str, ifname: &str) -> bool {
+    pub(crate) fn is_attachment(&self, container_id: &str, ifname: &str) -> bool {
         match &self.body {
             Body::HostLocal {
                 container_id: c,
@@ -230,7 +230,7 @@ impl Record {
         }
     }
 
-    pub fn lease_ref(&self) -> Option<&Lease> {
+    pub(crate) fn lease_ref(&self) -> Option<&Lease> {
         match &self.body {
             Body::Lease(l) => Some(l),
             _ => None,

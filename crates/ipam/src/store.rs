@@ -284,7 +284,7 @@ impl Index {
     }
 
     /// Marks a complete index built from a listing: the stored copy is rewritten whole.
-    pub fn mark_rebuilt(&mut self) {
+    pub(crate) fn mark_rebuilt(&mut self) {
         self.names.get_mut().rebuilt = true;
     }
 
@@ -352,7 +352,7 @@ impl Index {
     }
 
     /// Whether any record, of any kind, holds `ip`.
-    pub fn is_taken(&self, ip: IpAddr) -> bool {
+    pub(crate) fn is_taken(&self, ip: IpAddr) -> bool {
         let mut names = self.names.borrow_mut();
         let held = !names.of_ip(ip).is_empty();
         names.unlistable || held
@@ -381,7 +381,7 @@ impl Index {
     }
 
     /// Addresses with a file named `<ip><suffix>`: one bucket read, however many records.
-    pub fn ips_with_suffix(&self, suffix: &str) -> Vec<IpAddr> {
+    pub(crate) fn ips_with_suffix(&self, suffix: &str) -> Vec<IpAddr> {
         let mut names = self.names.borrow_mut();
         let with_suffix =
             |n: &str| n.ends_with(suffix) && parse_name(n).is_some_and(|(_, s)| s == Some(suffix));
@@ -400,19 +400,19 @@ impl Index {
     }
 
     /// Addresses with a plain `<ip>` file (host-local's format).
-    pub fn ips_without_identity(&self) -> Vec<IpAddr> {
+    pub(crate) fn ips_without_identity(&self) -> Vec<IpAddr> {
         self.sorted_ips(|f| f.plain)
     }
 
     /// Addresses with at least one `<ip>_<ns>_<pod>` file.
-    pub fn ips_with_identity(&self) -> Vec<IpAddr> {
+    pub(crate) fn ips_with_identity(&self) -> Vec<IpAddr> {
         self.sorted_ips(|f| !f.named.is_empty())
     }
 
     /// What the stored index needs: the hashes of buckets kept (`None`: rewrite all), and
     /// the buckets to rewrite with their names. `None` when nothing changed.
     #[allow(clippy::type_complexity)]
-    pub fn to_save(&self) -> Option<(Option<Hashes>, Vec<(Bucket, Vec<String>)>)> {
+    pub(crate) fn to_save(&self) -> Option<(Option<Hashes>, Vec<(Bucket, Vec<String>)>)> {
         let names = self.names.borrow();
         if names.unlistable {
             return None;
@@ -509,7 +509,7 @@ impl Note {
 
     /// Whether a lost update matters: the boot id does (a repeated sweep is harmless, a
     /// skipped one is not); the clock and counters are hints.
-    pub fn durable(self) -> bool {
+    pub(crate) fn durable(self) -> bool {
         self == Note::Boot
     }
 }

@@ -117,7 +117,7 @@ impl Link {
     /// settings, a bridge port's state), and decoding all of them for every link of a
     /// node's dump cost more than everything else ADD computes. The tests hold it to the full
     /// decoding of `netlink-packet-route`, on built messages and on the kernel's own.
-    pub fn from_bytes(payload: &[u8]) -> Result<Link, decode::Error> {
+    pub(crate) fn from_bytes(payload: &[u8]) -> Result<Link, decode::Error> {
         let field = |range: std::ops::Range<usize>| {
             payload
                 .get(range)
@@ -231,7 +231,7 @@ fn indexed(index: u32) -> LinkMessage {
 
 /// `RTM_NEWLINK` for a VTEP: the MAC is in the creating message, so it never exists with
 /// another one (udev's `MACAddressPolicy` leaves a MAC given at creation alone).
-pub fn vxlan_message(spec: &VxlanSpec) -> LinkMessage {
+pub(crate) fn vxlan_message(spec: &VxlanSpec) -> LinkMessage {
     let mut msg = named(&spec.name);
     msg.attributes
         .push(LinkAttribute::Address(spec.mac.to_vec()));
@@ -260,7 +260,7 @@ pub fn vxlan_message(spec: &VxlanSpec) -> LinkMessage {
     msg
 }
 
-pub fn bridge_message(name: &str, mtu: Option<u32>, mac: Option<[u8; 6]>) -> LinkMessage {
+pub(crate) fn bridge_message(name: &str, mtu: Option<u32>, mac: Option<[u8; 6]>) -> LinkMessage {
     let mut msg = named(name);
     if let Some(mac) = mac {
         // A bridge otherwise takes the lowest MAC of its ports, which changes as pods come
@@ -291,7 +291,7 @@ pub struct VethSpec<'a> {
     pub master: Option<u32>,
 }
 
-pub fn veth_message(spec: &VethSpec<'_>) -> LinkMessage {
+pub(crate) fn veth_message(spec: &VethSpec<'_>) -> LinkMessage {
     let mut msg = named(spec.host);
     msg.attributes.push(LinkAttribute::Mtu(spec.mtu));
     if let Some(master) = spec.master {

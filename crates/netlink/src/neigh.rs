@@ -46,7 +46,7 @@ fn ip_address(ip: IpAddr) -> NeighbourAddress {
     }
 }
 
-pub fn neighbour_message(n: &Neighbour) -> NeighbourMessage {
+pub(crate) fn neighbour_message(n: &Neighbour) -> NeighbourMessage {
     let mut msg = NeighbourMessage::default();
     msg.header.family = if n.ip.is_ipv4() {
         AddressFamily::Inet
@@ -63,7 +63,7 @@ pub fn neighbour_message(n: &Neighbour) -> NeighbourMessage {
     msg
 }
 
-pub fn fdb_message(f: &Fdb) -> NeighbourMessage {
+pub(crate) fn fdb_message(f: &Fdb) -> NeighbourMessage {
     let mut msg = NeighbourMessage::default();
     msg.header.family = AddressFamily::Bridge;
     msg.header.ifindex = f.index;

@@ -173,7 +173,7 @@ impl Socket {
 
     /// [`Socket::request`], with each reply message's payload read by `parse` (a caller that
     /// needs a few fields of a large message need not decode all of it).
-    pub fn request_with<T>(
+    pub(crate) fn request_with<T>(
         &mut self,
         what: &'static str,
         message: RouteNetlinkMessage,
@@ -249,7 +249,7 @@ impl Socket {
     }
 
     /// [`Socket::dump`], with each entry's payload read by `parse`.
-    pub fn dump_with<T>(
+    pub(crate) fn dump_with<T>(
         &mut self,
         what: &'static str,
         message: RouteNetlinkMessage,

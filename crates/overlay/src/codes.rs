@@ -18,11 +18,11 @@ pub mod vxlan_code {
     pub const IN_THE_WAY: u32 = 121;
     pub const NETLINK: u32 = 122;
     pub const NETNS: u32 = 123;
-    pub const PEERS: u32 = 124;
-    pub const IPAM_EXEC: u32 = 125;
-    pub const FIREWALL: u32 = 126;
+    pub(crate) const PEERS: u32 = 124;
+    pub(crate) const IPAM_EXEC: u32 = 125;
+    pub(crate) const FIREWALL: u32 = 126;
     pub const CHECK: u32 = 127;
-    pub const LOCK: u32 = 128;
+    pub(crate) const LOCK: u32 = 128;
 }
 
 impl From<crate::Error> for CniError {

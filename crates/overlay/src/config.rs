@@ -11,13 +11,13 @@ use serde_json::{Map, Value};
 use super::peers::{Peer, PeerEntry};
 
 /// The kernel's (and flannel's) default VXLAN port.
-pub const DEFAULT_PORT: u16 = 8472;
+pub(crate) const DEFAULT_PORT: u16 = 8472;
 /// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
-pub const IPV4_OVERHEAD: u32 = 50;
+pub(crate) const IPV4_OVERHEAD: u32 = 50;
 /// An IPv6 underlay's VXLAN encapsulation: outer IPv6 (40) + UDP (8) + VXLAN (8) + inner
 /// Ethernet (14).
-pub const IPV6_OVERHEAD: u32 = 70;
-pub const DEFAULT_BRIDGE: &str = "stickybr0";
+pub(crate) const IPV6_OVERHEAD: u32 = 70;
+pub(crate) const DEFAULT_BRIDGE: &str = "stickybr0";
 pub const DEFAULT_STATE_DIR: &str = "/run/sticky-vxlan";
 /// The largest VNI (24 bits).
 pub const MAX_VNI: u32 = (1 << 24) - 1;

@@ -42,7 +42,7 @@ pub fn marker(dev: Dev, network: &str) -> String {
 }
 
 /// The network named in a marker of `dev`'s role, if `alias` is one.
-pub fn marked_for(dev: Dev, alias: &str) -> Option<&str> {
+pub(crate) fn marked_for(dev: Dev, alias: &str) -> Option<&str> {
     alias
         .strip_prefix("sticky-vxlan:")?
         .strip_prefix(dev.role())?
@@ -232,7 +232,7 @@ pub fn vtep<'a>(
 
 /// The bridge's MAC: the pod scheme applied to its IPv4 gateway, so it never changes as pods
 /// come and go.
-pub fn bridge_mac(node: &LocalNode) -> Option<[u8; 6]> {
+pub(crate) fn bridge_mac(node: &LocalNode) -> Option<[u8; 6]> {
     match node.subnet_v4().and_then(|s| gateway_of(&s)) {
         Some(IpAddr::V4(gw)) => Some(pod_mac(gw)),
         _ => None,

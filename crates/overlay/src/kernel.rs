@@ -67,7 +67,10 @@ impl EntryWrite {
 
 /// The writes, in order, one method call each, stopping at the first error: what
 /// [`Kernel::write_entries`] does unless a kernel does better.
-pub fn write_each<K: Kernel + ?Sized>(k: &mut K, writes: &[EntryWrite]) -> Result<(), Error> {
+pub(crate) fn write_each<K: Kernel + ?Sized>(
+    k: &mut K,
+    writes: &[EntryWrite],
+) -> Result<(), Error> {
     for write in writes {
         match write {
             EntryWrite::AddFdb(f) => k.add_fdb(f)?,

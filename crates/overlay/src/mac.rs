@@ -32,13 +32,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use sha2::{Digest, Sha256};
 
 /// First octet of a scheme-1 VTEP MAC on an IPv4 underlay.
-pub const VTEP_PREFIX: u8 = 0x0a;
+pub(crate) const VTEP_PREFIX: u8 = 0x0a;
 /// First octet of a scheme-1 VTEP MAC on an IPv6 underlay.
-pub const VTEP6_PREFIX: u8 = 0x06;
+pub(crate) const VTEP6_PREFIX: u8 = 0x06;
 /// First two octets of a scheme-1 pod MAC.
-pub const POD_PREFIX: [u8; 2] = [0x0e, 0x01];
+pub(crate) const POD_PREFIX: [u8; 2] = [0x0e, 0x01];
 /// First two octets of a scheme-1 MAC of a pod without IPv4.
-pub const POD6_PREFIX: [u8; 2] = [0x0e, 0x03];
+pub(crate) const POD6_PREFIX: [u8; 2] = [0x0e, 0x03];
 
 /// The VTEP MAC of the node whose underlay address is `local`, for VXLAN `vni`.
 pub fn vtep_mac(local: IpAddr, vni: u32) -> [u8; 6] {
@@ -65,14 +65,14 @@ pub fn pod_mac(ip: Ipv4Addr) -> [u8; 6] {
 }
 
 /// The MAC of a pod interface without IPv4 whose first IPv6 address is `ip`.
-pub fn pod_mac_v6(ip: Ipv6Addr) -> [u8; 6] {
+pub(crate) fn pod_mac_v6(ip: Ipv6Addr) -> [u8; 6] {
     let o = ip.octets();
     [POD6_PREFIX[0], POD6_PREFIX[1], o[12], o[13], o[14], o[15]]
 }
 
 /// The kept MAC of a pod interface with these addresses: from its first IPv4 address, else
 /// its first IPv6 address; `None` without any.
-pub fn pod_mac_of(ips: impl IntoIterator<Item = IpAddr>) -> Option<[u8; 6]> {
+pub(crate) fn pod_mac_of(ips: impl IntoIterator<Item = IpAddr>) -> Option<[u8; 6]> {
     let ips: Vec<IpAddr> = ips.into_iter().collect();
     let v4 = ips.iter().find_map(|ip| match ip {
         IpAddr::V4(a) => Some(pod_mac(*a)),

@@ -217,7 +217,7 @@ pub fn resolve(
 }
 
 /// [`resolve`] once the peer list is known.
-pub fn identify(
+pub(crate) fn identify(
     k: &mut impl Kernel,
     cfg: &Config,
     seen: &Observed,
@@ -288,7 +288,7 @@ pub fn check_underlay_edges(
 ///   reserved subnet anycast addresses (RFC 2526): in a /64 (or shorter) prefix of the
 ///   EUI-64 kinds (all but `000…`), interface identifiers `fdff:ffff:ffff:ff80` to
 ///   `fdff:ffff:ffff:ffff`; otherwise the highest 128 addresses of a subnet of at least 256.
-pub fn underlay_edge(net: IpNet, ip: IpAddr) -> Option<(&'static str, &'static str)> {
+pub(crate) fn underlay_edge(net: IpNet, ip: IpAddr) -> Option<(&'static str, &'static str)> {
     const FLOODS: &str = "an FDB entry for it would flood the underlay";
     match (net, ip) {
         (IpNet::V4(net), IpAddr::V4(ip)) => {

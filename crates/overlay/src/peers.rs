@@ -473,7 +473,7 @@ pub fn parse_file(text: &[u8]) -> Result<Vec<Peer>, ParseError> {
 /// Every remote peer needs a VTEP MAC of its own (its kept MAC or its explicit `mac`), and none
 /// may be this node's (`local`'s kept MAC): the FDB maps a MAC to every node listed behind it,
 /// so two peers sharing one would each be sent the other's traffic.
-pub fn check_macs(vni: u32, local: IpAddr, remote: &[Peer]) -> Result<(), Error> {
+pub(crate) fn check_macs(vni: u32, local: IpAddr, remote: &[Peer]) -> Result<(), Error> {
     let mut seen: BTreeMap<[u8; 6], IpAddr> = BTreeMap::new();
     seen.insert(vtep_mac(local, vni), local);
     for p in remote {

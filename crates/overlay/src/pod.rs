@@ -188,7 +188,7 @@ pub fn check_attachment(call: &Call, bridge: &str) -> Result<(), Error> {
 }
 
 /// CHECK inside the pod's namespace: the interface, its MAC, addresses and routes.
-pub fn check_container(
+pub(crate) fn check_container(
     netns_path: &Path,
     ifname: &str,
     mac: Option<&str>,

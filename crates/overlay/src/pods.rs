@@ -24,7 +24,7 @@ use sticky_netlink::{Socket, addr, netns, sysctl};
 const RTPROT_BOOT: u8 = 3;
 
 /// The kernel's limit on an interface alias (IFALIASZ, with its NUL).
-pub const MAX_ALIAS: usize = 256;
+pub(crate) const MAX_ALIAS: usize = 256;
 
 /// One pod's veth pair, as [`Pods::create_veth`] makes it.
 #[derive(Debug, Clone)]

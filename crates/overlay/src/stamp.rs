@@ -44,7 +44,7 @@ const VERSION: &str = concat!("2 ", env!("CARGO_PKG_VERSION"));
 
 /// A file changed less than this before the stamp was taken may change again without its
 /// times showing it (file times tick coarsely).
-pub const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A file's identity: a write to it changes one of these, unless it lands in the same clock
 /// tick as the write before ([`FRESH`]).
@@ -59,7 +59,7 @@ pub struct FileId {
 
 impl FileId {
     /// How long ago the file last changed (zero when the clock says it is in the future).
-    pub fn age(&self) -> std::time::Duration {
+    pub(crate) fn age(&self) -> std::time::Duration {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
@@ -82,7 +82,7 @@ impl FileId {
 
 /// A device as the reconcile left it (its alias is its ownership marker).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceId {
+pub(crate) struct DeviceId {
     pub index: u32,
     pub mac: Option<[u8; 6]>,
     pub mtu: Option<u32>,
@@ -129,7 +129,7 @@ pub fn content(path: &Path) -> Option<Vec<u8>> {
 const MAX_PEERS_FILE: u64 = 256 * 1024 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Stamp<R> {
+pub(crate) struct Stamp<R> {
     version: String,
     settings: String,
     peers_file: Option<FileId>,
@@ -271,7 +271,7 @@ impl<R> Stamp<R> {
 /// The peers file as a full reconcile found it before reading it: `None` when there is no
 /// peers file; `Some(None)` when it could not be read (then nothing is stamped, and every ADD
 /// looks again).
-pub type Before = Option<Option<(FileId, Vec<u8>)>>;
+pub(crate) type Before = Option<Option<(FileId, Vec<u8>)>>;
 
 /// One network's stamp: where it is kept and what it is checked against.
 pub struct StampFile<'a> {

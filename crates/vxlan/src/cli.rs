@@ -181,7 +181,7 @@ impl program::Failure for CliError {
 
 /// The verb sticky-ipam's operator tool runs (not in `--help`, not for operators): see
 /// [`node_ranges_for_ipam`].
-pub const NODE_RANGES: &str = "node-ranges";
+pub(crate) const NODE_RANGES: &str = "node-ranges";
 
 /// `sticky-vxlan node-ranges <network>`: reads a sticky-vxlan plugin entry on stdin and
 /// prints it with `ipam.ranges` filled in from this node's peer entry

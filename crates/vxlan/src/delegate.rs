@@ -23,7 +23,7 @@ use sticky_overlay::Error;
 use sticky_overlay::config::Config;
 
 /// How an IPAM plugin runs: sticky-ipam in this process, anything else exec'd.
-pub enum Runner {
+pub(crate) enum Runner {
     Exec(Process),
     Linked(Linked<IpamPlugin>),
 }
@@ -36,7 +36,7 @@ pub enum Run {
 
 impl Runner {
     /// The runner for `ipam.type` `plugin_type`.
-    pub fn for_type(plugin_type: &str) -> Runner {
+    pub(crate) fn for_type(plugin_type: &str) -> Runner {
         match plugin_type {
             "sticky-ipam" => Runner::Linked(Linked(IpamPlugin)),
             _ => Runner::Exec(Process),
@@ -71,7 +71,7 @@ impl Running for Run {
 
 /// The range a release-only DEL hands host-local (see [`Ipam::for_release`]): TEST-NET-1
 /// (RFC 5737), which no node serves, so nothing can ever be allocated from it by mistake.
-pub const RELEASE_ONLY_RANGE: IpNet = IpNet::V4(ipnet::Ipv4Net::new_assert(
+pub(crate) const RELEASE_ONLY_RANGE: IpNet = IpNet::V4(ipnet::Ipv4Net::new_assert(
     std::net::Ipv4Addr::new(192, 0, 2, 0),
     24,
 ));
@@ -85,7 +85,7 @@ pub struct Ipam {
 
 impl Ipam {
     /// The call's stdin as received.
-    pub fn verbatim(call: &Call, plugin_type: &str) -> Ipam {
+    pub(crate) fn verbatim(call: &Call, plugin_type: &str) -> Ipam {
         Ipam {
             plugin_type: plugin_type.to_string(),
             stdin: call.stdin.clone(),
@@ -93,7 +93,7 @@ impl Ipam {
     }
 
     /// The call's stdin with `ipam.ranges` set to one range set per subnet of `local`.
-    pub fn with_ranges(call: &Call, plugin_type: &str, local: &[IpNet]) -> Ipam {
+    pub(crate) fn with_ranges(call: &Call, plugin_type: &str, local: &[IpNet]) -> Ipam {
         let mut conf = call.conf.raw.clone();
         let sets: Vec<Value> = local
             .iter()
@@ -107,7 +107,7 @@ impl Ipam {
     }
 
     /// `verbatim`, or `with_ranges` from `local()` when the config wants them.
-    pub fn for_call(
+    pub(crate) fn for_call(
         call: &Call,
         cfg: &Config,
         local: impl FnOnce() -> Result<Vec<IpNet>, Error>,

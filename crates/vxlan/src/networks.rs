@@ -42,7 +42,7 @@ pub enum Error {
 impl Error {
     /// Whether the file itself is unusable (a usage error for the operator's tool), rather
     /// than the node's work failing.
-    pub fn is_config(&self) -> bool {
+    pub(crate) fn is_config(&self) -> bool {
         match self {
             Error::Vxlan(_) => false,
             Error::Segment(s) => matches!(s, crate::segment::Error::Config(_)),

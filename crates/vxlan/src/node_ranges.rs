@@ -15,7 +15,7 @@ use sticky_netlink::{Socket, addr};
 use sticky_overlay::{config, peers};
 
 #[derive(Debug, thiserror::Error)]
-pub enum NodeRangesError {
+pub(crate) enum NodeRangesError {
     #[error("the sticky-vxlan entry: {0}")]
     Config(#[from] config::Error),
     #[error("invalid peer list: {0}")]

@@ -5,7 +5,7 @@ pub use sticky_primitives::args::{Parsed, Spec};
 use super::CliError;
 
 /// Options every verb accepts, each taking a value.
-pub const GLOBAL_VALUES: [&str; 3] = ["--data-dir", "--network", "--config"];
+pub(crate) const GLOBAL_VALUES: [&str; 3] = ["--data-dir", "--network", "--config"];
 
 /// The verb of a sticky-ipam command line.
 pub fn find_verb(args: &[String]) -> Option<&str> {

@@ -10,11 +10,11 @@ use crate::store::{Index, Note, Store, StoreError};
 
 /// Release numbers handed out by the overlay start here: above any real one, so a preview
 /// orders its own releases after every existing lease, as the real call would.
-pub const PREVIEW_SEQ_BASE: u64 = 1 << 62;
+pub(crate) const PREVIEW_SEQ_BASE: u64 = 1 << 62;
 
 /// Reads through to `inner`; writes stay here.
 #[derive(Debug)]
-pub struct DryRun<'a, S: Store> {
+pub(crate) struct DryRun<'a, S: Store> {
     inner: &'a mut S,
     index: Index,
     /// Written records, or `None` for removed files.

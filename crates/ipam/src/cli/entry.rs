@@ -44,12 +44,12 @@ pub struct Entry {
     pub files: Vec<String>,
 }
 
-pub const ATTACHED: &str = "attached";
-pub const RELEASED: &str = "released";
+pub(crate) const ATTACHED: &str = "attached";
+pub(crate) const RELEASED: &str = "released";
 pub const HOST_LOCAL: &str = "host-local";
 pub const MARKER: &str = "marker";
 /// A record this version cannot read: the address is taken until an operator looks.
-pub const HELD: &str = "held";
+pub(crate) const HELD: &str = "held";
 
 impl Entry {
     fn new(network: &str, ip: IpAddr, state: &'static str, file: &str) -> Entry {
@@ -72,11 +72,11 @@ impl Entry {
 
     /// Whether a sandbox may be using the address (an attached lease, a host-local record, or
     /// a record that cannot be read, which may be either).
-    pub fn is_attached(&self) -> bool {
+    pub(crate) fn is_attached(&self) -> bool {
         self.state == ATTACHED || self.state == HOST_LOCAL || self.state == HELD
     }
 
-    pub fn pod_text(&self) -> String {
+    pub(crate) fn pod_text(&self) -> String {
         match &self.pod {
             Some(pod) => pod_text(self.namespace.as_deref().unwrap_or(""), pod),
             None => "-".into(),
@@ -84,7 +84,7 @@ impl Entry {
     }
 
     /// The state column: `released #3 (2h ago)`, `host-local (openyurt)`, ...
-    pub fn state_text(&self) -> String {
+    pub(crate) fn state_text(&self) -> String {
         match (self.state, self.release_seq) {
             (RELEASED, Some(seq)) => match self.released_ago {
                 Some(secs) => format!("released #{seq} ({} ago)", ago(secs)),
@@ -183,7 +183,7 @@ pub fn entries<S: Store>(
 }
 
 /// The rows of `pod`'s records (on `ifname` only, when given; markers name no interface).
-pub fn pod_entries<S: Store>(
+pub(crate) fn pod_entries<S: Store>(
     store: &mut S,
     network: &str,
     pod: &Pod,
@@ -228,7 +228,7 @@ pub fn ago(seconds: u64) -> String {
 }
 
 /// The first 12 characters of a container id, as `docker ps` shows them.
-pub fn short_id(id: &str) -> String {
+pub(crate) fn short_id(id: &str) -> String {
     id.chars().take(12).collect()
 }
 
@@ -266,7 +266,7 @@ pub fn table(entries: &[Entry], with_network: bool) -> String {
 
 /// Columns padded to their widest cell, two spaces apart, a header line first. Padding is
 /// written by hand: `format!`'s width is a `u16`, and a pod name may be longer.
-pub fn align(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn align(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

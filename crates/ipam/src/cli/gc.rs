@@ -48,7 +48,7 @@ const SPEC: Spec = Spec {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Planned {
+pub(crate) struct Planned {
     pub ip: std::net::IpAddr,
     pub file: String,
     pub namespace: Option<String>,

@@ -76,7 +76,7 @@ pub fn run(argv: &[String], out: &mut dyn Write) -> Result<(), CliError> {
 }
 
 /// Every row of one network, read under its lock.
-pub fn network_entries(target: &Target, network: &str) -> Result<Vec<Entry>, CliError> {
+pub(crate) fn network_entries(target: &Target, network: &str) -> Result<Vec<Entry>, CliError> {
     let mut store = target.open_read_only(network)?;
     let now = entry::lease_clock(&store);
     let mut view = DryRun::new(&mut store);

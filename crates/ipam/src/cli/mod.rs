@@ -46,9 +46,9 @@ pub const EXIT_RUNTIME: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 /// Refused: `forget` of an attached lease without `--force`, `downgrade` with leases or
 /// markers left and no `--drop-leases`. Nothing was changed.
-pub const EXIT_REFUSED: u8 = 3;
+pub(crate) const EXIT_REFUSED: u8 = 3;
 /// Not found: the pod has no records, or the network has no data dir.
-pub const EXIT_NOT_FOUND: u8 = 4;
+pub(crate) const EXIT_NOT_FOUND: u8 = 4;
 
 pub const EXIT_CODES: &str = "\
 Exit codes:
@@ -223,7 +223,7 @@ pub struct Target {
 
 impl Target {
     /// From the global options of a parsed command line.
-    pub fn from_args(parsed: &args::Parsed) -> Result<Target, CliError> {
+    pub(crate) fn from_args(parsed: &args::Parsed) -> Result<Target, CliError> {
         let config = parsed
             .value("--config")
             .map(Path::new)
@@ -310,7 +310,7 @@ impl Target {
 
     /// Opens the network's data dir only to look (nothing is written, not even `lock`); a
     /// missing one is "not found".
-    pub fn open_read_only(&self, network: &str) -> Result<DiskStore, CliError> {
+    pub(crate) fn open_read_only(&self, network: &str) -> Result<DiskStore, CliError> {
         let store = DiskStore::open_read_only(&self.data_dir.join(network))?;
         store.ok_or_else(|| self.no_network(network))
     }
@@ -327,7 +327,7 @@ impl Target {
 /// sticky-ipam plugin. A sticky-vxlan entry whose ipam section names no range (the cluster
 /// conflist) gets this node's ranges from the peers, as the plugin fills them in
 /// ([`node_ranges`]).
-pub fn load_config(path: &Path) -> Result<IpamConfig, CliError> {
+pub(crate) fn load_config(path: &Path) -> Result<IpamConfig, CliError> {
     let is_sticky = |v: Option<&Value>| v.and_then(Value::as_str) == Some("sticky-ipam");
     let loaded = conflist::load(
         path,
@@ -409,7 +409,7 @@ fn node_ranges(entry: &Value, network: &str) -> Result<Option<Value>, String> {
 }
 
 /// `<namespace>/<pod>`, `/<name>` or `<name>` (podman: no namespace).
-pub fn parse_pod(text: &str) -> Result<Pod, CliError> {
+pub(crate) fn parse_pod(text: &str) -> Result<Pod, CliError> {
     let (namespace, name) = text.split_once('/').unwrap_or(("", text));
     if name.is_empty() || name.contains('/') {
         return Err(CliError::BadPod(text.to_string()));
@@ -422,7 +422,7 @@ pub fn parse_pod(text: &str) -> Result<Pod, CliError> {
 }
 
 /// How a pod is printed: `ns/name`, or `name` without a namespace.
-pub fn pod_text(namespace: &str, name: &str) -> String {
+pub(crate) fn pod_text(namespace: &str, name: &str) -> String {
     if namespace.is_empty() {
         name.to_string()
     } else {
@@ -431,7 +431,7 @@ pub fn pod_text(namespace: &str, name: &str) -> String {
 }
 
 /// Writes a JSON value, pretty, and a newline.
-pub fn write_json(out: &mut dyn Write, value: &Value) -> Result<(), CliError> {
+pub(crate) fn write_json(out: &mut dyn Write, value: &Value) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
     writeln!(out, "{text}")?;
     Ok(())

@@ -71,7 +71,7 @@ pub struct Step {
 
 /// What the next ADD would do.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Next {
+pub(crate) struct Next {
     pub addresses: Vec<Step>,
     pub drops: Vec<String>,
     pub error: Option<String>,

@@ -28,7 +28,7 @@ pub use sticky_overlay::nft::{Error, Family, Table};
 /// The table name: `sticky_vxlan_` + the network name with ASCII letters and digits kept and
 /// every other byte written `_` + two hex digits (`edge-1` → `edge_2d1`, `edge_1` →
 /// `edge_5f1`), so two networks never share a table.
-pub fn table_name(network: &str) -> String {
+pub(crate) fn table_name(network: &str) -> String {
     let mut name = String::from("sticky_vxlan_");
     for b in network.bytes() {
         if b.is_ascii_alphanumeric() {

@@ -44,7 +44,7 @@ pub struct Plan {
 
 /// What the VTEP must hold for the current peer set.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Desired {
+pub(crate) struct Desired {
     /// (peer VTEP MAC, peer underlay address).
     pub fdb: Vec<([u8; 6], IpAddr)>,
     /// (peer subnet network address, peer VTEP MAC).
@@ -58,7 +58,7 @@ pub struct Desired {
 }
 
 /// Pure: what the VTEP and the bridge hold for this node and its peers (flannel's entries).
-pub fn desired(vni: u32, node: &LocalNode) -> Desired {
+pub(crate) fn desired(vni: u32, node: &LocalNode) -> Desired {
     let mut d = Desired::default();
     for p in &node.remote {
         let mac = p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni));
@@ -74,7 +74,7 @@ pub fn desired(vni: u32, node: &LocalNode) -> Desired {
 
 /// This node's own `/32`s on the VTEP (the network address of each IPv4 subnet) and the
 /// bridge's gateways (the first address of each local subnet, with its prefix).
-pub fn local_addresses(node: &LocalNode) -> (Vec<IpNet>, Vec<IpNet>) {
+pub(crate) fn local_addresses(node: &LocalNode) -> (Vec<IpNet>, Vec<IpNet>) {
     let (mut own, mut gateways) = (Vec::new(), Vec::new());
     for s in &node.local.subnets {
         if s.addr().is_ipv4()
@@ -93,7 +93,7 @@ pub fn local_addresses(node: &LocalNode) -> (Vec<IpNet>, Vec<IpNet>) {
 }
 
 /// The route [`Step::ReplaceRoute`] installs for `dst` through the VTEP `vtep`.
-pub fn route_for(dst: IpNet, vtep: u32) -> Route {
+pub(crate) fn route_for(dst: IpNet, vtep: u32) -> Route {
     Route {
         dst,
         gateway: Some(dst.network()),

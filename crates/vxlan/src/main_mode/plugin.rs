@@ -26,7 +26,7 @@ use sticky_overlay::pod::gateway_of;
 use sticky_overlay::pod::{self, host_veth_name};
 use sticky_overlay::pods::{self, LiveOnDemand, Pods, Setup, Veth, after_ipam};
 
-pub struct MainMode;
+pub(crate) struct MainMode;
 
 fn config(call: &Call) -> Result<Config, Error> {
     Config::from_json(&call.conf.name, &call.conf.raw).map_err(Error::from)
@@ -233,7 +233,7 @@ fn local_subnets(sock: &mut Socket, call: &Call, cfg: &Config) -> Result<Vec<IpN
 /// Pure: the IPAM gateways the bridge needs besides the ones the node's plan gives it (the
 /// first address of each of its subnets, [`gateway_of`]): a gateway other than its subnet's
 /// first address still has to answer on the bridge. Each with its subnet's prefix.
-pub fn extra_gateways(ips: &[IpConfig]) -> Vec<IpNet> {
+pub(crate) fn extra_gateways(ips: &[IpConfig]) -> Vec<IpNet> {
     ips.iter()
         .filter_map(|ip| {
             let subnet = ip.address.trunc();

@@ -47,7 +47,7 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
 }
 
 /// [`run()`] through a given kernel.
-pub fn run_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
+pub(crate) fn run_with(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let _guard = cfg.lock()?;
     full(k, cfg)
 }
@@ -63,7 +63,7 @@ pub struct ForPod {
 /// an upgrade, a new peers file or a hand on the node changes has changed), what
 /// [`stamped`] reads; otherwise a full reconcile ([`stamp`] says what is checked and what is
 /// left to the resync). Under the network's lock either way.
-pub fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
+pub(crate) fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error> {
     let _guard = cfg.lock()?;
     if let Some(node) = stamped(k, cfg)? {
         return Ok(node);

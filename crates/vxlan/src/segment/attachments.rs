@@ -111,7 +111,7 @@ fn parse_entry(entry: &Value) -> Result<Attachment, Error> {
 
 /// Addresses in CIDR notation (`192.168.11.2/29`), at most one per family would be too strict
 /// (spec 0.3+ allows several), so only their form is checked.
-pub fn parse_ips(value: &Value) -> Result<Vec<IpNet>, Error> {
+pub(crate) fn parse_ips(value: &Value) -> Result<Vec<IpNet>, Error> {
     let list = value
         .as_array()
         .ok_or_else(|| Error::IpsNotAList(value.to_string()))?;

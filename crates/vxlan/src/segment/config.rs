@@ -106,7 +106,7 @@ pub struct Config {
 const MARKER: &str = "sticky-vxlan segment ";
 
 /// The network a [`Config::marker`] names, if `alias` is one.
-pub fn marked_network(alias: &str) -> Option<&str> {
+pub(crate) fn marked_network(alias: &str) -> Option<&str> {
     alias.strip_prefix(MARKER)?.split(' ').next()
 }
 
@@ -190,7 +190,7 @@ impl Config {
     /// slice of its own, so any node's slice counts), other than what IPAM never hands out
     /// (the gateway, the network and IPv4 broadcast addresses). A pod given such an address
     /// would share it, and its MAC, with the pod IPAM gives it to.
-    pub fn check_fixed_addresses(&self) -> Result<(), Error> {
+    pub(crate) fn check_fixed_addresses(&self) -> Result<(), Error> {
         let pools = super::slice::pools(&self.ipam);
         for (index, entry) in self.attachments.iter().enumerate() {
             for ip in &entry.ips {

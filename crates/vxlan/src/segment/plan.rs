@@ -21,7 +21,7 @@ use sticky_overlay::devices;
 use sticky_overlay::kernel::LinkChange;
 
 /// The flood entries' MAC.
-pub const FLOOD: [u8; 6] = [0; 6];
+pub(crate) const FLOOD: [u8; 6] = [0; 6];
 
 /// What the kernel holds of the segment's devices, read once.
 #[derive(Debug, Clone, Default)]
@@ -105,7 +105,11 @@ pub fn keeps(l: &Link, want: &VxlanSpec) -> bool {
 }
 
 /// Whether a device is to be made, so that the plan needs every link ([`Observed::links`]).
-pub fn makes_a_device(bridge: Option<&Link>, vxlan: Option<&Link>, want: &VxlanSpec) -> bool {
+pub(crate) fn makes_a_device(
+    bridge: Option<&Link>,
+    vxlan: Option<&Link>,
+    want: &VxlanSpec,
+) -> bool {
     bridge.is_none() || !vxlan.is_some_and(|l| keeps(l, want))
 }
 
@@ -123,7 +127,7 @@ fn owned(cfg: &Config, l: &Link, kind: &'static str) -> Result<(), Error> {
 }
 
 /// The flood entries to add and to remove, given those present (pure).
-pub fn flood_plan(
+pub(crate) fn flood_plan(
     have: &[IpAddr],
     want: &[IpAddr],
     keep_stale: bool,

@@ -12,7 +12,7 @@ use sticky_overlay::mac::pod_mac;
 
 /// First two octets of a segment interface's MAC when it has no IPv4 address (locally
 /// administered, unicast; the main mode's pod MACs start `0e:01`).
-pub const L2_PREFIX: [u8; 2] = [0x0e, 0x02];
+pub(crate) const L2_PREFIX: [u8; 2] = [0x0e, 0x02];
 
 /// The MAC of a segment interface: derived from its first IPv4 address as in the main mode
 /// (so a pod recreated on its address keeps its MAC), else stable per (pod, segment): the

@@ -91,7 +91,7 @@ fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(SegmentNode, ForPod), Err
 
 /// ADD's way to the node: the stamp while it holds, else a full reconcile. Under the
 /// segment's lock either way.
-pub fn for_pod<K: Kernel>(k: &mut K, cfg: &Config) -> Result<ForPod, Error> {
+pub(crate) fn for_pod<K: Kernel>(k: &mut K, cfg: &Config) -> Result<ForPod, Error> {
     let _guard = datapath::lock(cfg)?;
     if let Some(held) = stamped(k, cfg)? {
         return Ok(held);

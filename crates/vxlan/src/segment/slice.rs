@@ -149,7 +149,7 @@ fn cut(range: &Value, local: IpAddr, nodes: &[IpAddr], slice: u8) -> Result<Valu
 
 /// The `ranges` of an `ipam` section cut to this node's slice (the flat `subnet` form becomes
 /// one range set), after checking no other node of `nodes` takes the same slice.
-pub fn cut_ranges(
+pub(crate) fn cut_ranges(
     ipam: &Value,
     local: IpAddr,
     nodes: &[IpAddr],
@@ -192,7 +192,7 @@ fn range_sets(ipam: &Value) -> Vec<Value> {
 /// One range of an `ipam` section, whole (not cut to a node's slice), with host-local's
 /// defaults: what IPAM may hand out from it on some node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pool {
+pub(crate) struct Pool {
     pub subnet: IpNet,
     pub start: IpAddr,
     pub end: IpAddr,
@@ -231,7 +231,7 @@ impl Pool {
 
     /// Whether IPAM may hand `ip` out: from `start` to `end`, and not the gateway, the
     /// network or the IPv4 broadcast address, which it never hands out.
-    pub fn hands_out(&self, ip: IpAddr) -> bool {
+    pub(crate) fn hands_out(&self, ip: IpAddr) -> bool {
         ip.is_ipv4() == self.start.is_ipv4()
             && (self.start..=self.end).contains(&ip)
             && ip != self.gateway
@@ -261,7 +261,7 @@ fn step(ip: IpAddr, by: i8) -> IpAddr {
 /// Every range of an `ipam` section in host-local's schema (`sticky-ipam`, `host-local`),
 /// whole: the flat range and every range set. A range host-local would refuse is left out
 /// (the IPAM plugin says why); an `ipam` of another schema has none.
-pub fn pools(ipam: &Value) -> Vec<Pool> {
+pub(crate) fn pools(ipam: &Value) -> Vec<Pool> {
     range_sets(ipam)
         .iter()
         .filter_map(Value::as_array)
@@ -274,7 +274,7 @@ pub fn pools(ipam: &Value) -> Vec<Pool> {
 const FLAT: [&str; 4] = ["subnet", "rangeStart", "rangeEnd", "gateway"];
 
 /// The network config `conf` with its `ipam` ranges replaced by `ranges` ([`cut_ranges`]).
-pub fn with_ranges(conf: &Value, ranges: &Value) -> Value {
+pub(crate) fn with_ranges(conf: &Value, ranges: &Value) -> Value {
     let mut conf = conf.clone();
     if let Some(ipam) = conf.get_mut("ipam").and_then(Value::as_object_mut) {
         for key in FLAT {
