@@ -154,7 +154,7 @@ rm -rf "$out_dir" && mkdir -p "$out_dir"
 t0=$(now)
 cargo deb -p sticky-cni --no-build --output "$out_dir/" >"$out_dir/cargo-deb.log" 2>&1 ||
     { cat "$out_dir/cargo-deb.log"; die "cargo deb"; }
-cargo generate-rpm -p sticky-cni --output "$out_dir/" >"$out_dir/cargo-generate-rpm.log" 2>&1 ||
+cargo generate-rpm --output "$out_dir/" >"$out_dir/cargo-generate-rpm.log" 2>&1 ||
     { cat "$out_dir/cargo-generate-rpm.log"; die "cargo generate-rpm"; }
 echo "packaging (cargo deb + cargo generate-rpm): $(($(now) - t0)) s"
 deb=$(ls "$out_dir"/*.deb 2>/dev/null | head -1)
