@@ -9,6 +9,7 @@ mod conf_examples_e2e;
 mod crate_graph;
 mod demo;
 mod e2e_cnitool;
+mod file_circles;
 mod fresh_machine;
 mod packaging_manifest;
 mod packaging_units;
