@@ -3,8 +3,8 @@
 # programmed peers on the other nodes (median over 20 changes); resident memory and CPU when idle
 # with 500 nodes in the API; and at 5,000 real-sized nodes (bench_5000_nodes: first list to
 # programmed, a change, a 1,000-Node burst, idle CPU, watch bytes). All run against the test API
-# server (tests/kube_support), with agents in node namespaces, as root. Takes about five minutes.
+# server (crates/testkit/src/kube_support.rs), with agents in node namespaces, as root. Takes about five minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --release --locked --test vxlan_agent -- --ignored --nocapture --test-threads 1 bench_ 2>&1 |
+cargo test --release --locked -p sticky-vxlan-agent --test agent -- --ignored --nocapture --test-threads 1 bench_ 2>&1 |
     grep -o 'BENCH.*'

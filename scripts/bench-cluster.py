@@ -12,7 +12,7 @@ peer's subnet moved (a segment: its address; turn and turn about, so every round
 something) and reconciles; pod ADD and DEL are timed with sticky-ipam (a segment's cut to the
 node's slice, `nodeSlice`). Prints medians and the ratios to 10 peers, checks
 issue 20's targets, and draws docs/bench-cluster.svg. Then (unless --no-agent) it runs the
-agent's bench at 5,000 Nodes (tests/vxlan_agent.rs `bench_5000_nodes`, release build) and prints
+agent's bench at 5,000 Nodes (crates/agent/tests/agent/cluster.rs `bench_5000_nodes`, release build) and prints
 its line. Needs root, python3 and cargo.
 
     scripts/bench-cluster.py [--runs 10] [--sizes 10,1000,5000] [--modes main,segment]
@@ -157,7 +157,7 @@ def main():
     parser.add_argument("--plot", default=os.path.join(here, "..", "docs", "bench-cluster.svg"),
                         help="SVG file to draw ('' for none)")
     parser.add_argument("--no-agent", action="store_true",
-                        help="skip the agent at 5,000 nodes (tests/vxlan_agent.rs bench_5000_nodes, "
+                        help="skip the agent at 5,000 nodes (crates/agent/tests/agent/cluster.rs bench_5000_nodes, "
                              "built with cargo test --release: a few minutes)")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -207,8 +207,8 @@ def main():
         # The agent against the test API server with 5,000 real-sized Nodes (issue 20's agent
         # targets): its own process tree and namespaces, removed by the test.
         out = subprocess.run(
-            ["cargo", "test", "--release", "--locked", "--test", "vxlan_agent", "--",
-             "--ignored", "--nocapture", "--exact", "bench_5000_nodes"],
+            ["cargo", "test", "--release", "--locked", "-p", "sticky-vxlan-agent", "--test", "agent", "--",
+             "--ignored", "--nocapture", "--exact", "cluster::bench_5000_nodes"],
             cwd=os.path.join(here, ".."), capture_output=True, text=True)
         lines = [l for l in (out.stdout + out.stderr).splitlines() if l.startswith("BENCH")]
         print("\n".join(lines) if lines else f"agent bench failed:\n{out.stdout}\n{out.stderr}")

@@ -59,7 +59,7 @@ out=${out:-$target_dir/image/sticky-cni-$version.oci.tar}
 if [[ -z ${SOURCE_DATE_EPOCH:-} ]]; then
     # The last change to what goes into the image: pinning the digest in the manifest (a commit
     # of the manifest alone) does not change it.
-    SOURCE_DATE_EPOCH=$(git log -1 --format=%ct -- src Cargo.toml Cargo.lock conf-examples scripts/build-image.sh scripts/oci_image.py 2>/dev/null)
+    SOURCE_DATE_EPOCH=$(git log -1 --format=%ct -- crates Cargo.toml Cargo.lock conf-examples scripts/build-image.sh scripts/oci_image.py 2>/dev/null)
     SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
 fi
 

@@ -36,7 +36,8 @@
 #
 # Why `cargo rustc` per binary and not RUSTFLAGS: the flags would also apply to the proc-macro
 # crates (serde's derive), which must stay host libraries; given to the final rustc call only,
-# they shape just the binary.
+# they shape just the binary. Each binary's package has the binary's name (`-p sticky-ipam`, ...:
+# a workspace, docs/design.md "Crates").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 musl=x86_64-unknown-linux-musl
@@ -59,7 +60,7 @@ build_musl() {
     has_musl || return 1
     local bin
     for bin in "${bins[@]}"; do
-        cargo rustc --release --locked --target "$musl" --bin "$bin" "$@" -- -C relocation-model=static || return 1
+        cargo rustc --release --locked --target "$musl" -p "$bin" --bin "$bin" "$@" -- -C relocation-model=static || return 1
         install -m 0755 "$out/$musl/release/$bin" "$out/release/$bin" || return 1
     done
 }
@@ -67,7 +68,7 @@ build_musl() {
 build_glibc() {
     local bin
     for bin in "${bins[@]}"; do
-        cargo rustc --release --locked --bin "$bin" "$@" -- -C target-feature=+crt-static -C relocation-model=static
+        cargo rustc --release --locked -p "$bin" --bin "$bin" "$@" -- -C target-feature=+crt-static -C relocation-model=static
     done
 }
 

@@ -170,7 +170,7 @@ ln -s "$bin/sticky-ipam" "$tmp/cni-bin/sticky-ipam"
 ln -s "$bin/sticky-vxlan" "$tmp/cni-bin/sticky-vxlan"
 
 summary=()
-# tests/demo.rs reads this script's output: the "<pod> (...) got <ip>" lines, the
+# tests/product/demo.rs reads this script's output: the "<pod> (...) got <ip>" lines, the
 # "node-2 VTEP sticky.1 MAC..." lines, the "reply from"/"no reply" lines and the one
 # "skipped:" line. Keep their wording, or change the test with them.
 

@@ -43,7 +43,7 @@
 #     with its line.
 # The host paths it reads or overlays come from STICKY_FRESH_CARGO_HOME (/root/.cargo),
 # STICKY_FRESH_RUSTUP_HOME (/root/.rustup), STICKY_FRESH_APT_DIR (/etc/apt), STICKY_FRESH_TMPDIR
-# (/var/tmp) and STICKY_FRESH_CACHE, so tests/fresh_machine.rs runs it on a throw-away layout.
+# (/var/tmp) and STICKY_FRESH_CACHE, so tests/product/fresh_machine.rs runs it on a throw-away layout.
 set -Eeuo pipefail
 
 self=$(readlink -f "${BASH_SOURCE[0]}")

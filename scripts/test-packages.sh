@@ -125,8 +125,9 @@ fi
 
 # --- build --------------------------------------------------------------------------------------
 # Release profile, default features only: the test-only `crash-points` must never ship.
+# Every package of the workspace: none may turn crash points on by default.
 default_features=$(cargo metadata --no-deps --format-version 1 --locked |
-    python3 -c 'import json,sys; m=json.load(sys.stdin); print(" ".join(m["packages"][0]["features"].get("default", [])))')
+    python3 -c 'import json,sys; m=json.load(sys.stdin); print(" ".join(f for p in m["packages"] for f in p["features"].get("default", [])))')
 check "crash-points is not a default feature (default: '${default_features}')" \
     test "${default_features/crash-points/}" = "$default_features"
 
@@ -151,7 +152,7 @@ done
 
 rm -rf "$out_dir" && mkdir -p "$out_dir"
 t0=$(now)
-cargo deb --no-build --output "$out_dir/" >"$out_dir/cargo-deb.log" 2>&1 ||
+cargo deb -p sticky-cni --no-build --output "$out_dir/" >"$out_dir/cargo-deb.log" 2>&1 ||
     { cat "$out_dir/cargo-deb.log"; die "cargo deb"; }
 cargo generate-rpm --output "$out_dir/" >"$out_dir/cargo-generate-rpm.log" 2>&1 ||
     { cat "$out_dir/cargo-generate-rpm.log"; die "cargo generate-rpm"; }

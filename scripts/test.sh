@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 # Ignored on purpose and run on their own: scripts/bench-agent.sh, scripts/demo-agent.sh.
-entry_points=(bench_node_change_to_programmed_peers bench_idle_with_500_nodes bench_5000_nodes demo_agent_adds_a_node)
+entry_points=(cluster::bench_node_change_to_programmed_peers cluster::bench_idle_with_500_nodes cluster::bench_5000_nodes cluster::demo_agent_adds_a_node)
 
 status=0
 step() {
@@ -65,15 +65,18 @@ if command -v shellcheck >/dev/null 2>&1; then
   step shellcheck -S warning scripts/*.sh .ci/run packaging/debian/* packaging/rpm/*.sh
 fi
 step cargo fmt --check
-step cargo clippy --all-targets --locked -- -D warnings
-step cargo build --all-targets --locked
+# --workspace: also the test support crate (crates/testkit), which no default member is.
+step cargo clippy --workspace --all-targets --locked -- -D warnings
+step cargo build --workspace --all-targets --locked
+# The crate docs' examples (nextest does not run doc tests): cni-protocol's plugin example.
+step cargo test --locked --doc
 # The crash-safety tests drive a build with crash points, which release builds never have.
-step cargo build --locked --features crash-points --target-dir target/crash --bin sticky-ipam
+step cargo build --locked -p sticky-ipam --features crash-points --target-dir target/crash --bin sticky-ipam
 
 if $root; then
   # sticky-vxlan's crash test needs the crash points compiled into the binary it drives; it
   # needs root (network namespaces), so it is ignored unless asked for.
-  logged cargo test --locked --features crash-points --target-dir target/crash --test vxlan_crash \
+  logged cargo test --locked -p sticky-vxlan --features crash-points --target-dir target/crash --test vxlan_crash \
     -- --include-ignored
   check_libtest_skips 0
   step scripts/test-packages.sh

@@ -1,0 +1,578 @@
+//! The real [`NodeApi`]: the Kubernetes API over HTTP(S) with `ureq` (blocking, rustls with
+//! ring, every resolved address tried, the proxy client-go would use ([`super::proxy`]), a
+//! timeout on every read).
+//!
+//! Everything the server sends is bounded before it is believed: a list body is parsed as it
+//! streams (only the kept fields of each Node stay in memory, see [`super::objects`]) and
+//! stops at [`LIST_BODY_LIMIT`] bytes and [`MAX_NODES`] nodes; a list stops at [`MAX_PAGES`]
+//! pages; one watch event is at most [`EVENT_LIMIT`] bytes; an error body is read up to
+//! [`ERROR_BODY_LIMIT`].
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use ureq::Agent;
+use ureq::http::Response;
+
+use super::api::{ApiError, Events, ListFrom, NodeApi, NodePage};
+use super::endpoint::Endpoint;
+use super::objects::{Event, ListMeta, Node, Status};
+
+/// What the agent calls itself (YurtHub caches only the agents listed in its `cache_agents`,
+/// by this name).
+pub const USER_AGENT_NAME: &str = "sticky-vxlan-agent";
+/// One list response (a 5,000-node list from the watch cache, unpaged, is 50-200 MB on the
+/// wire; only a few MB of it is kept).
+pub const LIST_BODY_LIMIT: u64 = 1024 * 1024 * 1024;
+/// Nodes in one list, all pages together (Kubernetes supports 5,000).
+pub const MAX_NODES: usize = 10_000;
+/// The longest JSON string believed (etcd keeps objects of up to 1.5 MiB): a longer one,
+/// anywhere in a list or an event, fails the read before it is held in memory whole.
+pub const MAX_STRING: u64 = 1024 * 1024;
+/// Pages in one list (500 nodes a page).
+pub const MAX_PAGES: usize = 200;
+/// One watch event (one Node object: etcd's limit is 1.5 MiB).
+pub const EVENT_LIMIT: u64 = 4 * 1024 * 1024;
+/// The body of an error answer.
+pub const ERROR_BODY_LIMIT: u64 = 64 * 1024;
+/// Nodes asked for per page.
+const PAGE: usize = 500;
+/// No byte for this long means a watch connection is dead (a real API server sends a
+/// bookmark about every minute): the watch is resumed on a new connection.
+const WATCH_SILENCE: Duration = Duration::from_secs(150);
+/// A watch not ended by the server this long after its `timeoutSeconds` is dropped, whatever
+/// bytes that are no event (blank keepalive lines) it still brings: the agent lists again.
+pub const WATCH_MARGIN: Duration = Duration::from_secs(30);
+/// No byte for this long during a list or a patch.
+const CALL_SILENCE: Duration = Duration::from_secs(60);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Kube {
+    agent: Agent,
+    endpoint: Endpoint,
+}
+
+impl Kube {
+    pub fn new(endpoint: Endpoint) -> Kube {
+        // ureq is built without a crypto provider of its own: ring, process-wide. Installing
+        // it twice is harmless (the first one stays).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let user_agent = format!(
+            "{USER_AGENT_NAME}/{} ({}/{})",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        );
+        let mut config = Agent::config_builder()
+            .http_status_as_error(false)
+            .user_agent(user_agent)
+            .accept("application/json")
+            .accept_encoding("identity")
+            .max_redirects(0)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .timeout_per_read(Some(CALL_SILENCE))
+            .max_idle_connections(2);
+        if let Some(tls) = &endpoint.tls {
+            config = config.tls_config(tls.clone());
+        }
+        // Exactly the proxy client-go's rules chose for this server (none for a loopback
+        // one), never ureq's own reading of the environment.
+        config = config.proxy(endpoint.proxy.as_ref().map(|p| p.proxy.clone()));
+        Kube {
+            agent: config.build().into(),
+            endpoint,
+        }
+    }
+
+    fn authorization(&self) -> Result<Option<String>, ApiError> {
+        self.endpoint
+            .authorization()
+            .map_err(|e| ApiError::Credentials(e.to_string()))
+    }
+
+    /// GET `path`; a non-2xx answer becomes the error it stands for.
+    /// GET `path`, no byte for `silence` and the whole body within `deadline` (if any).
+    fn get(
+        &self,
+        path: &str,
+        silence: Duration,
+        deadline: Option<Duration>,
+    ) -> Result<Response<ureq::Body>, ApiError> {
+        let url = format!("{}{path}", self.endpoint.base);
+        let mut req = self
+            .agent
+            .get(&url)
+            .config()
+            .timeout_per_read(Some(silence))
+            .timeout_recv_body(deadline)
+            .build();
+        if let Some(a) = self.authorization()? {
+            req = req.header("Authorization", a);
+        }
+        let resp = req.call().map_err(|e| transport(path, e))?;
+        checked(path, resp)
+    }
+}
+
+/// A ureq failure: nothing usable was heard from the server.
+fn transport(what: &str, e: ureq::Error) -> ApiError {
+    match e {
+        ureq::Error::BodyExceedsLimit(limit) => ApiError::TooLarge {
+            what: what.to_string(),
+            limit,
+            unit: "bytes",
+        },
+        ureq::Error::LargeResponseHeader(_, limit) => ApiError::TooLarge {
+            what: format!("{what} (response headers)"),
+            limit: limit as u64,
+            unit: "bytes",
+        },
+        e => ApiError::Connection {
+            what: what.to_string(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// A 2xx answer as it is; any other status as the error it stands for, with the server's
+/// `Status` message when it sent one.
+fn checked(what: &str, mut resp: Response<ureq::Body>) -> Result<Response<ureq::Body>, ApiError> {
+    let code = resp.status().as_u16();
+    if (200..300).contains(&code) {
+        return Ok(resp);
+    }
+    let mut body = Vec::new();
+    let _ = resp
+        .body_mut()
+        .as_reader()
+        .take(ERROR_BODY_LIMIT)
+        .read_to_end(&mut body);
+    let status: Status = serde_json::from_slice(&body).unwrap_or_default();
+    let message = if status.message.is_empty() {
+        String::from_utf8_lossy(&body).chars().take(200).collect()
+    } else {
+        status.message
+    };
+    Err(status_error(what, code, status.reason, message))
+}
+
+/// An HTTP status or an ERROR event's `Status` as an [`ApiError`].
+pub fn status_error(what: &str, code: u16, reason: String, message: String) -> ApiError {
+    if code == 410 {
+        return ApiError::Gone {
+            what: what.to_string(),
+            message,
+        };
+    }
+    ApiError::Status {
+        what: what.to_string(),
+        code,
+        reason,
+        message,
+    }
+}
+
+/// A reader that counts what went through it (to tell a body cut at the limit from one that
+/// is merely broken) and refuses a JSON string longer than [`MAX_STRING`] as it streams by.
+struct Guarded<R> {
+    inner: R,
+    count: u64,
+    in_string: bool,
+    escaped: bool,
+    string_len: u64,
+    too_long: bool,
+}
+
+impl<R> Guarded<R> {
+    fn new(inner: R) -> Guarded<R> {
+        Guarded {
+            inner,
+            count: 0,
+            in_string: false,
+            escaped: false,
+            string_len: 0,
+            too_long: false,
+        }
+    }
+}
+
+impl<R: Read> Read for Guarded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        for &b in &buf[..n] {
+            if !self.in_string {
+                if b == b'"' {
+                    self.in_string = true;
+                    self.string_len = 0;
+                }
+                continue;
+            }
+            match (self.escaped, b) {
+                (true, _) => self.escaped = false,
+                (false, b'\\') => self.escaped = true,
+                (false, b'"') => {
+                    self.in_string = false;
+                    continue;
+                }
+                _ => {}
+            }
+            self.string_len += 1;
+            if self.string_len > MAX_STRING {
+                self.too_long = true;
+                return Err(std::io::Error::other(
+                    "a JSON string over the agent's limit",
+                ));
+            }
+        }
+        Ok(n)
+    }
+}
+
+thread_local! {
+    /// Set by [`BoundedItems`] when a page holds more than [`MAX_NODES`] Nodes.
+    static OVERFLOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A NodeList page; more than [`MAX_NODES`] items stop the read at once ([`OVERFLOW`] says
+/// so), and a Node that cannot be kept ([`Node::keepable`]) is skipped.
+#[derive(Deserialize)]
+struct BoundedList {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: BoundedItems,
+}
+
+#[derive(Default)]
+struct BoundedItems {
+    nodes: Vec<Node>,
+}
+
+impl<'de> Deserialize<'de> for BoundedItems {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = BoundedItems;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of Nodes")
+            }
+            fn visit_unit<E>(self) -> Result<BoundedItems, E> {
+                Ok(BoundedItems::default())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<BoundedItems, A::Error> {
+                let mut out = BoundedItems::default();
+                while let Some(n) = seq.next_element::<Node>()? {
+                    if out.nodes.len() == MAX_NODES {
+                        OVERFLOW.with(|o| o.set(true));
+                        return Err(serde::de::Error::custom("too many Nodes"));
+                    }
+                    if n.keepable() {
+                        out.nodes.push(n);
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// `s` escaped for a URL query value.
+fn query_escape(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl NodeApi for Kube {
+    fn list(
+        &mut self,
+        from: &ListFrom,
+        continue_token: Option<&str>,
+    ) -> Result<NodePage, ApiError> {
+        let mut path = format!("/api/v1/nodes?limit={PAGE}");
+        match (continue_token, from) {
+            (Some(t), _) => path.push_str(&format!("&continue={}", query_escape(t))),
+            (None, ListFrom::Cache) => path.push_str("&resourceVersion=0"),
+            (None, ListFrom::Latest) => {}
+            (None, ListFrom::NotOlderThan(v)) => path.push_str(&format!(
+                "&resourceVersion={}&resourceVersionMatch=NotOlderThan",
+                query_escape(v)
+            )),
+        }
+        let mut resp = self.get(&path, CALL_SILENCE, None)?;
+        let mut reader = Guarded::new(resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1));
+        OVERFLOW.with(|o| o.set(false));
+        let parsed: Result<BoundedList, _> = serde_json::from_reader(BufReader::new(&mut reader));
+        let too_large = |limit, unit| ApiError::TooLarge {
+            what: path.clone(),
+            limit,
+            unit,
+        };
+        if reader.count > LIST_BODY_LIMIT {
+            return Err(too_large(LIST_BODY_LIMIT, "bytes"));
+        }
+        if reader.too_long {
+            return Err(too_large(MAX_STRING, "bytes in one JSON string"));
+        }
+        if OVERFLOW.with(std::cell::Cell::get) {
+            return Err(too_large(MAX_NODES as u64, "nodes in one page"));
+        }
+        let page = parsed.map_err(|e| {
+            if e.is_io() {
+                ApiError::Connection {
+                    what: path.clone(),
+                    reason: e.to_string(),
+                }
+            } else {
+                ApiError::Decode {
+                    what: path.clone(),
+                    reason: format!("not a NodeList: {e}"),
+                }
+            }
+        })?;
+        Ok(NodePage {
+            items: page.items.nodes,
+            resource_version: page.metadata.resource_version,
+            continue_token: page.metadata.continue_token.filter(|t| !t.is_empty()),
+        })
+    }
+
+    fn watch(
+        &mut self,
+        resource_version: &str,
+        timeout: Duration,
+    ) -> Result<Box<dyn Events + '_>, ApiError> {
+        let path = format!(
+            "/api/v1/nodes?watch=1&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds={}",
+            query_escape(resource_version),
+            timeout.as_secs()
+        );
+        let within = timeout + WATCH_MARGIN;
+        let deadline = Instant::now() + within;
+        let resp = self.get(&path, WATCH_SILENCE, Some(within))?;
+        Ok(Box::new(Watch {
+            lines: BufReader::new(resp.into_body().into_reader()),
+            path,
+            deadline,
+            within,
+        }))
+    }
+
+    fn annotate(
+        &mut self,
+        name: &str,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<(), ApiError> {
+        let path = format!("/api/v1/nodes/{}/status", query_escape(name));
+        let url = format!("{}{path}", self.endpoint.base);
+        let body = serde_json::json!({"metadata": {"annotations": annotations}}).to_string();
+        let mut req = self
+            .agent
+            .patch(&url)
+            .header("Content-Type", "application/merge-patch+json");
+        if let Some(a) = self.authorization()? {
+            req = req.header("Authorization", a);
+        }
+        let resp = req.send(body.as_bytes()).map_err(|e| transport(&path, e))?;
+        let mut resp = checked(&path, resp)?;
+        let _ = resp
+            .body_mut()
+            .as_reader()
+            .take(ERROR_BODY_LIMIT)
+            .read_to_end(&mut Vec::new());
+        Ok(())
+    }
+}
+
+/// An open watch stream: one JSON event per line, until its deadline.
+struct Watch<R> {
+    lines: BufReader<R>,
+    path: String,
+    /// When the server should long have ended it ([`WATCH_MARGIN`] after its timeout); the
+    /// body's read budget ends it there too.
+    deadline: Instant,
+    within: Duration,
+}
+
+impl<R: Read> Watch<R> {
+    fn past_deadline(&self) -> Option<ApiError> {
+        (Instant::now() >= self.deadline).then(|| ApiError::Deadline {
+            what: self.path.clone(),
+            after: self.within,
+        })
+    }
+}
+
+impl<R: Read> Events for Watch<R> {
+    fn next_event(&mut self) -> Result<Option<Event>, ApiError> {
+        loop {
+            if let Some(e) = self.past_deadline() {
+                return Err(e);
+            }
+            let mut line = Vec::new();
+            let read = (&mut self.lines)
+                .take(EVENT_LIMIT + 1)
+                .read_until(b'\n', &mut line);
+            let n = match read {
+                Ok(n) => n,
+                // The body's budget ran out: the deadline, not a broken connection.
+                Err(e) => {
+                    return Err(self.past_deadline().unwrap_or(ApiError::Connection {
+                        what: self.path.clone(),
+                        reason: e.to_string(),
+                    }));
+                }
+            };
+            if n == 0 {
+                return Ok(None);
+            }
+            if line.len() as u64 > EVENT_LIMIT {
+                return Err(ApiError::TooLarge {
+                    what: self.path.clone(),
+                    limit: EVENT_LIMIT,
+                    unit: "bytes in one watch event",
+                });
+            }
+            if line.trim_ascii().is_empty() {
+                continue;
+            }
+            if !line.ends_with(b"\n") {
+                // The stream ended inside an event: the connection broke.
+                return Err(ApiError::Connection {
+                    what: self.path.clone(),
+                    reason: "the stream ended inside an event".into(),
+                });
+            }
+            return match Event::parse(&line) {
+                Ok(Event::Added(n) | Event::Modified(n) | Event::Deleted(n)) if !n.keepable() => {
+                    Err(ApiError::Decode {
+                        what: self.path.clone(),
+                        reason: format!(
+                            "a Node name of {} bytes (Kubernetes allows 253)",
+                            n.metadata.name.len()
+                        ),
+                    })
+                }
+                Ok(Event::Error(s)) => Err(status_error(
+                    &format!("{} (ERROR event)", self.path),
+                    s.code,
+                    s.reason,
+                    s.message,
+                )),
+                Ok(e) => Ok(Some(e)),
+                Err(e) => Err(ApiError::Decode {
+                    what: self.path.clone(),
+                    reason: e.to_string(),
+                }),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_of_more_than_max_nodes_stops_the_read_and_says_so() {
+        let items: Vec<String> = (0..MAX_NODES + 2)
+            .map(|i| format!(r#"{{"metadata":{{"name":"n{i}"}}}}"#))
+            .collect();
+        let text = format!(
+            r#"{{"kind":"NodeList","metadata":{{"resourceVersion":"7"}},"items":[{}]}}"#,
+            items.join(",")
+        );
+        OVERFLOW.with(|o| o.set(false));
+        assert!(serde_json::from_str::<BoundedList>(&text).is_err());
+        assert!(OVERFLOW.with(std::cell::Cell::get));
+        let long = "x".repeat(300);
+        let small: BoundedList = serde_json::from_str(&format!(
+            r#"{{"metadata":{{"resourceVersion":"7"}},"items":[{{"metadata":{{"name":"{long}"}}}},{{"metadata":{{"name":"ok"}}}}]}}"#
+        ))
+        .unwrap();
+        let names: Vec<&str> = small
+            .items
+            .nodes
+            .iter()
+            .map(|n| n.metadata.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["ok"],
+            "a name Kubernetes would refuse is not a Node"
+        );
+    }
+
+    #[test]
+    fn a_string_over_the_limit_fails_the_read_as_it_streams() {
+        let mut body = br#"{"items":[{"metadata":{"name":""#.to_vec();
+        body.extend(std::iter::repeat_n(b'a', MAX_STRING as usize + 10));
+        body.extend(br#""}}]}"#);
+        let mut r = Guarded::new(&body[..]);
+        assert!(serde_json::from_reader::<_, BoundedList>(&mut r).is_err());
+        assert!(r.too_long);
+        // Escaped quotes do not end a string; long strings elsewhere are fine up to the limit.
+        let ok = br#"{"items":[{"metadata":{"name":"a\"b","annotations":{"k":"\\"}}}]}"#;
+        let mut r = Guarded::new(&ok[..]);
+        let page: BoundedList = serde_json::from_reader(&mut r).unwrap();
+        assert_eq!(page.items.nodes[0].metadata.name, "a\"b");
+        assert!(!r.too_long);
+    }
+
+    #[test]
+    fn gone_is_its_own_error_every_other_status_is_a_status() {
+        assert!(matches!(
+            status_error("w", 410, "Expired".into(), "too old".into()),
+            ApiError::Gone { .. }
+        ));
+        let e = status_error(
+            "w",
+            504,
+            "Timeout".into(),
+            "Too large resource version".into(),
+        );
+        assert!(matches!(e, ApiError::Status { code: 504, .. }));
+        assert!(!e.is_connection());
+    }
+
+    #[test]
+    fn query_values_are_escaped() {
+        assert_eq!(query_escape("a b&c=d/e"), "a%20b%26c%3Dd%2Fe");
+        assert_eq!(query_escape("eyJ2Ijo-_.~"), "eyJ2Ijo-_.~");
+    }
+
+    /// A stream of blank lines (a server's keepalive) never answers: past its deadline the
+    /// watch ends with [`ApiError::Deadline`], not a resumable broken connection.
+    #[test]
+    fn keepalive_lines_are_no_answer_past_the_deadline() {
+        // Blank lines without end: only the deadline can end this read, however fast or
+        // loaded the machine is.
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let mut w = Watch {
+            lines: BufReader::new(std::io::repeat(b'\n')),
+            path: "/api/v1/nodes?watch=1".into(),
+            deadline,
+            within: Duration::from_millis(50),
+        };
+        let Err(e) = w.next_event() else {
+            panic!("a blank line is not an event");
+        };
+        assert!(matches!(e, ApiError::Deadline { .. }), "{e:?}");
+        assert!(!e.is_connection(), "a deadline means list again");
+        assert!(Instant::now() >= deadline, "ended before its deadline");
+        assert!(e.to_string().contains("no end within"), "{e}");
+    }
+}

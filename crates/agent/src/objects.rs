@@ -1,0 +1,283 @@
+//! The small typed subset of the Kubernetes API objects the agent reads: Node (name,
+//! resourceVersion, the annotations it reads, pod CIDRs, InternalIP addresses), list metadata, a
+//! watch event and Status. Every other field of a real object is skipped while it is read
+//! (a real Node is 10-40 KB, mostly `status.images`), and what is kept of one Node is bounded
+//! whatever the API sends: a name of at most [`MAX_NAME`] bytes (a longer one is not a Node),
+//! the [`KEPT_ANNOTATIONS`] only, each at most [`MAX_ANNOTATION`] bytes, at most
+//! [`MAX_KEPT_ADDRESSES`] InternalIP addresses and [`MAX_CIDRS`] pod CIDRs of at most
+//! [`MAX_SHORT`] bytes each (a longer value is kept as a short marker no rule accepts). So one
+//! kept Node is at most about 3.5 KB (name 253, eight annotations of 256 with their keys,
+//! eight addresses and four CIDRs of 64, and the structure), and the 10,000 a list may hold at
+//! most 35 MB.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct ObjectMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, rename = "resourceVersion", deserialize_with = "short")]
+    pub resource_version: String,
+    /// Only the annotations the agent reads ([`KEPT_ANNOTATIONS`]), and [`STICKY_MARKER`] when
+    /// the Node has any other `sticky-cni.io/` annotation.
+    #[serde(default, deserialize_with = "kept_annotations")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The annotations the agent reads.
+pub const KEPT_ANNOTATIONS: [&str; 8] = [
+    "sticky-cni.io/underlay-ip",
+    "sticky-cni.io/kept-mac",
+    "flannel.alpha.coreos.com/backend-data",
+    "flannel.alpha.coreos.com/backend-v6-data",
+    "flannel.alpha.coreos.com/backend-type",
+    "flannel.alpha.coreos.com/public-ip",
+    "flannel.alpha.coreos.com/public-ipv6",
+    "flannel.alpha.coreos.com/kube-subnet-manager",
+];
+/// Kept (with an empty value) for a Node that has any `sticky-cni.io/` annotation: it is run
+/// by sticky-cni.
+pub const STICKY_MARKER: &str = "sticky-cni.io/";
+/// A Node name longer than this (Kubernetes allows 253) is not a Node.
+pub const MAX_NAME: usize = 253;
+/// An annotation value longer than this is kept as a short marker that no rule accepts.
+pub const MAX_ANNOTATION: usize = 256;
+/// An address, a CIDR or a resourceVersion longer than this is kept as a marker.
+pub const MAX_SHORT: usize = 64;
+pub const MAX_KEPT_ADDRESSES: usize = 8;
+pub const MAX_CIDRS: usize = 4;
+
+/// `value`, or a short marker saying how long it was when it is longer than `max`.
+fn bounded(value: String, max: usize) -> String {
+    if value.len() > max {
+        format!("<{} bytes: longer than {max}>", value.len())
+    } else {
+        value
+    }
+}
+
+fn short<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(bounded(String::deserialize(d)?, MAX_SHORT))
+}
+
+fn short_option<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.map(|v| bounded(v, MAX_SHORT)))
+}
+
+fn cidrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let all: Vec<String> = null_as_default(d)?;
+    Ok(all
+        .into_iter()
+        .take(MAX_CIDRS)
+        .map(|c| bounded(c, MAX_SHORT))
+        .collect())
+}
+
+fn kept_annotations<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Kept;
+    impl<'de> serde::de::Visitor<'de> for Kept {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map of annotations")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(Kept)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if KEPT_ANNOTATIONS.contains(&key.as_str()) {
+                    let value: String = map.next_value()?;
+                    out.insert(key, bounded(value, MAX_ANNOTATION));
+                    continue;
+                }
+                if key.starts_with(STICKY_MARKER) {
+                    out.insert(STICKY_MARKER.to_string(), String::new());
+                }
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_option(Kept)
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct NodeSpec {
+    #[serde(default, rename = "podCIDR", deserialize_with = "short_option")]
+    pub pod_cidr: Option<String>,
+    #[serde(default, rename = "podCIDRs", deserialize_with = "cidrs")]
+    pub pod_cidrs: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NodeAddress {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub address: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct NodeStatus {
+    /// The first [`MAX_KEPT_ADDRESSES`] InternalIP addresses.
+    #[serde(default, deserialize_with = "internal_addresses")]
+    pub addresses: Vec<NodeAddress>,
+}
+
+fn internal_addresses<'de, D>(d: D) -> Result<Vec<NodeAddress>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let all: Vec<NodeAddress> = null_as_default(d)?;
+    Ok(all
+        .into_iter()
+        .filter(|a| a.kind == "InternalIP")
+        .take(MAX_KEPT_ADDRESSES)
+        .map(|a| NodeAddress {
+            kind: a.kind,
+            address: bounded(a.address, MAX_SHORT),
+        })
+        .collect())
+}
+
+impl Node {
+    /// False for a Node the agent cannot keep (a name longer than [`MAX_NAME`]).
+    pub fn keepable(&self) -> bool {
+        self.metadata.name.len() <= MAX_NAME
+    }
+}
+
+/// A Node object (`/api/v1/nodes/<name>`), reduced to what the agent uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Node {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: NodeSpec,
+    #[serde(default)]
+    pub status: NodeStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ListMeta {
+    #[serde(default, rename = "resourceVersion")]
+    pub resource_version: String,
+    #[serde(default, rename = "continue")]
+    pub continue_token: Option<String>,
+}
+
+/// A `Status` object: what the API answers with on errors, and the object of an ERROR event.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Status {
+    #[serde(default)]
+    pub code: u16,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// A watch event, decoded by type.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Added(Node),
+    Modified(Node),
+    Deleted(Node),
+    /// Only the resourceVersion is meaningful.
+    Bookmark(String),
+    Error(Status),
+}
+
+/// Why a line of a watch stream is not an event.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("watch event is not JSON of the form {{\"type\", \"object\"}}: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("{kind} event: the object is not a Node: {source}")]
+    Object {
+        kind: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("unknown watch event type {0:?}")]
+    Kind(String),
+}
+
+/// One line of a watch stream, with the object left unparsed until its type is known.
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(borrow)]
+    object: &'a serde_json::value::RawValue,
+}
+
+impl Event {
+    /// Decodes one line of a watch stream.
+    pub fn parse(line: &[u8]) -> Result<Event, EventError> {
+        let raw: Line = serde_json::from_slice(line).map_err(EventError::Json)?;
+        let node = |text: &str| {
+            serde_json::from_str::<Node>(text).map_err(|source| EventError::Object {
+                kind: raw.kind.clone(),
+                source,
+            })
+        };
+        Ok(match raw.kind.as_str() {
+            "ADDED" => Event::Added(node(raw.object.get())?),
+            "MODIFIED" => Event::Modified(node(raw.object.get())?),
+            "DELETED" => Event::Deleted(node(raw.object.get())?),
+            "BOOKMARK" => Event::Bookmark(node(raw.object.get())?.metadata.resource_version),
+            "ERROR" => Event::Error(serde_json::from_str(raw.object.get()).map_err(|source| {
+                EventError::Object {
+                    kind: raw.kind.clone(),
+                    source,
+                }
+            })?),
+            other => return Err(EventError::Kind(other.to_string())),
+        })
+    }
+}
+
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_of_every_type() {
+        let e = Event::parse(br#"{"type":"ADDED","object":{"kind":"Node","metadata":{"name":"a","resourceVersion":"5","annotations":null},"spec":{"podCIDR":"10.244.1.0/24"}}}"#).unwrap();
+        assert!(
+            matches!(e, Event::Added(n) if n.metadata.name == "a" && n.metadata.resource_version == "5")
+        );
+        let e = Event::parse(
+            br#"{"type":"BOOKMARK","object":{"kind":"Node","metadata":{"resourceVersion":"12"}}}"#,
+        )
+        .unwrap();
+        assert!(matches!(e, Event::Bookmark(rv) if rv == "12"));
+        let e = Event::parse(br#"{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired","message":"too old resource version"}}"#).unwrap();
+        assert!(matches!(e, Event::Error(s) if s.code == 410));
+        assert!(Event::parse(br#"{"type":"SURPRISE","object":{}}"#).is_err());
+        assert!(Event::parse(b"{").is_err());
+    }
+}

@@ -1,0 +1,453 @@
+//! From the reflector's Nodes to the peers file, in two halves.
+//!
+//! [`Feed`] is the reflector's [`Sink`], on its thread: it maps every Node as it arrives (what
+//! the agent keeps of a Node is its peer entry, or why it has none; the object itself is dropped
+//! at once) and passes on only what changed: most watch events are status heartbeats that change
+//! nothing the peers depend on, and they cost a map lookup.
+//!
+//! [`Keeper`] is on the main loop: it applies a whole burst of [`Update`]s, then places the
+//! Nodes once ([`table::place`]), lets the plugin's own check settle what only this node can
+//! tell ([`table::settle`]), asks the [`Guard`], and writes the file once. So a burst of events
+//! costs one placement, one file write and one reconcile, not one per event.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+use super::family::Family;
+use super::files;
+use super::guard::Guard;
+use super::kube::MAX_NODES;
+use super::mapping;
+use super::objects::Node;
+use super::reflector::{Sink, SyncState};
+use super::state::Shared;
+use super::table::{self, Mapped, Placed, Refusal};
+use sticky_overlay::peers::Peer;
+
+/// What the reflector's thread tells the main loop.
+#[derive(Debug)]
+pub enum Update {
+    /// A complete list: every Node there is, mapped.
+    Replace(BTreeMap<String, Mapped>),
+    /// A Node whose mapping changed (or is new).
+    Upsert(String, Mapped),
+    Delete(String),
+    /// This node's own Node object changed (for publishing flannel's annotations).
+    Own(Box<Node>),
+    /// The API's state.
+    State(SyncState),
+}
+
+/// The reflector's sink: see the module doc.
+pub struct Feed {
+    tx: Sender<Update>,
+    own_name: Option<String>,
+    /// The network's underlay family: every Node is mapped on it.
+    family: Family,
+    mapped: BTreeMap<String, Mapped>,
+    own: Option<Node>,
+    /// More than [`MAX_NODES`] were announced since the last list (said once).
+    overflowed: bool,
+}
+
+impl Feed {
+    pub fn new(tx: Sender<Update>, own_name: Option<String>, family: Family) -> Feed {
+        Feed {
+            tx,
+            own_name,
+            family,
+            mapped: BTreeMap::new(),
+            own: None,
+            overflowed: false,
+        }
+    }
+
+    fn send(&self, u: Update) {
+        // The main loop outlives the reflector; if it is gone, so is the agent.
+        let _ = self.tx.send(u);
+    }
+
+    fn own(&mut self, node: &Node) {
+        if self.own_name.as_deref() == Some(node.metadata.name.as_str()) {
+            let changed = self.own.as_ref().is_none_or(|o| {
+                o.metadata.annotations != node.metadata.annotations
+                    || o.status.addresses != node.status.addresses
+            });
+            if changed {
+                self.own = Some(node.clone());
+                self.send(Update::Own(Box::new(node.clone())));
+            }
+        }
+    }
+}
+
+impl Sink for Feed {
+    fn replace(&mut self, nodes: Vec<Node>) {
+        self.overflowed = false;
+        for n in &nodes {
+            self.own(n);
+        }
+        self.mapped = nodes
+            .into_iter()
+            .map(|n| {
+                let mapped = mapping::node_entry(&n, self.family);
+                (n.metadata.name.clone(), mapped)
+            })
+            .collect();
+        self.send(Update::Replace(self.mapped.clone()));
+    }
+
+    fn upsert(&mut self, node: Node) {
+        self.own(&node);
+        if self.mapped.len() >= MAX_NODES && !self.mapped.contains_key(&node.metadata.name) {
+            // A watch that keeps announcing new Nodes must not grow the agent without bound.
+            if !self.overflowed {
+                eprintln!(
+                    "sticky-vxlan-agent: more than {MAX_NODES} Nodes: Node {:?} and any further new one are ignored until the next list",
+                    node.metadata.name
+                );
+                self.overflowed = true;
+            }
+            return;
+        }
+        let mapped = mapping::node_entry(&node, self.family);
+        if self.mapped.get(&node.metadata.name) != Some(&mapped) {
+            self.mapped
+                .insert(node.metadata.name.clone(), mapped.clone());
+            self.send(Update::Upsert(node.metadata.name, mapped));
+        }
+    }
+
+    fn delete(&mut self, name: &str) {
+        if self.mapped.remove(name).is_some() {
+            self.send(Update::Delete(name.to_string()));
+        }
+    }
+
+    fn state(&mut self, state: &SyncState) {
+        self.send(Update::State(state.clone()));
+    }
+}
+
+/// What one attempt to write the file came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The file already held these peers.
+    Unchanged,
+    /// Written: what changed, one line each, and how many peers the file holds.
+    Written { lines: Vec<String>, peers: usize },
+    /// The guard keeps the file as it is.
+    Refused(String),
+    /// The plugin would refuse any list the agent can make: nothing is written.
+    Unusable(String),
+    /// Writing failed.
+    Failed(String),
+}
+
+/// The main loop's half: see the module doc.
+pub struct Keeper {
+    pub peers_file: PathBuf,
+    pub own_name: Option<String>,
+    pub vni: u32,
+    pub guard: Guard,
+    nodes: BTreeMap<String, Mapped>,
+    /// Nodes left out at the last placement, with why (logged when they change).
+    left_out: BTreeMap<String, String>,
+    /// A complete list was seen: before it, no file is written (an empty start must not
+    /// count as "every node is gone").
+    listed: bool,
+    /// The peers file as last read or written.
+    current: files::PeersCache,
+}
+
+impl Keeper {
+    pub fn new(peers_file: PathBuf, own_name: Option<String>, vni: u32, guard: Guard) -> Keeper {
+        Keeper {
+            peers_file,
+            own_name,
+            vni,
+            guard,
+            nodes: BTreeMap::new(),
+            left_out: BTreeMap::new(),
+            listed: false,
+            current: files::PeersCache::default(),
+        }
+    }
+
+    /// Applies one update; true when the peers may have changed.
+    pub fn apply(&mut self, u: Update) -> bool {
+        match u {
+            Update::Replace(all) => {
+                self.listed = true;
+                self.nodes = all;
+                true
+            }
+            Update::Upsert(name, m) => {
+                self.nodes.insert(name, m);
+                self.listed
+            }
+            Update::Delete(name) => self.nodes.remove(&name).is_some() && self.listed,
+            Update::Own(_) | Update::State(_) => false,
+        }
+    }
+
+    pub fn left_out(&self) -> &BTreeMap<String, String> {
+        &self.left_out
+    }
+
+    /// Places the Nodes against `held` (the last peers the plugin accepted), settles them
+    /// with the plugin's own check `accepts`, and writes the file if the guard admits the
+    /// change. Returns the outcome and the log lines for Nodes newly left out.
+    pub fn write(
+        &mut self,
+        now: Instant,
+        held: &[Peer],
+        accepts: impl FnMut(&[Peer]) -> Result<(), Refusal>,
+    ) -> (Outcome, Vec<String>) {
+        if !self.listed {
+            return (Outcome::Unchanged, Vec::new());
+        }
+        let placed = table::place(&self.nodes, held, self.vni);
+        let settled = table::settle(placed, held, self.own_name.as_deref(), accepts);
+        let placed: Placed = match settled {
+            Ok(p) => p,
+            Err(r) => {
+                let why = match r {
+                    Refusal::Peers(e) => e.to_string(),
+                    Refusal::Other(s) => s,
+                };
+                // Not the guard's refusal: what it refused before is not what is asked now.
+                self.guard.refusal_gone();
+                return (Outcome::Unusable(why), Vec::new());
+            }
+        };
+        let mut log = Vec::new();
+        for (name, why) in &placed.left_out {
+            if self.left_out.get(name) != Some(why) {
+                log.push(format!("node {name} is left out of the peers: {why}"));
+            }
+        }
+        for name in self.left_out.keys() {
+            if !placed.left_out.contains_key(name) && self.nodes.contains_key(name) {
+                log.push(format!("node {name} is no longer left out"));
+            }
+        }
+        self.left_out.clone_from(&placed.left_out);
+        let new = placed.list();
+        let current = self
+            .current
+            .get(&self.peers_file, files::current_peers)
+            .map(<[Peer]>::to_vec);
+        if current.as_deref() == Some(&new[..]) {
+            self.guard.refusal_gone();
+            return (Outcome::Unchanged, log);
+        }
+        if let Err(r) = self.guard.admit(now, held, &new) {
+            return (Outcome::Refused(r.to_string()), log);
+        }
+        if let Err(e) = files::write_atomic(&self.peers_file, &mapping::file_text(&new)) {
+            return (
+                Outcome::Failed(format!("{e}; the plugin keeps using the file as it was")),
+                log,
+            );
+        }
+        let lines = mapping::describe_changes(current.as_deref().unwrap_or(held), &new);
+        (
+            Outcome::Written {
+                lines,
+                peers: new.len(),
+            },
+            log,
+        )
+    }
+}
+
+/// Puts the reflector's view of the API into the shared status; the log line it calls for.
+pub fn record_state(shared: &Shared, state: &SyncState) -> Option<String> {
+    let mut s = shared.lock();
+    let was = s.status.api_reachable;
+    s.status.api_reachable = state.api_reachable;
+    s.status.last_sync = state.last_list;
+    s.status.stale_since = state.stale_since;
+    s.status.last_error.clone_from(&state.last_error);
+    s.status.last_api_answer = state.last_answer;
+    s.counters.lists = state.lists;
+    s.counters.list_failures = state.list_failures;
+    s.counters.watch_failures = state.watch_failures;
+    match &state.last_error {
+        Some(e) => Some(format!("{e}; keeping the peers file as it is and retrying")),
+        None if !was && state.api_reachable => Some("the API answers".into()),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::reflector::Sink;
+
+    fn node(name: &str, ip: &str, cidr: &str, rv: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "resourceVersion": rv},
+            "spec": {"podCIDRs": [cidr]},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}],
+                       "conditions": [{"type": "Ready", "lastHeartbeatTime": rv}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn heartbeats_pass_nothing_on_changes_do() {
+        let (tx, rx) = mpsc::channel();
+        let mut feed = Feed::new(tx, Some("me".into()), Family::V4);
+        feed.replace(vec![node("a", "192.0.2.1", "10.244.1.0/24", "1")]);
+        assert!(matches!(rx.try_recv(), Ok(Update::Replace(m)) if m.len() == 1));
+        for rv in 2..50 {
+            feed.upsert(node("a", "192.0.2.1", "10.244.1.0/24", &rv.to_string()));
+        }
+        assert!(rx.try_recv().is_err(), "a heartbeat is not an update");
+        feed.upsert(node("a", "192.0.2.1", "10.244.9.0/24", "51"));
+        assert!(matches!(rx.try_recv(), Ok(Update::Upsert(n, _)) if n == "a"));
+        feed.delete("a");
+        feed.delete("a");
+        assert!(matches!(rx.try_recv(), Ok(Update::Delete(n)) if n == "a"));
+        assert!(rx.try_recv().is_err(), "a second delete is nothing");
+        feed.upsert(node("me", "192.0.2.9", "10.244.2.0/24", "60"));
+        let own = rx
+            .try_iter()
+            .filter(|u| matches!(u, Update::Own(_)))
+            .count();
+        assert_eq!(own, 1);
+    }
+
+    /// A dual-stack Node: IPv4 InternalIP first, as a kubelet with `--node-ip=v4,v6` lists it.
+    fn dual(name: &str, v4: &str, v6: &str, rv: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "resourceVersion": rv},
+            "spec": {"podCIDRs": ["10.244.1.0/24", "fd00:1::/64"]},
+            "status": {"addresses": [{"type": "InternalIP", "address": v4},
+                                     {"type": "InternalIP", "address": v6},
+                                     {"type": "Hostname", "address": name}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_feed_maps_nodes_to_their_ipv6_address_and_passes_on_only_its_changes() {
+        let (tx, rx) = mpsc::channel();
+        let mut feed = Feed::new(tx, None, Family::V6);
+        feed.replace(vec![dual("a", "192.0.2.1", "2001:db8::1", "1")]);
+        let Ok(Update::Replace(m)) = rx.try_recv() else {
+            panic!("no list passed on")
+        };
+        assert_eq!(
+            m["a"].as_ref().map(|e| e.ip),
+            Ok("2001:db8::1".parse().unwrap())
+        );
+        // Its IPv4 address changes: nothing this network reads.
+        feed.upsert(dual("a", "192.0.2.9", "2001:db8::1", "2"));
+        assert!(rx.try_recv().is_err());
+        feed.upsert(dual("a", "192.0.2.9", "2001:db8::9", "3"));
+        assert!(
+            matches!(rx.try_recv(), Ok(Update::Upsert(n, Ok(e))) if n == "a" && e.ip == "2001:db8::9".parse::<std::net::IpAddr>().unwrap())
+        );
+    }
+
+    fn keeper(dir: &std::path::Path) -> Keeper {
+        Keeper::new(dir.join("peers.json"), Some("a".into()), 1, Guard::new(0.5))
+    }
+
+    fn mapped(ip: &str, cidr: &str) -> Mapped {
+        mapping::node_entry(&node("x", ip, cidr, "1"), Family::V4)
+    }
+
+    #[test]
+    #[ignore = "needs root: the peers file is read back only when root owns it"]
+    fn a_burst_is_one_placement_and_one_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = keeper(dir.path());
+        // Nothing is written before a complete list.
+        assert!(!k.apply(Update::Upsert(
+            "a".into(),
+            mapped("192.0.2.1", "10.244.1.0/24")
+        )));
+        assert_eq!(
+            k.write(Instant::now(), &[], |_| Ok(())).0,
+            Outcome::Unchanged
+        );
+        assert!(!dir.path().join("peers.json").exists());
+        let mut all = BTreeMap::new();
+        all.insert("a".to_string(), mapped("192.0.2.1", "10.244.1.0/24"));
+        assert!(k.apply(Update::Replace(all)));
+        for i in 2..=200u32 {
+            k.apply(Update::Upsert(
+                format!("n{i}"),
+                mapped(
+                    &format!("198.18.0.{}", i % 250),
+                    &format!("10.245.{}.0/24", i),
+                ),
+            ));
+        }
+        let mut checks = 0;
+        let (out, _) = k.write(Instant::now(), &[], |_| {
+            checks += 1;
+            Ok(())
+        });
+        assert!(
+            matches!(out, Outcome::Written { ref lines, peers: 200 } if lines.len() == 200),
+            "{out:?}"
+        );
+        assert_eq!(
+            checks, 1,
+            "one check of the plugin's rules for the whole burst"
+        );
+        let written = files::current_peers(&dir.path().join("peers.json")).unwrap();
+        assert_eq!(written.len(), 200);
+        // The same again: nothing to write.
+        let held = written.clone();
+        assert_eq!(
+            k.write(Instant::now(), &held, |_| Ok(())).0,
+            Outcome::Unchanged
+        );
+    }
+
+    #[test]
+    fn a_list_the_plugin_would_refuse_whatever_is_left_out_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = keeper(dir.path());
+        let mut all = BTreeMap::new();
+        all.insert("a".to_string(), mapped("192.0.2.1", "10.244.1.0/24"));
+        k.apply(Update::Replace(all));
+        let (out, _) = k.write(Instant::now(), &[], |_| {
+            Err(Refusal::Other("no entry names this node".into()))
+        });
+        assert!(matches!(out, Outcome::Unusable(_)));
+        assert!(!dir.path().join("peers.json").exists());
+    }
+
+    #[test]
+    fn an_empty_list_from_a_restored_api_is_refused_against_the_accepted_peers() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = keeper(dir.path());
+        let held: Vec<Peer> = (1..=4u8)
+            .map(|n| Peer {
+                ip: std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, n)),
+                subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
+                mac: None,
+            })
+            .collect();
+        // The file itself is unreadable (a hand edit): the guard still has the accepted list.
+        std::fs::write(dir.path().join("peers.json"), "[{").unwrap();
+        k.apply(Update::Replace(BTreeMap::new()));
+        let (out, _) = k.write(Instant::now(), &held, |_| Ok(()));
+        assert!(
+            matches!(out, Outcome::Refused(ref r) if r.contains("4 of the 4")),
+            "{out:?}"
+        );
+        assert_eq!(std::fs::read(dir.path().join("peers.json")).unwrap(), b"[{");
+    }
+}

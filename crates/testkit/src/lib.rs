@@ -1,0 +1,16 @@
+//! What the process-level tests of the sticky-cni crates share (a dev-dependency only): they
+//! drive the built binaries exactly as a runtime does. A library, so each test binary uses
+//! what it needs and nothing is compiled into every one of them.
+//!
+//! - [`support`]: finding the binaries ([`support::bins::built`]), calling a plugin, IPAM
+//!   configs and data dirs, network namespaces, scratch dirs;
+//! - [`vxlan_support`]: the netns topology of the sticky-vxlan tests (underlay, nodes, pods);
+//! - [`kube_support`]: a fake Kubernetes API server and the agent process;
+//! - [`agent_support`]: a cluster of nodes each running the agent;
+//! - [`cnitool_support`]: libcni's `cnitool`, as a runtime.
+
+pub mod agent_support;
+pub mod cnitool_support;
+pub mod kube_support;
+pub mod support;
+pub mod vxlan_support;

@@ -1,0 +1,244 @@
+//! The node agent's status file (`<stateDir>/<network>.agent.json`): the agent
+//! (`sticky-vxlan-agent`) writes it, `sticky-vxlan show` reads it ([`describe`]). Here, below
+//! both programs, so that each imports the one type and neither the other.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The status file's content (also what `show` prints from).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub network: String,
+    pub peers_file: PathBuf,
+    /// "kubernetes API `<url>`" or "peers file only (--no-api)".
+    pub source: String,
+    pub api_reachable: bool,
+    /// Unix seconds of the API's last answer (a list, a watch opened, an event; to within 10 s).
+    pub last_api_answer: Option<u64>,
+    /// Unix seconds of the last complete list.
+    pub last_sync: Option<u64>,
+    /// Unix seconds since which the peers may miss changes made in the API: from the first
+    /// failure until the next complete list. Absent from older agents' files.
+    #[serde(default)]
+    pub stale_since: Option<u64>,
+    /// The last failure talking to the API.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    pub peers: usize,
+    /// Set while the removal guard keeps the old peers.
+    pub refused: Option<String>,
+    /// The last change the operator accepted with `accept-changes`. Absent from older
+    /// agents' files.
+    #[serde(default)]
+    pub accepted: Option<Accepted>,
+    /// Nodes left out of the peers (each logged with why when it happens).
+    #[serde(default)]
+    pub left_out: usize,
+    pub pid: u32,
+    /// Every `--segment-config` reconciled so far, in order, with its last outcome. Absent
+    /// from the files of agents older than this field: then no segment is known.
+    #[serde(default)]
+    pub segments: Vec<SegmentStatus>,
+}
+
+/// A change the guard refused that the operator accepted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Accepted {
+    /// Unix seconds of the acceptance.
+    pub at: u64,
+    /// What the change does (the agent's guard says it).
+    pub change: String,
+}
+
+/// The last reconcile of one segment network the agent keeps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SegmentStatus {
+    pub config: PathBuf,
+    /// Why the last reconcile failed; `None` when it succeeded.
+    pub error: Option<String>,
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Where the agent of network `network` writes its status.
+pub fn status_path(state_dir: &Path, network: &str) -> PathBuf {
+    state_dir.join(format!("{network}.agent.json"))
+}
+
+fn ago(t: Option<u64>) -> String {
+    match t {
+        None => "never".into(),
+        Some(t) => format!("{}s ago", now_unix().saturating_sub(t)),
+    }
+}
+
+/// One paragraph per agent status file in `state_dir`, for `sticky-vxlan show`.
+pub fn describe(state_dir: &Path) -> String {
+    let mut out = String::new();
+    let Ok(dir) = std::fs::read_dir(state_dir) else {
+        return out;
+    };
+    let mut files: Vec<PathBuf> = dir
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".agent.json"))
+        .collect();
+    files.sort();
+    for f in files {
+        // Regular files only, never through a link, never blocking on a FIFO.
+        let Some(s) = sticky_primitives::nofollow::read(&f)
+            .ok()
+            .flatten()
+            .and_then(|t| serde_json::from_slice::<Status>(&t).ok())
+        else {
+            continue;
+        };
+        let running = Path::new(&format!("/proc/{}", s.pid)).exists();
+        let _ = writeln!(
+            out,
+            "agent for network {} (pid {}{}): {} peers in {} from {}; API {}, last answered {}, last complete list {}",
+            s.network,
+            s.pid,
+            if running { "" } else { ", not running" },
+            s.peers,
+            s.peers_file.display(),
+            s.source,
+            if s.api_reachable {
+                "reachable"
+            } else {
+                "unreachable"
+            },
+            ago(s.last_api_answer),
+            ago(s.last_sync),
+        );
+        if let Some(t) = s.stale_since {
+            let _ = writeln!(
+                out,
+                "  STALE since {} (no complete node list since then): {}",
+                ago(Some(t)),
+                s.last_error.as_deref().unwrap_or("the API does not answer")
+            );
+        }
+        if s.left_out > 0 {
+            let _ = writeln!(
+                out,
+                "  {} node(s) left out of the peers (the agent's log names each and why)",
+                s.left_out
+            );
+        }
+        if let Some(r) = &s.refused {
+            let _ = writeln!(out, "  REFUSED: {r}");
+        }
+        if let Some(a) = &s.accepted {
+            let _ = writeln!(
+                out,
+                "  ACCEPTED by the operator {} (accept-changes): {}",
+                ago(Some(a.at)),
+                a.change
+            );
+        }
+        for seg in &s.segments {
+            let _ = match &seg.error {
+                None => writeln!(out, "  segment {}: reconciled", seg.config.display()),
+                Some(e) => writeln!(
+                    out,
+                    "  segment {}: FAILING, retrying: {e}",
+                    seg.config.display()
+                ),
+            };
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `show` reads the agents' status files: a FIFO or a link planted at such a name in
+    /// stateDir must neither block it nor be followed.
+    #[test]
+    fn a_fifo_or_link_at_a_status_name_is_skipped_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("a.agent.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let secret = dir.path().join("secret");
+        let status = |network: &str| {
+            serde_json::to_vec(&Status {
+                network: network.into(),
+                ..Status::default()
+            })
+            .unwrap()
+        };
+        std::fs::write(&secret, status("leaked")).unwrap();
+        std::os::unix::fs::symlink(&secret, dir.path().join("b.agent.json")).unwrap();
+        std::fs::write(dir.path().join("c.agent.json"), status("shown")).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        std::thread::spawn(move || tx.send(describe(&path)).unwrap());
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        if got.is_err() {
+            // Unblock the reader before failing, so no thread is left waiting.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        let out = got.expect("describe blocked on a FIFO at a status file name");
+        assert!(!out.contains("leaked"), "a link was followed: {out}");
+        assert!(out.contains("agent for network shown"), "{out}");
+    }
+
+    /// `show` says how each segment the agent keeps fared, and reads an older agent's file,
+    /// which has no `segments`.
+    #[test]
+    fn show_lists_the_segments_and_reads_files_without_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Status {
+            network: "main".into(),
+            segments: vec![
+                SegmentStatus {
+                    config: "/etc/cni/net.d/20-seg-a.conflist".into(),
+                    error: None,
+                },
+                SegmentStatus {
+                    config: "/etc/cni/net.d/21-seg-b.conflist".into(),
+                    error: Some("vni 0 is not a VNI".into()),
+                },
+            ],
+            ..Status::default()
+        };
+        std::fs::write(
+            dir.path().join("main.agent.json"),
+            serde_json::to_vec(&status).unwrap(),
+        )
+        .unwrap();
+        let mut old = serde_json::to_value(Status {
+            network: "old".into(),
+            ..Status::default()
+        })
+        .unwrap();
+        old.as_object_mut().unwrap().remove("segments");
+        std::fs::write(
+            dir.path().join("old.agent.json"),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        let out = describe(dir.path());
+        assert!(
+            out.contains("  segment /etc/cni/net.d/20-seg-a.conflist: reconciled\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "  segment /etc/cni/net.d/21-seg-b.conflist: FAILING, retrying: vni 0 is not a VNI"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("agent for network old"), "{out}");
+    }
+}
