@@ -196,6 +196,7 @@ impl KeyDir {
     /// The key in `<dir>/<name>`, made (and the directory, mode 0700) when there is none.
     pub fn load_or_create(&self, name: &str) -> Result<PrivateKey, Error> {
         let path = self.path(name)?;
+        self.check_dir()?;
         if let Some(key) = self.load(&path)? {
             return Ok(key);
         }
@@ -210,6 +211,7 @@ impl KeyDir {
     pub fn rotate(&self, name: &str) -> Result<Rotated, Error> {
         let path = self.path(name)?;
         let previous_path = self.previous_path(name)?;
+        self.check_dir()?;
         if fs::symlink_metadata(&previous_path).is_ok() {
             return Err(Error::RotationPending {
                 path: previous_path,
@@ -231,17 +233,50 @@ impl KeyDir {
 
     /// The previous key kept by a rotation, if any (checked as the key file is).
     pub fn previous(&self, name: &str) -> Result<Option<PrivateKey>, Error> {
+        self.check_dir()?;
         self.load(&self.previous_path(name)?)
     }
 
     /// Deletes `<name>.previous` once the new public key is published; absent is fine.
     pub fn forget_previous(&self, name: &str) -> Result<(), Error> {
         let path = self.previous_path(name)?;
+        self.check_dir()?;
         if self.load(&path)?.is_none() {
             return Ok(());
         }
         fs::remove_file(&path).map_err(io_err("remove", &path))?;
         sync_dir(&self.dir)
+    }
+
+    /// An existing directory must be a real directory of the owner that nobody else can
+    /// write to (else another user could swap the key file); a missing one is made later.
+    fn check_dir(&self) -> Result<(), Error> {
+        let meta = match fs::symlink_metadata(&self.dir) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_err("stat", &self.dir)(e)),
+        };
+        let bad = |what: String| Error::BadDir {
+            path: self.dir.clone(),
+            what,
+        };
+        if !meta.is_dir() {
+            return Err(bad("is not a directory (or is a symlink)".into()));
+        }
+        if meta.uid() != self.owner {
+            return Err(bad(format!(
+                "is owned by uid {}, expected {}",
+                meta.uid(),
+                self.owner
+            )));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(bad(format!(
+                "has mode {:04o}: group or others may write to it",
+                meta.mode() & 0o7777
+            )));
+        }
+        Ok(())
     }
 
     fn ensure_dir(&self) -> Result<(), Error> {
@@ -504,11 +539,44 @@ mod tests {
     }
 
     #[test]
+    fn unsafe_directory_is_refused() {
+        let (t, k) = dir();
+        fs::create_dir(&k.dir).unwrap();
+        fs::set_permissions(&k.dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = k.load_or_create("wg0.key").unwrap_err();
+        assert!(
+            matches!(err, Error::BadDir { .. }) && err.to_string().contains("0777"),
+            "{err}"
+        );
+        assert!(!k.dir.join("wg0.key").exists());
+        fs::remove_dir(&k.dir).unwrap();
+        let real = t.path().join("real");
+        fs::create_dir(&real).unwrap();
+        symlink(&real, &k.dir).unwrap();
+        let err = k.load_or_create("wg0.key").unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+        let other = KeyDir::new(real, k.owner + 1);
+        assert!(
+            other
+                .load_or_create("wg0.key")
+                .unwrap_err()
+                .to_string()
+                .contains("owned by uid")
+        );
+    }
+
+    #[test]
     fn wrong_owner_is_refused() {
         let (_t, k) = dir();
         k.load_or_create("wg0.key").unwrap();
-        let other = KeyDir::new(k.dir.clone(), k.owner + 1);
-        let err = other.load_or_create("wg0.key").unwrap_err();
+        let path = k.dir.join("wg0.key");
+        // Giving the file away needs root (the suite runs as root); as another user the
+        // directory-owner case in `unsafe_directory_is_refused` covers the rule.
+        if std::os::unix::fs::chown(&path, Some(k.owner + 1), None).is_err() {
+            return;
+        }
+        let err = k.load_or_create("wg0.key").unwrap_err();
+        assert!(matches!(err, Error::BadFile { .. }), "{err}");
         assert!(err.to_string().contains("owned by uid"), "{err}");
     }
 

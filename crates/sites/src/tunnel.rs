@@ -90,8 +90,9 @@ pub trait Tunnel {
     fn remove_device(&self, ifname: &str) -> Result<(), Error>;
 }
 
+/// Sorted, without repeats, host bits cleared (as a device reports them back).
 fn sorted(ips: &[IpNet]) -> Vec<IpNet> {
-    let mut v = ips.to_vec();
+    let mut v: Vec<IpNet> = ips.iter().map(IpNet::trunc).collect();
     v.sort();
     v.dedup();
     v
