@@ -52,6 +52,21 @@ pub struct PeerState {
     pub tx_bytes: u64,
 }
 
+impl PeerState {
+    /// A peer the device has just been told of: no endpoint, allowed IPs, handshake or bytes.
+    pub fn new(public_key: PublicKey) -> Self {
+        Self {
+            public_key,
+            endpoint: None,
+            allowed_ips: Vec::new(),
+            keepalive_secs: None,
+            last_handshake: None,
+            rx_bytes: 0,
+            tx_bytes: 0,
+        }
+    }
+}
+
 /// A device as it reports itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceState {
@@ -241,15 +256,7 @@ pub mod fake {
                     {
                         Some(i) => i,
                         None => {
-                            dev.peers.push(PeerState {
-                                public_key: peer.public_key,
-                                endpoint: None,
-                                allowed_ips: Vec::new(),
-                                keepalive_secs: None,
-                                last_handshake: None,
-                                rx_bytes: 0,
-                                tx_bytes: 0,
-                            });
+                            dev.peers.push(PeerState::new(peer.public_key));
                             dev.peers.len() - 1
                         }
                     };
@@ -329,16 +336,17 @@ pub mod fake {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::fake::{Call, FakeTunnel};
     use super::*;
     use proptest::prelude::*;
 
-    fn net(s: &str) -> IpNet {
+    pub(crate) fn net(s: &str) -> IpNet {
         s.parse().unwrap()
     }
 
-    fn want(k: u8, ep: Option<&str>, ips: &[&str], ka: Option<u16>) -> PeerConfig {
+    /// A desired peer: key bytes all `k`.
+    pub(crate) fn want(k: u8, ep: Option<&str>, ips: &[&str], ka: Option<u16>) -> PeerConfig {
         PeerConfig {
             public_key: PublicKey([k; 32]),
             endpoint: ep.map(|e| e.parse().unwrap()),

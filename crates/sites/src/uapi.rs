@@ -171,15 +171,8 @@ pub fn decode_get(answer: &str) -> Result<DeviceState, Error> {
                 finish(p, handshake);
             }
             handshake = (0, 0);
-            dev.peers.push(PeerState {
-                public_key: PublicKey(unhex(value).ok_or_else(bad_key)?),
-                endpoint: None,
-                allowed_ips: Vec::new(),
-                keepalive_secs: None,
-                last_handshake: None,
-                rx_bytes: 0,
-                tx_bytes: 0,
-            });
+            dev.peers
+                .push(PeerState::new(PublicKey(unhex(value).ok_or_else(bad_key)?)));
             continue;
         }
         let Some(peer) = dev.peers.last_mut() else {
@@ -363,25 +356,13 @@ pub fn handshake_age(last: Option<SystemTime>, now: SystemTime) -> Option<Durati
 mod tests {
     use super::*;
     use crate::tunnel::fake::apply_to;
+    use crate::tunnel::tests::{net, want as peer};
     use crate::tunnel::{PeerConfig, diff};
     use std::os::unix::net::UnixListener;
     use std::sync::{Arc, Mutex};
 
     const K1: &str = "0101010101010101010101010101010101010101010101010101010101010101";
     const K2: &str = "0202020202020202020202020202020202020202020202020202020202020202";
-
-    fn net(s: &str) -> IpNet {
-        s.parse().unwrap()
-    }
-
-    fn peer(k: u8, ep: Option<&str>, ips: &[&str], ka: Option<u16>) -> PeerConfig {
-        PeerConfig {
-            public_key: PublicKey([k; 32]),
-            endpoint: ep.map(|e| e.parse().unwrap()),
-            allowed_ips: ips.iter().map(|s| net(s)).collect(),
-            keepalive_secs: ka,
-        }
-    }
 
     #[test]
     fn encode_set_table() {
