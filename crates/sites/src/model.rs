@@ -336,6 +336,7 @@ pub fn build<'a>(nodes: impl IntoIterator<Item = &'a NodeInput>, config: &SiteCo
 pub(crate) mod tests {
     use super::*;
     use base64::Engine;
+    use proptest::prelude::*;
 
     pub(crate) fn key(n: u8) -> String {
         base64::engine::general_purpose::STANDARD.encode([n; 32])
@@ -521,6 +522,30 @@ pub(crate) mod tests {
         let m = build([&a, &b], &SiteConfig::default());
         assert!(matches!(m.left_out["n"], Error::DuplicateName { .. }));
         assert!(m.sites.is_empty());
+    }
+
+    proptest! {
+        /// The model is the same whatever order the Nodes arrive in, bad ones included.
+        #[test]
+        fn build_ignores_node_order(order in Just((0..7).collect::<Vec<usize>>()).prop_shuffle()) {
+            let nodes = [
+                node("g2", Some("a"), "10.0.2.0/24", Some((2, None))),
+                node("g1", Some("a"), "10.0.1.0/24", Some((1, Some("203.0.113.1:51820")))),
+                node("twin-a", Some("b"), "10.1.0.0/24", Some((5, None))),
+                node("twin-b", Some("c"), "10.2.0.0/24", Some((5, None))),
+                node("dup", Some("b"), "10.1.1.0/24", None),
+                node("dup", Some("c"), "10.2.1.0/24", None),
+                node("bad", Some("-x"), "10.9.0.0/24", None),
+            ];
+            let shuffled: Vec<&NodeInput> = order.iter().map(|&i| &nodes[i]).collect();
+            let a = build(&nodes, &SiteConfig::default());
+            let b = build(shuffled, &SiteConfig::default());
+            prop_assert_eq!(&a, &b);
+            let names: Vec<&str> = a.sites[&SiteName::parse(SITE_LABEL, "a").unwrap()]
+                .candidates.iter().map(|c| c.name.as_str()).collect();
+            prop_assert_eq!(names, ["g1", "g2"]);
+            prop_assert_eq!(a.left_out.len(), 2);
+        }
     }
 
     #[test]

@@ -14,9 +14,10 @@
 //!   punch attempt not yet up is a peer with no allowed IPs (handshakes only) while its
 //!   subnets stay on the relay's peer. Keepalive ([`Settings::keepalive_secs`]) on every peer
 //!   when this gateway has no endpoint (behind NAT: its mappings must stay open) and on punch
-//!   peers. When this site is the relay, the sites it forwards between are listed (those
-//!   whose active gateway has no endpoint); forwarding needs no extra peers: each of them is
-//!   already a direct peer with its own subnets.
+//!   peers. When this site is the relay, the sites it forwards between are listed with their
+//!   subnets (those whose active gateway has no endpoint, when there are two or more);
+//!   forwarding needs no extra peers: each of them is already a direct peer with its own
+//!   subnets.
 //!
 //! The caller's liveness view should mark this node itself alive. Pod subnets are assumed
 //! already checked for conflicts (the agent's table leaves a conflicting Node out before its
@@ -102,8 +103,9 @@ pub struct GatewayPlan {
     pub listen_port: u16,
     /// By site name.
     pub peers: Vec<SitePeer>,
-    /// When this site is the relay: the sites it forwards between (sorted).
-    pub relays_between: Vec<SiteName>,
+    /// When this site is the relay: the sites it forwards between, with the pod subnets it
+    /// forwards for each (by site name; empty when it relays for nobody).
+    pub relays_between: BTreeMap<SiteName, Vec<IpNet>>,
 }
 
 /// One remote site as this node sees it.
@@ -251,20 +253,18 @@ fn gateway_plan(
         .relay()
         .and_then(|s| actives.get(s))
         .is_some_and(|c| c.name == me.name);
-    let relays_between = if my_site_is_relay {
-        let natted: Vec<SiteName> = actives
+    let mut relays_between: BTreeMap<SiteName, Vec<IpNet>> = BTreeMap::new();
+    if my_site_is_relay {
+        relays_between = remotes
             .iter()
-            .filter(|(_, c)| c.endpoint.is_none())
-            .map(|(s, _)| s.clone())
+            .filter(|r| actives.get(&r.site).is_some_and(|c| c.endpoint.is_none()))
+            .map(|r| (r.site.clone(), r.subnets.clone()))
             .collect();
-        if natted.len() >= 2 {
-            natted
-        } else {
-            Vec::new()
+        // Forwarding between sites needs two of them.
+        if relays_between.len() < 2 {
+            relays_between.clear();
         }
-    } else {
-        Vec::new()
-    };
+    }
     GatewayPlan {
         public_key: me.public_key,
         listen_port: settings.listen_port,
@@ -390,7 +390,21 @@ mod tests {
     fn cloud_gateway_is_the_relay() {
         let p = plan_of(&cluster(), "c-gw", &View::default());
         let g = p.gateway.unwrap();
-        assert_eq!(g.relays_between, [site("edge-a"), site("edge-b")]);
+        let relayed: Vec<_> = g
+            .relays_between
+            .iter()
+            .map(|(s, n)| (s.as_str(), n.clone()))
+            .collect();
+        assert_eq!(
+            relayed,
+            vec![
+                (
+                    "edge-a",
+                    nets(&["10.1.0.0/24", "10.1.1.0/24", "10.1.2.0/24"])
+                ),
+                ("edge-b", nets(&["10.2.0.0/24", "10.2.1.0/24"])),
+            ]
+        );
         let peers: Vec<_> = g
             .peers
             .iter()
