@@ -505,6 +505,11 @@ pub(crate) mod tests {
         let names: Vec<_> = a.candidates.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["good"]);
         assert_eq!(
+            a.candidate("good").map(|c| c.public_key),
+            Some(a.candidates[0].public_key)
+        );
+        assert!(a.candidate("b-key").is_none());
+        assert_eq!(
             a.candidates[0].endpoint,
             Some("203.0.113.1:51820".parse().unwrap())
         );

@@ -49,6 +49,17 @@ pub enum Error {
     Errno(i64),
 }
 
+/// True when `answer` ends with its `errno=N` line and the empty line (checks only the tail,
+/// so reading a long answer stays linear).
+fn is_complete(answer: &[u8]) -> bool {
+    let Some(body) = answer.strip_suffix(b"\n\n") else {
+        return false;
+    };
+    body.rsplit(|b| *b == b'\n')
+        .next()
+        .is_some_and(|last| last.starts_with(b"errno="))
+}
+
 /// The request for a device's state.
 pub const GET: &str = "get=1\n\n";
 
@@ -288,7 +299,7 @@ impl<L: Link> UapiTunnel<L> {
             if answer.len() > MAX_ANSWER {
                 return Err(Error::TooLong);
             }
-            if answer.ends_with(b"\n\n") && answer.windows(6).any(|w| w == b"errno=") {
+            if is_complete(&answer) {
                 break;
             }
         }
@@ -489,6 +500,21 @@ mod tests {
         // A bad private key line never quotes the key.
         let e = decode_get(&format!("private_key={}zz\nerrno=0\n\n", "ab".repeat(31))).unwrap_err();
         assert!(!e.to_string().contains("abab"), "{e}");
+    }
+
+    #[test]
+    fn answer_is_complete_only_after_errno_and_empty_line() {
+        let cases: &[(&[u8], bool)] = &[
+            (b"errno=0\n\n", true),
+            (b"listen_port=1\nerrno=0\n\n", true),
+            (b"listen_port=1\nerrno=0\n", false),
+            (b"listen_port=1\n\n", false),
+            (b"errno=0\nlisten_port=1\n\n", false),
+            (b"", false),
+        ];
+        for (a, want) in cases {
+            assert_eq!(is_complete(a), *want, "{:?}", String::from_utf8_lossy(a));
+        }
     }
 
     #[test]
