@@ -1,0 +1,548 @@
+//! The seam between the decisions and a WireGuard data path (docs/sites-tunnel-choice.md
+//! section 5): the agent computes the desired peers; a backend only gets, sets and removes.
+//! Both the userspace API ([`crate::uapi::UapiTunnel`], the `sticky-wg` daemon) and the
+//! kernel's generic netlink family "wireguard" carry exactly these fields, so a kernel backend
+//! is a second `impl Tunnel`.
+//!
+//! Re-applying an unchanged peer costs packets (4–12 measured on gotatun), so the agent applies
+//! only what [`diff`] returns: nothing when the device already holds the desired state.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+
+use crate::keys::{PrivateKey, PublicKey};
+
+/// Errors of a tunnel backend.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Uapi(#[from] crate::uapi::Error),
+    #[error("tunnel device {ifname}: {message}")]
+    Link { ifname: String, message: String },
+    #[error("no tunnel device {ifname}")]
+    NoDevice { ifname: String },
+}
+
+/// A peer as the agent wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConfig {
+    pub public_key: PublicKey,
+    /// None: a dial-in-only peer (it is behind NAT); an existing (roamed) endpoint is kept.
+    pub endpoint: Option<SocketAddr>,
+    /// Sorted, without repeats.
+    pub allowed_ips: Vec<IpNet>,
+    /// Set where this side is behind NAT (or punching).
+    pub keepalive_secs: Option<u16>,
+}
+
+/// A peer as the device reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerState {
+    pub public_key: PublicKey,
+    /// Current, after roaming.
+    pub endpoint: Option<SocketAddr>,
+    pub allowed_ips: Vec<IpNet>,
+    pub keepalive_secs: Option<u16>,
+    /// None: never.
+    pub last_handshake: Option<SystemTime>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+impl PeerState {
+    /// A peer the device has just been told of: no endpoint, allowed IPs, handshake or bytes.
+    pub fn new(public_key: PublicKey) -> Self {
+        Self {
+            public_key,
+            endpoint: None,
+            allowed_ips: Vec::new(),
+            keepalive_secs: None,
+            last_handshake: None,
+            rx_bytes: 0,
+            tx_bytes: 0,
+        }
+    }
+}
+
+/// A device as it reports itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceState {
+    /// Derived from the device's private key; None when it has none.
+    pub public_key: Option<PublicKey>,
+    pub listen_port: u16,
+    pub peers: Vec<PeerState>,
+}
+
+/// One change to a device's peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerChange {
+    /// Add or update the peer; `replace_allowed_ips`: its allowed IPs become exactly the
+    /// given ones (false: they are left as they are and none are sent).
+    Upsert {
+        peer: PeerConfig,
+        replace_allowed_ips: bool,
+    },
+    /// Remove the peer with this key.
+    Remove(PublicKey),
+}
+
+/// A WireGuard data path.
+pub trait Tunnel {
+    /// The device exists and is up with this MTU. Idempotent.
+    fn ensure_device(&self, ifname: &str, mtu: u32) -> Result<(), Error>;
+    /// The device's state.
+    fn get(&self, ifname: &str) -> Result<DeviceState, Error>;
+    /// Only called when it differs from `get`: a new key re-keys every session.
+    fn set_private_key(&self, ifname: &str, key: &PrivateKey) -> Result<(), Error>;
+    /// The UDP port the device listens on.
+    fn set_listen_port(&self, ifname: &str, port: u16) -> Result<(), Error>;
+    /// The changes as one transaction.
+    fn apply(&self, ifname: &str, changes: &[PeerChange]) -> Result<(), Error>;
+    /// The device is gone. Absent is fine.
+    fn remove_device(&self, ifname: &str) -> Result<(), Error>;
+}
+
+/// Sorted, without repeats, host bits cleared (as a device reports them back).
+fn sorted(ips: &[IpNet]) -> Vec<IpNet> {
+    let mut v: Vec<IpNet> = ips.iter().map(IpNet::trunc).collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The changes that turn `actual` into `desired`: removals of peers not desired first, then
+/// upserts of peers that are new or differ, each in key order. A desired peer without an
+/// endpoint leaves the device's (roamed) endpoint alone; allowed IPs are compared as sets.
+/// Empty when nothing differs. O((desired + actual) log n).
+pub fn diff(desired: &[PeerConfig], actual: &DeviceState) -> Vec<PeerChange> {
+    let want: BTreeMap<PublicKey, &PeerConfig> =
+        desired.iter().map(|p| (p.public_key, p)).collect();
+    let have: BTreeMap<PublicKey, &PeerState> =
+        actual.peers.iter().map(|p| (p.public_key, p)).collect();
+    let mut out: Vec<PeerChange> = have
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .map(|k| PeerChange::Remove(*k))
+        .collect();
+    for (key, w) in want {
+        let Some(h) = have.get(&key) else {
+            out.push(PeerChange::Upsert {
+                peer: PeerConfig {
+                    allowed_ips: sorted(&w.allowed_ips),
+                    ..w.clone()
+                },
+                replace_allowed_ips: true,
+            });
+            continue;
+        };
+        let ips_differ = sorted(&w.allowed_ips) != sorted(&h.allowed_ips);
+        let endpoint_differs = w.endpoint.is_some() && w.endpoint != h.endpoint;
+        let keepalive_differs = w.keepalive_secs.unwrap_or(0) != h.keepalive_secs.unwrap_or(0);
+        if ips_differ || endpoint_differs || keepalive_differs {
+            out.push(PeerChange::Upsert {
+                peer: PeerConfig {
+                    public_key: key,
+                    endpoint: if endpoint_differs { w.endpoint } else { None },
+                    allowed_ips: if ips_differ {
+                        sorted(&w.allowed_ips)
+                    } else {
+                        Vec::new()
+                    },
+                    keepalive_secs: w.keepalive_secs,
+                },
+                replace_allowed_ips: ips_differ,
+            });
+        }
+    }
+    out
+}
+
+/// A recording fake [`Tunnel`] that keeps devices in memory and applies changes as a device
+/// would (for the agent's tests).
+#[cfg(any(test, feature = "testing"))]
+pub mod fake {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// One call made to the fake.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Call {
+        EnsureDevice {
+            ifname: String,
+            mtu: u32,
+        },
+        Get {
+            ifname: String,
+        },
+        SetPrivateKey {
+            ifname: String,
+            public_key: PublicKey,
+        },
+        SetListenPort {
+            ifname: String,
+            port: u16,
+        },
+        Apply {
+            ifname: String,
+            changes: Vec<PeerChange>,
+        },
+        RemoveDevice {
+            ifname: String,
+        },
+    }
+
+    /// Devices in memory, every call recorded.
+    #[derive(Debug, Default)]
+    pub struct FakeTunnel {
+        /// The calls, in order.
+        pub calls: Mutex<Vec<Call>>,
+        /// The devices by name, with their MTU.
+        pub devices: Mutex<BTreeMap<String, (u32, DeviceState)>>,
+    }
+
+    impl FakeTunnel {
+        /// The calls made so far.
+        pub fn calls(&self) -> Vec<Call> {
+            self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+        }
+
+        fn record(&self, call: Call) {
+            if let Ok(mut c) = self.calls.lock() {
+                c.push(call);
+            }
+        }
+
+        fn with<T>(&self, ifname: &str, f: impl FnOnce(&mut DeviceState) -> T) -> Result<T, Error> {
+            let mut devices = self.devices.lock().map_err(|_| Error::Link {
+                ifname: ifname.into(),
+                message: "fake poisoned".into(),
+            })?;
+            let Some((_, dev)) = devices.get_mut(ifname) else {
+                return Err(Error::NoDevice {
+                    ifname: ifname.into(),
+                });
+            };
+            Ok(f(dev))
+        }
+    }
+
+    /// Applies `changes` to `dev` as a WireGuard device does.
+    pub fn apply_to(dev: &mut DeviceState, changes: &[PeerChange]) {
+        for change in changes {
+            match change {
+                PeerChange::Remove(key) => dev.peers.retain(|p| p.public_key != *key),
+                PeerChange::Upsert {
+                    peer,
+                    replace_allowed_ips,
+                } => {
+                    // An allowed IP belongs to one peer: adding it elsewhere moves it.
+                    for other in dev
+                        .peers
+                        .iter_mut()
+                        .filter(|p| p.public_key != peer.public_key)
+                    {
+                        other
+                            .allowed_ips
+                            .retain(|ip| !peer.allowed_ips.contains(ip));
+                    }
+                    let i = match dev
+                        .peers
+                        .iter()
+                        .position(|p| p.public_key == peer.public_key)
+                    {
+                        Some(i) => i,
+                        None => {
+                            dev.peers.push(PeerState::new(peer.public_key));
+                            dev.peers.len() - 1
+                        }
+                    };
+                    let Some(p) = dev.peers.get_mut(i) else {
+                        continue;
+                    };
+                    if peer.endpoint.is_some() {
+                        p.endpoint = peer.endpoint;
+                    }
+                    p.keepalive_secs = peer.keepalive_secs.filter(|k| *k != 0);
+                    if *replace_allowed_ips {
+                        p.allowed_ips.clear();
+                    }
+                    for ip in &peer.allowed_ips {
+                        if !p.allowed_ips.contains(ip) {
+                            p.allowed_ips.push(*ip);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    impl Tunnel for FakeTunnel {
+        fn ensure_device(&self, ifname: &str, mtu: u32) -> Result<(), Error> {
+            self.record(Call::EnsureDevice {
+                ifname: ifname.into(),
+                mtu,
+            });
+            if let Ok(mut d) = self.devices.lock() {
+                d.entry(ifname.into()).or_default().0 = mtu;
+            }
+            Ok(())
+        }
+
+        fn get(&self, ifname: &str) -> Result<DeviceState, Error> {
+            self.record(Call::Get {
+                ifname: ifname.into(),
+            });
+            self.with(ifname, |d| d.clone())
+        }
+
+        fn set_private_key(&self, ifname: &str, key: &PrivateKey) -> Result<(), Error> {
+            self.record(Call::SetPrivateKey {
+                ifname: ifname.into(),
+                public_key: key.public_key(),
+            });
+            self.with(ifname, |d| d.public_key = Some(key.public_key()))
+        }
+
+        fn set_listen_port(&self, ifname: &str, port: u16) -> Result<(), Error> {
+            self.record(Call::SetListenPort {
+                ifname: ifname.into(),
+                port,
+            });
+            self.with(ifname, |d| d.listen_port = port)
+        }
+
+        fn apply(&self, ifname: &str, changes: &[PeerChange]) -> Result<(), Error> {
+            self.record(Call::Apply {
+                ifname: ifname.into(),
+                changes: changes.to_vec(),
+            });
+            self.with(ifname, |d| apply_to(d, changes))
+        }
+
+        fn remove_device(&self, ifname: &str) -> Result<(), Error> {
+            self.record(Call::RemoveDevice {
+                ifname: ifname.into(),
+            });
+            if let Ok(mut d) = self.devices.lock() {
+                d.remove(ifname);
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::fake::{Call, FakeTunnel};
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// A desired peer: key bytes all `k`.
+    pub(crate) fn want(k: u8, ep: Option<&str>, ips: &[&str], ka: Option<u16>) -> PeerConfig {
+        PeerConfig {
+            public_key: PublicKey([k; 32]),
+            endpoint: ep.map(|e| e.parse().unwrap()),
+            allowed_ips: ips.iter().map(|s| net(s)).collect(),
+            keepalive_secs: ka,
+        }
+    }
+
+    fn have(k: u8, ep: Option<&str>, ips: &[&str], ka: Option<u16>) -> PeerState {
+        PeerState {
+            public_key: PublicKey([k; 32]),
+            endpoint: ep.map(|e| e.parse().unwrap()),
+            allowed_ips: ips.iter().map(|s| net(s)).collect(),
+            keepalive_secs: ka,
+            last_handshake: None,
+            rx_bytes: 5,
+            tx_bytes: 6,
+        }
+    }
+
+    fn dev(peers: Vec<PeerState>) -> DeviceState {
+        DeviceState {
+            public_key: None,
+            listen_port: 51820,
+            peers,
+        }
+    }
+
+    #[test]
+    fn diff_table() {
+        let ep = "203.0.113.1:51820";
+        let roamed = "198.51.100.9:3333";
+        let cases: Vec<(&str, Vec<PeerConfig>, DeviceState, Vec<PeerChange>)> = vec![
+            (
+                "equal: nothing",
+                vec![want(1, Some(ep), &["10.0.1.0/24"], Some(25))],
+                dev(vec![have(1, Some(ep), &["10.0.1.0/24"], Some(25))]),
+                vec![],
+            ),
+            (
+                "allowed IPs in another order: nothing",
+                vec![want(1, None, &["10.0.2.0/24", "10.0.1.0/24"], None)],
+                dev(vec![have(
+                    1,
+                    Some(roamed),
+                    &["10.0.1.0/24", "10.0.2.0/24"],
+                    None,
+                )]),
+                vec![],
+            ),
+            (
+                "new peer",
+                vec![want(2, None, &["10.0.2.0/24", "10.0.1.0/24"], None)],
+                dev(vec![]),
+                vec![PeerChange::Upsert {
+                    peer: want(2, None, &["10.0.1.0/24", "10.0.2.0/24"], None),
+                    replace_allowed_ips: true,
+                }],
+            ),
+            (
+                "gone peer",
+                vec![],
+                dev(vec![have(3, None, &[], None)]),
+                vec![PeerChange::Remove(PublicKey([3; 32]))],
+            ),
+            (
+                "endpoint changed only",
+                vec![want(1, Some(ep), &["10.0.1.0/24"], None)],
+                dev(vec![have(1, Some(roamed), &["10.0.1.0/24"], None)]),
+                vec![PeerChange::Upsert {
+                    peer: want(1, Some(ep), &[], None),
+                    replace_allowed_ips: false,
+                }],
+            ),
+            (
+                "keepalive changed",
+                vec![want(1, None, &["10.0.1.0/24"], Some(25))],
+                dev(vec![have(1, None, &["10.0.1.0/24"], None)]),
+                vec![PeerChange::Upsert {
+                    peer: want(1, None, &[], Some(25)),
+                    replace_allowed_ips: false,
+                }],
+            ),
+            (
+                "keepalive 0 = none",
+                vec![want(1, None, &["10.0.1.0/24"], Some(0))],
+                dev(vec![have(1, None, &["10.0.1.0/24"], None)]),
+                vec![],
+            ),
+            (
+                "allowed IPs changed",
+                vec![want(1, None, &["10.0.1.0/24", "10.0.3.0/24"], None)],
+                dev(vec![have(1, None, &["10.0.1.0/24"], None)]),
+                vec![PeerChange::Upsert {
+                    peer: want(1, None, &["10.0.1.0/24", "10.0.3.0/24"], None),
+                    replace_allowed_ips: true,
+                }],
+            ),
+        ];
+        for (name, desired, actual, expect) in cases {
+            assert_eq!(diff(&desired, &actual), expect, "{name}");
+        }
+    }
+
+    #[test]
+    fn removals_come_first_then_key_order() {
+        let desired = vec![
+            want(9, None, &["10.0.9.0/24"], None),
+            want(4, None, &["10.0.4.0/24"], None),
+        ];
+        let actual = dev(vec![have(7, None, &[], None), have(2, None, &[], None)]);
+        let keys: Vec<(bool, u8)> = diff(&desired, &actual)
+            .iter()
+            .map(|c| match c {
+                PeerChange::Remove(k) => (false, k.0[0]),
+                PeerChange::Upsert { peer, .. } => (true, peer.public_key.0[0]),
+            })
+            .collect();
+        assert_eq!(keys, [(false, 2), (false, 7), (true, 4), (true, 9)]);
+    }
+
+    #[test]
+    fn fake_records_and_converges() {
+        let t = FakeTunnel::default();
+        assert!(matches!(t.get("wg0"), Err(Error::NoDevice { .. })));
+        t.ensure_device("wg0", 1440).unwrap();
+        let desired = vec![want(
+            1,
+            Some("203.0.113.1:51820"),
+            &["10.0.1.0/24"],
+            Some(25),
+        )];
+        let changes = diff(&desired, &t.get("wg0").unwrap());
+        t.apply("wg0", &changes).unwrap();
+        assert!(diff(&desired, &t.get("wg0").unwrap()).is_empty());
+        let calls = t.calls();
+        assert_eq!(
+            calls[1],
+            Call::EnsureDevice {
+                ifname: "wg0".into(),
+                mtu: 1440
+            }
+        );
+        assert!(matches!(&calls[3], Call::Apply { changes, .. } if changes.len() == 1));
+        t.remove_device("wg0").unwrap();
+        assert!(t.get("wg0").is_err());
+    }
+
+    /// (key, endpoint, allowed IPs, keepalive) as small numbers.
+    type Gen = (u8, Option<u8>, Vec<u8>, Option<u16>);
+
+    fn arb_state() -> impl Strategy<Value = Vec<Gen>> {
+        proptest::collection::vec(
+            (
+                0u8..6,
+                proptest::option::of(0u8..3),
+                proptest::collection::vec(0u8..8, 0..4),
+                proptest::option::of(0u16..3),
+            ),
+            0..6,
+        )
+    }
+
+    fn peers_of(v: &[Gen]) -> Vec<PeerConfig> {
+        let mut seen = std::collections::BTreeSet::new();
+        v.iter()
+            .filter(|(k, ..)| seen.insert(*k))
+            .map(|(k, ep, ips, ka)| PeerConfig {
+                public_key: PublicKey([k + 1; 32]),
+                endpoint: ep.map(|e| SocketAddr::from(([203, 0, 113, e + 1], 51820))),
+                allowed_ips: ips
+                    .iter()
+                    .map(|i| net(&format!("10.{k}.{i}.0/24")))
+                    .collect(),
+                keepalive_secs: *ka,
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Applying the diff to any device state yields the desired peers, and a second diff
+        /// is empty (so a loop never re-applies).
+        #[test]
+        fn diff_converges(start in arb_state(), goal in arb_state()) {
+            let mut d = DeviceState::default();
+            let first = diff(&peers_of(&start), &d);
+            fake::apply_to(&mut d, &first);
+            let desired = peers_of(&goal);
+            let changes = diff(&desired, &d);
+            fake::apply_to(&mut d, &changes);
+            prop_assert!(diff(&desired, &d).is_empty());
+            let mut got: Vec<PublicKey> = d.peers.iter().map(|p| p.public_key).collect();
+            got.sort();
+            let mut want: Vec<PublicKey> = desired.iter().map(|p| p.public_key).collect();
+            want.sort();
+            prop_assert_eq!(got, want);
+        }
+    }
+}

@@ -1,0 +1,733 @@
+//! WireGuard's cross-platform userspace API (wireguard.com/xplatform), the text protocol
+//! `wg(8)` speaks to a userspace implementation over `/var/run/wireguard/<if>.sock`: a request
+//! is `get=1` or `set=1` followed by `key=value` lines and an empty line; the answer to `get`
+//! is the device's `key=value` lines, and every answer ends with `errno=N` and an empty line.
+//! Keys are lowercase hex; endpoints `a.b.c.d:port` or `[v6]:port`; `allowed_ip=` lines are
+//! CIDRs. Encoding and decoding are pure functions; [`UapiTunnel`] is the small client over the
+//! socket (no dependency on the tunnel implementation: the agent links no tunnel code).
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ipnet::IpNet;
+use zeroize::Zeroizing;
+
+use crate::keys::{PrivateKey, PublicKey};
+use crate::tunnel::{self, DeviceState, PeerChange, PeerState, Tunnel};
+
+/// Where userspace WireGuard implementations put their sockets.
+pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
+/// The most an answer may hold (a device with thousands of peers stays far below).
+const MAX_ANSWER: usize = 16 << 20;
+
+/// Errors of the protocol and the socket.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("interface name {0:?} is not 1-15 characters without '/' or white space")]
+    BadIfname(String),
+    #[error("connect to {path}: {source} (is the tunnel daemon running?)")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{op} on {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("answer line {line:?}: {why}")]
+    Protocol { line: String, why: &'static str },
+    #[error("answer has no errno line (truncated)")]
+    Truncated,
+    #[error("answer over {MAX_ANSWER} bytes")]
+    TooLong,
+    #[error("the tunnel refused the request: errno={0}")]
+    Errno(i64),
+}
+
+/// True when `answer` ends with its `errno=N` line and the empty line (checks only the tail,
+/// so reading a long answer stays linear).
+fn is_complete(answer: &[u8]) -> bool {
+    let Some(body) = answer.strip_suffix(b"\n\n") else {
+        return false;
+    };
+    body.rsplit(|b| *b == b'\n')
+        .next()
+        .is_some_and(|last| last.starts_with(b"errno="))
+}
+
+/// The request for a device's state.
+pub const GET: &str = "get=1\n\n";
+
+fn hex(bytes: &[u8; 32]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A `set=1` request: the private key and listen port when given, then the changes in order.
+/// The text holds the private key in hex: it is zeroed when dropped.
+pub fn encode_set(
+    private_key: Option<&PrivateKey>,
+    listen_port: Option<u16>,
+    changes: &[PeerChange],
+) -> Zeroizing<String> {
+    let mut s = Zeroizing::new(String::from("set=1\n"));
+    if let Some(k) = private_key {
+        s.push_str("private_key=");
+        s.push_str(&Zeroizing::new(hex(k.bytes())));
+        s.push('\n');
+    }
+    if let Some(p) = listen_port {
+        s.push_str(&format!("listen_port={p}\n"));
+    }
+    for change in changes {
+        match change {
+            PeerChange::Remove(key) => {
+                s.push_str(&format!("public_key={}\nremove=true\n", hex(&key.0)));
+            }
+            PeerChange::Upsert {
+                peer,
+                replace_allowed_ips,
+            } => {
+                s.push_str(&format!("public_key={}\n", hex(&peer.public_key.0)));
+                if let Some(ep) = peer.endpoint {
+                    s.push_str(&format!("endpoint={ep}\n"));
+                }
+                s.push_str(&format!(
+                    "persistent_keepalive_interval={}\n",
+                    peer.keepalive_secs.unwrap_or(0)
+                ));
+                if *replace_allowed_ips {
+                    s.push_str("replace_allowed_ips=true\n");
+                    for ip in &peer.allowed_ips {
+                        s.push_str(&format!("allowed_ip={ip}\n"));
+                    }
+                }
+            }
+        }
+    }
+    s.push('\n');
+    s
+}
+
+/// The `errno=N` of an answer: Ok for 0.
+pub fn decode_errno(answer: &str) -> Result<(), Error> {
+    let errno = answer
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("errno="))
+        .ok_or(Error::Truncated)?;
+    match errno.trim().parse::<i64>() {
+        Ok(0) => Ok(()),
+        Ok(n) => Err(Error::Errno(n)),
+        Err(_) => Err(Error::Protocol {
+            line: format!("errno={errno}"),
+            why: "errno is not a number",
+        }),
+    }
+}
+
+fn number<T: std::str::FromStr>(line: &str, value: &str) -> Result<T, Error> {
+    value.parse().map_err(|_| Error::Protocol {
+        line: line.to_string(),
+        why: "not a number",
+    })
+}
+
+/// The device state in a `get=1` answer. Unknown keys are skipped (newer implementations may
+/// add some); the device's private key is read only to derive its public key.
+pub fn decode_get(answer: &str) -> Result<DeviceState, Error> {
+    decode_errno(answer)?;
+    let mut dev = DeviceState::default();
+    let mut handshake: (u64, u32) = (0, 0);
+    let finish = |p: &mut PeerState, hs: (u64, u32)| {
+        p.last_handshake = (hs != (0, 0)).then(|| {
+            UNIX_EPOCH + Duration::from_secs(hs.0) + Duration::from_nanos(u64::from(hs.1))
+        });
+    };
+    for line in answer.lines() {
+        if line.is_empty() {
+            break;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(Error::Protocol {
+                line: line.to_string(),
+                why: "not key=value",
+            });
+        };
+        let bad_key = || Error::Protocol {
+            line: if key == "private_key" {
+                "private_key=<redacted>".into()
+            } else {
+                line.to_string()
+            },
+            why: "not a 64-digit hex key",
+        };
+        if key == "public_key" {
+            if let Some(p) = dev.peers.last_mut() {
+                finish(p, handshake);
+            }
+            handshake = (0, 0);
+            dev.peers
+                .push(PeerState::new(PublicKey(unhex(value).ok_or_else(bad_key)?)));
+            continue;
+        }
+        let Some(peer) = dev.peers.last_mut() else {
+            match key {
+                "private_key" => {
+                    let bytes = Zeroizing::new(unhex(value).ok_or_else(bad_key)?);
+                    if bytes.iter().any(|b| *b != 0) {
+                        dev.public_key = Some(PrivateKey::from_bytes(*bytes).public_key());
+                    }
+                }
+                "listen_port" => dev.listen_port = number(line, value)?,
+                _ => {}
+            }
+            continue;
+        };
+        match key {
+            "endpoint" => {
+                let ep: SocketAddr = value.parse().map_err(|_| Error::Protocol {
+                    line: line.to_string(),
+                    why: "not an address:port",
+                })?;
+                peer.endpoint = Some(ep);
+            }
+            "allowed_ip" => {
+                let ip: IpNet = value.parse().map_err(|_| Error::Protocol {
+                    line: line.to_string(),
+                    why: "not a CIDR",
+                })?;
+                peer.allowed_ips.push(ip);
+            }
+            "persistent_keepalive_interval" => {
+                let k: u16 = number(line, value)?;
+                peer.keepalive_secs = (k != 0).then_some(k);
+            }
+            "last_handshake_time_sec" => handshake.0 = number(line, value)?,
+            "last_handshake_time_nsec" => handshake.1 = number(line, value)?,
+            "rx_bytes" => peer.rx_bytes = number(line, value)?,
+            "tx_bytes" => peer.tx_bytes = number(line, value)?,
+            _ => {}
+        }
+    }
+    if let Some(p) = dev.peers.last_mut() {
+        finish(p, handshake);
+    }
+    Ok(dev)
+}
+
+/// How the device itself (the TUN and the daemon serving its socket, or a kernel link) is made
+/// and removed: netlink and process supervision live in the agent, not in this crate.
+pub trait Link {
+    /// The device exists and is up with this MTU, and its daemon is started. Idempotent.
+    fn ensure(&self, ifname: &str, mtu: u32) -> Result<(), String>;
+    /// The device is gone. Absent is fine.
+    fn remove(&self, ifname: &str) -> Result<(), String>;
+}
+
+/// A [`Tunnel`] over the UAPI socket `<socket_dir>/<ifname>.sock`.
+pub struct UapiTunnel<L> {
+    socket_dir: PathBuf,
+    link: L,
+    timeout: Duration,
+}
+
+impl<L: Link> UapiTunnel<L> {
+    /// A client for sockets under `socket_dir` ([`DEFAULT_SOCKET_DIR`] on a node), each
+    /// exchange bounded by `timeout`.
+    pub fn new(socket_dir: impl Into<PathBuf>, link: L, timeout: Duration) -> Self {
+        Self {
+            socket_dir: socket_dir.into(),
+            link,
+            timeout,
+        }
+    }
+
+    fn socket(&self, ifname: &str) -> Result<PathBuf, Error> {
+        let ok = !ifname.is_empty()
+            && ifname.len() <= 15
+            && !ifname.contains('/')
+            && !ifname.chars().any(char::is_whitespace)
+            && ifname != "."
+            && ifname != "..";
+        if !ok {
+            return Err(Error::BadIfname(ifname.to_string()));
+        }
+        Ok(self.socket_dir.join(format!("{ifname}.sock")))
+    }
+
+    /// Sends `request` and returns the whole answer (up to its final empty line).
+    fn exchange(&self, ifname: &str, request: &str) -> Result<Zeroizing<String>, Error> {
+        let path = self.socket(ifname)?;
+        let io = |op: &'static str, p: &Path| {
+            let path = p.to_path_buf();
+            move |source| Error::Io { op, path, source }
+        };
+        let mut s = UnixStream::connect(&path).map_err(|source| Error::Connect {
+            path: path.clone(),
+            source,
+        })?;
+        s.set_read_timeout(Some(self.timeout))
+            .map_err(io("set timeout", &path))?;
+        s.set_write_timeout(Some(self.timeout))
+            .map_err(io("set timeout", &path))?;
+        s.write_all(request.as_bytes())
+            .map_err(io("write", &path))?;
+        let mut answer = Zeroizing::new(Vec::new());
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).map_err(io("read", &path))?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(buf.get(..n).unwrap_or_default());
+            if answer.len() > MAX_ANSWER {
+                return Err(Error::TooLong);
+            }
+            if is_complete(&answer) {
+                break;
+            }
+        }
+        buf.fill(0);
+        let text = String::from_utf8(answer.to_vec()).map_err(|_| Error::Protocol {
+            line: String::from("<not UTF-8>"),
+            why: "answer is not text",
+        })?;
+        Ok(Zeroizing::new(text))
+    }
+
+    fn set(&self, ifname: &str, request: &str) -> Result<(), tunnel::Error> {
+        Ok(decode_errno(&self.exchange(ifname, request)?)?)
+    }
+}
+
+impl<L: Link> Tunnel for UapiTunnel<L> {
+    /// The link makes the device; then the daemon must answer `get` on its socket.
+    fn ensure_device(&self, ifname: &str, mtu: u32) -> Result<(), tunnel::Error> {
+        self.link
+            .ensure(ifname, mtu)
+            .map_err(|message| tunnel::Error::Link {
+                ifname: ifname.into(),
+                message,
+            })?;
+        self.get(ifname).map(|_| ())
+    }
+
+    fn get(&self, ifname: &str) -> Result<DeviceState, tunnel::Error> {
+        Ok(decode_get(&self.exchange(ifname, GET)?)?)
+    }
+
+    fn set_private_key(&self, ifname: &str, key: &PrivateKey) -> Result<(), tunnel::Error> {
+        self.set(ifname, &encode_set(Some(key), None, &[]))
+    }
+
+    fn set_listen_port(&self, ifname: &str, port: u16) -> Result<(), tunnel::Error> {
+        self.set(ifname, &encode_set(None, Some(port), &[]))
+    }
+
+    fn apply(&self, ifname: &str, changes: &[PeerChange]) -> Result<(), tunnel::Error> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.set(ifname, &encode_set(None, None, changes))
+    }
+
+    fn remove_device(&self, ifname: &str) -> Result<(), tunnel::Error> {
+        self.link
+            .remove(ifname)
+            .map_err(|message| tunnel::Error::Link {
+                ifname: ifname.into(),
+                message,
+            })
+    }
+}
+
+/// How long ago the last handshake was at `now` (for `show` and metrics); None: never, or in
+/// the future (a clock step).
+pub fn handshake_age(last: Option<SystemTime>, now: SystemTime) -> Option<Duration> {
+    last.and_then(|t| now.duration_since(t).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tunnel::fake::apply_to;
+    use crate::tunnel::tests::{net, want as peer};
+    use crate::tunnel::{PeerConfig, diff};
+    use std::os::unix::net::UnixListener;
+    use std::sync::{Arc, Mutex};
+
+    const K1: &str = "0101010101010101010101010101010101010101010101010101010101010101";
+    const K2: &str = "0202020202020202020202020202020202020202020202020202020202020202";
+
+    #[test]
+    fn encode_set_table() {
+        let key = PrivateKey::from_bytes([0xaa; 32]);
+        let cases: Vec<(&str, Zeroizing<String>, String)> = vec![
+            ("empty", encode_set(None, None, &[]), "set=1\n\n".into()),
+            (
+                "key and port",
+                encode_set(Some(&key), Some(51820), &[]),
+                format!(
+                    "set=1\nprivate_key={}\nlisten_port=51820\n\n",
+                    "aa".repeat(32)
+                ),
+            ),
+            (
+                "remove",
+                encode_set(None, None, &[PeerChange::Remove(PublicKey([1; 32]))]),
+                format!("set=1\npublic_key={K1}\nremove=true\n\n"),
+            ),
+            (
+                "upsert v4 with allowed IPs",
+                encode_set(
+                    None,
+                    None,
+                    &[PeerChange::Upsert {
+                        peer: peer(
+                            1,
+                            Some("203.0.113.1:51820"),
+                            &["10.0.1.0/24", "fd00::/64"],
+                            Some(25),
+                        ),
+                        replace_allowed_ips: true,
+                    }],
+                ),
+                format!(
+                    "set=1\npublic_key={K1}\nendpoint=203.0.113.1:51820\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\nallowed_ip=10.0.1.0/24\nallowed_ip=fd00::/64\n\n"
+                ),
+            ),
+            (
+                "upsert v6 endpoint, IPs untouched",
+                encode_set(
+                    None,
+                    None,
+                    &[PeerChange::Upsert {
+                        peer: peer(2, Some("[2001:db8::1]:4000"), &[], None),
+                        replace_allowed_ips: false,
+                    }],
+                ),
+                format!(
+                    "set=1\npublic_key={K2}\nendpoint=[2001:db8::1]:4000\npersistent_keepalive_interval=0\n\n"
+                ),
+            ),
+        ];
+        for (name, got, want) in cases {
+            assert_eq!(got.as_str(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn decode_get_reads_the_spec_example_shape() {
+        let private = PrivateKey::from_bytes([0xaa; 32]);
+        let answer = format!(
+            "private_key={}\nlisten_port=51820\nfwmark=0\npublic_key={K1}\npreshared_key={}\nprotocol_version=1\nendpoint=[2001:db8::9]:51820\nlast_handshake_time_sec=1700000000\nlast_handshake_time_nsec=5\ntx_bytes=38333\nrx_bytes=2224\npersistent_keepalive_interval=25\nallowed_ip=10.0.1.0/24\nallowed_ip=fd00:1::/64\nfuture_key=whatever\npublic_key={K2}\nlast_handshake_time_sec=0\nlast_handshake_time_nsec=0\nallowed_ip=10.0.2.0/24\nerrno=0\n\n",
+            "aa".repeat(32),
+            "00".repeat(32)
+        );
+        let d = decode_get(&answer).unwrap();
+        assert_eq!(d.public_key, Some(private.public_key()));
+        assert_eq!(d.listen_port, 51820);
+        assert_eq!(d.peers.len(), 2);
+        let p = &d.peers[0];
+        assert_eq!(p.public_key, PublicKey([1; 32]));
+        assert_eq!(p.endpoint, Some("[2001:db8::9]:51820".parse().unwrap()));
+        assert_eq!(
+            p.last_handshake,
+            Some(UNIX_EPOCH + Duration::new(1_700_000_000, 5))
+        );
+        assert_eq!((p.tx_bytes, p.rx_bytes), (38333, 2224));
+        assert_eq!(p.keepalive_secs, Some(25));
+        assert_eq!(p.allowed_ips, vec![net("10.0.1.0/24"), net("fd00:1::/64")]);
+        let q = &d.peers[1];
+        assert_eq!(
+            (q.endpoint, q.last_handshake, q.keepalive_secs),
+            (None, None, None)
+        );
+        assert_eq!(q.allowed_ips, vec![net("10.0.2.0/24")]);
+    }
+
+    #[test]
+    fn decode_errors_table() {
+        let cases: &[(&str, &str)] = &[
+            ("errno=0\n\n", "ok"),
+            ("listen_port=1\nerrno=0\n\n", "ok"),
+            ("errno=22\n\n", "errno=22"),
+            ("listen_port=1\n", "truncated"),
+            ("listen_port=x\nerrno=0\n\n", "not a number"),
+            ("garbage\nerrno=0\n\n", "not key=value"),
+            ("public_key=zz\nerrno=0\n\n", "hex"),
+            (
+                concat!(
+                    "public_key=",
+                    "0101010101010101010101010101010101010101010101010101010101010101",
+                    "\nendpoint=host:1\nerrno=0\n\n"
+                ),
+                "address:port",
+            ),
+            (
+                concat!(
+                    "public_key=",
+                    "0101010101010101010101010101010101010101010101010101010101010101",
+                    "\nallowed_ip=10.0.0.0/33\nerrno=0\n\n"
+                ),
+                "CIDR",
+            ),
+        ];
+        for (answer, want) in cases {
+            let got = decode_get(answer);
+            match (*want, got) {
+                ("ok", Ok(_)) => {}
+                (w, Err(e)) => assert!(e.to_string().contains(w), "{answer:?}: {e}"),
+                (w, Ok(d)) => panic!("{answer:?}: expected {w}, got {d:?}"),
+            }
+        }
+        // A bad private key line never quotes the key.
+        let e = decode_get(&format!("private_key={}zz\nerrno=0\n\n", "ab".repeat(31))).unwrap_err();
+        assert!(!e.to_string().contains("abab"), "{e}");
+    }
+
+    #[test]
+    fn answer_is_complete_only_after_errno_and_empty_line() {
+        let cases: &[(&[u8], bool)] = &[
+            (b"errno=0\n\n", true),
+            (b"listen_port=1\nerrno=0\n\n", true),
+            (b"listen_port=1\nerrno=0\n", false),
+            (b"listen_port=1\n\n", false),
+            (b"errno=0\nlisten_port=1\n\n", false),
+            (b"", false),
+        ];
+        for (a, want) in cases {
+            assert_eq!(is_complete(a), *want, "{:?}", String::from_utf8_lossy(a));
+        }
+    }
+
+    #[test]
+    fn handshake_age_is_now_minus_then() {
+        let t = UNIX_EPOCH + Duration::from_secs(100);
+        assert_eq!(
+            handshake_age(Some(t), t + Duration::from_secs(7)),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(handshake_age(None, t), None);
+        assert_eq!(handshake_age(Some(t + Duration::from_secs(1)), t), None);
+    }
+
+    /// A small UAPI server: a device in memory, answering `get` and applying `set` as the
+    /// protocol says; a request with an unknown key is refused with errno=22.
+    struct FakeServer {
+        state: Arc<Mutex<DeviceState>>,
+        requests: Arc<Mutex<Vec<String>>>,
+    }
+
+    fn answer_get(d: &DeviceState) -> String {
+        let mut s = format!("listen_port={}\n", d.listen_port);
+        for p in &d.peers {
+            s.push_str(&format!("public_key={}\n", hex(&p.public_key.0)));
+            if let Some(ep) = p.endpoint {
+                s.push_str(&format!("endpoint={ep}\n"));
+            }
+            s.push_str(&format!(
+                "persistent_keepalive_interval={}\n",
+                p.keepalive_secs.unwrap_or(0)
+            ));
+            s.push_str(
+                "last_handshake_time_sec=0\nlast_handshake_time_nsec=0\ntx_bytes=0\nrx_bytes=0\n",
+            );
+            for ip in &p.allowed_ips {
+                s.push_str(&format!("allowed_ip={ip}\n"));
+            }
+        }
+        s.push_str("errno=0\n\n");
+        s
+    }
+
+    fn apply_set(d: &mut DeviceState, text: &str) -> Result<(), ()> {
+        let mut changes: Vec<PeerChange> = Vec::new();
+        for line in text.lines().skip(1).take_while(|l| !l.is_empty()) {
+            let (k, v) = line.split_once('=').ok_or(())?;
+            let last = changes.last_mut();
+            match (k, last) {
+                ("private_key", _) => {
+                    d.public_key = Some(PrivateKey::from_bytes(unhex(v).ok_or(())?).public_key())
+                }
+                ("listen_port", _) => d.listen_port = v.parse().map_err(|_| ())?,
+                ("public_key", _) => changes.push(PeerChange::Upsert {
+                    peer: PeerConfig {
+                        public_key: PublicKey(unhex(v).ok_or(())?),
+                        endpoint: None,
+                        allowed_ips: vec![],
+                        keepalive_secs: None,
+                    },
+                    replace_allowed_ips: false,
+                }),
+                ("remove", Some(c)) => {
+                    let PeerChange::Upsert { peer, .. } = c else {
+                        return Err(());
+                    };
+                    *c = PeerChange::Remove(peer.public_key);
+                }
+                (
+                    k,
+                    Some(PeerChange::Upsert {
+                        peer,
+                        replace_allowed_ips,
+                    }),
+                ) => match k {
+                    "endpoint" => peer.endpoint = Some(v.parse().map_err(|_| ())?),
+                    "persistent_keepalive_interval" => {
+                        peer.keepalive_secs = Some(v.parse().map_err(|_| ())?)
+                    }
+                    "replace_allowed_ips" => *replace_allowed_ips = true,
+                    "allowed_ip" => peer.allowed_ips.push(v.parse().map_err(|_| ())?),
+                    _ => return Err(()),
+                },
+                _ => return Err(()),
+            }
+        }
+        apply_to(d, &changes);
+        Ok(())
+    }
+
+    impl FakeServer {
+        fn start(path: &Path) -> Self {
+            let listener = UnixListener::bind(path).unwrap();
+            let state = Arc::new(Mutex::new(DeviceState {
+                listen_port: 51820,
+                ..Default::default()
+            }));
+            let requests = Arc::new(Mutex::new(Vec::new()));
+            let (st, rq) = (state.clone(), requests.clone());
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(mut conn) = conn else { return };
+                    let mut req = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !req.ends_with(b"\n\n") {
+                        let Ok(n) = conn.read(&mut buf) else { break };
+                        if n == 0 {
+                            break;
+                        }
+                        req.extend_from_slice(&buf[..n]);
+                    }
+                    let text = String::from_utf8(req).unwrap();
+                    rq.lock().unwrap().push(text.clone());
+                    let mut d = st.lock().unwrap();
+                    let reply = if text.starts_with("get=1\n") {
+                        answer_get(&d)
+                    } else if text.starts_with("set=1\n") && apply_set(&mut d, &text).is_ok() {
+                        "errno=0\n\n".into()
+                    } else {
+                        "errno=22\n\n".into()
+                    };
+                    let _ = conn.write_all(reply.as_bytes());
+                }
+            });
+            Self { state, requests }
+        }
+    }
+
+    #[derive(Default)]
+    struct RecordingLink(Mutex<Vec<String>>);
+
+    impl Link for &RecordingLink {
+        fn ensure(&self, ifname: &str, mtu: u32) -> Result<(), String> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("ensure {ifname} {mtu}"));
+            Ok(())
+        }
+        fn remove(&self, ifname: &str) -> Result<(), String> {
+            self.0.lock().unwrap().push(format!("remove {ifname}"));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn client_converges_a_device_over_the_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = FakeServer::start(&dir.path().join("wgs0.sock"));
+        let link = RecordingLink::default();
+        let t = UapiTunnel::new(dir.path(), &link, Duration::from_secs(60));
+        t.ensure_device("wgs0", 1440).unwrap();
+        assert_eq!(
+            *link.0.lock().unwrap(),
+            vec!["ensure wgs0 1440".to_string()]
+        );
+        let key = PrivateKey::from_bytes([0x42; 32]);
+        t.set_private_key("wgs0", &key).unwrap();
+        t.set_listen_port("wgs0", 51821).unwrap();
+        let desired = vec![
+            peer(1, Some("203.0.113.1:51820"), &["10.0.1.0/24"], Some(25)),
+            peer(2, None, &["10.0.2.0/24", "10.0.3.0/24"], None),
+        ];
+        let changes = diff(&desired, &t.get("wgs0").unwrap());
+        assert_eq!(changes.len(), 2);
+        t.apply("wgs0", &changes).unwrap();
+        let now = t.get("wgs0").unwrap();
+        assert_eq!(now.listen_port, 51821);
+        assert_eq!(
+            server.state.lock().unwrap().public_key,
+            Some(key.public_key())
+        );
+        assert!(diff(&desired, &now).is_empty());
+        // Nothing to change: no request at all.
+        let before = server.requests.lock().unwrap().len();
+        t.apply("wgs0", &diff(&desired, &now)).unwrap();
+        assert_eq!(server.requests.lock().unwrap().len(), before);
+        // One peer gone, one moved endpoint.
+        let desired2 = vec![peer(
+            1,
+            Some("203.0.113.2:51820"),
+            &["10.0.1.0/24"],
+            Some(25),
+        )];
+        t.apply("wgs0", &diff(&desired2, &t.get("wgs0").unwrap()))
+            .unwrap();
+        let last = server.requests.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(
+            last,
+            format!(
+                "set=1\npublic_key={K2}\nremove=true\npublic_key={K1}\nendpoint=203.0.113.2:51820\npersistent_keepalive_interval=25\n\n"
+            )
+        );
+        assert!(diff(&desired2, &t.get("wgs0").unwrap()).is_empty());
+        t.remove_device("wgs0").unwrap();
+        assert_eq!(link.0.lock().unwrap().last().unwrap(), "remove wgs0");
+    }
+
+    #[test]
+    fn client_errors_name_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let _server = FakeServer::start(&dir.path().join("wgs1.sock"));
+        let link = RecordingLink::default();
+        let t = UapiTunnel::new(dir.path(), &link, Duration::from_secs(60));
+        let e = t.get("absent0").unwrap_err().to_string();
+        assert!(e.contains("absent0.sock") && e.contains("daemon"), "{e}");
+        for bad in ["", "../x", "a b", "sixteen-chars-xx"] {
+            assert!(
+                matches!(t.get(bad), Err(tunnel::Error::Uapi(Error::BadIfname(_)))),
+                "{bad:?}"
+            );
+        }
+        // The server refuses a request it does not know: errno surfaces.
+        let e = t.set("wgs1", "set=1\nbogus=1\n\n").unwrap_err();
+        assert!(matches!(e, tunnel::Error::Uapi(Error::Errno(22))), "{e}");
+    }
+}
