@@ -18,8 +18,10 @@ use crate::keys::{PrivateKey, PublicKey};
 /// Errors of a tunnel backend.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The backend's own error (the userspace API's, the kernel's), kept whole: this seam
+    /// names no backend, so that each backend may depend on it and not the other way.
     #[error(transparent)]
-    Uapi(#[from] crate::uapi::Error),
+    Backend(Box<dyn std::error::Error + Send + Sync>),
     #[error("tunnel device {ifname}: {message}")]
     Link { ifname: String, message: String },
     #[error("no tunnel device {ifname}")]

@@ -49,6 +49,12 @@ pub enum Error {
     Errno(i64),
 }
 
+impl From<Error> for tunnel::Error {
+    fn from(e: Error) -> Self {
+        tunnel::Error::Backend(Box::new(e))
+    }
+}
+
 /// True when `answer` ends with its `errno=N` line and the empty line (checks only the tail,
 /// so reading a long answer stays linear).
 fn is_complete(answer: &[u8]) -> bool {
@@ -722,12 +728,15 @@ mod tests {
         assert!(e.contains("absent0.sock") && e.contains("daemon"), "{e}");
         for bad in ["", "../x", "a b", "sixteen-chars-xx"] {
             assert!(
-                matches!(t.get(bad), Err(tunnel::Error::Uapi(Error::BadIfname(_)))),
+                matches!(t.get(bad), Err(tunnel::Error::Backend(b)) if matches!(b.downcast_ref::<Error>(), Some(Error::BadIfname(_)))),
                 "{bad:?}"
             );
         }
         // The server refuses a request it does not know: errno surfaces.
         let e = t.set("wgs1", "set=1\nbogus=1\n\n").unwrap_err();
-        assert!(matches!(e, tunnel::Error::Uapi(Error::Errno(22))), "{e}");
+        assert!(
+            matches!(&e, tunnel::Error::Backend(b) if matches!(b.downcast_ref::<Error>(), Some(Error::Errno(22)))),
+            "{e}"
+        );
     }
 }
