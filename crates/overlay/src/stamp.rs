@@ -547,7 +547,7 @@ mod tests {
     }
 
     #[test]
-    fn a_keeper_gives_back_what_it_stamped_until_something_changes() {
+    fn a_stamp_file_gives_back_what_it_stamped_until_something_changes() {
         let dir = tempfile::tempdir().unwrap();
         let mut k = Fake::node("192.0.2.1/24");
         k.add_link("vtep", "vxlan");
@@ -558,14 +558,14 @@ mod tests {
         let (v, b, u) = (get(&k, "vtep"), get(&k, "br"), get(&k, "eth0"));
         let f = dir.path().join("peers.json");
         std::fs::write(&f, "[1]").unwrap();
-        let keeper = StampFile {
+        let file = StampFile {
             path: dir.path().join("n.stamp"),
             settings: "s".into(),
             peers_file: Some(&f),
         };
         let names = ("vtep", "br");
         assert_eq!(
-            keeper.holding::<u32>(&mut k, names).unwrap(),
+            file.holding::<u32>(&mut k, names).unwrap(),
             None,
             "nothing stamped yet"
         );
@@ -574,11 +574,11 @@ mod tests {
             sysctls: vec![("net/ipv4/ip_forward".into(), "1".into())],
             ..Depends::default()
         };
-        let before = keeper.before();
-        keeper.after(&before, (&v, &b, &u), depends.clone(), 1450u32);
+        let before = file.before();
+        file.after(&before, (&v, &b, &u), depends.clone(), 1450u32);
         k.queries.clear();
         assert_eq!(
-            keeper.holding::<u32>(&mut k, names).unwrap(),
+            file.holding::<u32>(&mut k, names).unwrap(),
             Some((1450, b.clone()))
         );
         // The bridge's addresses and the sysctl are read; the VTEP's, which the stamp does
@@ -591,16 +591,16 @@ mod tests {
             ]
         );
         k.sysctls.insert("net/ipv4/ip_forward".into(), "0".into());
-        assert_eq!(keeper.holding::<u32>(&mut k, names).unwrap(), None);
+        assert_eq!(file.holding::<u32>(&mut k, names).unwrap(), None);
         k.sysctls.insert("net/ipv4/ip_forward".into(), "1".into());
         // The same size, rewritten at once (possibly in the same clock tick): the content tells.
         std::fs::write(&f, "[2]").unwrap();
-        assert_eq!(keeper.holding::<u32>(&mut k, names).unwrap(), None);
+        assert_eq!(file.holding::<u32>(&mut k, names).unwrap(), None);
         // A peers file that could not be read is never stamped.
         let missing = dir.path().join("missing.json");
         let gone = StampFile {
             peers_file: Some(&missing),
-            ..keeper
+            ..file
         };
         let before = gone.before();
         assert_eq!(before, Some(None));

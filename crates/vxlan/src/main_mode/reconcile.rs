@@ -80,7 +80,7 @@ pub(crate) fn for_pod(k: &mut impl Kernel, cfg: &Config) -> Result<ForPod, Error
 /// a full reconcile is needed. DEL, CHECK and GC take this node's subnets from it too, so
 /// none of them reads the peer list while it holds.
 pub fn stamped(k: &mut impl Kernel, cfg: &Config) -> Result<Option<ForPod>, Error> {
-    let held = keeper(cfg).holding(k, (&cfg.vtep_name, &cfg.bridge))?;
+    let held = stamp_file(cfg).holding(k, (&cfg.vtep_name, &cfg.bridge))?;
     Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
 }
 
@@ -104,7 +104,7 @@ fn ready_of(node: &LocalNode) -> Ready {
 
 /// The network's stamp: `<stateDir>/<network>.stamp`, checked against the settings that shape
 /// the node's programming (not those of one pod: IPAM, the default route, hairpin).
-fn keeper(cfg: &Config) -> stamp::StampFile<'_> {
+fn stamp_file(cfg: &Config) -> stamp::StampFile<'_> {
     let shaping = format!(
         "{:?} {:?}",
         (
@@ -135,8 +135,8 @@ fn keeper(cfg: &Config) -> stamp::StampFile<'_> {
 
 /// Read, plan, apply; then stamp what it left. The caller holds the lock.
 fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
-    let keeper = keeper(cfg);
-    let before = keeper.before();
+    let stamp_file = stamp_file(cfg);
+    let before = stamp_file.before();
     let seen = Observed::read(k, cfg)?;
     let peers = node::peer_list(cfg)?;
     // The file that was used is kept for when it cannot be: here, under the lock, in the
@@ -147,7 +147,7 @@ fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let plan = plan::plan(cfg, &node, &seen).map_err(|e| name_device(k, e))?;
     let Devices { vtep, bridge } = apply::apply(k, cfg, &plan, &seen)?;
     let depends = depends_of(&node, &plan);
-    keeper.after(
+    stamp_file.after(
         &before,
         (&vtep, &bridge, &node.underlay),
         depends,

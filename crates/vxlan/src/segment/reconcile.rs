@@ -44,7 +44,7 @@ pub struct ForPod {
 
 /// The segment's stamp: `<stateDir>/<network>.segment.stamp`, checked against the whole
 /// config (the IPAM section included: the stamp keeps its ranges cut).
-fn keeper(cfg: &Config) -> stamp::StampFile<'_> {
+fn stamp_file(cfg: &Config) -> stamp::StampFile<'_> {
     stamp::StampFile {
         path: cfg.state_dir.join(format!("{}.segment.stamp", cfg.name)),
         settings: stamp::hash(format!("{cfg:?}").as_bytes()),
@@ -64,15 +64,15 @@ fn ranges_of(cfg: &Config, node: &SegmentNode) -> Result<Option<Value>, Error> {
 /// cannot be cut (two nodes on one slot) is an error once the devices are programmed, and
 /// nothing is stamped: every ADD looks again.
 fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(SegmentNode, ForPod), Error> {
-    let keeper = keeper(cfg);
-    let before = keeper.before();
+    let stamp_file = stamp_file(cfg);
+    let before = stamp_file.before();
     let peers = node::peer_list(cfg)?;
     // The file that was used is kept for when it cannot be: here, under the lock, in the
     // open (working the node out only reads).
     peers.keep_last_good(&cfg.last_good_peers_path());
     let node = node::resolve(k, cfg, &peers)?;
     let Devices { bridge, vxlan } = datapath::ensure(k, cfg, &node)?;
-    let ranges = ranges_of(cfg, &node).inspect_err(|_| keeper.forget())?;
+    let ranges = ranges_of(cfg, &node).inspect_err(|_| stamp_file.forget())?;
     let ready = Ready {
         local_ip: node.local_ip,
         mtu: node.mtu,
@@ -80,7 +80,7 @@ fn full<K: Kernel>(k: &mut K, cfg: &Config) -> Result<(SegmentNode, ForPod), Err
     };
     // A segment carries frames: no address or sysctl of the node's is on its pods' way.
     let depends = stamp::Depends::default();
-    keeper.after(
+    stamp_file.after(
         &before,
         (&vxlan, &bridge, &node.underlay),
         depends,
@@ -102,7 +102,7 @@ pub(crate) fn for_pod<K: Kernel>(k: &mut K, cfg: &Config) -> Result<ForPod, Erro
 /// What the last full reconcile's stamp says, if it still holds; `None` when a full
 /// reconcile is needed.
 pub fn stamped<K: Kernel>(k: &mut K, cfg: &Config) -> Result<Option<ForPod>, Error> {
-    let held = keeper(cfg).holding(k, (&cfg.vxlan(), &cfg.bridge()))?;
+    let held = stamp_file(cfg).holding(k, (&cfg.vxlan(), &cfg.bridge()))?;
     Ok(held.map(|(ready, bridge)| ForPod { ready, bridge }))
 }
 
