@@ -246,6 +246,9 @@ struct State {
     user_agents: Vec<String>,
     /// Every request's method and target, as the client sent them.
     requests: Vec<String>,
+    /// The source address of every connection accepted, as the server saw it (behind a NAT:
+    /// the router's).
+    clients: Vec<SocketAddr>,
 }
 
 struct Shared {
@@ -348,7 +351,8 @@ impl ApiServer {
         self.accept = Some(std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
                 match listener.accept() {
-                    Ok((conn, _)) => {
+                    Ok((conn, peer)) => {
+                        shared.state.lock().unwrap().clients.push(peer);
                         let (shared, tls, token) = (shared.clone(), tls.clone(), token.clone());
                         std::thread::spawn(move || {
                             let _ = conn.set_nonblocking(false);
@@ -546,6 +550,11 @@ impl ApiServer {
     /// Every request so far, as `METHOD target` (the target as sent: path and query).
     pub fn requests(&self) -> Vec<String> {
         self.shared.state.lock().unwrap().requests.clone()
+    }
+
+    /// The source address of every connection accepted so far, oldest first.
+    pub fn clients(&self) -> Vec<SocketAddr> {
+        self.shared.state.lock().unwrap().clients.clone()
     }
 
     pub fn user_agents(&self) -> Vec<String> {
@@ -1189,11 +1198,23 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
-        let err = std::fs::File::create(&log).expect("agent log");
         // STICKY_AGENT_BIN runs another build instead (to see a test fail on an older agent).
         let bin = std::env::var("STICKY_AGENT_BIN").unwrap_or_else(|_| bin.to_string());
+        Agent::spawn(&bin, netns, log, args, env)
+    }
+
+    /// Runs exactly `bin` (no `STICKY_AGENT_BIN`) inside `netns`, its stderr into `log`: for
+    /// a daemon beside the agent (sticky-wg), or the agent as [`Agent::start_env`] chose it.
+    pub fn spawn(
+        bin: &str,
+        netns: &str,
+        log: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
+        let err = std::fs::File::create(&log).expect("agent log");
         let child = std::process::Command::new("ip")
-            .args(["netns", "exec", netns, &bin])
+            .args(["netns", "exec", netns, bin])
             .args(args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")

@@ -7,10 +7,12 @@
 //! - [`vxlan_support`]: the netns topology of the sticky-vxlan tests (underlay, nodes, pods);
 //! - [`kube_support`]: a fake Kubernetes API server and the agent process;
 //! - [`agent_support`]: a cluster of nodes each running the agent;
-//! - [`cnitool_support`]: libcni's `cnitool`, as a runtime.
+//! - [`cnitool_support`]: libcni's `cnitool`, as a runtime;
+//! - [`sites_support`]: three sites behind NAT routers joined by an "internet" (issue 28).
 
 pub mod agent_support;
 pub mod cnitool_support;
 pub mod kube_support;
+pub mod sites_support;
 pub mod support;
 pub mod vxlan_support;

@@ -167,7 +167,8 @@ impl Topo {
         p
     }
 
-    fn add_ns(&mut self, name: &str) {
+    /// A namespace of this topology (loopback up), deleted with it.
+    pub fn add_ns(&mut self, name: &str) {
         ok(&["ip", "netns", "add", name]);
         self.namespaces.push(name.to_string());
         ok(&["ip", "-n", name, "link", "set", "lo", "up"]);

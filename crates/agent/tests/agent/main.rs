@@ -8,3 +8,4 @@ mod health;
 mod hostile;
 mod kubectl;
 mod proxy;
+mod sites;
