@@ -113,6 +113,7 @@ mod tests {
         ips.iter()
             .enumerate()
             .map(|(i, ip)| Peer {
+                carries: Vec::new(),
                 ip: ip.parse().unwrap(),
                 subnets: vec![format!("10.244.{i}.0/24").parse().unwrap()],
                 mac: None,

@@ -209,6 +209,7 @@ mod tests {
 
     fn peer(n: u8) -> Peer {
         Peer {
+            carries: Vec::new(),
             ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, n)),
             subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
             mac: None,
@@ -278,6 +279,7 @@ mod tests {
     #[test]
     fn ipv6_peers_count_the_same_a_changed_mac_included() {
         let six = |n: u8, mac: Option<[u8; 6]>| Peer {
+            carries: Vec::new(),
             ip: format!("2001:db8::{n}").parse().unwrap(),
             subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
             mac,
@@ -358,6 +360,7 @@ mod tests {
 
     fn peer_at(n: u8, cidr: u8) -> Peer {
         Peer {
+            carries: Vec::new(),
             ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, n)),
             subnets: vec![format!("10.244.{cidr}.0/24").parse().unwrap()],
             mac: None,

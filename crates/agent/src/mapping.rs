@@ -200,7 +200,12 @@ pub fn node_entry(node: &Node, family: Family) -> Result<PeerEntry, Skip> {
     subnets.sort_by_key(|s| s.addr().is_ipv6());
     let mac = flannel_mac(node, family)?;
     let ip = underlay(node, mac.is_some(), family)?;
-    Ok(PeerEntry { ip, subnets, mac })
+    Ok(PeerEntry {
+        carries: Vec::new(),
+        ip,
+        subnets,
+        mac,
+    })
 }
 
 /// The peers file's text for `peers`: a JSON list, sorted by underlay address, one entry
@@ -211,6 +216,7 @@ pub fn file_text(peers: &[Peer]) -> Vec<u8> {
     let mut out = b"[\n".to_vec();
     for (i, p) in sorted.iter().enumerate() {
         let entry = PeerEntry {
+            carries: Vec::new(),
             ip: p.ip,
             subnets: p.subnets.clone(),
             mac: p.mac.map(|m| sticky_netlink::link::format_mac(&m)),
@@ -602,6 +608,7 @@ mod tests {
 
     fn peer(n: u8) -> Peer {
         Peer {
+            carries: Vec::new(),
             ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, n)),
             subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
             mac: None,
@@ -630,6 +637,7 @@ mod tests {
     #[test]
     fn ipv6_changes_are_described_with_the_address_and_the_mac() {
         let six = |last: u8, mac: Option<[u8; 6]>| Peer {
+            carries: Vec::new(),
             ip: ip(&format!("2001:db8::{last}")),
             subnets: vec![
                 format!("10.244.{last}.0/24").parse().unwrap(),

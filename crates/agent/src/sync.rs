@@ -435,6 +435,7 @@ mod tests {
         let mut k = keeper(dir.path());
         let held: Vec<Peer> = (1..=4u8)
             .map(|n| Peer {
+                carries: Vec::new(),
                 ip: std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, n)),
                 subnets: vec![format!("10.244.{n}.0/24").parse().unwrap()],
                 mac: None,

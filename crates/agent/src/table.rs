@@ -172,6 +172,7 @@ pub fn named_ips(e: &peers::Error) -> Vec<IpAddr> {
         | E::HostBits { ip, .. }
         | E::TooSmall { ip, .. }
         | E::BadMac { ip, .. }
+        | E::Carries { ip, .. }
         | E::Twice { ip }
         | E::UnderlayEdge { ip, .. } => vec![*ip],
         E::HoldsUnderlay { ip, holder, .. } => vec![*ip, *holder],
@@ -240,6 +241,7 @@ mod tests {
 
     fn entry(ip: &str, subnets: &[&str]) -> Mapped {
         Ok(PeerEntry {
+            carries: Vec::new(),
             ip: ip.parse().unwrap(),
             subnets: subnets.iter().map(|s| s.parse().unwrap()).collect(),
             mac: None,

@@ -45,6 +45,7 @@ impl From<crate::Error> for CniError {
             | E::UnderlayNotNamed { .. }
             | E::NoLocalEntry { .. }
             | E::MtuTooLarge { .. }
+            | E::MtuAboveWan { .. }
             | E::ForeignAddress { .. }
             | E::ForeignGateway { .. } => NODE,
             E::VniTaken { .. }

@@ -316,6 +316,7 @@ pub fn conf(extra: Value) -> Config {
 
 pub fn peer(ip: &str, subnet: &str) -> Peer {
     Peer {
+        carries: Vec::new(),
         ip: ip.parse().unwrap(),
         subnets: vec![subnet.parse().unwrap()],
         mac: None,

@@ -148,6 +148,15 @@ pub enum Error {
         underlay: u32,
         device: String,
     },
+    #[error(
+        "mtu {mtu} is larger than the tunnel between sites allows ({max} = sites.wanMtu {wan_mtu} - {overhead} of WireGuard)"
+    )]
+    MtuAboveWan {
+        mtu: u32,
+        max: u32,
+        wan_mtu: u32,
+        overhead: u32,
+    },
     #[error(transparent)]
     Socket(#[from] netlink::socket::Error),
     #[error(transparent)]

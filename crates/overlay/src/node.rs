@@ -149,23 +149,46 @@ impl LocalNode {
 }
 
 /// The MTU of the overlay devices over `underlay` whose address is `local`: `wanted`, or the
-/// underlay's MTU − 50 (VXLAN over IPv4) or − 70 (over IPv6); larger than that is an error.
-pub fn mtu_for(underlay: &Link, local: IpAddr, wanted: Option<u32>) -> Result<u32, Error> {
+/// underlay's MTU − 50 (VXLAN over IPv4) or − 70 (over IPv6), and with sites no more than
+/// `wan_mtu` − 60 (WireGuard over IPv4) or − 80 (over IPv6; the WAN is taken to be of the
+/// underlay's family): a full-size pod packet then crosses the LAN in VXLAN and the WAN in the
+/// tunnel whole (docs/sites.md, "MTU"). A `wanted` larger than either is an error.
+pub fn mtu_for(
+    underlay: &Link,
+    local: IpAddr,
+    wanted: Option<u32>,
+    wan_mtu: Option<u32>,
+) -> Result<u32, Error> {
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
-    let overhead = match local {
-        IpAddr::V4(_) => IPV4_OVERHEAD,
-        IpAddr::V6(_) => IPV6_OVERHEAD,
+    let (overhead, family) = match local {
+        IpAddr::V4(_) => (IPV4_OVERHEAD, sticky_sites::mtu::Family::V4),
+        IpAddr::V6(_) => (IPV6_OVERHEAD, sticky_sites::mtu::Family::V6),
     };
     let max = underlay_mtu.saturating_sub(overhead);
-    match wanted {
-        Some(m) if m > max => Err(Error::MtuTooLarge {
+    if let Some(m) = wanted
+        && m > max
+    {
+        return Err(Error::MtuTooLarge {
             mtu: m,
             max,
             underlay: underlay_mtu,
             device: underlay.name.clone(),
+        });
+    }
+    let Some(wan_mtu) = wan_mtu else {
+        return Ok(wanted.unwrap_or(max));
+    };
+    let wg = family.wireguard_overhead();
+    let wan_max = wan_mtu.saturating_sub(wg);
+    match wanted {
+        Some(m) if m > wan_max => Err(Error::MtuAboveWan {
+            mtu: m,
+            max: wan_max,
+            wan_mtu,
+            overhead: wg,
         }),
         Some(m) => Ok(m),
-        None => Ok(max),
+        None => Ok(max.min(wan_max)),
     }
 }
 
@@ -245,7 +268,12 @@ pub(crate) fn identify(
     // Every other entry matching one of this node's addresses would also be "this node".
     peers::split_local(all, &node_addrs)?;
     check_underlay_edges(seen, &underlay, &remote)?;
-    let mtu = mtu_for(&underlay, local_ip, cfg.mtu)?;
+    let mtu = mtu_for(
+        &underlay,
+        local_ip,
+        cfg.mtu,
+        cfg.sites.as_ref().map(|s| s.wan_mtu),
+    )?;
     Ok(LocalNode {
         local_ip,
         underlay,
@@ -697,6 +725,32 @@ mod tests {
             refusal("192.0.2.0", "192.0.2.1/24"),
             Some("the network address")
         );
+    }
+
+    #[test]
+    fn with_sites_the_mtu_leaves_room_for_the_tunnel() {
+        let link = |mtu| Link {
+            mtu: Some(mtu),
+            ..Fake::node("192.0.2.1/24").seen.links[0].clone()
+        };
+        let v4: IpAddr = "192.0.2.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        // (underlay MTU, address, wanted, wanMtu) -> MTU
+        assert_eq!(mtu_for(&link(1500), v4, None, None).unwrap(), 1450);
+        assert_eq!(mtu_for(&link(1500), v4, None, Some(1500)).unwrap(), 1440);
+        assert_eq!(mtu_for(&link(1500), v6, None, Some(1500)).unwrap(), 1420);
+        assert_eq!(mtu_for(&link(9000), v4, None, Some(1492)).unwrap(), 1432);
+        assert_eq!(
+            mtu_for(&link(1400), v4, None, Some(1500)).unwrap(),
+            1350,
+            "LAN bound"
+        );
+        assert_eq!(
+            mtu_for(&link(1500), v4, Some(1400), Some(1500)).unwrap(),
+            1400
+        );
+        let err = mtu_for(&link(1500), v4, Some(1450), Some(1500)).unwrap_err();
+        assert!(matches!(err, Error::MtuAboveWan { max: 1440, .. }), "{err}");
     }
 
     #[test]

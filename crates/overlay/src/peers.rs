@@ -25,6 +25,10 @@ pub struct PeerEntry {
     pub subnets: Vec<IpNet>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    /// Other sites' pod subnets this peer (its site's active gateway) carries: routed to it
+    /// as its own subnets are (docs/sites.md). Written by the agent; empty without sites.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub carries: Vec<IpNet>,
 }
 
 /// A checked peer: underlay address (IPv4 or IPv6, one family per network), pod subnets (one
@@ -35,6 +39,28 @@ pub struct Peer {
     pub ip: IpAddr,
     pub subnets: Vec<IpNet>,
     pub mac: Option<[u8; 6]>,
+    /// Other sites' pod subnets routed through this peer (see [`PeerEntry::carries`]): each
+    /// of a family of one of its `subnets` (that subnet's network address is the next hop).
+    pub carries: Vec<IpNet>,
+}
+
+impl Peer {
+    /// Its own subnets, then those it carries for other sites: every subnet routed to it.
+    pub fn routed(&self) -> impl Iterator<Item = &IpNet> {
+        self.subnets.iter().chain(&self.carries)
+    }
+
+    /// The next hop of `dst` through this peer's VTEP: the network address of its own subnet
+    /// of `dst`'s family (for its own subnets, that subnet's own network address).
+    pub fn next_hop(&self, dst: &IpNet) -> Option<IpAddr> {
+        if self.subnets.contains(dst) {
+            return Some(dst.network());
+        }
+        self.subnets
+            .iter()
+            .find(|s| s.addr().is_ipv4() == dst.addr().is_ipv4())
+            .map(IpNet::network)
+    }
 }
 
 /// Why a peer list cannot be used. Each names the peer (and the subnet or MAC) at fault.
@@ -56,6 +82,14 @@ pub enum Error {
     TooSmall { ip: IpAddr, subnet: IpNet },
     #[error("peer {ip} mac {mac:?} is not a unicast MAC like 0a:01:c0:00:02:01")]
     BadMac { ip: IpAddr, mac: String },
+    #[error(
+        "peer {ip} carries {subnet}, {why}: a carried subnet is another site's pod subnet, routed through this peer's own subnet of its family"
+    )]
+    Carries {
+        ip: IpAddr,
+        subnet: IpNet,
+        why: &'static str,
+    },
     #[error("peer {ip} is listed twice with different settings")]
     Twice { ip: IpAddr },
     #[error(
@@ -199,10 +233,29 @@ pub fn check_entry(e: &PeerEntry) -> Result<Peer, Error> {
             }
         },
     };
+    for &subnet in &e.carries {
+        let why = if subnet.trunc() != subnet {
+            Some("which has host bits set")
+        } else if !e
+            .subnets
+            .iter()
+            .any(|s| s.addr().is_ipv4() == subnet.addr().is_ipv4())
+        {
+            Some("of a family none of its own subnets has")
+        } else if e.carries.iter().filter(|c| **c == subnet).count() > 1 {
+            Some("listed twice")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(Error::Carries { ip, subnet, why });
+        }
+    }
     Ok(Peer {
         ip,
         subnets: e.subnets.clone(),
         mac,
+        carries: e.carries.clone(),
     })
 }
 
@@ -273,7 +326,7 @@ impl Claims {
                 holder: peer.ip,
             });
         }
-        for &subnet in &peer.subnets {
+        for &subnet in peer.routed() {
             // An underlay address already held inside one of its subnets, or its own.
             if let Some(&holder) = self.ips.range(subnet.network()..=subnet.broadcast()).next() {
                 return Some(Error::HoldsUnderlay {
@@ -306,7 +359,7 @@ impl Claims {
     /// Records what `peer` holds (after [`Claims::conflict`] said it may).
     pub fn insert(&mut self, peer: &Peer) {
         self.ips.insert(peer.ip);
-        for subnet in &peer.subnets {
+        for subnet in peer.routed() {
             self.subnets.insert(subnet_key(subnet), peer.ip);
         }
     }
@@ -314,7 +367,7 @@ impl Claims {
     /// Forgets what `peer` holds.
     pub fn remove(&mut self, peer: &Peer) {
         self.ips.remove(&peer.ip);
-        for subnet in &peer.subnets {
+        for subnet in peer.routed() {
             if self.subnets.get(&subnet_key(subnet)) == Some(&peer.ip) {
                 self.subnets.remove(&subnet_key(subnet));
             }
@@ -544,8 +597,48 @@ mod tests {
     #[allow(unused_imports)]
     use std::net::{IpAddr, Ipv4Addr};
 
+    #[test]
+    fn carried_subnets_are_checked_and_claimed_like_own_ones() {
+        let entry = |carries: &[&str]| PeerEntry {
+            ip: "192.0.2.2".parse().unwrap(),
+            subnets: vec!["10.244.2.0/24".parse().unwrap()],
+            mac: None,
+            carries: carries.iter().map(|s| s.parse().unwrap()).collect(),
+        };
+        let ok = check_entry(&entry(&["198.18.21.0/24"])).unwrap();
+        assert_eq!(ok.carries, vec!["198.18.21.0/24".parse::<IpNet>().unwrap()]);
+        assert_eq!(
+            ok.next_hop(&"198.18.21.0/24".parse().unwrap()),
+            Some("10.244.2.0".parse().unwrap())
+        );
+        for (bad, why) in [
+            (&["198.18.21.1/24"][..], "host bits"),
+            (&["fd00:21::/64"][..], "family"),
+            (&["198.18.21.0/24", "198.18.21.0/24"][..], "twice"),
+        ] {
+            let err = check_entry(&entry(bad)).unwrap_err();
+            assert!(
+                matches!(&err, Error::Carries { .. }) && err.to_string().contains(why),
+                "{bad:?}: {err}"
+            );
+        }
+        // A carried subnet overlapping another peer's own subnet is an overlap.
+        let gw = ok.clone();
+        let other = peer("192.0.2.3", &["198.18.21.0/25"]);
+        assert!(matches!(merge(&[gw], &[other]), Err(Error::Overlap { .. })));
+        // JSON: written only when present, read back.
+        let text = serde_json::to_string(&entry(&["198.18.21.0/24"])).unwrap();
+        assert!(text.contains("\"carries\":[\"198.18.21.0/24\"]"), "{text}");
+        assert!(
+            !serde_json::to_string(&entry(&[]))
+                .unwrap()
+                .contains("carries")
+        );
+    }
+
     fn peer(ip: &str, subnets: &[&str]) -> Peer {
         Peer {
+            carries: Vec::new(),
             ip: ip.parse().unwrap(),
             subnets: subnets.iter().map(|s| s.parse().unwrap()).collect(),
             mac: None,
@@ -631,6 +724,7 @@ mod tests {
             .map(|i| {
                 let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i + 1);
                 Peer {
+                    carries: Vec::new(),
                     ip: ip.into(),
                     subnets: vec![IpNet::V4(
                         ipnet::Ipv4Net::new(Ipv4Addr::from((10u32 << 24) + (i << 8)), 24).unwrap(),
@@ -682,6 +776,7 @@ mod tests {
             "::ffff:192.0.2.1",
         ] {
             let entry = PeerEntry {
+                carries: Vec::new(),
                 ip: ip.parse().unwrap(),
                 subnets: vec!["10.244.9.0/24".parse().unwrap()],
                 mac: None,

@@ -59,9 +59,11 @@ pub enum Step {
         ip: IpAddr,
         mac: [u8; 6],
     },
-    /// `<dst> via <dst's network address> dev <VTEP> onlink proto 118`.
+    /// `<dst> via <via> dev <VTEP> onlink proto 118`: `via` is the network address of the
+    /// peer's own subnet of `dst`'s family (`dst`'s own for a peer's own subnet).
     ReplaceRoute {
         dst: IpNet,
+        via: std::net::IpAddr,
     },
     DeleteRoute(Route),
     /// A pod's host end of this network back on the bridge (made again: deleting a bridge

@@ -129,9 +129,9 @@ pub fn apply(
                 let index = r.vtep_index(k)?;
                 entries.push(EntryWrite::DeleteNeighbour(neighbour(index, *ip, *mac)));
             }
-            Step::ReplaceRoute { dst } => {
+            Step::ReplaceRoute { dst, via } => {
                 let index = r.vtep_index(k)?;
-                entries.push(EntryWrite::ReplaceRoute(route_for(*dst, index)));
+                entries.push(EntryWrite::ReplaceRoute(route_for(*dst, *via, index)));
             }
             Step::DeleteRoute(route) => entries.push(EntryWrite::DeleteRoute(route.clone())),
             Step::Reattach { link, hairpin } => {

@@ -49,8 +49,9 @@ pub(crate) struct Desired {
     pub fdb: Vec<([u8; 6], IpAddr)>,
     /// (peer subnet network address, peer VTEP MAC).
     pub neighbours: Vec<(IpAddr, [u8; 6])>,
-    /// Peer subnets, each routed via its network address onlink through the VTEP.
-    pub routes: Vec<IpNet>,
+    /// Peer subnets (their own, and those a site gateway carries), each routed onlink through
+    /// the VTEP via the network address of the peer's own subnet of its family.
+    pub routes: Vec<(IpNet, IpAddr)>,
     /// This node's own `/32`s on the VTEP (the network address of each IPv4 subnet).
     pub own: Vec<IpNet>,
     /// The bridge's gateway addresses (first address of each local subnet, with its prefix).
@@ -65,7 +66,11 @@ pub(crate) fn desired(vni: u32, node: &LocalNode) -> Desired {
         d.fdb.push((mac, p.ip));
         for s in &p.subnets {
             d.neighbours.push((s.network(), mac));
-            d.routes.push(*s);
+        }
+        for s in p.routed() {
+            if let Some(via) = p.next_hop(s) {
+                d.routes.push((*s, via));
+            }
         }
     }
     (d.own, d.gateways) = local_addresses(node);
@@ -92,11 +97,11 @@ pub(crate) fn local_addresses(node: &LocalNode) -> (Vec<IpNet>, Vec<IpNet>) {
     (own, gateways)
 }
 
-/// The route [`Step::ReplaceRoute`] installs for `dst` through the VTEP `vtep`.
-pub(crate) fn route_for(dst: IpNet, vtep: u32) -> Route {
+/// The route [`Step::ReplaceRoute`] installs for `dst` via `via` through the VTEP `vtep`.
+pub(crate) fn route_for(dst: IpNet, via: IpAddr, vtep: u32) -> Route {
     Route {
         dst,
-        gateway: Some(dst.network()),
+        gateway: Some(via),
         oif: Some(vtep),
         onlink: true,
         protocol: ROUTE_PROTOCOL,
@@ -174,7 +179,7 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
         routes_by_dst.entry(r.dst).or_default().push(r);
     }
     let seen_routes: HashSet<&Route> = seen.routes.iter().collect();
-    let want_routes: HashSet<IpNet> = want.routes.iter().copied().collect();
+    let want_routes: HashMap<IpNet, IpAddr> = want.routes.iter().copied().collect();
     let want_neighbours: HashSet<(IpAddr, [u8; 6])> = want.neighbours.iter().copied().collect();
     let have_fdb_set: HashSet<([u8; 6], IpAddr)> =
         have_fdb.iter().map(|f| (f.mac, f.dst)).collect();
@@ -185,7 +190,7 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
         .collect();
 
     // A peer subnet already routed through a device that is not ours: someone else's route.
-    for dst in &want.routes {
+    for (dst, _) in &want.routes {
         let on_dst = routes_by_dst
             .get(dst)
             .map(Vec::as_slice)
@@ -235,8 +240,9 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
             if r.protocol == ROUTE_PROTOCOL
                 && vtep_index.is_some()
                 && r.oif == vtep_index
-                && !(want_routes.contains(&r.dst)
-                    && vtep_index.is_some_and(|i| route_for(r.dst, i) == *r))
+                && !want_routes
+                    .get(&r.dst)
+                    .is_some_and(|&via| vtep_index.is_some_and(|i| route_for(r.dst, via, i) == *r))
             {
                 steps.push(Step::DeleteRoute(r.clone()));
             }
@@ -278,10 +284,10 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
             steps.push(Step::ReplaceNeighbour { ip, mac });
         }
     }
-    for &dst in &want.routes {
-        let there = vtep_index.is_some_and(|i| seen_routes.contains(&route_for(dst, i)));
+    for &(dst, via) in &want.routes {
+        let there = vtep_index.is_some_and(|i| seen_routes.contains(&route_for(dst, via, i)));
         if !there {
-            steps.push(Step::ReplaceRoute { dst });
+            steps.push(Step::ReplaceRoute { dst, via });
         }
     }
 
@@ -391,7 +397,7 @@ mod tests {
         assert_eq!(d.fdb[1].0, [2, 0x42, 0, 0, 0, 4], "explicit mac wins");
         assert_eq!(d.routes.len(), 3);
         assert_eq!(
-            route_for(d.routes[0], 9).to_string(),
+            route_for(d.routes[0].0, d.routes[0].1, 9).to_string(),
             "10.244.2.0/24 via 10.244.2.0 dev #9 onlink proto 118"
         );
         assert_eq!(d.neighbours[1].0, "fd00:2::".parse::<IpAddr>().unwrap());
@@ -430,7 +436,8 @@ mod tests {
             }));
         assert!(has(&p, |s| *s
             == Step::ReplaceRoute {
-                dst: net("10.244.2.0/24")
+                dst: net("10.244.2.0/24"),
+                via: "10.244.2.0".parse().unwrap(),
             }));
         assert!(has(
             &p,
@@ -498,7 +505,8 @@ mod tests {
         );
         assert!(has(&p, |s| *s
             == Step::ReplaceRoute {
-                dst: net("10.244.2.0/24")
+                dst: net("10.244.2.0/24"),
+                via: "10.244.2.0".parse().unwrap(),
             }));
     }
 
@@ -677,6 +685,56 @@ mod tests {
     }
 
     #[test]
+    fn other_sites_subnets_a_gateway_carries_are_routed_through_it_and_removed_with_it() {
+        let (cfg, mut node, mut k) = setup();
+        // 192.0.2.2 is its site's gateway: it carries two other sites' pod subnets.
+        node.remote[0].carries = vec![net("198.18.21.0/24"), net("198.18.22.0/24")];
+        let p = reconcile(&cfg, &node, &mut k).unwrap();
+        for dst in ["198.18.21.0/24", "198.18.22.0/24"] {
+            assert!(
+                has(&p, |s| *s
+                    == Step::ReplaceRoute {
+                        dst: net(dst),
+                        via: "10.244.2.0".parse().unwrap(),
+                    }),
+                "{dst} is routed via the gateway's own subnet: {p:?}"
+            );
+        }
+        assert!(
+            !has(
+                &p,
+                |s| matches!(s, Step::ReplaceNeighbour { ip, .. } if ip.to_string().starts_with("198.18."))
+            ),
+            "a carried subnet needs no neighbour of its own: {p:?}"
+        );
+        assert!(only_always_steps(&reconcile(&cfg, &node, &mut k).unwrap()));
+        // One site gone: its route goes, the other stays.
+        node.remote[0].carries.pop();
+        let p = reconcile(&cfg, &node, &mut k).unwrap();
+        assert!(has(
+            &p,
+            |s| matches!(s, Step::DeleteRoute(r) if r.dst == net("198.18.22.0/24"))
+        ));
+        assert!(!has(
+            &p,
+            |s| matches!(s, Step::DeleteRoute(r) if r.dst == net("198.18.21.0/24"))
+        ));
+        // The carrier changes (another gateway): the route moves to it.
+        node.remote[0].carries.clear();
+        node.remote.push(Peer {
+            carries: vec![net("198.18.21.0/24")],
+            ..peer("192.0.2.3", "10.244.3.0/24")
+        });
+        let p = reconcile(&cfg, &node, &mut k).unwrap();
+        assert!(has(&p, |s| *s
+            == Step::ReplaceRoute {
+                dst: net("198.18.21.0/24"),
+                via: "10.244.3.0".parse().unwrap(),
+            }));
+        assert!(only_always_steps(&reconcile(&cfg, &node, &mut k).unwrap()));
+    }
+
+    #[test]
     fn a_bad_peers_file_removes_nothing_and_keeps_programmed_peers_allowed() {
         let cfg = conf(json!({"peerOnlyPort": true}));
         let (_, mut node, mut k) = setup();
@@ -744,6 +802,7 @@ mod tests {
         let route = position(&p, |s| {
             *s == Step::ReplaceRoute {
                 dst: net("10.244.1.0/24"),
+                via: "10.244.1.0".parse().unwrap(),
             }
         });
         assert!(old_own < route && old_gw < route, "{p:?}");

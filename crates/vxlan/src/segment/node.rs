@@ -97,7 +97,7 @@ pub fn resolve<K: Kernel>(
                 .join(", "),
         });
     }
-    let mtu = sticky_overlay::node::mtu_for(&underlay, local_ip, cfg.mtu)?;
+    let mtu = sticky_overlay::node::mtu_for(&underlay, local_ip, cfg.mtu, None)?;
     let remote = members
         .iter()
         .copied()
@@ -178,6 +178,7 @@ mod tests {
         k.add_address("lo", "127.0.0.1/8");
         k.add_address("eth0", "169.254.0.7/16");
         let odd = |ip: Ipv4Addr, s: &str| Peer {
+            carries: Vec::new(),
             ip: ip.into(),
             subnets: vec![s.parse().unwrap()],
             mac: None,
@@ -224,6 +225,7 @@ mod tests {
     #[test]
     fn members_are_the_peers_narrowed_to_nodes() {
         let peer = |ip: &str, s: &str| Peer {
+            carries: Vec::new(),
             ip: ip.parse().unwrap(),
             subnets: vec![s.parse().unwrap()],
             mac: None,
