@@ -396,8 +396,18 @@ impl Sites {
 
     /// A pod `pod` on node `name`, added by the real plugin with the node's config: the pod
     /// and its IPv4 address.
+    /// When node `name`'s agent runs, its peers file is waited for first (120 s): the plugin
+    /// finds its underlay from its peers.
     pub fn pod(&mut self, name: &str, pod: &str) -> (Pod, String) {
         let node = site_node(name);
+        if self.daemons.contains_key(&(name.to_string(), "agent")) {
+            let peers = self.topo.dir.path().join(format!("peers-{name}.json"));
+            wait_for(
+                &format!("{name}'s agent to write {}", peers.display()),
+                Duration::from_secs(120),
+                || peers.exists(),
+            );
+        }
         let p = self.topo.new_pod(node.k, pod);
         let ip = ip_of(&self.topo.add(&p, &self.confs[node.name]), false);
         (p, ip)
@@ -748,6 +758,14 @@ pub struct Packet {
     pub tcp: bool,
     pub udp: bool,
     pub line: String,
+}
+
+impl Packet {
+    /// To 224.0.0.0/24 (IGMP reports of an interface coming up): a link's housekeeping,
+    /// never routed, no traffic of anyone's.
+    pub fn link_local_multicast(&self) -> bool {
+        matches!(self.dst, IpAddr::V4(d) if d.octets()[..3] == [224, 0, 0])
+    }
 }
 
 /// `a.b.c.d.port` or `a.b.c.d` (with a trailing `:` or not): address and port.
