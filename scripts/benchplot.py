@@ -93,9 +93,10 @@ def plot(path, title, xlabel, series, lines=(), logx=True, logy=False):
         f.write("\n".join(out) + "\n")
 
 
-def bars(path, title, groups, colours):
-    """A grouped bar chart: groups = [(group label, [(bar label, ms), ...])]; a bar label's
-    colour comes from `colours`, and each bar is labelled with its value."""
+def bars(path, title, groups, colours, ylabel="median ms per call"):
+    """A grouped bar chart: groups = [(group label, [(bar label, value), ...])]; a bar label's
+    colour comes from `colours`, and each bar is labelled with its value; `ylabel` names the
+    values' unit."""
     labels = []
     for _, items in groups:
         for label, _ in items:
@@ -117,7 +118,7 @@ def bars(path, title, groups, colours):
                    (LEFT, LEFT + pw, sy(y), sy(y)))
         out.append('<text x="%d" y="%.1f" text-anchor="end">%g</text>' % (LEFT - 6, sy(y) + 4, y))
     out.append('<text transform="translate(16,%d) rotate(-90)" text-anchor="middle">'
-               'median ms per call</text>' % (TOP + ph // 2))
+               '%s</text>' % (TOP + ph // 2, ylabel))
     gw = pw / len(groups)
     bw = gw * 0.8 / len(labels)
     for g, (group, items) in enumerate(groups):

@@ -869,3 +869,64 @@ impl Sites {
         all
     }
 }
+
+/// The default gateway of namespace `ns` (a pod's: its node's bridge address).
+pub fn default_gateway(ns: &str) -> String {
+    let out = ok(&["ip", "-n", ns, "-j", "-4", "route", "show", "default"]);
+    let v: Value = serde_json::from_str(&out).expect("ip -j route");
+    v[0]["gateway"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no default gateway in {ns}: {out}"))
+        .to_string()
+}
+
+/// TCP throughput from namespace `from` (from `source` if given) to an iperf3 server on `to`
+/// in namespace `to_ns`, over `secs` seconds: megabits a second received.
+pub fn iperf3_mbps(from: &str, source: Option<&str>, to_ns: &str, to: &str, secs: u32) -> f64 {
+    use std::io::BufRead;
+    crate::support::bins::assert_installed("iperf3", "iperf3");
+    let mut server = std::process::Command::new("ip")
+        .args(["netns", "exec", to_ns, "iperf3", "-s", "-1", "-B", to, "-p", "5201"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run iperf3 -s");
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(server.stdout.take().expect("stdout"));
+    while !line.contains("listening") {
+        line.clear();
+        assert!(out.read_line(&mut line).expect("iperf3 -s output") > 0, "iperf3 -s ended");
+    }
+    let secs = secs.to_string();
+    let mut argv = vec![
+        "ip", "netns", "exec", from, "iperf3", "-J", "-c", to, "-p", "5201", "-t", &secs,
+    ];
+    if let Some(src) = source {
+        argv.extend_from_slice(&["-B", src]);
+    }
+    let report: Value = serde_json::from_str(&ok(&argv)).expect("iperf3 -J");
+    let _ = server.kill();
+    let _ = server.wait();
+    report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no throughput in iperf3's report: {report}"))
+        / 1e6
+}
+
+/// The average round trip of `count` pings (100 a second) from namespace `from` (from
+/// `source` if given) to `to`, in milliseconds.
+pub fn rtt_ms(from: &str, source: Option<&str>, to: &str, count: u32) -> f64 {
+    let count = count.to_string();
+    let mut argv = vec![
+        "ip", "netns", "exec", from, "ping", "-4", "-n", "-q", "-i", "0.01", "-c", &count,
+    ];
+    if let Some(src) = source {
+        argv.extend_from_slice(&["-I", src]);
+    }
+    argv.push(to);
+    let out = ok(&argv);
+    out.lines()
+        .find_map(|l| l.strip_prefix("rtt min/avg/max/mdev = "))
+        .and_then(|v| v.split('/').nth(1)?.parse().ok())
+        .unwrap_or_else(|| panic!("no round trip in ping's output: {out}"))
+}

@@ -10,6 +10,8 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use serde_json::json;
+
 use kube_support::*;
 use sites_support::*;
 use vxlan_support::*;
@@ -393,4 +395,48 @@ fn sites_full_size_pod_packet_crosses_without_fragments() {
         .map(|g| s.frag_creates(g))
         .collect();
     assert_eq!(after, before, "Ip: FragCreates of a1, c1, b1 must not grow");
+}
+
+/// The figures of scripts/bench-sites.py, one `BENCH-SITES {json}` line: TCP throughput
+/// (iperf3, `STICKY_BENCH_SECS` seconds, default 10) and ping round trips across sites
+/// directly (c2 pod -> a2 pod) and through the relay (a2 pod -> b2 pod), beside the same
+/// tunnel node to node (c1's bridge address -> a1's, which route into the tunnel with no
+/// VXLAN leg) and beside VXLAN inside a site (a2 pod -> a1 pod), in one run.
+#[test]
+#[ignore = "benchmark: scripts/bench-sites.py"]
+fn bench_sites() {
+    let secs: u32 = std::env::var("STICKY_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let (mut s, pods) = running();
+    let (c1_pod, _) = s.pod("c1", "pc1");
+    let (a1_pod, a1_ip) = s.pod("a1", "pa1");
+    let (c1_bridge, a1_bridge) = (default_gateway(&c1_pod.ns), default_gateway(&a1_pod.ns));
+    let (c2, a2, b2) = (pod_of(&pods, "c2"), pod_of(&pods, "a2"), pod_of(&pods, "b2"));
+    let (c1_ns, a1_ns) = (s.ns("c1"), s.ns("a1"));
+    let cases: [(&str, &str, Option<&str>, &str, &str); 4] = [
+        ("tunnel c1 -> a1", &c1_ns, Some(&c1_bridge), &a1_ns, &a1_bridge),
+        ("pods c2 -> a2", &c2.0.ns, None, &a2.0.ns, &a2.1),
+        ("pods a2 -> b2 (relay)", &a2.0.ns, None, &b2.0.ns, &b2.1),
+        ("pods a2 -> a1 (VXLAN)", &a2.0.ns, None, &a1_pod.ns, &a1_ip),
+    ];
+    let mut figures = Vec::new();
+    for (what, from, source, to_ns, to) in cases {
+        let reached = match source {
+            Some(src) => sh(&[
+                "ip", "netns", "exec", from, "ping", "-c", "1", "-i", "0.1", "-w", "60", "-I",
+                src, to,
+            ])
+            .status
+            .success(),
+            None => first_reply(from, to, Duration::from_secs(60)).is_some(),
+        };
+        assert!(reached, "{what}: {to} does not answer");
+        let mbps = iperf3_mbps(from, source, to_ns, to, secs);
+        let rtt = rtt_ms(from, source, to, 500);
+        eprintln!("{what}: {mbps:.0} Mbit/s, {rtt:.3} ms");
+        figures.push(json!({"case": what, "mbps": mbps, "rtt_ms": rtt}));
+    }
+    println!("BENCH-SITES {}", json!({"seconds": secs, "cases": figures}));
 }

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Sites (issue 28): cross-site pod-to-pod TCP throughput and round trips, beside the same
+WireGuard tunnel node to node and beside VXLAN inside a site, in one run.
+
+The figures come from the sites tests' own topology (crates/testkit/src/sites_support.rs: a
+cloud site and two edge sites behind masquerading routers, an "internet" between them, an agent
+on every node and sticky-wg on every gateway), measured by the ignored test
+`sites::bench_sites` (crates/agent/tests/agent/sites.rs) so that no namespace setup is written
+twice. Four paths:
+
+  tunnel c1 -> a1        the cloud gateway to the site-A gateway, bridge address to bridge
+                         address: the raw tunnel, no VXLAN leg
+  pods c2 -> a2          cross-site, direct: VXLAN c2 -> c1, tunnel c1 -> a1, VXLAN a1 -> a2
+  pods a2 -> b2 (relay)  A and B are both behind NAT: a1 -> c1 -> b1, two tunnel legs
+  pods a2 -> a1 (VXLAN)  inside site A, no tunnel
+
+Throughput is iperf3 (one TCP stream, --seconds each), round trip the average of 500 pings at
+100/s. Prints each path's figures and their ratios (cross-site / raw tunnel: issue 28's target
+is >= 0.8; relayed / direct: the relay's cost), and draws docs/bench-sites.svg (throughput) and
+docs/bench-sites-rtt.svg (round trips). Needs root, cargo, iperf3 and wireguard-tools (`wg`);
+builds the binaries with --release first (the userspace tunnel's crypto is far slower in a debug
+build). Every namespace and temp file is removed by the test's drop guards, also on failure.
+
+    scripts/bench-sites.py [--seconds 10] [--debug] [--plot docs/bench-sites.svg]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchplot import bars  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+PACKAGES = ["sticky-vxlan", "sticky-vxlan-agent", "sticky-wg"]
+COLOURS = {
+    "tunnel c1 -> a1": "#4c72b0",
+    "pods c2 -> a2": "#55a868",
+    "pods a2 -> b2 (relay)": "#c44e52",
+    "pods a2 -> a1 (VXLAN)": "#8172b2",
+}
+
+
+def run_bench(seconds, release):
+    profile = ["--release"] if release else []
+    build = ["cargo", "build", "--locked", *profile]
+    for p in PACKAGES:
+        build += ["-p", p]
+    subprocess.run(build, cwd=ROOT, check=True)
+    out = subprocess.run(
+        ["cargo", "test", "--locked", *profile, "-p", "sticky-vxlan-agent", "--test", "agent", "--",
+         "--ignored", "--nocapture", "--exact", "sites::bench_sites"],
+        cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "STICKY_BENCH_SECS": str(seconds)})
+    for line in out.stdout.splitlines():
+        if line.startswith("BENCH-SITES "):
+            return json.loads(line[len("BENCH-SITES "):])
+    sys.exit(f"bench-sites: the bench printed no figures:\n{out.stdout}\n{out.stderr}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=10, help="iperf3 seconds per path")
+    parser.add_argument("--debug", action="store_true",
+                        help="debug build (quicker to build; the tunnel's figures mean little)")
+    parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "bench-sites.svg"))
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench-sites: needs root (it creates network namespaces)")
+    figures = run_bench(args.seconds, not args.debug)
+    cases = {c["case"]: c for c in figures["cases"]}
+    raw = cases["tunnel c1 -> a1"]
+    direct = cases["pods c2 -> a2"]
+    relayed = cases["pods a2 -> b2 (relay)"]
+    build = "debug" if args.debug else "release"
+    print(f"{build} build, iperf3 {figures['seconds']} s per path, 500 pings at 100/s")
+    print(f"{'path':24} {'Mbit/s':>9} {'x tunnel':>9} {'rtt ms':>8} {'x tunnel':>9}")
+    for name, c in cases.items():
+        print(f"{name:24} {c['mbps']:9.0f} {c['mbps'] / raw['mbps']:9.2f} "
+              f"{c['rtt_ms']:8.3f} {c['rtt_ms'] / raw['rtt_ms']:9.2f}")
+    ratio = direct["mbps"] / raw["mbps"]
+    verdict = "meets" if ratio >= 0.8 else "MISSES"
+    print(f"cross-site pods / raw tunnel throughput: {ratio:.2f} ({verdict} issue 28's >= 0.8)")
+    print(f"the relay's cost: throughput x{relayed['mbps'] / direct['mbps']:.2f}, "
+          f"round trip +{relayed['rtt_ms'] - direct['rtt_ms']:.3f} ms against the direct path")
+    order = list(cases)
+    bars(args.plot, f"sites: TCP throughput per path ({build})",
+         [(name, [(name, cases[name]["mbps"])]) for name in order], COLOURS,
+         ylabel="Mbit/s (iperf3, one stream)")
+    rtt_plot = args.plot[:-len(".svg")] + "-rtt.svg" if args.plot.endswith(".svg") \
+        else args.plot + "-rtt.svg"
+    bars(rtt_plot, f"sites: ping round trip per path ({build})",
+         [(name, [(name, cases[name]["rtt_ms"])]) for name in order], COLOURS,
+         ylabel="average round trip, ms")
+    print(f"plots: {args.plot}, {rtt_plot}")
+
+
+if __name__ == "__main__":
+    main()
