@@ -424,6 +424,7 @@ impl Sites {
     /// that is the node's socket directory (nothing outside changes; the namespace ends with
     /// it).
     pub fn wg(&self, name: &str, args: &[&str]) -> String {
+        crate::support::bins::assert_installed("wg", "wireguard-tools");
         let dir = self.wg_socket_dir(name);
         let script = "mount -t tmpfs sticky-test /run && mkdir /run/wireguard && \
                       mount --bind \"$0\" /run/wireguard && exec wg \"$@\"";
