@@ -37,6 +37,7 @@ mod publish;
 mod reconcile;
 mod reflector;
 mod serve;
+mod sites;
 mod state;
 mod sync;
 mod table;

@@ -4,11 +4,13 @@
 //! (a real Node is 10-40 KB, mostly `status.images`), and what is kept of one Node is bounded
 //! whatever the API sends: a name of at most [`MAX_NAME`] bytes (a longer one is not a Node),
 //! the [`KEPT_ANNOTATIONS`] only, each at most [`MAX_ANNOTATION`] bytes, at most
-//! [`MAX_KEPT_ADDRESSES`] InternalIP addresses and [`MAX_CIDRS`] pod CIDRs of at most
-//! [`MAX_SHORT`] bytes each (a longer value is kept as a short marker no rule accepts). So one
-//! kept Node is at most about 3.5 KB (name 253, eight annotations of 256 with their keys,
-//! eight addresses and four CIDRs of 64, and the structure), and the 10,000 a list may hold at
-//! most 35 MB.
+//! [`MAX_KEPT_LABELS`] labels whose key contains [`KEPT_LABEL_MARK`] (their keys at most 316
+//! bytes, as the API allows), at most [`MAX_KEPT_ADDRESSES`] InternalIP addresses and
+//! [`MAX_CIDRS`] pod CIDRs of at most [`MAX_SHORT`] bytes each (a longer value is kept as a
+//! short marker no rule accepts). So one kept Node is at most about 8 KB (name 253, ten
+//! annotations and eight labels of 256 with their keys, eight addresses and four CIDRs of 64,
+//! and the structure), and the 10,000 a list may hold at most 80 MB; a Node without such labels
+//! keeps the 3.5 KB it did.
 
 use std::collections::BTreeMap;
 
@@ -24,10 +26,16 @@ pub struct ObjectMeta {
     /// the Node has any other `sticky-cni.io/` annotation.
     #[serde(default, deserialize_with = "kept_annotations")]
     pub annotations: BTreeMap<String, String>,
+    /// Only the labels sites read: keys containing [`KEPT_LABEL_MARK`] (the site label,
+    /// whatever key the config names, and the gateway label), at most [`MAX_KEPT_LABELS`].
+    #[serde(default, deserialize_with = "kept_labels")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The annotations the agent reads.
-pub const KEPT_ANNOTATIONS: [&str; 8] = [
+pub const KEPT_ANNOTATIONS: [&str; 10] = [
+    "sticky-cni.io/gateway-endpoint",
+    "sticky-cni.io/wireguard-public-key",
     "sticky-cni.io/underlay-ip",
     "sticky-cni.io/kept-mac",
     "flannel.alpha.coreos.com/backend-data",
@@ -40,6 +48,12 @@ pub const KEPT_ANNOTATIONS: [&str; 8] = [
 /// Kept (with an empty value) for a Node that has any `sticky-cni.io/` annotation: it is run
 /// by sticky-cni.
 pub const STICKY_MARKER: &str = "sticky-cni.io/";
+/// A label is kept when its key contains this (the site label's key must: a config's
+/// `sites.siteLabel` is checked for it).
+pub const KEPT_LABEL_MARK: &str = "sticky-cni";
+/// At most this many labels are kept of one Node (the first by key order of arrival).
+pub const MAX_KEPT_LABELS: usize = 8;
+
 /// A Node name longer than this (Kubernetes allows 253) is not a Node.
 pub const MAX_NAME: usize = 253;
 /// An annotation value longer than this is kept as a short marker that no rule accepts.
@@ -79,41 +93,63 @@ fn kept_annotations<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
 where
     D: serde::Deserializer<'de>,
 {
-    struct Kept;
-    impl<'de> serde::de::Visitor<'de> for Kept {
-        type Value = BTreeMap<String, String>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a map of annotations")
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(BTreeMap::new())
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(BTreeMap::new())
-        }
-        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_map(Kept)
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut map: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut out = BTreeMap::new();
-            while let Some(key) = map.next_key::<String>()? {
-                if KEPT_ANNOTATIONS.contains(&key.as_str()) {
-                    let value: String = map.next_value()?;
-                    out.insert(key, bounded(value, MAX_ANNOTATION));
-                    continue;
-                }
-                if key.starts_with(STICKY_MARKER) {
-                    out.insert(STICKY_MARKER.to_string(), String::new());
-                }
-                map.next_value::<serde::de::IgnoredAny>()?;
-            }
-            Ok(out)
-        }
+    d.deserialize_option(Kept::Annotations)
+}
+
+fn kept_labels<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    d.deserialize_option(Kept::Labels)
+}
+
+/// Which of a map's entries are kept, read one by one (the rest skipped unread).
+#[derive(Clone, Copy)]
+enum Kept {
+    /// [`KEPT_ANNOTATIONS`], and [`STICKY_MARKER`] for any other `sticky-cni.io/` one.
+    Annotations,
+    /// Keys containing [`KEPT_LABEL_MARK`], at most [`MAX_KEPT_LABELS`].
+    Labels,
+}
+
+impl<'de> serde::de::Visitor<'de> for Kept {
+    type Value = BTreeMap<String, String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a map of strings")
     }
-    d.deserialize_option(Kept)
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(BTreeMap::new())
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(BTreeMap::new())
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let keep = match self {
+                Kept::Annotations => KEPT_ANNOTATIONS.contains(&key.as_str()),
+                Kept::Labels => key.contains(KEPT_LABEL_MARK) && out.len() < MAX_KEPT_LABELS,
+            };
+            if keep {
+                let value: String = map.next_value()?;
+                out.insert(key, bounded(value, MAX_ANNOTATION));
+                continue;
+            }
+            if matches!(self, Kept::Annotations) && key.starts_with(STICKY_MARKER) {
+                out.insert(STICKY_MARKER.to_string(), String::new());
+            }
+            map.next_value::<serde::de::IgnoredAny>()?;
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

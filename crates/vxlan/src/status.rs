@@ -42,6 +42,51 @@ pub struct Status {
     /// from the files of agents older than this field: then no segment is known.
     #[serde(default)]
     pub segments: Vec<SegmentStatus>,
+    /// Sites (docs/sites.md), when the network has a `sites` object. Absent from older
+    /// agents' files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sites: Option<SitesStatus>,
+}
+
+/// This node's view of the sites.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SitesStatus {
+    /// This node's site.
+    pub site: String,
+    /// "active gateway", "member, through gateway <name>", or why neither.
+    pub role: String,
+    /// Every other site, by name.
+    pub remotes: Vec<RemoteSite>,
+    /// Nodes whose site part was refused (each logged with why).
+    pub left_out: usize,
+    /// What keeps the tunnel from being as planned, if anything.
+    pub error: Option<String>,
+}
+
+/// One remote site as this node sees it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RemoteSite {
+    pub site: String,
+    /// Its active gateway, if it has one.
+    pub gateway: Option<String>,
+    /// "direct", "relayed via <site>", or "unreachable: <why>".
+    pub path: String,
+    /// On the active gateway only: the tunnel that carries this site's traffic.
+    pub tunnel: Option<TunnelStatus>,
+}
+
+/// The WireGuard peer carrying a remote site's traffic, as the device reports it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TunnelStatus {
+    /// The peer (the carrier's gateway).
+    pub peer: String,
+    /// Unix seconds of the latest handshake; `None`: never.
+    pub last_handshake: Option<u64>,
+    /// A handshake within the last 180 s (WireGuard rekeys every 120 s while traffic flows,
+    /// and keepalives keep it so where configured).
+    pub up: bool,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
 }
 
 /// A change the guard refused that the operator accepted.
@@ -144,6 +189,9 @@ pub fn describe(state_dir: &Path) -> String {
                 a.change
             );
         }
+        if let Some(sites) = &s.sites {
+            describe_sites(&mut out, sites);
+        }
         for seg in &s.segments {
             let _ = match &seg.error {
                 None => writeln!(out, "  segment {}: reconciled", seg.config.display()),
@@ -158,9 +206,88 @@ pub fn describe(state_dir: &Path) -> String {
     out
 }
 
+/// The sites part of `show`: one line for this node, one per remote site.
+fn describe_sites(out: &mut String, sites: &SitesStatus) {
+    let _ = writeln!(out, "  site {}: {}", sites.site, sites.role);
+    if let Some(e) = &sites.error {
+        let _ = writeln!(out, "  sites: FAILING, retrying: {e}");
+    }
+    if sites.left_out > 0 {
+        let _ = writeln!(
+            out,
+            "  {} node(s) left out of the sites (the agent's log names each and why)",
+            sites.left_out
+        );
+    }
+    for r in &sites.remotes {
+        let tunnel = match &r.tunnel {
+            None => String::new(),
+            Some(t) => format!(
+                "; tunnel to {} {}, last handshake {}, {} B received, {} B sent",
+                t.peer,
+                if t.up { "UP" } else { "DOWN" },
+                ago(t.last_handshake),
+                t.rx_bytes,
+                t.tx_bytes
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "  remote site {}: gateway {}, {}{tunnel}",
+            r.site,
+            r.gateway.as_deref().unwrap_or("NONE"),
+            r.path
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn show_says_each_remote_sites_gateway_path_and_tunnel() {
+        let mut out = String::new();
+        describe_sites(
+            &mut out,
+            &SitesStatus {
+                site: "site-a".into(),
+                role: "active gateway".into(),
+                remotes: vec![
+                    RemoteSite {
+                        site: "cloud".into(),
+                        gateway: Some("c1".into()),
+                        path: "direct".into(),
+                        tunnel: Some(TunnelStatus {
+                            peer: "c1".into(),
+                            last_handshake: Some(now_unix() - 5),
+                            up: true,
+                            rx_bytes: 10,
+                            tx_bytes: 20,
+                        }),
+                    },
+                    RemoteSite {
+                        site: "site-b".into(),
+                        gateway: Some("b1".into()),
+                        path: "relayed via cloud".into(),
+                        tunnel: None,
+                    },
+                ],
+                left_out: 1,
+                error: None,
+            },
+        );
+        assert!(out.contains("site site-a: active gateway"), "{out}");
+        assert!(
+            out.contains("remote site cloud: gateway c1, direct; tunnel to c1 UP, last handshake 5s ago, 10 B received, 20 B sent"),
+            "{out}"
+        );
+        assert!(
+            out.contains("remote site site-b: gateway b1, relayed via cloud\n"),
+            "{out}"
+        );
+        assert!(out.contains("1 node(s) left out of the sites"), "{out}");
+    }
 
     /// `show` reads the agents' status files: a FIFO or a link planted at such a name in
     /// stateDir must neither block it nor be followed.

@@ -1,0 +1,20 @@
+//! Sites (docs/sites.md): the agent's part of pods in different sites reaching each other
+//! through one WireGuard gateway per site. The decisions are `sticky_sites`'; this room wires
+//! them to the agent's Nodes and files, and on the active gateway to the tunnel:
+//!
+//! - [`facts`]: what sites read of a Node (its kept labels and annotations) and, for the
+//!   placed Nodes, the inputs of `sticky_sites::model::build`;
+//! - [`shape`]: the plan of this node from those inputs, and the peers file it calls for (its
+//!   site's members only; the remote sites' pod subnets carried by its active gateway's entry);
+//! - [`cache`]: the inputs and the current active gateways kept on the node, so a restart with
+//!   the API away brings the tunnel and routes back;
+//! - [`device`]: the tunnel device as the kernel holds it (netlink: link MTU and up, the routes
+//!   into it), behind a small trait;
+//! - [`side`]: each round on the node: the tunnel of the active gateway (key, port, peers as a
+//!   diff, routes), the per-site status, and the log lines for tunnels up and down.
+
+pub mod cache;
+pub mod device;
+pub mod facts;
+pub mod shape;
+pub mod side;

@@ -1,0 +1,236 @@
+//! This node's site plan from the model's inputs, and the peers file it calls for. Pure:
+//! O((nodes + sites) log n), deterministic, so every node of a site computes the same.
+//!
+//! - The peers file holds this node's site's members only: VXLAN never crosses sites.
+//! - On a node that is not its site's active gateway, that gateway's entry carries every
+//!   remote site's pod subnets that have a path (`carries`): the plugin routes them to it
+//!   over the site's VXLAN.
+//! - With one site (no site labels anywhere) the list is exactly the placed one: a cluster
+//!   without labels works as it did.
+
+use std::collections::BTreeMap;
+
+use sticky_overlay::peers::Peer;
+use sticky_sites::model::{self, Model, NodeInput, SiteConfig, SiteName};
+use sticky_sites::plan::{self, Plan, Settings, View};
+
+use super::facts::{self, Facts};
+use crate::table::Placed;
+
+/// A plan and what it was made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shaped {
+    pub inputs: Vec<NodeInput>,
+    pub model: Model,
+    pub plan: Plan,
+}
+
+/// Builds the model of `inputs` and the plan of node `me`, keeping each site's `current`
+/// active gateway while it is not seen dead (no preemption; `sticky_sites::gateway`).
+pub fn compute(
+    inputs: Vec<NodeInput>,
+    me: &str,
+    config: &SiteConfig,
+    settings: &Settings,
+    current: &BTreeMap<SiteName, String>,
+) -> Result<Shaped, plan::Error> {
+    let model = model::build(&inputs, config);
+    let view = View {
+        current: current.clone(),
+        ..View::default()
+    };
+    let plan = plan::plan(&model, me, &view, settings)?;
+    Ok(Shaped {
+        inputs,
+        model,
+        plan,
+    })
+}
+
+/// The peers file `plan` calls for, from the placed Nodes (see the module's rules).
+pub fn peer_list(placed: &Placed, shaped: &Shaped) -> Vec<Peer> {
+    if !shaped.model.has_sites() {
+        return placed.list();
+    }
+    let plan = &shaped.plan;
+    let via = plan.route_via.as_ref();
+    let mut list: Vec<Peer> = plan
+        .local_members
+        .iter()
+        .filter_map(|name| placed.peers.get(name).map(|p| (name, p)))
+        .map(|(name, p)| {
+            let mut p = p.clone();
+            if let Some(v) = via.filter(|v| v.gateway == *name) {
+                // Only subnets of a family the gateway has a subnet of can be routed to it.
+                p.carries = v
+                    .subnets
+                    .iter()
+                    .copied()
+                    .filter(|s| p.next_hop(s).is_some())
+                    .collect();
+            }
+            p
+        })
+        .collect();
+    list.sort_by_key(|p| p.ip);
+    list
+}
+
+/// What the keeper needs to shape the peers file: this node's name, how sites are read, the
+/// tunnel settings, and the current active gateway of each site.
+#[derive(Debug, Clone)]
+pub struct Shaper {
+    pub me: String,
+    pub config: SiteConfig,
+    pub settings: Settings,
+    pub current: BTreeMap<SiteName, String>,
+}
+
+impl Shaper {
+    /// The plan for the placed Nodes and the peer list it calls for; `Err` says why no list
+    /// can be made (this node is in no site: its own Node was left out).
+    pub fn shape(
+        &self,
+        placed: &Placed,
+        facts: &BTreeMap<String, Facts>,
+    ) -> Result<(Vec<Peer>, Shaped), String> {
+        let shaped = compute(
+            facts::inputs(placed, facts),
+            &self.me,
+            &self.config,
+            &self.settings,
+            &self.current,
+        )
+        .map_err(|e| format!("sites: {e}"))?;
+        Ok((peer_list(placed, &shaped), shaped))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sticky_sites::keys::PrivateKey;
+    use sticky_sites::model::{
+        ENDPOINT_ANNOTATION, GATEWAY_LABEL, PUBLIC_KEY_ANNOTATION, SITE_LABEL,
+    };
+
+    fn key(n: u8) -> String {
+        PrivateKey::from_bytes([n; 32]).public_key().to_base64()
+    }
+
+    /// (name, underlay, pod subnet, site, gateway with endpoint?)
+    fn cluster(
+        rows: &[(&str, &str, &str, &str, Option<Option<&str>>)],
+    ) -> (Placed, BTreeMap<String, Facts>) {
+        let mut placed = Placed::default();
+        let mut facts = BTreeMap::new();
+        for (i, (name, ip, subnet, site, gw)) in rows.iter().enumerate() {
+            placed.peers.insert(
+                name.to_string(),
+                Peer {
+                    ip: ip.parse().unwrap(),
+                    subnets: vec![subnet.parse().unwrap()],
+                    mac: None,
+                    carries: Vec::new(),
+                },
+            );
+            let mut f = Facts::default();
+            if !site.is_empty() {
+                f.labels.insert(SITE_LABEL.into(), site.to_string());
+            }
+            if let Some(ep) = gw {
+                f.labels.insert(GATEWAY_LABEL.into(), "true".into());
+                f.annotations
+                    .insert(PUBLIC_KEY_ANNOTATION.into(), key(i as u8 + 1));
+                if let Some(ep) = ep {
+                    f.annotations
+                        .insert(ENDPOINT_ANNOTATION.into(), ep.to_string());
+                }
+            }
+            facts.insert(name.to_string(), f);
+        }
+        (placed, facts)
+    }
+
+    fn shaper(me: &str) -> Shaper {
+        Shaper {
+            me: me.into(),
+            config: SiteConfig::default(),
+            settings: Settings::default(),
+            current: BTreeMap::new(),
+        }
+    }
+
+    fn sites() -> (Placed, BTreeMap<String, Facts>) {
+        cluster(&[
+            (
+                "c1",
+                "198.51.100.1",
+                "198.18.1.0/24",
+                "cloud",
+                Some(Some("198.51.100.1:51820")),
+            ),
+            ("c2", "198.51.100.2", "198.18.2.0/24", "cloud", None),
+            ("a1", "192.0.2.1", "198.18.11.0/24", "site-a", Some(None)),
+            ("a2", "192.0.2.2", "198.18.12.0/24", "site-a", None),
+            ("b1", "192.0.2.129", "198.18.21.0/24", "site-b", Some(None)),
+            ("b2", "192.0.2.130", "198.18.22.0/24", "site-b", None),
+        ])
+    }
+
+    #[test]
+    fn a_plain_node_lists_its_site_and_its_gateway_carries_the_other_sites() {
+        let (placed, facts) = sites();
+        let (list, shaped) = shaper("a2").shape(&placed, &facts).unwrap();
+        let ips: Vec<String> = list.iter().map(|p| p.ip.to_string()).collect();
+        assert_eq!(ips, ["192.0.2.1", "192.0.2.2"], "VXLAN never crosses sites");
+        let carried: Vec<String> = list[0].carries.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            carried,
+            [
+                "198.18.1.0/24",
+                "198.18.2.0/24",
+                "198.18.21.0/24",
+                "198.18.22.0/24"
+            ],
+            "the cloud directly, site B through the relay"
+        );
+        assert!(list[1].carries.is_empty());
+        assert!(shaped.plan.gateway.is_none());
+    }
+
+    #[test]
+    fn the_active_gateway_lists_its_site_plainly_and_plans_the_tunnel() {
+        let (placed, facts) = sites();
+        let (list, shaped) = shaper("a1").shape(&placed, &facts).unwrap();
+        assert_eq!(list.len(), 2);
+        assert!(
+            list.iter().all(|p| p.carries.is_empty()),
+            "the gateway routes into the tunnel"
+        );
+        let gw = shaped.plan.gateway.unwrap();
+        assert_eq!(
+            gw.peers.len(),
+            1,
+            "A's only peer is the cloud's gateway: {gw:?}"
+        );
+        assert_eq!(gw.peers[0].gateway, "c1");
+    }
+
+    #[test]
+    fn without_site_labels_the_list_is_the_placed_one() {
+        let (placed, facts) = cluster(&[
+            ("n1", "192.0.2.1", "198.18.1.0/24", "", None),
+            ("n2", "192.0.2.2", "198.18.2.0/24", "", Some(None)),
+        ]);
+        let (list, _) = shaper("n1").shape(&placed, &facts).unwrap();
+        assert_eq!(list, placed.list());
+    }
+
+    #[test]
+    fn this_node_left_out_is_said() {
+        let (placed, facts) = sites();
+        let err = shaper("zz").shape(&placed, &facts).unwrap_err();
+        assert!(err.contains("\"zz\""), "{err}");
+    }
+}

@@ -1,0 +1,558 @@
+//! Each round of sites on the node (the main loop calls [`Side::round`] every
+//! [`ROUND`] and after every change of the plan):
+//!
+//! - On its site's active gateway: the key from the key file (made once, kept), the tunnel
+//!   device ensured (MTU, up), the device's key and port set only when they differ, its peers
+//!   changed only by [`sticky_sites::tunnel::diff`] (re-applying costs packets), and the routes
+//!   of every remote site's pod subnets into the device. The device's state is read each round,
+//!   so a data-path daemon restarted with an empty device (or a device made again) is
+//!   configured again within a round.
+//! - On a node that stopped being the active gateway: its tunnel's peers and routes are
+//!   removed (the device itself is `sticky-wg`'s).
+//! - Everywhere: the status of every remote site (gateway, path; on the gateway the carrying
+//!   tunnel's handshake and bytes), and a log line when a tunnel comes up or goes down.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use sticky_sites::keys::{KeyDir, PublicKey};
+use sticky_sites::model::SiteName;
+use sticky_sites::paths::Path;
+use sticky_sites::plan::GatewayPlan;
+use sticky_sites::tunnel::{DeviceState, PeerConfig, Tunnel, diff};
+use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
+
+use super::device::Routes;
+use super::shape::Shaped;
+
+/// How often a round runs when nothing changed: a tunnel device made again is configured
+/// within this.
+pub const ROUND: Duration = Duration::from_secs(2);
+
+/// A tunnel whose latest handshake is older than this is down (WireGuard's reject-after time:
+/// sessions rekey every 120 s while traffic flows).
+pub const UP_WITHIN: Duration = Duration::from_secs(180);
+
+/// The sites side of one node.
+pub struct Side<T, R> {
+    /// The tunnel device's name.
+    pub ifname: String,
+    /// Its MTU (the pod MTU's WAN bound: wanMtu less WireGuard's overhead).
+    pub mtu: u32,
+    pub keys: KeyDir,
+    pub tunnel: T,
+    pub routes: R,
+    shaped: Option<Shaped>,
+    /// Tunnels up at the last round, by the site of their peer.
+    up: BTreeMap<SiteName, bool>,
+    /// This node configured the tunnel at some round (it may have peers and routes to clear).
+    was_gateway: bool,
+    /// Nodes left out of the sites at the last plan, with why.
+    left_out: BTreeMap<String, String>,
+}
+
+impl<T: Tunnel, R: Routes> Side<T, R> {
+    pub fn new(ifname: String, mtu: u32, keys: KeyDir, tunnel: T, routes: R) -> Self {
+        Side {
+            ifname,
+            mtu,
+            keys,
+            tunnel,
+            routes,
+            shaped: None,
+            up: BTreeMap::new(),
+            // A restarted agent does not know whether it configured the device before.
+            was_gateway: true,
+            left_out: BTreeMap::new(),
+        }
+    }
+
+    /// The plan in use, if any.
+    pub fn shaped(&self) -> Option<&Shaped> {
+        self.shaped.as_ref()
+    }
+
+    /// Takes a new plan; the log lines for Nodes newly left out of the sites (or back).
+    pub fn adopt(&mut self, shaped: Shaped) -> Vec<String> {
+        let now: BTreeMap<String, String> = shaped
+            .model
+            .left_out
+            .iter()
+            .map(|(n, e)| (n.clone(), format!("is in no site: {e}")))
+            .chain(
+                shaped
+                    .model
+                    .not_gateway
+                    .iter()
+                    .map(|(n, e)| (n.clone(), format!("cannot be a gateway: {e}"))),
+            )
+            .collect();
+        let mut lines = Vec::new();
+        for (name, why) in &now {
+            if self.left_out.get(name) != Some(why) {
+                lines.push(format!("sites: node {name} {why}"));
+            }
+        }
+        for name in self.left_out.keys().filter(|n| !now.contains_key(*n)) {
+            lines.push(format!("sites: node {name} is no longer left out"));
+        }
+        self.left_out = now;
+        let role_was = self.shaped.as_ref().map(|s| role(s));
+        let role_now = role(&shaped);
+        if role_was.as_ref() != Some(&role_now) {
+            lines.push(format!(
+                "sites: this node is in site {}: {role_now}",
+                shaped.plan.site
+            ));
+        }
+        self.shaped = Some(shaped);
+        lines
+    }
+
+    /// This node's public key when its Node is labelled a gateway (the key is made on the first
+    /// call and kept): what it publishes so that other sites can reach it.
+    pub fn public_key(&self) -> Result<PublicKey, String> {
+        self.keys
+            .load_or_create(&self.ifname)
+            .map(|k| k.public_key())
+            .map_err(|e| e.to_string())
+    }
+
+    /// One round (see the module doc): the log lines and the status.
+    pub fn round(&mut self, now: SystemTime) -> (Vec<String>, Option<SitesStatus>) {
+        let Some(shaped) = &self.shaped else {
+            return (Vec::new(), None);
+        };
+        let plan = shaped.plan.clone();
+        let mut error = None;
+        let mut device = None;
+        if let Some(gw) = &plan.gateway {
+            match self.configure(gw) {
+                Ok(state) => device = Some(state),
+                Err(e) => error = Some(e),
+            }
+            self.was_gateway = true;
+        } else if self.was_gateway {
+            match self.clear() {
+                Ok(()) => self.was_gateway = false,
+                Err(e) => error = Some(e),
+            }
+        }
+        let mut lines = Vec::new();
+        // The tunnels: one per peer of the gateway plan, by the site of its peer.
+        let mut tunnels: BTreeMap<&SiteName, TunnelStatus> = BTreeMap::new();
+        if let (Some(gw), Some(dev)) = (&plan.gateway, &device) {
+            for p in &gw.peers {
+                let state = dev
+                    .peers
+                    .iter()
+                    .find(|s| s.public_key == p.config.public_key);
+                let handshake = state.and_then(|s| s.last_handshake);
+                let up = handshake
+                    .is_some_and(|t| now.duration_since(t).map_or(true, |age| age <= UP_WITHIN));
+                let was = self.up.insert(p.site.clone(), up).unwrap_or(false);
+                if up != was {
+                    lines.push(match up {
+                        true => format!(
+                            "sites: tunnel to site {} (gateway {}) is up",
+                            p.site, p.gateway
+                        ),
+                        false => format!(
+                            "sites: tunnel to site {} (gateway {}) is DOWN: {}",
+                            p.site,
+                            p.gateway,
+                            match handshake {
+                                None => "no handshake yet".to_string(),
+                                Some(t) => format!(
+                                    "no handshake for {} s",
+                                    now.duration_since(t).map_or(0, |d| d.as_secs())
+                                ),
+                            }
+                        ),
+                    });
+                }
+                tunnels.insert(
+                    &p.site,
+                    TunnelStatus {
+                        peer: p.gateway.clone(),
+                        last_handshake: handshake.and_then(unix),
+                        up,
+                        rx_bytes: state.map_or(0, |s| s.rx_bytes),
+                        tx_bytes: state.map_or(0, |s| s.tx_bytes),
+                    },
+                );
+            }
+        }
+        if plan.gateway.is_none() {
+            self.up.clear();
+        }
+        let remotes = plan
+            .remotes
+            .iter()
+            .map(|r| RemoteSite {
+                site: r.site.to_string(),
+                gateway: r.gateway.clone(),
+                path: path_text(&r.path),
+                tunnel: r
+                    .path
+                    .carrier(&r.site)
+                    .and_then(|c| tunnels.get(c))
+                    .cloned(),
+            })
+            .collect();
+        let status = SitesStatus {
+            site: plan.site.to_string(),
+            role: role(shaped),
+            remotes,
+            left_out: self.left_out.len(),
+            error,
+        };
+        (lines, Some(status))
+    }
+
+    /// Brings the device to `gw`; its state after.
+    fn configure(&self, gw: &GatewayPlan) -> Result<DeviceState, String> {
+        let ifname = &self.ifname;
+        let key = self
+            .keys
+            .load_or_create(ifname)
+            .map_err(|e| e.to_string())?;
+        let t = &self.tunnel;
+        t.ensure_device(ifname, self.mtu)
+            .map_err(|e| e.to_string())?;
+        let state = t.get(ifname).map_err(|e| e.to_string())?;
+        let mut changed = false;
+        if state.public_key != Some(key.public_key()) {
+            t.set_private_key(ifname, &key).map_err(|e| e.to_string())?;
+            changed = true;
+        }
+        if state.listen_port != gw.listen_port {
+            t.set_listen_port(ifname, gw.listen_port)
+                .map_err(|e| e.to_string())?;
+            changed = true;
+        }
+        let desired: Vec<PeerConfig> = gw.peers.iter().map(|p| p.config.clone()).collect();
+        let changes = diff(&desired, &state);
+        if !changes.is_empty() {
+            t.apply(ifname, &changes).map_err(|e| e.to_string())?;
+            changed = true;
+        }
+        let want: Vec<_> = desired
+            .iter()
+            .flat_map(|p| p.allowed_ips.iter().copied())
+            .collect();
+        self.routes.sync(ifname, &want).map_err(|e| e.to_string())?;
+        if changed {
+            return t.get(ifname).map_err(|e| e.to_string());
+        }
+        Ok(state)
+    }
+
+    /// Removes this node's tunnel peers and routes (it is no longer the active gateway). A
+    /// device that is not there has none.
+    fn clear(&self) -> Result<(), String> {
+        let ifname = &self.ifname;
+        let state = match self.tunnel.get(ifname) {
+            Ok(s) => s,
+            Err(_) => return Ok(()),
+        };
+        let changes = diff(&[], &state);
+        self.tunnel
+            .apply(ifname, &changes)
+            .map_err(|e| e.to_string())?;
+        match self.routes.sync(ifname, &[]) {
+            Ok(_) | Err(super::device::Error::NoDevice(_)) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+fn unix(t: SystemTime) -> Option<u64> {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs())
+}
+
+/// What a path says in the status.
+fn path_text(p: &Path) -> String {
+    match p {
+        Path::Direct { .. } => "direct".into(),
+        Path::Punch { up: true, .. } => "direct (punched)".into(),
+        Path::Punch { relay, .. } => match relay {
+            Some(r) => format!("relayed via {r} (punching)"),
+            None => "punching".into(),
+        },
+        Path::Relayed { via } => format!("relayed via {via}"),
+        Path::Unreachable { why } => format!("unreachable: {why}"),
+    }
+}
+
+/// This node's role in its site.
+fn role(s: &Shaped) -> String {
+    let plan = &s.plan;
+    if plan.gateway.is_some() {
+        return "active gateway".into();
+    }
+    match (plan.actives.get(&plan.site), &plan.route_via) {
+        (Some(g), _) => format!("member, through gateway {g}"),
+        (None, _) if plan.remotes.is_empty() => "the only site".into(),
+        (None, _) => "member; the site has NO active gateway (no gateway-labelled node with a published key): other sites are not reached".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::sites::device::Error as DeviceError;
+    use crate::sites::shape::compute;
+    use ipnet::IpNet;
+    use sticky_sites::keys::PrivateKey;
+    use sticky_sites::model::{
+        ENDPOINT_ANNOTATION, GATEWAY_LABEL, NodeInput, PUBLIC_KEY_ANNOTATION, SITE_LABEL,
+        SiteConfig,
+    };
+    use sticky_sites::plan::Settings;
+    use sticky_sites::tunnel::fake::{Call, FakeTunnel};
+
+    #[derive(Default)]
+    struct FakeRoutes {
+        held: RefCell<Vec<IpNet>>,
+    }
+
+    impl Routes for FakeRoutes {
+        fn sync(&self, _: &str, want: &[IpNet]) -> Result<(usize, usize), DeviceError> {
+            *self.held.borrow_mut() = want.to_vec();
+            Ok((want.len(), 0))
+        }
+    }
+
+    fn input(
+        name: &str,
+        ip: &str,
+        net: &str,
+        site: &str,
+        key: Option<(u8, Option<&str>)>,
+    ) -> NodeInput {
+        let mut n = NodeInput {
+            name: name.into(),
+            pod_cidrs: vec![net.parse().unwrap()],
+            underlay: Some(ip.parse().unwrap()),
+            ..NodeInput::default()
+        };
+        n.labels.insert(SITE_LABEL.into(), site.into());
+        if let Some((k, ep)) = key {
+            n.labels.insert(GATEWAY_LABEL.into(), "true".into());
+            n.annotations.insert(
+                PUBLIC_KEY_ANNOTATION.into(),
+                PrivateKey::from_bytes([k; 32]).public_key().to_base64(),
+            );
+            if let Some(ep) = ep {
+                n.annotations.insert(ENDPOINT_ANNOTATION.into(), ep.into());
+            }
+        }
+        n
+    }
+
+    fn shaped(me: &str, my_key: PublicKey) -> Shaped {
+        let mut inputs = vec![
+            input(
+                "c1",
+                "198.51.100.1",
+                "198.18.1.0/24",
+                "cloud",
+                Some((1, Some("198.51.100.1:51820"))),
+            ),
+            input(
+                "a1",
+                "192.0.2.1",
+                "198.18.11.0/24",
+                "site-a",
+                Some((2, None)),
+            ),
+            input("a2", "192.0.2.2", "198.18.12.0/24", "site-a", None),
+            input(
+                "b1",
+                "192.0.2.129",
+                "198.18.21.0/24",
+                "site-b",
+                Some((3, None)),
+            ),
+        ];
+        // This node's published key is its key file's.
+        for n in &mut inputs {
+            if n.name == me && n.annotations.contains_key(PUBLIC_KEY_ANNOTATION) {
+                n.annotations
+                    .insert(PUBLIC_KEY_ANNOTATION.into(), my_key.to_base64());
+            }
+        }
+        compute(
+            inputs,
+            me,
+            &SiteConfig::default(),
+            &Settings::default(),
+            &BTreeMap::new(),
+        )
+        .unwrap()
+    }
+
+    fn side(dir: &std::path::Path) -> Side<FakeTunnel, FakeRoutes> {
+        std::fs::create_dir_all(dir).unwrap();
+        let owner = nix::unistd::geteuid().as_raw();
+        let keys = KeyDir::new(dir, owner);
+        Side::new(
+            "stickywg0".into(),
+            1440,
+            keys,
+            FakeTunnel::default(),
+            FakeRoutes::default(),
+        )
+    }
+
+    #[test]
+    fn the_gateway_configures_its_tunnel_once_and_then_only_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        assert_eq!(s.public_key().unwrap(), pk, "made once, then kept");
+        let lines = s.adopt(shaped("a1", pk));
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("site site-a: active gateway")),
+            "{lines:?}"
+        );
+        let (_, status) = s.round(SystemTime::now());
+        let status = status.unwrap();
+        assert_eq!(status.error, None);
+        let calls = s.tunnel.calls();
+        assert!(
+            calls
+                .iter()
+                .any(|c| matches!(c, Call::SetPrivateKey { .. })),
+            "{calls:?}"
+        );
+        assert!(
+            calls
+                .iter()
+                .any(|c| matches!(c, Call::SetListenPort { port: 51820, .. })),
+            "{calls:?}"
+        );
+        assert!(
+            calls.iter().any(|c| matches!(c, Call::Apply { .. })),
+            "{calls:?}"
+        );
+        // The cloud directly, site B through it: one peer, both sites' subnets routed into the device.
+        let held: Vec<String> = s
+            .routes
+            .held
+            .borrow()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(held, ["198.18.1.0/24", "198.18.21.0/24"]);
+        let by_site: BTreeMap<_, _> = status
+            .remotes
+            .iter()
+            .map(|r| (r.site.as_str(), r))
+            .collect();
+        assert_eq!(by_site["cloud"].path, "direct");
+        assert_eq!(by_site["site-b"].path, "relayed via cloud");
+        assert_eq!(by_site["site-b"].tunnel.as_ref().unwrap().peer, "c1");
+        // A second round changes nothing: only reads.
+        let before = s.tunnel.calls().len();
+        s.round(SystemTime::now());
+        let after: Vec<Call> = s.tunnel.calls()[before..].to_vec();
+        assert!(
+            after
+                .iter()
+                .all(|c| matches!(c, Call::EnsureDevice { .. } | Call::Get { .. })),
+            "{after:?}"
+        );
+    }
+
+    #[test]
+    fn a_device_made_again_empty_is_configured_again_in_one_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        s.adopt(shaped("a1", pk));
+        s.round(SystemTime::now());
+        // sticky-wg made the device again: no key, no peers.
+        s.tunnel.devices.lock().unwrap().clear();
+        let before = s.tunnel.calls().len();
+        s.round(SystemTime::now());
+        let after: Vec<Call> = s.tunnel.calls()[before..].to_vec();
+        assert!(
+            after
+                .iter()
+                .any(|c| matches!(c, Call::SetPrivateKey { .. })),
+            "{after:?}"
+        );
+        assert!(
+            after.iter().any(|c| matches!(c, Call::Apply { .. })),
+            "{after:?}"
+        );
+    }
+
+    #[test]
+    fn a_member_configures_no_tunnel_and_a_former_gateway_clears_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        s.adopt(shaped("a1", pk));
+        s.round(SystemTime::now());
+        assert!(!s.routes.held.borrow().is_empty());
+        // Now a2's view: not the gateway.
+        s.adopt(shaped("a2", pk));
+        let (_, status) = s.round(SystemTime::now());
+        assert!(
+            s.routes.held.borrow().is_empty(),
+            "routes into the tunnel removed"
+        );
+        let dev = s.tunnel.devices.lock().unwrap()["stickywg0"].1.clone();
+        assert!(dev.peers.is_empty(), "peers removed: {dev:?}");
+        let status = status.unwrap();
+        assert_eq!(status.role, "member, through gateway a1");
+        assert!(status.remotes.iter().all(|r| r.tunnel.is_none()));
+    }
+
+    #[test]
+    fn tunnel_up_and_down_are_logged_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        s.adopt(shaped("a1", pk));
+        let t0 = SystemTime::now();
+        let (lines, _) = s.round(t0);
+        assert!(!lines.iter().any(|l| l.contains("is up")), "{lines:?}");
+        // A handshake with the cloud's gateway.
+        {
+            let mut d = s.tunnel.devices.lock().unwrap();
+            for p in &mut d.get_mut("stickywg0").unwrap().1.peers {
+                p.last_handshake = Some(t0);
+            }
+        }
+        let (lines, status) = s.round(t0 + Duration::from_secs(1));
+        assert_eq!(
+            lines,
+            ["sites: tunnel to site cloud (gateway c1) is up"],
+            "{lines:?}"
+        );
+        assert!(
+            status
+                .unwrap()
+                .remotes
+                .iter()
+                .all(|r| r.tunnel.as_ref().is_some_and(|t| t.up))
+        );
+        let (lines, _) = s.round(t0 + Duration::from_secs(2));
+        assert!(lines.is_empty(), "{lines:?}");
+        let (lines, _) = s.round(t0 + Duration::from_secs(181));
+        assert_eq!(
+            lines,
+            ["sites: tunnel to site cloud (gateway c1) is DOWN: no handshake for 181 s"]
+        );
+    }
+}
