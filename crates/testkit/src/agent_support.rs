@@ -113,27 +113,12 @@ impl Cluster {
 
     /// [`Cluster::agent`] with these environment variables (a proxy, say).
     pub fn agent_env(&self, n: u8, extra: &[&str], env: &[(&str, &str)]) -> Agent {
-        let conf = self.conf_files[usize::from(n) - 1]
-            .to_string_lossy()
-            .into_owned();
-        let url = self.api.url();
-        let (ca, token) = (self.ca.to_string_lossy(), self.token.to_string_lossy());
-        let name = format!("node-{n}");
-        let mut args = vec![
-            "--config",
-            &conf,
-            "--server",
-            &url,
-            "--ca-file",
-            &ca,
-            "--token-file",
-            &token,
-            "--node-name",
-            &name,
-            "--resync",
-            "60",
-        ];
-        args.extend_from_slice(extra);
+        let conf = &self.conf_files[usize::from(n) - 1];
+        let mut args = self
+            .api
+            .agent_args(conf, &self.ca, &self.token, &format!("node-{n}"));
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let log = self.topo.dir.path().join(format!("agent-{n}.log"));
         Agent::start_env(agent_bin(), &self.topo.node_ns(n), log, &args, env)
     }

@@ -298,6 +298,27 @@ impl ApiServer {
         format!("https://{}", self.addr)
     }
 
+    /// The agent's flags to reach this server as Node `name` with the config file `conf` and
+    /// the files of [`ApiServer::credentials`] (and a resync every 60 s).
+    pub fn agent_args(&self, conf: &Path, ca: &Path, token: &Path, name: &str) -> Vec<String> {
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        [
+            "--config".to_string(),
+            path(conf),
+            "--server".to_string(),
+            self.url(),
+            "--ca-file".to_string(),
+            path(ca),
+            "--token-file".to_string(),
+            path(token),
+            "--node-name".to_string(),
+            name.to_string(),
+            "--resync".to_string(),
+            "60".to_string(),
+        ]
+        .into()
+    }
+
     /// Writes the CA and the token for the agent; returns (ca file, token file).
     pub fn credentials(&self, dir: &Path) -> (PathBuf, PathBuf) {
         let ca = dir.join("api-ca.pem");

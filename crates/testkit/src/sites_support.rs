@@ -275,36 +275,16 @@ impl Sites {
 
     /// Starts node `name`'s agent (killing a running one first).
     pub fn start_agent(&mut self, name: &str) {
-        let conf = self.conf_files[site_node(name).name]
-            .to_string_lossy()
-            .into_owned();
-        let (url, ca, token) = (
-            self.api.url(),
-            self.ca.to_string_lossy().into_owned(),
-            self.token.to_string_lossy().into_owned(),
-        );
-        let (keys, socks) = (
-            self.key_dir(name).to_string_lossy().into_owned(),
-            self.wg_socket_dir(name).to_string_lossy().into_owned(),
-        );
-        let args = [
-            "--config",
-            &conf,
-            "--server",
-            &url,
-            "--ca-file",
-            &ca,
-            "--token-file",
-            &token,
-            "--node-name",
-            name,
-            "--resync",
-            "60",
-            "--key-dir",
-            &keys,
-            "--wg-socket-dir",
-            &socks,
-        ];
+        let conf = &self.conf_files[site_node(name).name];
+        let mut args = self.api.agent_args(conf, &self.ca, &self.token, name);
+        for (flag, dir) in [
+            ("--key-dir", self.key_dir(name)),
+            ("--wg-socket-dir", self.wg_socket_dir(name)),
+        ] {
+            args.push(flag.to_string());
+            args.push(dir.to_string_lossy().into_owned());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.start_daemon(name, "agent", agent_bin(), &args);
     }
 
@@ -560,17 +540,7 @@ fn add_router(topo: &mut Topo, r: &SiteRouter, nat: Nat) {
              }}\n",
             nat.statement()
         );
-        let file = topo.dir.path().join(format!("router-{}.nft", r.site));
-        std::fs::write(&file, script).expect("the router's nft script");
-        ok(&[
-            "ip",
-            "netns",
-            "exec",
-            &ns,
-            "nft",
-            "-f",
-            file.to_str().expect("utf-8 path"),
-        ]);
+        topo.load_nft(&ns, &format!("router-{}.nft", r.site), &script);
     }
 }
 
@@ -887,7 +857,9 @@ pub fn iperf3_mbps(from: &str, source: Option<&str>, to_ns: &str, to: &str, secs
     use std::io::BufRead;
     crate::support::bins::assert_installed("iperf3", "iperf3");
     let mut server = std::process::Command::new("ip")
-        .args(["netns", "exec", to_ns, "iperf3", "-s", "-1", "-B", to, "-p", "5201"])
+        .args([
+            "netns", "exec", to_ns, "iperf3", "-s", "-1", "-B", to, "-p", "5201",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -896,7 +868,10 @@ pub fn iperf3_mbps(from: &str, source: Option<&str>, to_ns: &str, to: &str, secs
     let mut out = std::io::BufReader::new(server.stdout.take().expect("stdout"));
     while !line.contains("listening") {
         line.clear();
-        assert!(out.read_line(&mut line).expect("iperf3 -s output") > 0, "iperf3 -s ended");
+        assert!(
+            out.read_line(&mut line).expect("iperf3 -s output") > 0,
+            "iperf3 -s ended"
+        );
     }
     let secs = secs.to_string();
     let mut argv = vec![

@@ -446,13 +446,19 @@ impl Topo {
         let script = format!(
             "table {family} sticky_test_probe {{\n  chain input {{\n    type filter hook input priority filter + 10; policy accept;\n    udp dport {port} {match_saddr} {saddr} counter\n  }}\n}}\n"
         );
-        let file = self.dir.path().join(format!("probe-{n}-{family}.nft"));
-        std::fs::write(&file, script).expect("probe script");
+        self.load_nft(&ns, &format!("probe-{n}-{family}.nft"), &script);
+    }
+
+    /// Loads an nftables `script` in namespace `ns` (`nft -f`, from a file `name` in the temp
+    /// dir, kept for a failing test's reader).
+    pub fn load_nft(&self, ns: &str, name: &str, script: &str) {
+        let file = self.dir.path().join(name);
+        std::fs::write(&file, script).expect("nft script");
         ok(&[
             "ip",
             "netns",
             "exec",
-            &ns,
+            ns,
             "nft",
             "-f",
             file.to_str().expect("utf-8 path"),
