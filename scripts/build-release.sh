@@ -42,7 +42,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 musl=x86_64-unknown-linux-musl
 out=${CARGO_TARGET_DIR:-target}
-bins=(sticky-ipam sticky-vxlan sticky-vxlan-agent)
+bins=(sticky-ipam sticky-vxlan sticky-vxlan-agent sticky-wg)
 mkdir -p "$out/release"
 
 has_musl() {

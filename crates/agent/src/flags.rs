@@ -12,6 +12,7 @@ sticky-vxlan-agent: keep this node's peers file and data path current.
 
   sticky-vxlan-agent --config <file.conflist> [--segment-config <file>]... [options]
   sticky-vxlan-agent --version
+  sticky-vxlan-agent rotate-key --config <file.conflist> [--key-dir <dir>]
 
 Learns the peers from the Kubernetes API's Node objects when it answers (list + watch), writes
 them to the conflist's peersFile when they change, and reconciles this node (as
@@ -50,10 +51,22 @@ Options:
                                 is logged at start
   --publish-flannel-annotations set flannel's annotations on this node's Node object
                                 (needs --node-name and patch on nodes/status)
+  --key-dir <dir>               where a site gateway keeps its WireGuard private key (made
+                                once, root-only 0600, never logged or published; default
+                                /var/lib/sticky-cni/wireguard): only with a \"sites\" config
+  --wg-socket-dir <dir>         where sticky-wg serves the tunnel's WireGuard socket (default
+                                /var/run/wireguard, where `wg` looks)
   --underlay-family ipv4|ipv6   the family of the network's underlay: which InternalIP and
                                 which of flannel's annotations a Node's underlay address is
                                 taken from (default: that of the config's localIp, else of
                                 its peers, else ipv4; one against the config is refused)
+
+With a \"sites\" object in the config (docs/sites.md), it also keeps this node's site: the
+peers file holds the site's own nodes, its active gateway's entry carries the other sites'
+pod subnets, and on the active gateway it configures the tunnel (sticky-wg's device) from the
+Nodes or, with the API away, from <stateDir>/<network>.sites.json. It needs --node-name.
+`rotate-key` makes a new key for this node's gateway (the old one is kept as .previous); the
+running agent uses and publishes it within seconds, and other sites learn it from the API.
 
 Exit codes: it runs until stopped; 2 for a usage error, 1 when it cannot start (the config
 has no peersFile, credentials cannot be read, the metrics address is taken).
@@ -95,6 +108,39 @@ pub enum Error {
     /// `--underlay-family` not a family, or against the config (found at start).
     #[error(transparent)]
     UnderlayFamily(#[from] family::Error),
+    #[error("{0} {1:?}: expected an absolute directory path")]
+    NotAbsolute(&'static str, PathBuf),
+}
+
+/// `rotate-key`'s command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RotateKey {
+    pub config: PathBuf,
+    pub key_dir: PathBuf,
+}
+
+const ROTATE_SPEC: Spec = Spec {
+    verb: "rotate-key",
+    flags: &[],
+    values: &["--config", "--key-dir"],
+    repeatable: &[],
+    positionals: &[],
+};
+
+/// Parses the arguments after `rotate-key`.
+pub fn parse_rotate_key(args: &[String]) -> Result<RotateKey, Error> {
+    let p = sticky_primitives::args::parse(args, &[], &ROTATE_SPEC)?;
+    let config = p
+        .value("--config")
+        .map(PathBuf::from)
+        .ok_or(Error::NoConfig)?;
+    let key_dir = p
+        .value("--key-dir")
+        .map_or_else(|| PathBuf::from(DEFAULT_KEY_DIR), PathBuf::from);
+    if !key_dir.is_absolute() {
+        return Err(Error::NotAbsolute("--key-dir", key_dir));
+    }
+    Ok(RotateKey { config, key_dir })
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -127,7 +173,16 @@ pub struct Options {
     pub publish: bool,
     /// `--underlay-family`: `None` lets the config decide ([`super::family::decide`]).
     pub underlay_family: Option<Family>,
+    /// `--key-dir`: the gateway's key directory.
+    pub key_dir: PathBuf,
+    /// `--wg-socket-dir`: where the tunnel's WireGuard socket is.
+    pub wg_socket_dir: PathBuf,
 }
+
+/// Where a gateway's key is kept unless `--key-dir` says.
+pub const DEFAULT_KEY_DIR: &str = "/var/lib/sticky-cni/wireguard";
+/// Where sticky-wg serves its socket unless `--wg-socket-dir` says (where `wg` looks).
+pub const DEFAULT_WG_SOCKET_DIR: &str = "/var/run/wireguard";
 
 const SPEC: Spec = Spec {
     verb: "agent",
@@ -149,6 +204,8 @@ const SPEC: Spec = Spec {
         "--metrics-addr",
         "--segment-config",
         "--underlay-family",
+        "--key-dir",
+        "--wg-socket-dir",
     ],
     repeatable: &["--segment-config"],
     positionals: &[],
@@ -236,7 +293,17 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
         .into_iter()
         .map(PathBuf::from)
         .collect();
+    let key_dir = path("--key-dir").unwrap_or_else(|| PathBuf::from(DEFAULT_KEY_DIR));
+    let wg_socket_dir =
+        path("--wg-socket-dir").unwrap_or_else(|| PathBuf::from(DEFAULT_WG_SOCKET_DIR));
+    for (flag, dir) in [("--key-dir", &key_dir), ("--wg-socket-dir", &wg_socket_dir)] {
+        if !dir.is_absolute() {
+            return Err(Error::NotAbsolute(flag, dir.clone()));
+        }
+    }
     Ok(Options {
+        key_dir,
+        wg_socket_dir,
         config,
         segment_configs,
         source,

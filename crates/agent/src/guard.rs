@@ -6,7 +6,10 @@
 //! five deletions half a second apart count as five. More than `--max-remove-fraction` of the
 //! accepted peers (at least one) within [`WINDOW`] is refused: the peers file stays as it is,
 //! the refusal is logged, counted and shown until the change shrinks back under the limit, the
-//! window passes, or the operator accepts it. Additions never count.
+//! window passes, or the operator accepts it. Additions never count. With sites
+//! (docs/sites.md), every other site's pod subnet a site gateway's entry carries counts as a
+//! peer does ([`Unit::Carried`]): one that is no longer carried, or carried by another entry,
+//! is disrupted.
 //!
 //! An operator's acceptance ([`Guard::accept`], the `accept-changes` file, docs/agent.md) is
 //! tied to the one change the guard refuses when it comes, by that change's
@@ -14,9 +17,11 @@
 //! nothing else. With no refusal of the guard standing (nothing refused, or a list refused for
 //! another reason) it accepts nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
+
+use ipnet::IpNet;
 use std::time::{Duration, Instant};
 
 use sticky_overlay::peers::Peer;
@@ -27,11 +32,37 @@ pub const WINDOW: Duration = Duration::from_secs(600);
 /// How long an operator's acceptance of a refused change holds.
 pub const ACCEPT_FOR: Duration = Duration::from_secs(600);
 
+/// What the guard counts: a peer, by its underlay address, or another site's pod subnet that
+/// a site gateway's entry carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Unit {
+    Peer(IpAddr),
+    Carried(IpNet),
+}
+
+impl std::fmt::Display for Unit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unit::Peer(ip) => write!(f, "{ip}"),
+            Unit::Carried(net) => write!(f, "{net} of another site"),
+        }
+    }
+}
+
+/// Every unit of `list`.
+fn units(list: &[Peer]) -> BTreeSet<Unit> {
+    list.iter()
+        .flat_map(|p| {
+            std::iter::once(Unit::Peer(p.ip)).chain(p.carries.iter().map(|c| Unit::Carried(*c)))
+        })
+        .collect()
+}
+
 /// A change the guard refused.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refused {
-    /// Peers of the accepted list the change removes or changes.
-    pub disrupted: Vec<IpAddr>,
+    /// Peers (and carried subnets) of the accepted list the change removes or changes.
+    pub disrupted: Vec<Unit>,
     /// Of those and the ones disrupted earlier in the window, how many in all.
     pub in_window: usize,
     pub limit: usize,
@@ -82,14 +113,27 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// The peers of `accepted` that `new` removes or changes.
-pub fn disrupted(accepted: &[Peer], new: &[Peer]) -> Vec<IpAddr> {
-    let new: BTreeMap<IpAddr, &Peer> = new.iter().map(|p| (p.ip, p)).collect();
-    accepted
+/// The units of `accepted` that `new` removes or changes: peers whose entry (address,
+/// subnets, MAC) is gone or differs, and carried subnets no longer carried by the same peer.
+pub fn disrupted(accepted: &[Peer], new: &[Peer]) -> Vec<Unit> {
+    let same = |a: &Peer, b: &Peer| a.subnets == b.subnets && a.mac == b.mac;
+    let by_ip: BTreeMap<IpAddr, &Peer> = new.iter().map(|p| (p.ip, p)).collect();
+    let carrier: BTreeMap<IpNet, IpAddr> = new
         .iter()
-        .filter(|p| new.get(&p.ip) != Some(p))
-        .map(|p| p.ip)
-        .collect()
+        .flat_map(|p| p.carries.iter().map(|c| (*c, p.ip)))
+        .collect();
+    let mut out: Vec<Unit> = accepted
+        .iter()
+        .filter(|p| by_ip.get(&p.ip).is_none_or(|n| !same(p, n)))
+        .map(|p| Unit::Peer(p.ip))
+        .collect();
+    out.extend(accepted.iter().flat_map(|p| {
+        p.carries
+            .iter()
+            .filter(|c| carrier.get(*c) != Some(&p.ip))
+            .map(|c| Unit::Carried(*c))
+    }));
+    out
 }
 
 /// Which change goes from `accepted` to `new`: equal for the same two lists, in this process.
@@ -98,7 +142,7 @@ pub fn fingerprint(accepted: &[Peer], new: &[Peer]) -> u64 {
     for list in [accepted, new] {
         list.len().hash(&mut h);
         for p in list {
-            (p.ip, &p.subnets, p.mac).hash(&mut h);
+            (p.ip, &p.subnets, p.mac, &p.carries).hash(&mut h);
         }
     }
     h.finish()
@@ -108,7 +152,7 @@ pub fn fingerprint(accepted: &[Peer], new: &[Peer]) -> u64 {
 pub struct Guard {
     max_fraction: f64,
     /// Peers disrupted by accepted changes, and when.
-    spent: BTreeMap<IpAddr, Instant>,
+    spent: BTreeMap<Unit, Instant>,
     /// The change the guard refused last, while that refusal stands.
     refused: Option<Refused>,
     /// The refused change the operator accepted, and until when.
@@ -171,14 +215,13 @@ impl Guard {
         }
         // The list as it was when the window began: the peers accepted now and those removed
         // since (so each removal does not shrink the limit for the next one).
-        let present: std::collections::BTreeSet<IpAddr> = accepted.iter().map(|p| p.ip).collect();
-        let baseline =
-            accepted.len() + self.spent.keys().filter(|ip| !present.contains(ip)).count();
+        let present = units(accepted);
+        let baseline = present.len() + self.spent.keys().filter(|u| !present.contains(u)).count();
         let limit = ((self.max_fraction * baseline as f64).floor() as usize).max(1);
         let in_window = self.spent.len()
             + disrupted
                 .iter()
-                .filter(|ip| !self.spent.contains_key(ip))
+                .filter(|u| !self.spent.contains_key(u))
                 .count();
         if self.max_fraction < 1.0 && in_window > limit {
             let refused = Refused {
@@ -192,8 +235,8 @@ impl Guard {
             self.refused = Some(refused.clone());
             return Err(refused);
         }
-        for ip in disrupted {
-            self.spent.insert(ip, now);
+        for u in disrupted {
+            self.spent.insert(u, now);
         }
         self.refused = None;
         self.accepted = None;
@@ -218,6 +261,42 @@ mod tests {
 
     fn six() -> Vec<Peer> {
         (1..=6).map(peer).collect()
+    }
+
+    /// Peers 1 and 2 of a site; 1 is its gateway, carrying `remote` subnets of other sites.
+    fn site_with(remote: u8) -> Vec<Peer> {
+        let mut gw = peer(1);
+        gw.carries = (0..remote)
+            .map(|i| format!("198.18.{i}.0/24").parse().unwrap())
+            .collect();
+        vec![gw, peer(2)]
+    }
+
+    #[test]
+    fn other_sites_subnets_count_as_peers_do() {
+        let now = Instant::now();
+        // 2 peers + 8 carried subnets = 10 units; half may go.
+        let accepted = site_with(8);
+        assert_eq!(
+            disrupted(&accepted, &site_with(3)).len(),
+            5,
+            "five carried subnets gone; the gateway's own entry is the same"
+        );
+        let mut g = Guard::new(0.5);
+        let r = g.admit(now, &accepted, &site_with(2)).unwrap_err();
+        assert_eq!(r.disrupted.len(), 6);
+        assert_eq!(r.of, 10);
+        assert!(
+            r.what().contains("198.18.2.0/24 of another site"),
+            "{}",
+            r.what()
+        );
+        let mut g = Guard::new(0.5);
+        g.admit(now, &accepted, &site_with(3)).unwrap();
+        // The carried subnets moving to another entry (a new gateway) disrupt them too.
+        let mut moved = site_with(0);
+        moved[1].carries = accepted[0].carries.clone();
+        assert_eq!(disrupted(&accepted, &moved).len(), 8);
     }
 
     #[test]
@@ -291,7 +370,10 @@ mod tests {
         assert!(g.admit(t, &accepted, &accepted[2..]).is_ok());
         let changed = [six(3, Some([0x6e, 0, 0, 0, 0, 3])), six(4, None)];
         let r = g.admit(t, &accepted[2..], &changed).unwrap_err();
-        assert_eq!(r.disrupted, ["2001:db8::3".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            r.disrupted,
+            [Unit::Peer("2001:db8::3".parse::<IpAddr>().unwrap())]
+        );
         assert_eq!((r.in_window, r.limit, r.of), (3, 2, 4));
         assert!(r.to_string().contains("(2001:db8::3)"), "{r}");
     }

@@ -70,6 +70,14 @@ pub enum Error {
     Endpoint(#[from] endpoint::Error),
     #[error("writing output: {0}")]
     Output(std::io::Error),
+    #[error(
+        "{path}: the network has \"sites\": the agent needs this node's Node name (--node-name or NODE_NAME)"
+    )]
+    SitesNeedNodeName { path: PathBuf },
+    #[error("{path}: rotate-key needs a network with \"sites\" (docs/sites.md)")]
+    NoSites { path: PathBuf },
+    #[error(transparent)]
+    Keys(#[from] sticky_sites::keys::Error),
     #[error("--metrics-addr {addr}: {source}")]
     Metrics {
         addr: std::net::SocketAddr,
@@ -97,6 +105,11 @@ pub fn main(args: &[String]) -> ExitCode {
             let version = env!("CARGO_PKG_VERSION");
             return writeln!(out, "sticky-vxlan-agent {version}").map_err(Error::Output);
         }
+        if args.first().is_some_and(|a| a == "rotate-key") {
+            let r = flags::parse_rotate_key(&args[1..]).map_err(Error::Usage)?;
+            let line = rotate_key(&r)?;
+            return writeln!(out, "{line}").map_err(Error::Output);
+        }
         flags::parse(args, |k| std::env::var(k).ok())
             .map_err(Error::Usage)
             .and_then(run)
@@ -113,6 +126,26 @@ impl program::Failure for Error {
     fn is_usage(&self) -> bool {
         matches!(self, Error::Usage(_))
     }
+}
+
+/// `rotate-key`: a new key pair for this node's site gateway; the old private key is kept as
+/// `.previous`. The running agent takes the new one at its next round, and publishes it.
+fn rotate_key(r: &flags::RotateKey) -> Result<String, Error> {
+    let cfg = sticky_vxlan::networks::load(&r.config)?;
+    let Some(sites) = &cfg.sites else {
+        return Err(Error::NoSites {
+            path: r.config.clone(),
+        });
+    };
+    let keys = sticky_sites::keys::KeyDir::new(&r.key_dir, nix::unistd::geteuid().as_raw());
+    let rotated = keys.rotate(&sites.interface)?;
+    Ok(format!(
+        "new WireGuard key for {} in {}: public key {} (was {}); the running agent uses and publishes it within seconds, and other sites take it from the API (until they do, their tunnels to this gateway are down)",
+        sites.interface,
+        r.key_dir.display(),
+        rotated.new.public_key().to_base64(),
+        rotated.previous.to_base64()
+    ))
 }
 
 fn run(opts: Options) -> Result<(), Error> {
@@ -152,6 +185,28 @@ fn run(opts: Options) -> Result<(), Error> {
             serve::start(addr, shared.clone()).map_err(|source| Error::Metrics { addr, source })?;
         log(&format!("serving /metrics and /healthz on {bound}"));
     }
+    let mut sites = match &cfg.sites {
+        None => None,
+        Some(s) => {
+            let Some(me) = opts.node_name.as_deref() else {
+                return Err(Error::SitesNeedNodeName {
+                    path: opts.config.clone(),
+                });
+            };
+            let (run, lines) = sites::run::SitesRun::start(
+                &cfg,
+                s,
+                me,
+                family,
+                opts.key_dir.clone(),
+                opts.wg_socket_dir.clone(),
+            );
+            for l in lines {
+                log(&l);
+            }
+            Some(run)
+        }
+    };
     let (tx, rx) = mpsc::channel();
     files::remove_stale_temps(&peers_file);
     files::remove_stale_temps(&status::status_path(&cfg.state_dir, &cfg.name));
@@ -173,13 +228,15 @@ fn run(opts: Options) -> Result<(), Error> {
                 )),
                 peers_file.display()
             ));
-            let publisher = match (&opts.node_name, opts.publish) {
+            let publisher = match (&opts.node_name, opts.publish || sites.is_some()) {
                 (Some(name), true) => Some((
                     publish::Publishing::new(
                         publish::Publisher {
                             node_name: name.clone(),
                             vni: cfg.vni,
                             family,
+                            flannel: opts.publish,
+                            public_key: None,
                         },
                         clock::Backoff::new(),
                     ),
@@ -187,28 +244,38 @@ fn run(opts: Options) -> Result<(), Error> {
                 )),
                 _ => None,
             };
+            let feed = sync::Feed::new(tx, opts.node_name.clone(), family);
+            let feed = match sites {
+                Some(_) => feed.with_sites(),
+                None => feed,
+            };
             let reflector = reflector::Reflector::new(
                 kube::Kube::new(e),
                 clock::SystemClock,
-                sync::Feed::new(tx, opts.node_name.clone(), family),
+                feed,
                 clock::Backoff::new(),
             )
             .with_watch_timeout(opts.watch_timeout);
             std::thread::spawn(move || reflector.run());
+            let mut keeper = sync::Keeper::new(
+                peers_file.clone(),
+                opts.node_name.clone(),
+                cfg.vni,
+                guard::Guard::new(opts.max_remove_fraction),
+            );
+            if let (Some(run), Some(s), Some(me)) = (&sites, &cfg.sites, &opts.node_name) {
+                keeper.sites = Some(sites::run::shaper(me, s, run.cached_current()));
+            }
             Some(ApiSide {
-                keeper: sync::Keeper::new(
-                    peers_file.clone(),
-                    opts.node_name.clone(),
-                    cfg.vni,
-                    guard::Guard::new(opts.max_remove_fraction),
-                ),
+                keeper,
+                own: None,
                 publisher,
                 refused_at: None,
                 last_good: files::PeersCache::default(),
             })
         }
     };
-    main_loop(&opts, &cfg, &peers_file, &shared, &rx, api);
+    main_loop(&opts, &cfg, &peers_file, &shared, &rx, api, sites.as_mut());
     Ok(())
 }
 
@@ -216,6 +283,8 @@ fn run(opts: Options) -> Result<(), Error> {
 /// peers file; and the publisher of this node's flannel annotations.
 struct ApiSide {
     keeper: sync::Keeper,
+    /// This node's own Node as last seen (for what it publishes).
+    own: Option<objects::Node>,
     publisher: Option<(publish::Publishing, kube::Kube)>,
     /// When the guard last refused (the change is tried again every [`RETRY`]).
     refused_at: Option<Instant>,
@@ -275,6 +344,9 @@ impl ApiSide {
                 sync::Update::Own(n) => own = Some(n),
                 u => dirty |= self.keeper.apply(u),
             }
+        }
+        if let Some(n) = &own {
+            self.own = Some((**n).clone());
         }
         if let Some((p, kube)) = &mut self.publisher {
             if let Some(n) = own {
@@ -398,6 +470,35 @@ impl ApiSide {
     }
 }
 
+impl ApiSide {
+    /// Keeps the key this node publishes as its gateway key file says (made when its Node is
+    /// first labelled a gateway; a rotated one is taken here): when it changes, the own Node
+    /// is offered to the publisher again.
+    fn publish_key(&mut self, run: &sites::run::SitesRun) {
+        let (Some(own), Some((p, _))) = (&self.own, &mut self.publisher) else {
+            return;
+        };
+        let key = match run.public_key(own) {
+            None => None,
+            Some(Ok(k)) => Some(k),
+            Some(Err(e)) => {
+                log(&format!("sites: this node's gateway key: {e}"));
+                return;
+            }
+        };
+        if p.publisher.public_key != key {
+            if let Some(k) = &key {
+                log(&format!(
+                    "sites: this node's gateway public key is {}",
+                    k.to_base64()
+                ));
+            }
+            p.publisher.public_key = key;
+            p.offer(own.clone());
+        }
+    }
+}
+
 /// The file whose existence accepts the change the guard refuses, once.
 fn accept_changes_path(cfg: &Config) -> PathBuf {
     cfg.state_dir.join(format!("{}.accept-changes", cfg.name))
@@ -417,6 +518,7 @@ fn main_loop(
     shared: &Shared,
     rx: &mpsc::Receiver<sync::Update>,
     mut api: Option<ApiSide>,
+    mut sites: Option<&mut sites::run::SitesRun>,
 ) {
     let state_dir = &cfg.state_dir;
     const POLL: Duration = Duration::from_millis(500);
@@ -476,6 +578,14 @@ fn main_loop(
                 last_full = last_try;
             }
         }
+        if let Some(run) = sites.as_deref_mut() {
+            if let Some(api) = &mut api {
+                api.publish_key(run);
+            }
+            for line in run.round_if_due(shared) {
+                log(&line);
+            }
+        }
         let status = {
             let mut s = shared.lock();
             s.alive = Instant::now();
@@ -490,7 +600,16 @@ fn main_loop(
         why = "";
         let burst = take_burst(rx, POLL);
         let told = match &mut api {
-            Some(api) => api.apply(burst, cfg, shared),
+            Some(api) => {
+                let told = api.apply(burst, cfg, shared);
+                if let (Some(run), Some(shaped)) = (sites.as_deref_mut(), api.keeper.take_shaped())
+                {
+                    for line in run.adopt(shaped) {
+                        log(&line);
+                    }
+                }
+                told
+            }
             None => false,
         };
         let now = files::fingerprint(peers_file);

@@ -2,7 +2,9 @@
 //! underlay family (backend-type vxlan; backend-data and public-ip on IPv4, backend-v6-data and
 //! public-ipv6 on IPv6, the backend data with the VNI and the kept MAC; kube-subnet-manager),
 //! so flannel nodes learn it during a migration, plus `sticky-cni.io/kept-mac`, which tells
-//! other sticky-cni agents to compute its MAC rather than read flannel's.
+//! other sticky-cni agents to compute its MAC rather than read flannel's. And on a site
+//! gateway (docs/sites.md), `sticky-cni.io/wireguard-public-key`: its tunnel's public key, so
+//! that other sites can reach it. Both go in the one PATCH of nodes/status.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -14,6 +16,8 @@ use super::mapping::{self, FLANNEL_BACKEND_TYPE, FLANNEL_KUBE_MANAGED, KEPT_MAC_
 use super::objects::Node;
 use sticky_netlink::link::format_mac;
 use sticky_overlay::mac::vtep_mac;
+use sticky_sites::keys::PublicKey;
+use sticky_sites::model::PUBLIC_KEY_ANNOTATION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -33,11 +37,26 @@ pub struct Publisher {
     pub vni: u32,
     /// The network's underlay family: which address and which of flannel's keys.
     pub family: Family,
+    /// Whether flannel's annotations are published (`--publish-flannel-annotations`).
+    pub flannel: bool,
+    /// The site gateway's public key, when this node is one.
+    pub public_key: Option<PublicKey>,
 }
 
 impl Publisher {
     /// The annotations this node should carry; `Err` while its underlay is unknown.
     pub fn wanted(&self, own: &Node) -> Result<BTreeMap<String, String>, mapping::Skip> {
+        let mut wanted = match self.flannel {
+            true => self.flannel_wanted(own)?,
+            false => BTreeMap::new(),
+        };
+        if let Some(k) = &self.public_key {
+            wanted.insert(PUBLIC_KEY_ANNOTATION.to_string(), k.to_base64());
+        }
+        Ok(wanted)
+    }
+
+    fn flannel_wanted(&self, own: &Node) -> Result<BTreeMap<String, String>, mapping::Skip> {
         let ip = mapping::own_underlay(own, self.family)?;
         let mac = format_mac(&vtep_mac(ip, self.vni));
         Ok(BTreeMap::from([
@@ -167,6 +186,8 @@ mod tests {
             node_name: "n2".into(),
             vni: 1,
             family,
+            flannel: true,
+            public_key: None,
         }
     }
 
@@ -238,6 +259,31 @@ mod tests {
             err.to_string(),
             "PATCH node n2: HTTP 403 Forbidden: nodes/status is forbidden"
         );
+    }
+
+    #[test]
+    fn a_site_gateway_publishes_its_public_key_alone_or_with_flannels() {
+        let key = sticky_sites::keys::PrivateKey::from_bytes([7; 32]).public_key();
+        let mut p = Publisher {
+            flannel: false,
+            public_key: Some(key),
+            ..publisher(Family::V4)
+        };
+        // No underlay needed for the key alone.
+        let bare: Node = serde_json::from_str(r#"{"metadata":{"name":"n2"}}"#).unwrap();
+        let w = p.wanted(&bare).unwrap();
+        assert_eq!(
+            w,
+            BTreeMap::from([(PUBLIC_KEY_ANNOTATION.to_string(), key.to_base64())])
+        );
+        p.flannel = true;
+        let w = p.wanted(&own()).unwrap();
+        assert_eq!(w[PUBLIC_KEY_ANNOTATION], key.to_base64());
+        assert!(w.contains_key(KEPT_MAC_ANNOTATION));
+        // Neither: nothing to publish.
+        p.flannel = false;
+        p.public_key = None;
+        assert!(p.wanted(&bare).unwrap().is_empty());
     }
 
     #[test]

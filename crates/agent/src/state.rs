@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use sticky_vxlan::status::Status;
+use sticky_vxlan::status::{SitesStatus, Status, TunnelStatus, now_unix};
 
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -159,6 +159,95 @@ impl Shared {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
+        if let Some(sites) = &s.status.sites {
+            site_metrics(&mut out, sites);
+        }
         out
+    }
+}
+
+/// The per-site metrics, labelled by remote site (docs/sites.md, "Observing").
+fn site_metrics(out: &mut String, sites: &SitesStatus) {
+    let head = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(
+            out,
+            "# HELP sticky_vxlan_agent_{name} {help}\n# TYPE sticky_vxlan_agent_{name} {kind}"
+        );
+    };
+    head(
+        out,
+        "sites_left_out",
+        "gauge",
+        "Nodes whose site part was refused: a bad site label, or a gateway with a bad key or endpoint (the log names each and why).",
+    );
+    let _ = writeln!(out, "sticky_vxlan_agent_sites_left_out {}", sites.left_out);
+    head(
+        out,
+        "site_relayed",
+        "gauge",
+        "Per remote site: 1 when its traffic goes through a relay site's gateway, 0 when direct, -1 when it is unreachable.",
+    );
+    for r in &sites.remotes {
+        let v = if r.path.starts_with("relayed") {
+            1
+        } else if r.path.starts_with("unreachable") {
+            -1
+        } else {
+            0
+        };
+        let _ = writeln!(
+            out,
+            "sticky_vxlan_agent_site_relayed{{site=\"{}\",gateway=\"{}\"}} {v}",
+            r.site,
+            r.gateway.as_deref().unwrap_or("")
+        );
+    }
+    let tunnels: Vec<_> = sites
+        .remotes
+        .iter()
+        .filter_map(|r| r.tunnel.as_ref().map(|t| (&r.site, t)))
+        .collect();
+    if tunnels.is_empty() {
+        return;
+    }
+    let now = now_unix();
+    for (name, kind, help, value) in [
+        (
+            "site_tunnel_up",
+            "gauge",
+            "On the active gateway, per remote site: 1 when the tunnel carrying its traffic had a handshake within 180 s.",
+            &(|t: &TunnelStatus| f64::from(u8::from(t.up))) as &dyn Fn(&TunnelStatus) -> f64,
+        ),
+        (
+            "site_handshake_age_seconds",
+            "gauge",
+            "On the active gateway, per remote site: seconds since the carrying tunnel's latest handshake (-1: never).",
+            &|t: &TunnelStatus| {
+                t.last_handshake
+                    .map_or(-1.0, |h| now.saturating_sub(h) as f64)
+            },
+        ),
+        (
+            "site_receive_bytes_total",
+            "counter",
+            "On the active gateway, per remote site: bytes received on the carrying tunnel (the device's count).",
+            &|t: &TunnelStatus| t.rx_bytes as f64,
+        ),
+        (
+            "site_transmit_bytes_total",
+            "counter",
+            "On the active gateway, per remote site: bytes sent on the carrying tunnel (the device's count).",
+            &|t: &TunnelStatus| t.tx_bytes as f64,
+        ),
+    ] {
+        head(out, name, kind, help);
+        for (site, t) in &tunnels {
+            let _ = writeln!(
+                out,
+                "sticky_vxlan_agent_{name}{{site=\"{site}\",peer=\"{}\"}} {}",
+                t.peer,
+                value(t)
+            );
+        }
     }
 }

@@ -22,6 +22,8 @@ use super::kube::MAX_NODES;
 use super::mapping;
 use super::objects::Node;
 use super::reflector::{Sink, SyncState};
+use super::sites::facts::{self, Facts};
+use super::sites::shape::{Shaped, Shaper};
 use super::state::Shared;
 use super::table::{self, Mapped, Placed, Refusal};
 use sticky_overlay::peers::Peer;
@@ -33,6 +35,10 @@ pub enum Update {
     Replace(BTreeMap<String, Mapped>),
     /// A Node whose mapping changed (or is new).
     Upsert(String, Mapped),
+    /// With sites: what sites read of every Node, after a [`Update::Replace`].
+    ReplaceFacts(BTreeMap<String, Facts>),
+    /// With sites: a Node whose sites facts changed (or is new).
+    Facts(String, Facts),
     Delete(String),
     /// This node's own Node object changed (for publishing flannel's annotations).
     Own(Box<Node>),
@@ -47,6 +53,8 @@ pub struct Feed {
     /// The network's underlay family: every Node is mapped on it.
     family: Family,
     mapped: BTreeMap<String, Mapped>,
+    /// With sites: what sites read of each Node (`None`: the network has no sites).
+    facts: Option<BTreeMap<String, Facts>>,
     own: Option<Node>,
     /// More than [`MAX_NODES`] were announced since the last list (said once).
     overflowed: bool,
@@ -59,9 +67,16 @@ impl Feed {
             own_name,
             family,
             mapped: BTreeMap::new(),
+            facts: None,
             own: None,
             overflowed: false,
         }
+    }
+
+    /// Sends what sites read of each Node as well (a network with sites).
+    pub fn with_sites(mut self) -> Feed {
+        self.facts = Some(BTreeMap::new());
+        self
     }
 
     fn send(&self, u: Update) {
@@ -73,6 +88,7 @@ impl Feed {
         if self.own_name.as_deref() == Some(node.metadata.name.as_str()) {
             let changed = self.own.as_ref().is_none_or(|o| {
                 o.metadata.annotations != node.metadata.annotations
+                    || o.metadata.labels != node.metadata.labels
                     || o.status.addresses != node.status.addresses
             });
             if changed {
@@ -89,6 +105,12 @@ impl Sink for Feed {
         for n in &nodes {
             self.own(n);
         }
+        if let Some(f) = &mut self.facts {
+            *f = nodes
+                .iter()
+                .map(|n| (n.metadata.name.clone(), facts::of(n)))
+                .collect();
+        }
         self.mapped = nodes
             .into_iter()
             .map(|n| {
@@ -97,6 +119,9 @@ impl Sink for Feed {
             })
             .collect();
         self.send(Update::Replace(self.mapped.clone()));
+        if let Some(f) = &self.facts {
+            self.send(Update::ReplaceFacts(f.clone()));
+        }
     }
 
     fn upsert(&mut self, node: Node) {
@@ -112,6 +137,13 @@ impl Sink for Feed {
             }
             return;
         }
+        if let Some(all) = &mut self.facts {
+            let f = facts::of(&node);
+            if all.get(&node.metadata.name) != Some(&f) {
+                all.insert(node.metadata.name.clone(), f.clone());
+                let _ = self.tx.send(Update::Facts(node.metadata.name.clone(), f));
+            }
+        }
         let mapped = mapping::node_entry(&node, self.family);
         if self.mapped.get(&node.metadata.name) != Some(&mapped) {
             self.mapped
@@ -121,6 +153,9 @@ impl Sink for Feed {
     }
 
     fn delete(&mut self, name: &str) {
+        if let Some(f) = &mut self.facts {
+            f.remove(name);
+        }
         if self.mapped.remove(name).is_some() {
             self.send(Update::Delete(name.to_string()));
         }
@@ -160,6 +195,12 @@ pub struct Keeper {
     listed: bool,
     /// The peers file as last read or written.
     current: files::PeersCache,
+    /// With sites: how the peers file is shaped to this node's site, and what sites read of
+    /// each Node.
+    pub sites: Option<Shaper>,
+    facts: BTreeMap<String, Facts>,
+    /// The site plan of the last write that was not refused, until taken.
+    shaped: Option<Shaped>,
 }
 
 impl Keeper {
@@ -173,7 +214,16 @@ impl Keeper {
             left_out: BTreeMap::new(),
             listed: false,
             current: files::PeersCache::default(),
+            sites: None,
+            facts: BTreeMap::new(),
+            shaped: None,
         }
+    }
+
+    /// The site plan of the last write whose peers the file holds (written, or already there),
+    /// once: the sites side adopts it.
+    pub fn take_shaped(&mut self) -> Option<Shaped> {
+        self.shaped.take()
     }
 
     /// Applies one update; true when the peers may have changed.
@@ -188,7 +238,18 @@ impl Keeper {
                 self.nodes.insert(name, m);
                 self.listed
             }
-            Update::Delete(name) => self.nodes.remove(&name).is_some() && self.listed,
+            Update::Delete(name) => {
+                self.facts.remove(&name);
+                self.nodes.remove(&name).is_some() && self.listed
+            }
+            Update::ReplaceFacts(all) => {
+                self.facts = all;
+                self.listed
+            }
+            Update::Facts(name, f) => {
+                self.facts.insert(name, f);
+                self.listed
+            }
             Update::Own(_) | Update::State(_) => false,
         }
     }
@@ -235,13 +296,23 @@ impl Keeper {
             }
         }
         self.left_out.clone_from(&placed.left_out);
-        let new = placed.list();
+        let (new, shaped) = match &self.sites {
+            None => (placed.list(), None),
+            Some(shaper) => match shaper.shape(&placed, &self.facts) {
+                Ok((list, shaped)) => (list, Some(shaped)),
+                Err(why) => {
+                    self.guard.refusal_gone();
+                    return (Outcome::Unusable(why), log);
+                }
+            },
+        };
         let current = self
             .current
             .get(&self.peers_file, files::current_peers)
             .map(<[Peer]>::to_vec);
         if current.as_deref() == Some(&new[..]) {
             self.guard.refusal_gone();
+            self.adopt(shaped);
             return (Outcome::Unchanged, log);
         }
         if let Err(r) = self.guard.admit(now, held, &new) {
@@ -254,6 +325,7 @@ impl Keeper {
             );
         }
         let lines = mapping::describe_changes(current.as_deref().unwrap_or(held), &new);
+        self.adopt(shaped);
         (
             Outcome::Written {
                 lines,
@@ -261,6 +333,24 @@ impl Keeper {
             },
             log,
         )
+    }
+}
+
+impl Keeper {
+    /// Keeps `shaped` for the sites side, and its active gateways as current (kept while
+    /// they are not seen dead: no preemption).
+    fn adopt(&mut self, shaped: Option<Shaped>) {
+        if let (Some(shaper), Some(s)) = (&mut self.sites, &shaped) {
+            shaper.current = s
+                .plan
+                .actives
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+        }
+        if shaped.is_some() {
+            self.shaped = shaped;
+        }
     }
 }
 

@@ -16,5 +16,6 @@
 pub mod cache;
 pub mod device;
 pub mod facts;
+pub mod run;
 pub mod shape;
 pub mod side;

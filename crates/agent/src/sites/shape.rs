@@ -119,8 +119,10 @@ mod tests {
     }
 
     /// (name, underlay, pod subnet, site, gateway with endpoint?)
+    type Row<'a> = (&'a str, &'a str, &'a str, &'a str, Option<Option<&'a str>>);
+
     fn cluster(
-        rows: &[(&str, &str, &str, &str, Option<Option<&str>>)],
+        rows: &[Row<'_>],
     ) -> (Placed, BTreeMap<String, Facts>) {
         let mut placed = Placed::default();
         let mut facts = BTreeMap::new();

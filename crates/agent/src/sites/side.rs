@@ -67,11 +67,6 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         }
     }
 
-    /// The plan in use, if any.
-    pub fn shaped(&self) -> Option<&Shaped> {
-        self.shaped.as_ref()
-    }
-
     /// Takes a new plan; the log lines for Nodes newly left out of the sites (or back).
     pub fn adopt(&mut self, shaped: Shaped) -> Vec<String> {
         let now: BTreeMap<String, String> = shaped
@@ -97,7 +92,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             lines.push(format!("sites: node {name} is no longer left out"));
         }
         self.left_out = now;
-        let role_was = self.shaped.as_ref().map(|s| role(s));
+        let role_was = self.shaped.as_ref().map(role);
         let role_now = role(&shaped);
         if role_was.as_ref() != Some(&role_now) {
             lines.push(format!(

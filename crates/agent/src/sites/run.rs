@@ -1,0 +1,156 @@
+//! The main loop's sites part: the [`Side`] on the host's kernel and `sticky-wg`'s socket, the
+//! plan from the cache at start and from the keeper after, the cache kept, the rounds.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use sticky_overlay::config::{Config, Sites};
+use sticky_sites::keys::{KeyDir, PublicKey};
+use sticky_sites::model::{GATEWAY_LABEL, SiteConfig, SiteName};
+use sticky_sites::plan::Settings;
+use sticky_sites::uapi::UapiTunnel;
+
+use super::cache::{self, Cache};
+use super::device::Kernel;
+use super::shape::{self, Shaped, Shaper};
+use super::side::{ROUND, Side};
+use crate::family::Family;
+use crate::objects::Node;
+use crate::state::Shared;
+
+/// How long one exchange with sticky-wg's socket may take.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// See the module doc.
+pub struct SitesRun {
+    side: Side<UapiTunnel<Kernel>, Kernel>,
+    cache_path: PathBuf,
+    /// What the cache file holds (as last read or written).
+    cached: Option<Cache>,
+    last_round: Option<Instant>,
+    /// A new plan came since the last round.
+    pending: bool,
+}
+
+/// How sites are read and the tunnel set, from the config.
+pub fn shaper(
+    me: &str,
+    sites: &Sites,
+    current: std::collections::BTreeMap<SiteName, String>,
+) -> Shaper {
+    Shaper {
+        me: me.to_string(),
+        config: SiteConfig {
+            label_key: sites.site_label.clone(),
+        },
+        settings: Settings {
+            listen_port: sites.listen_port,
+            ..Settings::default()
+        },
+        current,
+    }
+}
+
+impl SitesRun {
+    /// The sites part of node `me` for network `cfg` (which has `sites`), with the plan from
+    /// the cache when there is one; the log lines.
+    pub fn start(
+        cfg: &Config,
+        sites: &Sites,
+        me: &str,
+        family: Family,
+        key_dir: PathBuf,
+        socket_dir: PathBuf,
+    ) -> (SitesRun, Vec<String>) {
+        let wg = match family {
+            Family::V4 => sticky_sites::mtu::Family::V4,
+            Family::V6 => sticky_sites::mtu::Family::V6,
+        };
+        let mtu = sites.wan_mtu.saturating_sub(wg.wireguard_overhead());
+        let keys = KeyDir::new(key_dir, nix::unistd::geteuid().as_raw());
+        let tunnel = UapiTunnel::new(socket_dir, Kernel, SOCKET_TIMEOUT);
+        let mut run = SitesRun {
+            side: Side::new(sites.interface.clone(), mtu, keys, tunnel, Kernel),
+            cache_path: cache::path(cfg),
+            cached: None,
+            last_round: None,
+            pending: false,
+        };
+        let mut lines = Vec::new();
+        match cache::load(&run.cache_path) {
+            Ok(None) => lines.push(format!(
+                "sites: no cache at {} yet: the tunnel waits for the API",
+                run.cache_path.display()
+            )),
+            Ok(Some(c)) => {
+                let s = shaper(me, sites, c.current.clone());
+                match shape::compute(c.inputs.clone(), me, &s.config, &s.settings, &s.current) {
+                    Ok(shaped) => {
+                        lines.push(format!(
+                            "sites: plan from the cache {} ({} nodes) until the API answers",
+                            run.cache_path.display(),
+                            c.inputs.len()
+                        ));
+                        lines.extend(run.side.adopt(shaped));
+                        run.pending = true;
+                    }
+                    Err(e) => lines.push(format!(
+                        "sites: the cache {} makes no plan: {e}; waiting for the API",
+                        run.cache_path.display()
+                    )),
+                }
+                run.cached = Some(c);
+            }
+            Err(e) => lines.push(format!("sites: {e}; waiting for the API")),
+        }
+        (run, lines)
+    }
+
+    /// The current active gateways of the cache (the keeper starts from them).
+    pub fn cached_current(&self) -> std::collections::BTreeMap<SiteName, String> {
+        self.cached
+            .as_ref()
+            .map(|c| c.current.clone())
+            .unwrap_or_default()
+    }
+
+    /// Takes the keeper's new plan, and keeps it in the cache when what it was made from
+    /// changed; the log lines.
+    pub fn adopt(&mut self, shaped: Shaped) -> Vec<String> {
+        let cache = Cache {
+            inputs: shaped.inputs.clone(),
+            current: shaped.plan.actives.clone(),
+        };
+        let mut lines = Vec::new();
+        if self.cached.as_ref() != Some(&cache) {
+            match cache::save(&self.cache_path, &cache) {
+                Ok(()) => self.cached = Some(cache),
+                Err(e) => lines.push(format!(
+                    "sites: {e}; the tunnel works, but a restart without the API would use the older cache"
+                )),
+            }
+        }
+        lines.extend(self.side.adopt(shaped));
+        self.pending = true;
+        lines
+    }
+
+    /// The key this node publishes: its gateway key when its Node is labelled a gateway.
+    pub fn public_key(&self, own: &Node) -> Option<Result<PublicKey, String>> {
+        let gateway = own.metadata.labels.get(GATEWAY_LABEL).map(String::as_str) == Some("true");
+        gateway.then(|| self.side.public_key())
+    }
+
+    /// A round, when one is due (every [`ROUND`], or a new plan); the log lines.
+    pub fn round_if_due(&mut self, shared: &Shared) -> Vec<String> {
+        let due = self.pending || self.last_round.is_none_or(|t| t.elapsed() >= ROUND);
+        if !due {
+            return Vec::new();
+        }
+        self.pending = false;
+        self.last_round = Some(Instant::now());
+        let (lines, status) = self.side.round(SystemTime::now());
+        shared.lock().status.sites = status;
+        lines
+    }
+}
