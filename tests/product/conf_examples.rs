@@ -255,6 +255,7 @@ fn every_example_is_covered() {
             "10-sticky-vxlan.conflist",
             "11-sticky-vxlan-cluster.conflist",
             "12-sticky-vxlan-ipv6-underlay.conflist",
+            "13-sticky-vxlan-sites.conflist",
             "20-sticky-ipam-dualstack.conf",
             "30-host-local-dropin.conflist",
             "40-sticky-vxlan-segment.conflist",

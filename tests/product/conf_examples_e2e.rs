@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use cnitool_support::*;
 use ipnet::IpNet;
 use serde_json::{Value, json};
-use vxlan_support::Topo;
+use vxlan_support::{Topo, ok};
 
 /// Which test exercises which file. [`every_file_in_conf_examples_is_exercised`] fails when a
 /// file in conf-examples/ is missing here.
@@ -37,6 +37,7 @@ const COVERED: &[(&str, &str)] = &[
     ("10-sticky-ipam-bridge.conflist", "bridge_example"),
     ("10-sticky-vxlan.conflist", "vxlan_example"),
     ("11-sticky-vxlan-cluster.conflist", "vxlan_cluster_example"),
+    ("13-sticky-vxlan-sites.conflist", "vxlan_sites_example"),
     (
         "12-sticky-vxlan-ipv6-underlay.conflist",
         "vxlan_ipv6_underlay_example",
@@ -370,6 +371,51 @@ fn vxlan_cluster_example() {
         end: None,
     };
     exercise_in(name, &mut n, vec![node_range]);
+}
+
+/// The cluster network with sites (docs/sites.md): node 2 is its site's active gateway and
+/// carries another site's pod subnet; the pod MTU leaves room for the tunnel (1500 - 60).
+#[test]
+#[ignore = "needs root: network and mount namespaces (cnitool)"]
+fn vxlan_sites_example() {
+    let cnitool = prerequisites("conf_examples_e2e");
+    let name = "13-sticky-vxlan-sites.conflist";
+    let mut n = node(&cnitool);
+    install_with_state(&n, name, example(name));
+    let node_range = Range {
+        subnet: Topo::subnet(1).parse().unwrap(),
+        start: None,
+        end: None,
+    };
+    exercise_in(name, &mut n, vec![node_range]);
+    let mut gateway = n.topo.peer_of(2, false);
+    gateway["carries"] = json!(["198.18.21.0/24"]);
+    n.rt.write_etc(
+        "sticky-peers.json",
+        &json!([n.topo.peer_of(1, false), gateway]),
+    );
+    let net = example(name)["name"].as_str().unwrap().to_string();
+    let pod = new_pod(&mut n, "pod-mtu");
+    n.rt.add(&net, &pod.path, &env(&pod));
+    let link = ok(&["ip", "-n", &pod.ns, "-o", "link", "show", "eth0"]);
+    assert!(
+        link.contains(" mtu 1440 "),
+        "{name}: pod MTU is not 1500 - 60: {link}"
+    );
+    let via = Topo::subnet(2).split('/').next().unwrap().to_string();
+    let routes = ok(&[
+        "ip",
+        "-n",
+        &n.topo.node_ns(1),
+        "route",
+        "show",
+        "198.18.21.0/24",
+    ]);
+    assert!(
+        routes.contains(&format!("via {via}")) && routes.contains("onlink"),
+        "{name}: the carried subnet is not routed via the gateway's subnet {via}: {routes:?}"
+    );
+    n.rt.must("del", &net, &pod.path, &env(&pod));
 }
 
 #[test]

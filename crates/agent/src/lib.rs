@@ -474,7 +474,7 @@ impl ApiSide {
     /// Keeps the key this node publishes as its gateway key file says (made when its Node is
     /// first labelled a gateway; a rotated one is taken here): when it changes, the own Node
     /// is offered to the publisher again.
-    fn publish_key(&mut self, run: &sites::run::SitesRun) {
+    fn publish_key(&mut self, run: &mut sites::run::SitesRun) {
         let (Some(own), Some((p, _))) = (&self.own, &mut self.publisher) else {
             return;
         };
@@ -495,6 +495,9 @@ impl ApiSide {
             }
             p.publisher.public_key = key;
             p.offer(own.clone());
+            run.key_changed();
+        } else if let Some(line) = key.and_then(|k| run.confirm_published(own, &k)) {
+            log(&line);
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sticky_overlay::config::{Config, Sites};
 use sticky_sites::keys::{KeyDir, PublicKey};
-use sticky_sites::model::{GATEWAY_LABEL, SiteConfig, SiteName};
+use sticky_sites::model::{GATEWAY_LABEL, PUBLIC_KEY_ANNOTATION, SiteConfig, SiteName};
 use sticky_sites::plan::Settings;
 use sticky_sites::uapi::UapiTunnel;
 
@@ -30,6 +30,9 @@ pub struct SitesRun {
     last_round: Option<Instant>,
     /// A new plan came since the last round.
     pending: bool,
+    /// A rotated key's `.previous` may still be there: forgotten once the Node shows the new
+    /// public key (so a second rotation is possible).
+    forget_pending: bool,
 }
 
 /// How sites are read and the tunnel set, from the config.
@@ -75,6 +78,7 @@ impl SitesRun {
             cached: None,
             last_round: None,
             pending: false,
+            forget_pending: true,
         };
         let mut lines = Vec::new();
         match cache::load(&run.cache_path) {
@@ -139,6 +143,27 @@ impl SitesRun {
     pub fn public_key(&self, own: &Node) -> Option<Result<PublicKey, String>> {
         let gateway = own.metadata.labels.get(GATEWAY_LABEL).map(String::as_str) == Some("true");
         gateway.then(|| self.side.public_key())
+    }
+
+    /// The own Node shows `key` as published: a rotated key's `.previous` is deleted then
+    /// (once); the log line if that failed.
+    pub fn confirm_published(&mut self, own: &Node, key: &PublicKey) -> Option<String> {
+        if !self.forget_pending
+            || own.metadata.annotations.get(PUBLIC_KEY_ANNOTATION) != Some(&key.to_base64())
+        {
+            return None;
+        }
+        self.forget_pending = false;
+        self.side
+            .keys
+            .forget_previous(&self.side.ifname)
+            .err()
+            .map(|e| format!("sites: removing the previous gateway key: {e}"))
+    }
+
+    /// The key changed (a rotation): its `.previous` is forgotten once the new one shows.
+    pub fn key_changed(&mut self) {
+        self.forget_pending = true;
     }
 
     /// A round, when one is due (every [`ROUND`], or a new plan); the log lines.

@@ -121,9 +121,7 @@ mod tests {
     /// (name, underlay, pod subnet, site, gateway with endpoint?)
     type Row<'a> = (&'a str, &'a str, &'a str, &'a str, Option<Option<&'a str>>);
 
-    fn cluster(
-        rows: &[Row<'_>],
-    ) -> (Placed, BTreeMap<String, Facts>) {
+    fn cluster(rows: &[Row<'_>]) -> (Placed, BTreeMap<String, Facts>) {
         let mut placed = Placed::default();
         let mut facts = BTreeMap::new();
         for (i, (name, ip, subnet, site, gw)) in rows.iter().enumerate() {
