@@ -651,11 +651,23 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// Starts tcpdump and returns once it listens.
+    /// Starts tcpdump and returns once it listens. Every packet is handed to it at once
+    /// (`--immediate-mode`): a capture stopped a moment after its traffic still holds it.
     pub fn start(ns: &str, dev: &str, file: std::path::PathBuf) -> Capture {
         use std::io::BufRead;
         let mut child = std::process::Command::new("ip")
-            .args(["netns", "exec", ns, "tcpdump", "-i", dev, "-nn", "-U", "-w"])
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "tcpdump",
+                "-i",
+                dev,
+                "-nn",
+                "-U",
+                "--immediate-mode",
+                "-w",
+            ])
             .arg(&file)
             .stderr(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
