@@ -216,7 +216,7 @@ pub fn file_text(peers: &[Peer]) -> Vec<u8> {
     let mut out = b"[\n".to_vec();
     for (i, p) in sorted.iter().enumerate() {
         let entry = PeerEntry {
-            carries: Vec::new(),
+            carries: p.carries.clone(),
             ip: p.ip,
             subnets: p.subnets.clone(),
             mac: p.mac.map(|m| sticky_netlink::link::format_mac(&m)),

@@ -858,7 +858,17 @@ pub fn iperf3_mbps(from: &str, source: Option<&str>, to_ns: &str, to: &str, secs
     crate::support::bins::assert_installed("iperf3", "iperf3");
     let mut server = std::process::Command::new("ip")
         .args([
-            "netns", "exec", to_ns, "iperf3", "-s", "-1", "-B", to, "-p", "5201",
+            "netns",
+            "exec",
+            to_ns,
+            "iperf3",
+            "-s",
+            "-1",
+            "--forceflush",
+            "-B",
+            to,
+            "-p",
+            "5201",
         ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
