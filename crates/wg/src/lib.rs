@@ -49,15 +49,13 @@ pub enum Error {
     Signals(#[source] io::Error),
 }
 
+/// Exit 2 for a usage error, 1 for anything else (`--help` says so).
 impl program::Failure for Error {
-    fn exit_code(&self) -> u8 {
-        match self {
-            Error::Usage(_) => 2,
-            _ => 1,
-        }
-    }
     fn is_usage(&self) -> bool {
         matches!(self, Error::Usage(_))
+    }
+    fn exit_code(&self) -> u8 {
+        if self.is_usage() { 2 } else { 1 }
     }
 }
 

@@ -191,12 +191,9 @@ impl Pair {
             let ns = Netns::new(&format!("{tag}{n}"));
             ns.exec(&["ip", "link", "set", "lo", "up"]);
             let key = dir.path().join(format!("{n}.key"));
-            let private = sh(&[
-                "sh",
-                "-c",
-                &format!("umask 077; wg genkey | tee {}", key.display()),
-            ]);
-            let public = pipe(&["wg", "pubkey"], &private);
+            let key_file = key.display();
+            sh(&["sh", "-c", &format!("umask 077; wg genkey > {key_file}")]);
+            let public = sh(&["sh", "-c", &format!("wg pubkey < {key_file}")]);
             Side {
                 ns,
                 // Unique per test and process: the socket directory is the host's, shared by all
@@ -260,26 +257,6 @@ fn unique(path: PathBuf) -> PathBuf {
         .map(|i| PathBuf::from(format!("{}.{i}", path.display())))
         .find(|p| !p.exists())
         .expect("a free name")
-}
-
-/// Runs argv with `input` on stdin; returns stdout (panics on failure).
-fn pipe(argv: &[&str], input: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new(argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("write stdin");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{argv:?} failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A TCP round trip through the tunnel: a one-shot echo server in b, a client in a.
