@@ -61,6 +61,13 @@ impl Daemon {
         nix::sys::signal::kill(pid, sig).expect("signalling sticky-wg");
     }
 
+    /// SIGKILL, as a crash: the socket file stays behind (stale) for the next daemon to find.
+    fn crash(mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        self.wait_exit();
+        self.socket = PathBuf::new();
+    }
+
     /// Waits (with the deadline) for the process to exit.
     fn wait_exit(&mut self) -> ExitStatus {
         let mut status = None;
@@ -232,12 +239,17 @@ impl Pair {
         pair
     }
 
-    /// Starts the daemon of side a (or b) and waits until `wg show` answers on its socket.
+    /// Starts the daemon of side a (or b) and waits until it says it serves, then until `wg
+    /// show` answers on its socket. (Not `wg show` first: on a stale socket `wg` unlinks the
+    /// file itself, racing the daemon's own stale-socket check.)
     fn start(&self, a: bool) -> Daemon {
         let side = if a { &self.a } else { &self.b };
         let n = if a { "a" } else { "b" };
         let log = unique(self.dir.path().join(format!("sticky-wg-{n}.log")));
         let daemon = Daemon::start(&side.ns, &side.ifname, log);
+        wait_for("sticky-wg to say it serves", DEADLINE, || {
+            daemon.log().contains("sticky-wg: serving")
+        });
         wait_for(
             &format!("`wg show {}` to answer", side.ifname),
             DEADLINE,
@@ -414,7 +426,9 @@ fn a_restarted_sticky_wg_finds_its_tun_with_address_and_route_and_traffic_resume
     wait_for("b's ping to get replies", DEADLINE, || {
         peer_stats(&pair.b).1 > 1000
     });
-    drop(pair.da.take());
+    pair.da.take().expect("daemon a").crash();
+    let stale = Path::new(SOCKET_DIR).join(format!("{}.sock", pair.a.ifname));
+    assert!(stale.exists(), "a crashed daemon leaves its socket file");
     let route = pair
         .a
         .ns
@@ -431,6 +445,8 @@ fn a_restarted_sticky_wg_finds_its_tun_with_address_and_route_and_traffic_resume
     let restarted = Instant::now();
     pair.da = Some(pair.start(true));
     let serving = restarted.elapsed();
+    let log = pair.da.as_ref().expect("daemon a").log();
+    assert!(log.contains("removed stale socket"), "{log}");
     pair.a.configure(&pair.b);
     pair.wait_ping("a ping after the restart and wg set");
     let resumed = restarted.elapsed();
