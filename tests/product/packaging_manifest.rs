@@ -75,6 +75,13 @@ fn agent_container(pod: &Value) -> &Value {
         .expect("a container named agent")
 }
 
+fn wg_container(pod: &Value) -> &Value {
+    pod["containers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == WG))
+        .expect("a container named sticky-wg")
+}
+
 fn env_value<'a>(container: &'a Value, name: &str) -> &'a str {
     container["env"]
         .as_array()
@@ -366,10 +373,7 @@ fn agent_mounts_only_what_it_writes_read_write(pod: &Value, agent: &Value, confi
 fn manifest_runs_sticky_wg_with_net_admin_the_tun_and_the_agents_socket_dir() {
     let docs = manifest();
     let pod = pod_spec(&docs);
-    let wg = pod["containers"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["name"] == WG))
-        .expect("a container named sticky-wg");
+    let wg = wg_container(pod);
     assert_eq!(
         wg["command"],
         serde_json::json!([format!("/sticky-cni/bin/{WG}"), "stickywg0"])
@@ -1204,6 +1208,23 @@ fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
         String::from_utf8_lossy(&help.stdout).contains("--metrics-addr"),
         "{AGENT} --help: {}",
         output_text(&help)
+    );
+    // The sites data path's container runs from the image too (its libraries are there).
+    let wg = wg_container(pod);
+    let wg_bin = wg["command"][0].as_str().expect("sticky-wg command");
+    let wg_help = podman.run(
+        &["NET_ADMIN"],
+        &[
+            format!("--entrypoint={wg_bin}"),
+            image.clone(),
+            "--help".into(),
+        ],
+    );
+    assert!(
+        wg_help.status.success()
+            && String::from_utf8_lossy(&wg_help.stdout).contains("--socket-dir"),
+        "{WG} --help: {}",
+        output_text(&wg_help)
     );
     // The deprecated `sticky-vxlan agent` still runs it, from beside itself, and says so.
     let alias = podman.run(
