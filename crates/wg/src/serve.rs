@@ -187,8 +187,9 @@ async fn accept(listener: UnixListener, client: UapiClient) {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
+                // EMFILE and the like: at most one line a second until it clears.
                 eprintln!("sticky-wg: accepting on the UAPI socket: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
