@@ -10,6 +10,8 @@
 #                                                node's /opt/cni/bin)
 #   /sticky-cni/bin/sticky-vxlan-agent           the node agent (the DaemonSet's main container runs
 #                                                it; it is never copied to the node)
+#   /sticky-cni/bin/sticky-wg                    the sites gateway's WireGuard data path (the
+#                                                DaemonSet's second container runs it; never copied)
 #   the shared libraries `ldd` lists for them, and the dynamic loader, at the paths ldd prints
 #       (none for the static binaries scripts/build-release.sh makes; a dynamic --bin-dir build
 #       brings its glibc)
@@ -89,7 +91,7 @@ copyright_of() {
     return 0
 }
 
-for b in sticky-ipam sticky-vxlan sticky-vxlan-agent; do
+for b in sticky-ipam sticky-vxlan sticky-vxlan-agent sticky-wg; do
     [[ -x $bin_dir/$b ]] || { echo "build-image.sh: no $bin_dir/$b" >&2; exit 1; }
     put "$bin_dir/$b" "/sticky-cni/bin/$b"
     # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and "/lib64/ld-linux-x86-64.so.2 (0x...)"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the release binaries as they ship, statically linked against musl at a fixed address,
-# into target/release/sticky-ipam, sticky-vxlan and sticky-vxlan-agent (or
-# $CARGO_TARGET_DIR/release/). The agent is a daemon, not a per-call plugin, so start-up speed
-# matters less for it, but it ships the same way: one static binary for every node, and the
-# image (scripts/build-image.sh) needs no C library.
+# into target/release/sticky-ipam, sticky-vxlan, sticky-vxlan-agent and sticky-wg (or
+# $CARGO_TARGET_DIR/release/). The agent and sticky-wg (the sites gateway's WireGuard data path)
+# are daemons, not per-call plugins, so start-up speed matters less for them, but they ship the
+# same way: one static binary for every node, and the image (scripts/build-image.sh) needs no
+# C library.
 #
 #   scripts/build-release.sh [cargo options, e.g. --quiet]
 #

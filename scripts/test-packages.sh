@@ -5,7 +5,7 @@
 #
 # .deb: built with cargo-deb, installed with `dpkg -i`, /opt/cni/bin/sticky-ipam must answer
 #       CNI VERSION, /usr/sbin/sticky-vxlan-agent must run (and `sticky-vxlan agent`, its
-#       deprecated alias), then `dpkg --purge` must leave an existing lease data dir untouched.
+#       deprecated alias), and /usr/sbin/sticky-wg (--help), then `dpkg --purge` must leave an existing lease data dir untouched.
 # .rpm: built with cargo-generate-rpm, checked without installing (`rpm -qlp`, `rpm -qp
 #       --scripts`): this is not an RPM system.
 #
@@ -28,14 +28,18 @@ data_dir="$data_root/networks/$test_net"
 record="$data_dir/10.244.1.5_default_web"
 unit=/usr/lib/systemd/system/sticky-vxlan-reconcile.service
 agent_unit=/usr/lib/systemd/system/sticky-vxlan-agent.service
-# The plugins (/opt/cni/bin) and the agent, a daemon (/usr/sbin): every binary is built and
-# checked alike.
+# sticky-wg's unit is a template (sticky-wg@stickywg0.service runs `sticky-wg stickywg0`).
+wg_unit=/usr/lib/systemd/system/sticky-wg@.service
+# The plugins (/opt/cni/bin) and the daemons (/usr/sbin): the agent and the sites gateway's
+# WireGuard data path. Every binary is built and checked alike.
 plugins=(sticky-ipam sticky-vxlan)
 agent=sticky-vxlan-agent
 agent_path=/usr/sbin/$agent
-binaries=("${plugins[@]}" "$agent")
+wg=sticky-wg
+wg_path=/usr/sbin/$wg
+binaries=("${plugins[@]}" "$agent" "$wg")
 # Where each binary is installed.
-installed_path() { if [ "$1" = "$agent" ]; then echo "$agent_path"; else echo "/opt/cni/bin/$1"; fi; }
+installed_path() { case $1 in "$agent" | "$wg") echo "/usr/sbin/$1" ;; *) echo "/opt/cni/bin/$1" ;; esac; }
 # The highest systemd-analyze security exposure the units may have (docs/agent.md: 1.8 and 1.6).
 max_exposure=2.5
 
@@ -164,14 +168,14 @@ check ".rpm built ($rpm_file)" test -f "$rpm_file"
 [ -f "$deb" ] && [ -f "$rpm_file" ] || finish
 
 # Scripts must neither remove lease data nor enable/start a unit (comments stripped first); the
-# one restart allowed is `try-restart sticky-vxlan-agent.service` (on upgrade: it starts nothing
-# that was not running).
+# restarts allowed are `try-restart sticky-vxlan-agent.service` and `try-restart
+# 'sticky-wg@*.service'` (on upgrade: they start nothing that was not running).
 scripts_are_safe() { # FILE...
     local code
     code=$(sed -e 's/#.*//' "$@")
     ! grep -q '/var/lib/cni' <<<"$code" &&
         ! grep -Eq 'systemctl[^;|&]*[[:space:]](enable|start|restart|reload-or-restart|try-reload-or-restart)[[:space:]]' <<<"$code" &&
-        ! grep -Eq 'try-restart' <<<"$(grep -v 'systemctl try-restart sticky-vxlan-agent\.service' <<<"$code")" &&
+        ! grep -Eq 'try-restart' <<<"$(grep -Ev "systemctl try-restart (sticky-vxlan-agent\.service|'sticky-wg@\*\.service')" <<<"$code")" &&
         ! grep -Eq 'deb-systemd-(helper|invoke)[^;|&]*[[:space:]](enable|start)' <<<"$code"
 }
 # The upgrade path restarts a running agent: FILE... hold the try-restart.
@@ -185,12 +189,14 @@ for b in "${binaries[@]}"; do
     f=.$(installed_path "$b")
     check "deb ships $f mode 755" grep -Eq "^-rwxr-xr-x .* ${f}\$" <<<"$deb_list"
 done
-check "deb ships no agent in /opt/cni/bin (it is not a plugin)" \
-    bash -c "! grep -q ' ./opt/cni/bin/$agent\$' <<<\"\$1\"" _ "$deb_list"
-for f in README.md install.md ipam.md sticky-cni.default conf-examples/10-sticky-vxlan.conflist; do
+for d in "$agent" "$wg"; do
+    check "deb ships no $d in /opt/cni/bin (it is not a plugin)" \
+        bash -c "! grep -q ' ./opt/cni/bin/$d\$' <<<\"\$1\"" _ "$deb_list"
+done
+for f in README.md install.md ipam.md sites.md sticky-cni.default conf-examples/10-sticky-vxlan.conflist; do
     check "deb ships /usr/share/doc/$pkg/$f" grep -q " ./usr/share/doc/$pkg/$f\$" <<<"$deb_list"
 done
-for u in "$unit" "$agent_unit"; do
+for u in "$unit" "$agent_unit" "$wg_unit"; do
     check "deb ships the unit in $u" grep -q " .${u}\$" <<<"$deb_list"
 done
 check "deb writes nothing under /etc" bash -c "! grep -q ' ./etc/' <<<\"\$1\"" _ "$deb_list"
@@ -215,6 +221,8 @@ for b in "${binaries[@]}"; do
 done
 agent_help=$("$agent_path" --help 2>&1)
 check "$agent_path --help runs" grep -q -- '--metrics-addr' <<<"$agent_help"
+wg_help=$("$wg_path" --help 2>&1)
+check "$wg_path --help runs" grep -q -- '--socket-dir' <<<"$wg_help"
 # The deprecated alias finds the agent on $PATH (not beside /opt/cni/bin/sticky-vxlan) and says so.
 alias_out=$(env PATH=/usr/sbin:/usr/bin:/sbin:/bin /opt/cni/bin/sticky-vxlan agent --help 2>&1)
 check "sticky-vxlan agent --help (deprecated) runs $agent_path and says it is deprecated" \
@@ -231,7 +239,10 @@ check "sticky-ipam answers VERSION with supportedVersions incl. 1.0.0 (got: ${ve
 # keeps its IP, a recreated VTEP its MAC (the README's demo, on what the package installed).
 check "the demo runs on the installed binaries (/opt/cni/bin)" \
     quiet env STICKY_BIN_DIR=/opt/cni/bin scripts/demo.sh --no-build
-for u in "$unit" "$agent_unit"; do
+# The template is checked as the instance the docs name (systemd verifies instances, not templates).
+wg_instance_dir=$(mktemp -d)
+cp "$wg_unit" "$wg_instance_dir/sticky-wg@stickywg0.service" 2>/dev/null
+for u in "$unit" "$agent_unit" "$wg_instance_dir/sticky-wg@stickywg0.service"; do
     check "unit installed at $u" test -f "$u"
     if command -v systemd-analyze >/dev/null; then
         check "systemd-analyze verify accepts $u" quiet systemd-analyze verify "$u"
@@ -243,6 +254,9 @@ for u in "$unit" "$agent_unit"; do
     else
         echo "note: no systemd-analyze here, unit syntax not verified"
     fi
+done
+rm -rf "$wg_instance_dir"
+for u in "$unit" "$agent_unit" /usr/lib/systemd/system/sticky-wg@stickywg0.service; do
     check "$(basename "$u") not enabled by the install" \
         bash -c "! ls /etc/systemd/system/*/$(basename "$u") >/dev/null 2>&1"
 done
@@ -259,15 +273,15 @@ check "dpkg --purge $pkg" quiet dpkg --purge "$pkg"
 check "package gone after purge (state: $(pkg_state))" \
     bash -c '[ -z "$1" ] || [ "$1" = not-installed ]' _ "$(pkg_state)"
 check "binaries gone after purge" \
-    test ! -e /opt/cni/bin/sticky-ipam -a ! -e /opt/cni/bin/sticky-vxlan -a ! -e "$agent_path"
+    test ! -e /opt/cni/bin/sticky-ipam -a ! -e /opt/cni/bin/sticky-vxlan -a ! -e "$agent_path" -a ! -e "$wg_path"
 check "data dir $data_dir survives purge" test -d "$data_dir" -a -f "$data_dir/lock"
 check "lease record survives purge unchanged" \
     bash -c "[ \"\$(sha256sum '$record' 2>/dev/null)\" = '$record_sum' ]"
 
 # --- .rpm: file list and scriptlets ---------------------------------------------------------
 rpm_list=$(rpm -qlp "$rpm_file" 2>/dev/null)
-for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan "$agent_path" "$unit" "$agent_unit" \
-    "/usr/share/doc/$pkg/README.md" "/usr/share/doc/$pkg/install.md" "/usr/share/doc/$pkg/ipam.md" \
+for f in /opt/cni/bin/sticky-ipam /opt/cni/bin/sticky-vxlan "$agent_path" "$wg_path" "$unit" \
+    "$agent_unit" "$wg_unit" "/usr/share/doc/$pkg/README.md" "/usr/share/doc/$pkg/sites.md" "/usr/share/doc/$pkg/install.md" "/usr/share/doc/$pkg/ipam.md" \
     "/usr/share/doc/$pkg/conf-examples/10-sticky-vxlan.conflist"; do
     check "rpm lists $f" grep -qx "$f" <<<"$rpm_list"
 done

@@ -225,6 +225,24 @@ fn only_the_agent_links_http_tls_or_yaml() {
     }
 }
 
+/// The async runtime and the userspace WireGuard stay in the sites data-path daemon: the
+/// plugins and the agent are blocking programs (docs/design.md).
+#[test]
+fn only_sticky_wg_links_tokio_or_gotatun() {
+    let meta = metadata();
+    for name in declared(&meta).keys() {
+        let links = linked(&meta, name);
+        let found: Vec<&str> = ["tokio", "gotatun"]
+            .into_iter()
+            .filter(|h| links.contains(*h))
+            .collect();
+        match name.as_str() {
+            "sticky-wg" => assert_eq!(found, ["tokio", "gotatun"], "{name} links {found:?}"),
+            _ => assert!(found.is_empty(), "{name} links {found:?}"),
+        }
+    }
+}
+
 #[test]
 fn sticky_ipam_links_no_netlink_and_the_cni_crate_stands_alone() {
     let meta = metadata();

@@ -19,8 +19,11 @@ const CONFLIST_NAME: &str = "11-sticky-vxlan-cluster.conflist";
 const PLUGINS: [&str; 2] = ["sticky-ipam", "sticky-vxlan"];
 /// The node agent: in the image, run by the DaemonSet's main container, never copied.
 const AGENT: &str = "sticky-vxlan-agent";
+/// The sites gateway's WireGuard data path: in the image, run by the DaemonSet's second
+/// container, never copied.
+const WG: &str = "sticky-wg";
 /// Every binary the image carries.
-const BINARIES: [&str; 3] = ["sticky-ipam", "sticky-vxlan", AGENT];
+const BINARIES: [&str; 4] = ["sticky-ipam", "sticky-vxlan", AGENT, WG];
 
 fn repo_file(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -70,6 +73,13 @@ fn agent_container(pod: &Value) -> &Value {
         .as_array()
         .and_then(|c| c.iter().find(|c| c["name"] == "agent"))
         .expect("a container named agent")
+}
+
+fn wg_container(pod: &Value) -> &Value {
+    pod["containers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == WG))
+        .expect("a container named sticky-wg")
 }
 
 fn env_value<'a>(container: &'a Value, name: &str) -> &'a str {
@@ -298,10 +308,15 @@ fn commented_rules() -> Vec<Value> {
         .unwrap_or_else(|e| panic!("the commented rule is not YAML: {e}\n{yaml}"))
 }
 
+/// Sites: where the agent keeps a gateway's WireGuard private key (its `--key-dir` default is
+/// `wireguard/` under it) and where sticky-wg's configuration socket is.
+const KEY_ROOT: &str = "/var/lib/sticky-cni";
+const WG_SOCKET_DIR: &str = "/var/run/wireguard";
+
 /// The agent's mounts, from what the DaemonSet's conflist (`config`, at the path the agent is
 /// given) names: read-write exactly where it writes (the peers file's directory, for its temp
-/// file and rename, and the stateDir), read-only where the conflists are, each a hostPath of
-/// the same path.
+/// file and rename, the stateDir, and for sites the key directory and sticky-wg's socket
+/// directory), read-only where the conflists are, each a hostPath of the same path.
 fn agent_mounts_only_what_it_writes_read_write(pod: &Value, agent: &Value, config: &Path) {
     let conf: Value =
         serde_json::from_str(&fs::read_to_string(repo_file(CONFLIST)).unwrap()).unwrap();
@@ -318,12 +333,19 @@ fn agent_mounts_only_what_it_writes_read_write(pod: &Value, agent: &Value, confi
         .filter(|m| m["readOnly"] != true)
         .filter_map(|m| m["mountPath"].as_str())
         .collect();
+    let writes = [
+        peers_dir,
+        cfg.state_dir.as_path(),
+        Path::new(KEY_ROOT),
+        Path::new(WG_SOCKET_DIR),
+    ];
     assert_eq!(
         read_write,
-        [peers_dir, cfg.state_dir.as_path()].map(|p| p.to_str().unwrap()),
-        "read-write: the peers file's directory and the stateDir, nothing else"
+        writes.map(|p| p.to_str().unwrap()),
+        "read-write: the peers file's directory, the stateDir, the key and socket dirs, \
+         nothing else"
     );
-    for dir in [peers_dir, cfg.state_dir.as_path()] {
+    for dir in writes {
         let dir = dir.to_str().unwrap();
         assert_eq!(host_path_at(pod, agent, dir).0, dir);
     }
@@ -343,6 +365,54 @@ fn agent_mounts_only_what_it_writes_read_write(pod: &Value, agent: &Value, confi
     let install = install_container(pod);
     let (host_net, _) = host_path_at(pod, install, env_value(install, "HOST_CNI_NET_DIR"));
     assert_eq!(Path::new(host_net), config.parent().unwrap());
+}
+
+/// The sites data path: `sticky-wg stickywg0` from the same image, NET_ADMIN only, the host's
+/// /dev/net/tun and the socket directory the agent mounts too, nothing else.
+#[test]
+fn manifest_runs_sticky_wg_with_net_admin_the_tun_and_the_agents_socket_dir() {
+    let docs = manifest();
+    let pod = pod_spec(&docs);
+    let wg = wg_container(pod);
+    assert_eq!(
+        wg["command"],
+        serde_json::json!([format!("/sticky-cni/bin/{WG}"), "stickywg0"])
+    );
+    assert_eq!(
+        wg["image"],
+        install_container(pod)["image"],
+        "the same image"
+    );
+    let caps = &wg["securityContext"]["capabilities"];
+    assert_eq!(caps["add"], serde_json::json!(["NET_ADMIN"]));
+    assert_eq!(caps["drop"], serde_json::json!(["ALL"]));
+    assert_ne!(wg["securityContext"]["privileged"], true);
+    assert_eq!(wg["securityContext"]["allowPrivilegeEscalation"], false);
+    let mounts: Vec<&str> = wg["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .filter_map(|m| m["mountPath"].as_str())
+        .collect();
+    assert_eq!(mounts, ["/dev/net/tun", WG_SOCKET_DIR]);
+    assert_eq!(
+        host_path_at(pod, wg, "/dev/net/tun"),
+        ("/dev/net/tun", "CharDevice")
+    );
+    assert_eq!(
+        host_path_at(pod, wg, WG_SOCKET_DIR),
+        (WG_SOCKET_DIR, "DirectoryOrCreate")
+    );
+    let agent = agent_container(pod);
+    assert_eq!(
+        mount_of(agent, Path::new(WG_SOCKET_DIR))["name"],
+        mount_of(wg, Path::new(WG_SOCKET_DIR))["name"],
+        "the agent reaches sticky-wg's socket through the same volume"
+    );
+    assert_eq!(
+        host_path_at(pod, agent, KEY_ROOT),
+        (KEY_ROOT, "DirectoryOrCreate")
+    );
 }
 
 #[test]
@@ -776,6 +846,7 @@ fn image_build_is_reproducible_and_carries_exactly_what_the_binaries_need() {
         "sticky-cni/bin/sticky-ipam".to_owned(),
         "sticky-cni/bin/sticky-vxlan".to_owned(),
         format!("sticky-cni/bin/{AGENT}"),
+        format!("sticky-cni/bin/{WG}"),
         "bin/busybox".to_owned(),
         "bin/sh".to_owned(),
         format!("sticky-cni/conf-examples/{CONFLIST_NAME}"),
@@ -1137,6 +1208,23 @@ fn image_in_podman_installs_the_plugins_by_rename_and_runs_the_agent() {
         String::from_utf8_lossy(&help.stdout).contains("--metrics-addr"),
         "{AGENT} --help: {}",
         output_text(&help)
+    );
+    // The sites data path's container runs from the image too (its libraries are there).
+    let wg = wg_container(pod);
+    let wg_bin = wg["command"][0].as_str().expect("sticky-wg command");
+    let wg_help = podman.run(
+        &["NET_ADMIN"],
+        &[
+            format!("--entrypoint={wg_bin}"),
+            image.clone(),
+            "--help".into(),
+        ],
+    );
+    assert!(
+        wg_help.status.success()
+            && String::from_utf8_lossy(&wg_help.stdout).contains("--socket-dir"),
+        "{WG} --help: {}",
+        output_text(&wg_help)
     );
     // The deprecated `sticky-vxlan agent` still runs it, from beside itself, and says so.
     let alias = podman.run(

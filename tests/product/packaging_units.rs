@@ -464,6 +464,10 @@ fn run_script(rel: &str, args: &[&str], systemd_running: bool) -> Vec<String> {
 }
 
 const TRY_RESTART_AGENT: &str = "try-restart sticky-vxlan-agent.service";
+/// Every running instance of sticky-wg's template (a pattern systemctl matches against loaded
+/// units): restarted on an upgrade so it runs the new binary, stopped before its binary goes.
+const TRY_RESTART_WG: &str = "try-restart sticky-wg@*.service";
+const STOP_WG: &str = "stop sticky-wg@*.service";
 
 #[test]
 fn deb_upgrade_restarts_a_running_agent_and_a_first_install_starts_nothing() {
@@ -473,7 +477,7 @@ fn deb_upgrade_restarts_a_running_agent_and_a_first_install_starts_nothing() {
     }
     assert_eq!(
         run_script(postinst, &["configure", "0.0.9"], true),
-        ["daemon-reload", TRY_RESTART_AGENT],
+        ["daemon-reload", TRY_RESTART_AGENT, TRY_RESTART_WG],
         "an upgrade: the running agent is restarted on the new binary (a stopped one stays stopped)"
     );
     assert!(
@@ -488,6 +492,7 @@ fn deb_upgrade_restarts_a_running_agent_and_a_first_install_starts_nothing() {
             "--no-reload disable sticky-vxlan-reconcile.service",
             "stop sticky-vxlan-agent.service",
             "--no-reload disable sticky-vxlan-agent.service",
+            STOP_WG,
         ]
     );
     assert!(run_script("packaging/debian/prerm", &["upgrade", "0.1.1"], true).is_empty());
@@ -504,7 +509,7 @@ fn rpm_upgrade_restarts_a_running_agent_and_a_first_install_starts_nothing() {
     assert_eq!(run_script(post, &["1"], true), ["daemon-reload"]);
     assert_eq!(
         run_script(post, &["2"], true),
-        ["daemon-reload", TRY_RESTART_AGENT]
+        ["daemon-reload", TRY_RESTART_AGENT, TRY_RESTART_WG]
     );
     assert!(run_script(post, &["2"], false).is_empty());
     assert_eq!(
@@ -513,6 +518,7 @@ fn rpm_upgrade_restarts_a_running_agent_and_a_first_install_starts_nothing() {
             "--no-reload disable sticky-vxlan-reconcile.service",
             "stop sticky-vxlan-agent.service",
             "--no-reload disable sticky-vxlan-agent.service",
+            STOP_WG,
         ]
     );
     assert!(run_script("packaging/rpm/pre_uninstall.sh", &["1"], true).is_empty());

@@ -1,0 +1,97 @@
+//! `sticky-wg [--socket-dir DIR] IFNAME`, read with the tools' shared parser.
+
+use std::path::PathBuf;
+
+use sticky_primitives::args::{self, ArgsError, Spec};
+
+/// WireGuard's standard socket directory: `wg show` looks there.
+pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
+
+/// `--help`.
+pub const HELP: &str = "\
+sticky-wg: the sites gateway's WireGuard data path (userspace, gotatun)
+
+Usage: sticky-wg [--socket-dir DIR] IFNAME
+       sticky-wg --help | --version
+
+Makes IFNAME a persistent TUN device when it is absent (so its MTU, addresses and routes
+outlive a restart), runs WireGuard on it and serves WireGuard's standard configuration
+protocol on DIR/IFNAME.sock, so `wg show IFNAME` and `wg set IFNAME ...` work. It holds no
+key and no configuration: the node agent pushes key, port and peers over that socket. It never
+touches addresses, routes or the MTU. If IFNAME is deleted, it makes it again and serves an
+empty device within about a second. SIGTERM/SIGINT: stops, removes the socket, leaves the TUN.
+
+Options:
+  --socket-dir DIR   where the UAPI socket goes (default /var/run/wireguard; made 0700)
+
+Exit status: 0 after SIGTERM/SIGINT, 1 on an error, 2 on a usage error.
+";
+
+/// A command-line mistake.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    #[error("{0}")]
+    Name(#[from] crate::tun::Error),
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub ifname: String,
+    pub socket_dir: PathBuf,
+}
+
+const SPEC: Spec = Spec {
+    verb: "sticky-wg",
+    flags: &[],
+    values: &["--socket-dir"],
+    repeatable: &[],
+    positionals: &["IFNAME"],
+};
+
+/// Parses the arguments (without the program name).
+pub fn parse(args: &[String]) -> Result<Options, Error> {
+    let p = args::parse(args, &[], &SPEC)?;
+    let ifname = p.positionals[0].clone();
+    crate::tun::check_name(&ifname)?;
+    let socket_dir = PathBuf::from(p.value("--socket-dir").unwrap_or(DEFAULT_SOCKET_DIR));
+    Ok(Options { ifname, socket_dir })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_interface_is_required_and_the_socket_dir_defaults_to_wireguards() {
+        let o = parse(&args(&["stickywg0"])).unwrap();
+        assert_eq!(o.ifname, "stickywg0");
+        assert_eq!(o.socket_dir, PathBuf::from("/var/run/wireguard"));
+        let o = parse(&args(&["--socket-dir", "/tmp/x", "wg1"])).unwrap();
+        assert_eq!(o.socket_dir, PathBuf::from("/tmp/x"));
+        let o = parse(&args(&["wg1", "--socket-dir=/tmp/y"])).unwrap();
+        assert_eq!(o.socket_dir, PathBuf::from("/tmp/y"));
+    }
+
+    #[test]
+    fn mistakes_are_usage_errors_quoting_the_input() {
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "needs IFNAME"),
+            (&["a", "b"], "\"b\""),
+            (&["--nope", "a"], "\"--nope\""),
+            (&["a", "--socket-dir"], "needs a value"),
+            (&["a/b"], "\"a/b\""),
+            (&["a234567890123456"], "\"a234567890123456\""),
+        ];
+        for (given, says) in cases {
+            let err = parse(&args(given)).unwrap_err().to_string();
+            assert!(err.contains(says), "{given:?}: {err}");
+        }
+    }
+}

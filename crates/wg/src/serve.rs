@@ -1,0 +1,219 @@
+//! The daemon's loop: attach gotatun to the persistent TUN, serve the UAPI socket, watch the
+//! link, attach again when it is lost, stop on SIGTERM/SIGINT.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gotatun::device::uapi::{UapiClient, UapiServer};
+use gotatun::device::{DefaultDeviceTransports, Device, DeviceBuilder};
+use tokio::net::UnixListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::task::JoinHandle;
+
+use crate::decide;
+use crate::flags::Options;
+use crate::{Error, tun};
+
+/// How often the link's index is read: a deleted device is noticed within this.
+const WATCH_EVERY: Duration = Duration::from_millis(200);
+
+/// One gotatun device on the TUN, with the accept loop of its socket.
+struct Attachment {
+    device: Device<DefaultDeviceTransports>,
+    accept: JoinHandle<()>,
+    index: u32,
+    since: Instant,
+}
+
+impl Attachment {
+    /// Stops accepting, stops gotatun (it closes its TUN descriptor; the persistent link
+    /// stays) and removes the socket file.
+    async fn stop(self, socket: &Path) {
+        self.accept.abort();
+        self.device.stop().await;
+        let _ = std::fs::remove_file(socket);
+    }
+}
+
+/// Why an attachment ended.
+enum End {
+    Signal(&'static str),
+    Lost(String),
+}
+
+/// Runs until SIGTERM/SIGINT. Errors only at start: once serving, a lost device is attached again.
+pub async fn run(opts: &Options) -> Result<(), Error> {
+    // The socket and its directory are root's only: the socket takes private keys.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    let mut term = signal(SignalKind::terminate()).map_err(Error::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
+    let ifname = opts.ifname.as_str();
+    let socket = prepare_socket(&opts.socket_dir, ifname)?;
+    let mut attachment = attach(ifname, &socket).await?;
+    eprintln!(
+        "sticky-wg: serving {ifname} (ifindex {}) on {}",
+        attachment.index,
+        socket.display()
+    );
+    loop {
+        let end = tokio::select! {
+            _ = term.recv() => End::Signal("SIGTERM"),
+            _ = int.recv() => End::Signal("SIGINT"),
+            _ = attachment.device.wait() => End::Lost("gotatun stopped with an error".into()),
+            lost = watch(ifname, attachment.index) => End::Lost(lost),
+        };
+        let lasted = attachment.since.elapsed();
+        attachment.stop(&socket).await;
+        match end {
+            End::Signal(name) => {
+                eprintln!("sticky-wg: {name}: stopped; {ifname} is left in place");
+                return Ok(());
+            }
+            End::Lost(why) => eprintln!("sticky-wg: {ifname} lost ({why}); attaching again"),
+        }
+        let mut pause = decide::pause_before_reattach(lasted);
+        let mut last_error = String::new();
+        attachment = loop {
+            tokio::select! {
+                _ = term.recv() => return Ok(()),
+                _ = int.recv() => return Ok(()),
+                _ = tokio::time::sleep(pause) => {}
+            }
+            match attach(ifname, &socket).await {
+                Ok(a) => break a,
+                Err(e) => {
+                    // One line per distinct failure, retried every second.
+                    let said = e.to_string();
+                    if said != last_error {
+                        eprintln!("sticky-wg: attaching {ifname} again failed, retrying: {said}");
+                        last_error = said;
+                    }
+                    pause = decide::MIN_ATTACHMENT;
+                }
+            }
+        };
+        eprintln!(
+            "sticky-wg: {ifname} is back (ifindex {}), serving an empty device on {}",
+            attachment.index,
+            socket.display()
+        );
+    }
+}
+
+/// Makes the socket directory (0700) and decides what to do with a file already at the
+/// socket's path: a live daemon's is refused, a dead one's is removed.
+fn prepare_socket(dir: &Path, ifname: &str) -> Result<PathBuf, Error> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| Error::SocketDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    let path = dir.join(format!("{ifname}.sock"));
+    let probe = UnixStream::connect(&path).map(drop).map_err(|e| e.kind());
+    match decide::socket(probe) {
+        decide::Socket::Bind => {}
+        decide::Socket::Refuse => return Err(Error::AlreadyServed { path }),
+        decide::Socket::ReplaceStale => match std::fs::remove_file(&path) {
+            Ok(()) => eprintln!("sticky-wg: removed stale socket {}", path.display()),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(source) => return Err(Error::RemoveStale { path, source }),
+        },
+    }
+    Ok(path)
+}
+
+/// Makes the persistent TUN if absent, starts a fresh gotatun device on it (no key, no
+/// peers) and serves its UAPI on `socket`.
+async fn attach(ifname: &str, socket: &Path) -> Result<Attachment, Error> {
+    tun::ensure_persistent(ifname)?;
+    let index = tun::index(ifname).ok_or_else(|| Error::NoIndex {
+        ifname: ifname.to_string(),
+    })?;
+    let device_error = |message: String| Error::Device {
+        ifname: ifname.to_string(),
+        message,
+    };
+    let (client, server) = UapiServer::new();
+    let device = DeviceBuilder::new()
+        .with_default_udp()
+        .create_tun(ifname)
+        .map_err(|e| device_error(e.to_string()))?
+        .with_uapi(server)
+        .build()
+        .await
+        .map_err(|e| device_error(e.to_string()))?;
+    let listener = match bind(socket) {
+        Ok(l) => l,
+        Err(e) => {
+            device.stop().await;
+            return Err(e);
+        }
+    };
+    let accept = tokio::spawn(accept(listener, client));
+    Ok(Attachment {
+        device,
+        accept,
+        index,
+        since: Instant::now(),
+    })
+}
+
+/// Binds the socket (replacing our own previous file), root-only.
+fn bind(socket: &Path) -> Result<UnixListener, Error> {
+    let bind_error = |source| Error::Bind {
+        path: socket.to_path_buf(),
+        source,
+    };
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(bind_error(e)),
+    }
+    let listener = UnixListener::bind(socket).map_err(bind_error)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(bind_error)?;
+    Ok(listener)
+}
+
+/// Hands every connection to gotatun's text protocol (one thread per connection; `wg` and the
+/// agent hold one for a single request).
+async fn accept(listener: UnixListener, client: UapiClient) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // EMFILE and the like: at most one line a second until it clears.
+                eprintln!("sticky-wg: accepting on the UAPI socket: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let Ok(stream) = stream.into_std() else {
+            continue;
+        };
+        if stream.set_nonblocking(false).is_err() {
+            continue;
+        }
+        client.clone().wrap_read_write(stream);
+    }
+}
+
+/// Returns (with the reason) once the link is gone or has another index.
+async fn watch(ifname: &str, attached: u32) -> String {
+    let mut tick = tokio::time::interval(WATCH_EVERY);
+    loop {
+        tick.tick().await;
+        match decide::device(attached, tun::index(ifname)) {
+            decide::Device::Same => {}
+            decide::Device::Gone => return "the link was deleted".into(),
+            decide::Device::Replaced { now } => {
+                return format!("the link has a new index {now}, not {attached}");
+            }
+        }
+    }
+}
