@@ -606,6 +606,21 @@ mod tests {
         );
     }
 
+    /// A site gateway's entry keeps the other sites' subnets it carries: without them in the
+    /// file, a plain node routes no other site (the sites tests' pods never met).
+    #[test]
+    fn the_file_keeps_what_a_gateway_carries() {
+        let mut gw = peer(1);
+        gw.carries = vec!["198.18.21.0/24".parse().unwrap()];
+        let text = file_text(&[gw.clone(), peer(2)]);
+        assert_eq!(
+            sticky_overlay::peers::parse_file(&text).unwrap(),
+            vec![gw, peer(2)]
+        );
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains(r#""carries":["198.18.21.0/24"]"#), "{text}");
+    }
+
     fn peer(n: u8) -> Peer {
         Peer {
             carries: Vec::new(),
