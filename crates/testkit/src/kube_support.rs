@@ -1199,8 +1199,8 @@ pub fn agent_bin() -> &'static str {
     crate::support::bins::built("sticky-vxlan-agent")
 }
 
-/// `sticky-vxlan-agent` running inside a node namespace, its stderr kept in a file; killed on
-/// drop.
+/// `sticky-vxlan-agent` (or a daemon beside it, sticky-wg) running inside a node namespace,
+/// its stderr kept in a file; killed on drop.
 pub struct Agent {
     child: std::process::Child,
     pub log: PathBuf,
@@ -1219,23 +1219,15 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
-        // STICKY_AGENT_BIN runs another build instead (to see a test fail on an older agent).
-        let bin = std::env::var("STICKY_AGENT_BIN").unwrap_or_else(|_| bin.to_string());
-        Agent::spawn(&bin, netns, log, args, env)
-    }
-
-    /// Runs exactly `bin` (no `STICKY_AGENT_BIN`) inside `netns`, its stderr into `log`: for
-    /// a daemon beside the agent (sticky-wg), or the agent as [`Agent::start_env`] chose it.
-    pub fn spawn(
-        bin: &str,
-        netns: &str,
-        log: PathBuf,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Agent {
+        // STICKY_AGENT_BIN runs another build of the agent instead (to see a test fail on an
+        // older agent); a daemon beside it (sticky-wg) runs as given.
+        let bin = match std::env::var("STICKY_AGENT_BIN") {
+            Ok(other) if bin.ends_with("/sticky-vxlan-agent") => other,
+            _ => bin.to_string(),
+        };
         let err = std::fs::File::create(&log).expect("agent log");
         let child = std::process::Command::new("ip")
-            .args(["netns", "exec", netns, bin])
+            .args(["netns", "exec", netns, &bin])
             .args(args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")

@@ -302,12 +302,7 @@ impl Sites {
         *n += 1;
         let log = self.topo.dir.path().join(format!("{what}-{name}-{n}.log"));
         let ns = self.ns(name);
-        let daemon = if what == "agent" {
-            Agent::start(bin, &ns, log, args)
-        } else {
-            Agent::spawn(bin, &ns, log, args, &[])
-        };
-        self.daemons.insert(key, daemon);
+        self.daemons.insert(key, Agent::start(bin, &ns, log, args));
     }
 
     /// Kills node `name`'s daemon `what` (`"agent"` or `"wg"`), if it runs.
