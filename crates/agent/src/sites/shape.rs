@@ -121,6 +121,8 @@ mod tests {
     /// (name, underlay, pod subnet, site, gateway with endpoint?)
     type Row<'a> = (&'a str, &'a str, &'a str, &'a str, Option<Option<&'a str>>);
 
+    type OwnedRow = (String, String, String, String, Option<Option<String>>);
+
     fn cluster(rows: &[Row<'_>]) -> (Placed, BTreeMap<String, Facts>) {
         let mut placed = Placed::default();
         let mut facts = BTreeMap::new();
@@ -235,7 +237,7 @@ mod tests {
     #[ignore = "benchmark: run with --release --ignored --nocapture"]
     fn bench_shape() {
         for n in [1000usize, 5000] {
-            let rows: Vec<(String, String, String, String, Option<Option<String>>)> = (0..n)
+            let rows: Vec<OwnedRow> = (0..n)
                 .map(|i| {
                     let site = i / 100;
                     let gw = match i % 100 {
