@@ -97,12 +97,18 @@ pub trait Tunnel {
     fn ensure_device(&self, ifname: &str, mtu: u32) -> Result<(), Error>;
     /// The device's state.
     fn get(&self, ifname: &str) -> Result<DeviceState, Error>;
-    /// Only called when it differs from `get`: a new key re-keys every session.
-    fn set_private_key(&self, ifname: &str, key: &PrivateKey) -> Result<(), Error>;
-    /// The UDP port the device listens on.
-    fn set_listen_port(&self, ifname: &str, port: u16) -> Result<(), Error>;
-    /// The changes as one transaction.
-    fn apply(&self, ifname: &str, changes: &[PeerChange]) -> Result<(), Error>;
+    /// One transaction: the private key and the listen port (each when given) and the peer
+    /// changes. Give the key with every change that adds or updates a peer: a device made again
+    /// between two transactions must never get peers without its key (gotatun panics on
+    /// that), and a key or port the device already has changes nothing (a new key re-keys
+    /// every session). Nothing given: no request at all.
+    fn set(
+        &self,
+        ifname: &str,
+        key: Option<&PrivateKey>,
+        port: Option<u16>,
+        changes: &[PeerChange],
+    ) -> Result<(), Error>;
     /// The device is gone. Absent is fine.
     fn remove_device(&self, ifname: &str) -> Result<(), Error>;
 }
@@ -180,16 +186,11 @@ pub mod fake {
         Get {
             ifname: String,
         },
-        SetPrivateKey {
+        Set {
             ifname: String,
-            public_key: PublicKey,
-        },
-        SetListenPort {
-            ifname: String,
-            port: u16,
-        },
-        Apply {
-            ifname: String,
+            /// The public key of the private key given.
+            public_key: Option<PublicKey>,
+            port: Option<u16>,
             changes: Vec<PeerChange>,
         },
         RemoveDevice {
@@ -301,28 +302,31 @@ pub mod fake {
             self.with(ifname, |d| d.clone())
         }
 
-        fn set_private_key(&self, ifname: &str, key: &PrivateKey) -> Result<(), Error> {
-            self.record(Call::SetPrivateKey {
+        fn set(
+            &self,
+            ifname: &str,
+            key: Option<&PrivateKey>,
+            port: Option<u16>,
+            changes: &[PeerChange],
+        ) -> Result<(), Error> {
+            if key.is_none() && port.is_none() && changes.is_empty() {
+                return Ok(());
+            }
+            self.record(Call::Set {
                 ifname: ifname.into(),
-                public_key: key.public_key(),
-            });
-            self.with(ifname, |d| d.public_key = Some(key.public_key()))
-        }
-
-        fn set_listen_port(&self, ifname: &str, port: u16) -> Result<(), Error> {
-            self.record(Call::SetListenPort {
-                ifname: ifname.into(),
+                public_key: key.map(PrivateKey::public_key),
                 port,
-            });
-            self.with(ifname, |d| d.listen_port = port)
-        }
-
-        fn apply(&self, ifname: &str, changes: &[PeerChange]) -> Result<(), Error> {
-            self.record(Call::Apply {
-                ifname: ifname.into(),
                 changes: changes.to_vec(),
             });
-            self.with(ifname, |d| apply_to(d, changes))
+            self.with(ifname, |d| {
+                if let Some(k) = key {
+                    d.public_key = Some(k.public_key());
+                }
+                if let Some(p) = port {
+                    d.listen_port = p;
+                }
+                apply_to(d, changes);
+            })
         }
 
         fn remove_device(&self, ifname: &str) -> Result<(), Error> {
@@ -482,7 +486,7 @@ pub(crate) mod tests {
             Some(25),
         )];
         let changes = diff(&desired, &t.get("wg0").unwrap());
-        t.apply("wg0", &changes).unwrap();
+        t.set("wg0", None, None, &changes).unwrap();
         assert!(diff(&desired, &t.get("wg0").unwrap()).is_empty());
         let calls = t.calls();
         assert_eq!(
@@ -492,7 +496,7 @@ pub(crate) mod tests {
                 mtu: 1440
             }
         );
-        assert!(matches!(&calls[3], Call::Apply { changes, .. } if changes.len() == 1));
+        assert!(matches!(&calls[3], Call::Set { changes, .. } if changes.len() == 1));
         t.remove_device("wg0").unwrap();
         assert!(t.get("wg0").is_err());
     }

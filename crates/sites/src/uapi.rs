@@ -317,7 +317,7 @@ impl<L: Link> UapiTunnel<L> {
         Ok(Zeroizing::new(text))
     }
 
-    fn set(&self, ifname: &str, request: &str) -> Result<(), tunnel::Error> {
+    fn send_set(&self, ifname: &str, request: &str) -> Result<(), tunnel::Error> {
         Ok(decode_errno(&self.exchange(ifname, request)?)?)
     }
 }
@@ -338,19 +338,17 @@ impl<L: Link> Tunnel for UapiTunnel<L> {
         Ok(decode_get(&self.exchange(ifname, GET)?)?)
     }
 
-    fn set_private_key(&self, ifname: &str, key: &PrivateKey) -> Result<(), tunnel::Error> {
-        self.set(ifname, &encode_set(Some(key), None, &[]))
-    }
-
-    fn set_listen_port(&self, ifname: &str, port: u16) -> Result<(), tunnel::Error> {
-        self.set(ifname, &encode_set(None, Some(port), &[]))
-    }
-
-    fn apply(&self, ifname: &str, changes: &[PeerChange]) -> Result<(), tunnel::Error> {
-        if changes.is_empty() {
+    fn set(
+        &self,
+        ifname: &str,
+        key: Option<&PrivateKey>,
+        port: Option<u16>,
+        changes: &[PeerChange],
+    ) -> Result<(), tunnel::Error> {
+        if key.is_none() && port.is_none() && changes.is_empty() {
             return Ok(());
         }
-        self.set(ifname, &encode_set(None, None, changes))
+        self.send_set(ifname, &encode_set(key, port, changes))
     }
 
     fn remove_device(&self, ifname: &str) -> Result<(), tunnel::Error> {
@@ -677,15 +675,13 @@ mod tests {
             vec!["ensure wgs0 1440".to_string()]
         );
         let key = PrivateKey::from_bytes([0x42; 32]);
-        t.set_private_key("wgs0", &key).unwrap();
-        t.set_listen_port("wgs0", 51821).unwrap();
         let desired = vec![
             peer(1, Some("203.0.113.1:51820"), &["10.0.1.0/24"], Some(25)),
             peer(2, None, &["10.0.2.0/24", "10.0.3.0/24"], None),
         ];
         let changes = diff(&desired, &t.get("wgs0").unwrap());
         assert_eq!(changes.len(), 2);
-        t.apply("wgs0", &changes).unwrap();
+        t.set("wgs0", Some(&key), Some(51821), &changes).unwrap();
         let now = t.get("wgs0").unwrap();
         assert_eq!(now.listen_port, 51821);
         assert_eq!(
@@ -695,7 +691,7 @@ mod tests {
         assert!(diff(&desired, &now).is_empty());
         // Nothing to change: no request at all.
         let before = server.requests.lock().unwrap().len();
-        t.apply("wgs0", &diff(&desired, &now)).unwrap();
+        t.set("wgs0", None, None, &diff(&desired, &now)).unwrap();
         assert_eq!(server.requests.lock().unwrap().len(), before);
         // One peer gone, one moved endpoint.
         let desired2 = vec![peer(
@@ -704,8 +700,13 @@ mod tests {
             &["10.0.1.0/24"],
             Some(25),
         )];
-        t.apply("wgs0", &diff(&desired2, &t.get("wgs0").unwrap()))
-            .unwrap();
+        t.set(
+            "wgs0",
+            None,
+            None,
+            &diff(&desired2, &t.get("wgs0").unwrap()),
+        )
+        .unwrap();
         let last = server.requests.lock().unwrap().last().cloned().unwrap();
         assert_eq!(
             last,
@@ -733,7 +734,7 @@ mod tests {
             );
         }
         // The server refuses a request it does not know: errno surfaces.
-        let e = t.set("wgs1", "set=1\nbogus=1\n\n").unwrap_err();
+        let e = t.send_set("wgs1", "set=1\nbogus=1\n\n").unwrap_err();
         assert!(
             matches!(&e, tunnel::Error::Backend(b) if matches!(b.downcast_ref::<Error>(), Some(Error::Errno(22)))),
             "{e}"

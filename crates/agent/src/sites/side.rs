@@ -221,21 +221,15 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         t.ensure_device(ifname, self.mtu)
             .map_err(|e| e.to_string())?;
         let state = t.get(ifname).map_err(|e| e.to_string())?;
-        let mut changed = false;
-        if state.public_key != Some(key.public_key()) {
-            t.set_private_key(ifname, &key).map_err(|e| e.to_string())?;
-            changed = true;
-        }
-        if state.listen_port != gw.listen_port {
-            t.set_listen_port(ifname, gw.listen_port)
-                .map_err(|e| e.to_string())?;
-            changed = true;
-        }
         let desired: Vec<PeerConfig> = gw.peers.iter().map(|p| p.config.clone()).collect();
         let changes = diff(&desired, &state);
-        if !changes.is_empty() {
-            t.apply(ifname, &changes).map_err(|e| e.to_string())?;
-            changed = true;
+        // Key and port go with every change (one transaction): see `Tunnel::set`.
+        let changed = state.public_key != Some(key.public_key())
+            || state.listen_port != gw.listen_port
+            || !changes.is_empty();
+        if changed {
+            t.set(ifname, Some(&key), Some(gw.listen_port), &changes)
+                .map_err(|e| e.to_string())?;
         }
         let want: Vec<_> = desired
             .iter()
@@ -258,7 +252,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         };
         let changes = diff(&[], &state);
         self.tunnel
-            .apply(ifname, &changes)
+            .set(ifname, None, None, &changes)
             .map_err(|e| e.to_string())?;
         match self.routes.sync(ifname, &[]) {
             Ok(_) | Err(super::device::Error::NoDevice(_)) => Ok(()),
@@ -430,18 +424,16 @@ mod tests {
         assert!(
             calls
                 .iter()
-                .any(|c| matches!(c, Call::SetPrivateKey { .. })),
+                .any(|c| matches!(c, Call::Set { public_key: Some(_), port: Some(51820), changes, .. } if !changes.is_empty())),
             "{calls:?}"
         );
-        assert!(
+        assert_eq!(
             calls
                 .iter()
-                .any(|c| matches!(c, Call::SetListenPort { port: 51820, .. })),
-            "{calls:?}"
-        );
-        assert!(
-            calls.iter().any(|c| matches!(c, Call::Apply { .. })),
-            "{calls:?}"
+                .filter(|c| matches!(c, Call::Set { .. }))
+                .count(),
+            1,
+            "key, port and peers in one transaction: {calls:?}"
         );
         // The cloud directly, site B through it: one peer, both sites' subnets routed into the device.
         let held: Vec<String> = s
@@ -487,11 +479,7 @@ mod tests {
         assert!(
             after
                 .iter()
-                .any(|c| matches!(c, Call::SetPrivateKey { .. })),
-            "{after:?}"
-        );
-        assert!(
-            after.iter().any(|c| matches!(c, Call::Apply { .. })),
+                .any(|c| matches!(c, Call::Set { public_key: Some(_), port: Some(51820), changes, .. } if !changes.is_empty())),
             "{after:?}"
         );
     }
