@@ -360,17 +360,20 @@ fn vxlan_ipv6_underlay_example() {
 #[ignore = "needs root: network and mount namespaces (cnitool)"]
 fn vxlan_cluster_example() {
     let cnitool = prerequisites("conf_examples_e2e");
-    let name = "11-sticky-vxlan-cluster.conflist";
     let mut n = node(&cnitool);
-    // The only change: stateDir into the sandbox. The example names no range: node 1's subnet
-    // comes from its entry in the peers file.
-    install_with_state(&n, name, example(name));
+    exercise_cluster("11-sticky-vxlan-cluster.conflist", &mut n);
+}
+
+/// A cluster conflist's common run: the only change is stateDir into the sandbox; the example
+/// names no range, so node 1's subnet comes from its entry in the peers file.
+fn exercise_cluster(name: &str, n: &mut Node) {
+    install_with_state(n, name, example(name));
     let node_range = Range {
         subnet: Topo::subnet(1).parse().unwrap(),
         start: None,
         end: None,
     };
-    exercise_in(name, &mut n, vec![node_range]);
+    exercise_in(name, n, vec![node_range]);
 }
 
 /// The cluster network with sites (docs/sites.md): node 2 is its site's active gateway and
@@ -381,13 +384,7 @@ fn vxlan_sites_example() {
     let cnitool = prerequisites("conf_examples_e2e");
     let name = "13-sticky-vxlan-sites.conflist";
     let mut n = node(&cnitool);
-    install_with_state(&n, name, example(name));
-    let node_range = Range {
-        subnet: Topo::subnet(1).parse().unwrap(),
-        start: None,
-        end: None,
-    };
-    exercise_in(name, &mut n, vec![node_range]);
+    exercise_cluster(name, &mut n);
     let mut gateway = n.topo.peer_of(2, false);
     gateway["carries"] = json!(["198.18.21.0/24"]);
     n.rt.write_etc(

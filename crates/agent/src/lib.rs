@@ -138,11 +138,12 @@ fn rotate_key(r: &flags::RotateKey) -> Result<String, Error> {
         });
     };
     let keys = sticky_sites::keys::KeyDir::new(&r.key_dir, nix::unistd::geteuid().as_raw());
-    let rotated = keys.rotate(&sites.interface)?;
+    let rotated = keys.rotate(&sites::side::key_name(&sites.interface))?;
     Ok(format!(
-        "new WireGuard key for {} in {}: public key {} (was {}); the running agent uses and publishes it within seconds, and other sites take it from the API (until they do, their tunnels to this gateway are down)",
+        "new WireGuard key for {} in {}/{}: public key {} (was {}); the running agent uses and publishes it within seconds, and other sites take it from the API (until they do, their tunnels to this gateway are down)",
         sites.interface,
         r.key_dir.display(),
+        sites::side::key_name(&sites.interface),
         rotated.new.public_key().to_base64(),
         rotated.previous.to_base64()
     ))

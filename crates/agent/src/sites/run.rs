@@ -156,7 +156,7 @@ impl SitesRun {
         self.forget_pending = false;
         self.side
             .keys
-            .forget_previous(&self.side.ifname)
+            .forget_previous(&super::side::key_name(&self.side.ifname))
             .err()
             .map(|e| format!("sites: removing the previous gateway key: {e}"))
     }

@@ -121,6 +121,8 @@ mod tests {
     /// (name, underlay, pod subnet, site, gateway with endpoint?)
     type Row<'a> = (&'a str, &'a str, &'a str, &'a str, Option<Option<&'a str>>);
 
+    type OwnedRow = (String, String, String, String, Option<Option<String>>);
+
     fn cluster(rows: &[Row<'_>]) -> (Placed, BTreeMap<String, Facts>) {
         let mut placed = Placed::default();
         let mut facts = BTreeMap::new();
@@ -225,6 +227,86 @@ mod tests {
         ]);
         let (list, _) = shaper("n1").shape(&placed, &facts).unwrap();
         assert_eq!(list, placed.list());
+    }
+
+    /// The cost sites add to every write of the peers file, against placing the Nodes (which
+    /// every write does anyway), at 1,000 and 5,000 Nodes in sites of 100 with two gateways
+    /// each: `cargo test --release -p sticky-vxlan-agent --lib -- --ignored --nocapture
+    /// bench_shape`.
+    #[test]
+    #[ignore = "benchmark: run with --release --ignored --nocapture"]
+    fn bench_shape() {
+        for n in [1000usize, 5000] {
+            let rows: Vec<OwnedRow> = (0..n)
+                .map(|i| {
+                    let site = i / 100;
+                    let gw = match i % 100 {
+                        0 if site == 0 => {
+                            Some(Some(format!("198.18.{}.{}:51820", i / 250, i % 250 + 1)))
+                        }
+                        0 | 1 => Some(None),
+                        _ => None,
+                    };
+                    (
+                        format!("n{i:05}"),
+                        format!("198.18.{}.{}", i / 250, i % 250 + 1),
+                        format!("10.{}.{}.0/24", 64 + i / 256, i % 256),
+                        format!("site-{site:03}"),
+                        gw,
+                    )
+                })
+                .collect();
+            let borrowed: Vec<Row<'_>> = rows
+                .iter()
+                .map(|(a, b, c, d, e)| {
+                    (
+                        a.as_str(),
+                        b.as_str(),
+                        c.as_str(),
+                        d.as_str(),
+                        e.as_ref().map(|o| o.as_deref()),
+                    )
+                })
+                .collect();
+            let (placed, facts) = cluster(&borrowed);
+            let nodes: BTreeMap<String, crate::table::Mapped> = placed
+                .peers
+                .iter()
+                .map(|(name, p)| {
+                    let entry = sticky_overlay::peers::PeerEntry {
+                        ip: p.ip,
+                        subnets: p.subnets.clone(),
+                        mac: None,
+                        carries: Vec::new(),
+                    };
+                    (name.clone(), Ok(entry))
+                })
+                .collect();
+            let held = placed.list();
+            let time = |f: &dyn Fn()| {
+                let mut t: Vec<f64> = (0..20)
+                    .map(|_| {
+                        let s = std::time::Instant::now();
+                        f();
+                        s.elapsed().as_secs_f64() * 1000.0
+                    })
+                    .collect();
+                t.sort_by(f64::total_cmp);
+                t[t.len() / 2]
+            };
+            let place = time(&|| {
+                std::hint::black_box(crate::table::place(&nodes, &held, 1));
+            });
+            let me = shaper("n00150");
+            let shape = time(&|| {
+                std::hint::black_box(me.shape(&placed, &facts).unwrap());
+            });
+            println!(
+                "BENCH sites shape, {n} Nodes in {} sites: placing the Nodes {place:.2} ms, shaping to this node's site {shape:.2} ms ({:.2}x of placing; median of 20)",
+                n / 100,
+                shape / place
+            );
+        }
     }
 
     #[test]

@@ -33,6 +33,11 @@ pub const ROUND: Duration = Duration::from_secs(2);
 /// sessions rekey every 120 s while traffic flows).
 pub const UP_WITHIN: Duration = Duration::from_secs(180);
 
+/// The name of the gateway's key file in the key directory: `<interface>.key`.
+pub fn key_name(ifname: &str) -> String {
+    format!("{ifname}.key")
+}
+
 /// The sites side of one node.
 pub struct Side<T, R> {
     /// The tunnel device's name.
@@ -108,7 +113,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
     /// call and kept): what it publishes so that other sites can reach it.
     pub fn public_key(&self) -> Result<PublicKey, String> {
         self.keys
-            .load_or_create(&self.ifname)
+            .load_or_create(&key_name(&self.ifname))
             .map(|k| k.public_key())
             .map_err(|e| e.to_string())
     }
@@ -210,7 +215,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         let ifname = &self.ifname;
         let key = self
             .keys
-            .load_or_create(ifname)
+            .load_or_create(&key_name(ifname))
             .map_err(|e| e.to_string())?;
         let t = &self.tunnel;
         t.ensure_device(ifname, self.mtu)
