@@ -15,13 +15,15 @@ twice. Four paths:
   pods a2 -> a1 (VXLAN)  inside site A, no tunnel
 
 Throughput is iperf3 (one TCP stream, --seconds each), round trip the average of 500 pings at
-100/s. Prints each path's figures and their ratios (cross-site / raw tunnel: issue 28's target
+100/s; --rounds rounds interleave the paths (a busy moment of the machine falls on all of them)
+and each figure is the median of its rounds, the rounds' range printed beside it. Prints each
+path's figures and their ratios (cross-site / raw tunnel: issue 28's target
 is >= 0.8; relayed / direct: the relay's cost), and draws docs/bench-sites.svg (throughput) and
 docs/bench-sites-rtt.svg (round trips). Needs root, cargo, iperf3 and wireguard-tools (`wg`);
 builds the binaries with --release first (the userspace tunnel's crypto is far slower in a debug
 build). Every namespace and temp file is removed by the test's drop guards, also on failure.
 
-    scripts/bench-sites.py [--seconds 10] [--debug] [--plot docs/bench-sites.svg]
+    scripts/bench-sites.py [--seconds 10] [--rounds 3] [--debug] [--plot docs/bench-sites.svg]
 """
 
 import argparse
@@ -43,7 +45,7 @@ COLOURS = {
 }
 
 
-def run_bench(seconds, release):
+def run_bench(seconds, rounds, release):
     profile = ["--release"] if release else []
     build = ["cargo", "build", "--locked", *profile]
     for p in PACKAGES:
@@ -53,7 +55,7 @@ def run_bench(seconds, release):
         ["cargo", "test", "--locked", *profile, "-p", "sticky-vxlan-agent", "--test", "agent", "--",
          "--ignored", "--nocapture", "--exact", "sites::bench_sites"],
         cwd=ROOT, capture_output=True, text=True,
-        env={**os.environ, "STICKY_BENCH_SECS": str(seconds)})
+        env={**os.environ, "STICKY_BENCH_SECS": str(seconds), "STICKY_BENCH_ROUNDS": str(rounds)})
     for line in out.stdout.splitlines():
         if line.startswith("BENCH-SITES "):
             return json.loads(line[len("BENCH-SITES "):])
@@ -63,23 +65,27 @@ def run_bench(seconds, release):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10, help="iperf3 seconds per path")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
     parser.add_argument("--debug", action="store_true",
                         help="debug build (quicker to build; the tunnel's figures mean little)")
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "bench-sites.svg"))
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-sites: needs root (it creates network namespaces)")
-    figures = run_bench(args.seconds, not args.debug)
+    figures = run_bench(args.seconds, args.rounds, not args.debug)
     cases = {c["case"]: c for c in figures["cases"]}
     raw = cases["tunnel c1 -> a1"]
     direct = cases["pods c2 -> a2"]
     relayed = cases["pods a2 -> b2 (relay)"]
     build = "debug" if args.debug else "release"
-    print(f"{build} build, iperf3 {figures['seconds']} s per path, 500 pings at 100/s")
-    print(f"{'path':24} {'Mbit/s':>9} {'x tunnel':>9} {'rtt ms':>8} {'x tunnel':>9}")
+    print(f"{build} build, iperf3 {figures['seconds']} s per path, 500 pings at 100/s, "
+          f"medians of {figures['rounds']} interleaved rounds (range in brackets)")
+    print(f"{'path':24} {'Mbit/s':>9} {'':15} {'x tunnel':>8} {'rtt ms':>7} {'':15} {'x tunnel':>8}")
     for name, c in cases.items():
-        print(f"{name:24} {c['mbps']:9.0f} {c['mbps'] / raw['mbps']:9.2f} "
-              f"{c['rtt_ms']:8.3f} {c['rtt_ms'] / raw['rtt_ms']:9.2f}")
+        mbps_range = f"[{min(c['mbps_runs']):.0f}-{max(c['mbps_runs']):.0f}]"
+        rtt_range = f"[{min(c['rtt_ms_runs']):.3f}-{max(c['rtt_ms_runs']):.3f}]"
+        print(f"{name:24} {c['mbps']:9.0f} {mbps_range:15} {c['mbps'] / raw['mbps']:8.2f} "
+              f"{c['rtt_ms']:7.3f} {rtt_range:15} {c['rtt_ms'] / raw['rtt_ms']:8.2f}")
     ratio = direct["mbps"] / raw["mbps"]
     verdict = "meets" if ratio >= 0.8 else "MISSES"
     print(f"cross-site pods / raw tunnel throughput: {ratio:.2f} ({verdict} issue 28's >= 0.8)")

@@ -408,7 +408,8 @@ fn sites_full_size_pod_packet_crosses_without_fragments() {
 }
 
 /// The figures of scripts/bench-sites.py, one `BENCH-SITES {json}` line: TCP throughput
-/// (iperf3, `STICKY_BENCH_SECS` seconds, default 10) and ping round trips across sites
+/// (iperf3, `STICKY_BENCH_SECS` seconds, default 10) and ping round trips (medians of
+/// `STICKY_BENCH_ROUNDS` interleaved rounds, default 3, each run listed too) across sites
 /// directly (c2 pod -> a2 pod) and through the relay (a2 pod -> b2 pod), beside the same
 /// tunnel node to node (c1's bridge address -> a1's, which route into the tunnel with no
 /// VXLAN leg) and beside VXLAN inside a site (a2 pod -> a1 pod), in one run.
@@ -419,6 +420,11 @@ fn bench_sites() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
+    let rounds: usize = std::env::var("STICKY_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|r| *r > 0)
+        .unwrap_or(3);
     let (mut s, pods) = running();
     let (c1_pod, _) = s.pod("c1", "pc1");
     let (a1_pod, a1_ip) = s.pod("a1", "pa1");
@@ -441,8 +447,7 @@ fn bench_sites() {
         ("pods a2 -> b2 (relay)", &a2.0.ns, None, &b2.0.ns, &b2.1),
         ("pods a2 -> a1 (VXLAN)", &a2.0.ns, None, &a1_pod.ns, &a1_ip),
     ];
-    let mut figures = Vec::new();
-    for (what, from, source, to_ns, to) in cases {
+    for &(what, from, source, _, to) in &cases {
         let reached = match source {
             Some(src) => sh(&[
                 "ip", "netns", "exec", from, "ping", "-c", "1", "-i", "0.1", "-w", "60", "-I", src,
@@ -453,10 +458,33 @@ fn bench_sites() {
             None => first_reply(from, to, Duration::from_secs(60)).is_some(),
         };
         assert!(reached, "{what}: {to} does not answer");
-        let mbps = iperf3_mbps(from, source, to_ns, to, secs);
-        let rtt = rtt_ms(from, source, to, 500);
-        eprintln!("{what}: {mbps:.0} Mbit/s, {rtt:.3} ms");
-        figures.push(json!({"case": what, "mbps": mbps, "rtt_ms": rtt}));
     }
-    println!("BENCH-SITES {}", json!({"seconds": secs, "cases": figures}));
+    // Rounds interleave the paths, so a busy moment of the machine falls on all of them.
+    let mut runs: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); cases.len()];
+    for round in 0..rounds {
+        for (i, (what, from, source, to_ns, to)) in cases.iter().enumerate() {
+            let mbps = iperf3_mbps(from, *source, to_ns, to, secs);
+            let rtt = rtt_ms(from, *source, to, 500);
+            eprintln!("round {round}: {what}: {mbps:.0} Mbit/s, {rtt:.3} ms");
+            runs[i].0.push(mbps);
+            runs[i].1.push(rtt);
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let figures: Vec<_> = cases
+        .iter()
+        .zip(&runs)
+        .map(|(c, (mbps, rtt))| {
+            json!({"case": c.0, "mbps": median(mbps), "rtt_ms": median(rtt),
+                   "mbps_runs": mbps, "rtt_ms_runs": rtt})
+        })
+        .collect();
+    println!(
+        "BENCH-SITES {}",
+        json!({"seconds": secs, "rounds": rounds, "cases": figures})
+    );
 }
