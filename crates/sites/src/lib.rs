@@ -15,7 +15,9 @@ pub mod gateway;
 pub mod keys;
 pub mod model;
 pub mod mtu;
+pub mod observed;
 pub mod paths;
+pub mod punch;
 
 pub mod plan;
 pub mod tunnel;
