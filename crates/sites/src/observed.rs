@@ -18,6 +18,8 @@ use crate::model::{self, Model, NodeInput};
 pub const OBSERVED_ENDPOINTS_ANNOTATION: &str = "sticky-cni.io/observed-endpoints";
 /// At most this many entries in one annotation (a larger one is refused).
 pub const MAX_ENTRIES: usize = 64;
+/// At most this many bytes in one annotation (the agent keeps no more of it).
+pub const MAX_BYTES: usize = 4096;
 
 /// Why an annotation was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,15 +55,20 @@ pub fn parse(value: &str) -> Result<BTreeMap<String, SocketAddr>, Error> {
         .collect()
 }
 
-/// The annotation's value for `observed` (sorted by name, at most [`MAX_ENTRIES`]: the first
-/// ones by name).
+/// The annotation's value for `observed` (sorted by name; the first ones by name that fit in
+/// [`MAX_ENTRIES`] and [`MAX_BYTES`]).
 pub fn format(observed: &BTreeMap<String, SocketAddr>) -> String {
-    let map: BTreeMap<&str, String> = observed
-        .iter()
-        .take(MAX_ENTRIES)
-        .map(|(g, ep)| (g.as_str(), ep.to_string()))
-        .collect();
-    serde_json::to_string(&map).unwrap_or_default()
+    let mut map: BTreeMap<&str, String> = BTreeMap::new();
+    let mut text = "{}".to_string();
+    for (g, ep) in observed.iter().take(MAX_ENTRIES) {
+        map.insert(g.as_str(), ep.to_string());
+        let next = serde_json::to_string(&map).unwrap_or_default();
+        if next.len() > MAX_BYTES {
+            break;
+        }
+        text = next;
+    }
+    text
 }
 
 /// The NAT-mapped address of every gateway as the reachable gateways of `model` observed it,

@@ -12,13 +12,15 @@
 //! - Everywhere: the status of every remote site (gateway, path; on the gateway the carrying
 //!   tunnel's handshake and bytes), and a log line when a tunnel comes up or goes down.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use sticky_sites::keys::{KeyDir, PublicKey};
 use sticky_sites::model::SiteName;
 use sticky_sites::paths::Path;
-use sticky_sites::plan::GatewayPlan;
+use sticky_sites::plan::{GatewayPlan, Plan};
+use sticky_sites::punch::Punches;
 use sticky_sites::tunnel::{DeviceState, PeerConfig, Tunnel, diff};
 use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
 
@@ -54,6 +56,25 @@ pub struct Side<T, R> {
     was_gateway: bool,
     /// Nodes left out of the sites at the last plan, with why.
     left_out: BTreeMap<String, String>,
+    /// NAT traversal: see [`Nat`].
+    nat: Nat,
+}
+
+/// NAT traversal on the active gateway (issue 29): the punches and what the device showed.
+#[derive(Debug, Default)]
+struct Nat {
+    punches: Punches,
+    /// The remote sites whose punch peer had a handshake within [`UP_WITHIN`] at the last round.
+    fresh: BTreeSet<SiteName>,
+    /// The latest handshake seen with each punch peer. Remembered, since the data path forgets
+    /// it whenever a peer is set again (gotatun makes the peer anew, e.g. when its allowed IPs
+    /// move): without this, moving the subnets would make the punch look stale at once.
+    handshakes: BTreeMap<SiteName, SystemTime>,
+    /// The current endpoints of the peers that dial in (gateways behind NAT), by gateway name:
+    /// what a reachable gateway publishes. None when this node is not the active gateway.
+    observed: Option<BTreeMap<String, SocketAddr>>,
+    /// Refused discovery annotations at the last plan, by Node name.
+    refused: BTreeMap<String, String>,
 }
 
 impl<T: Tunnel, R: Routes> Side<T, R> {
@@ -69,6 +90,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             // A restarted agent does not know whether it configured the device before.
             was_gateway: true,
             left_out: BTreeMap::new(),
+            nat: Nat::default(),
         }
     }
 
@@ -97,6 +119,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             lines.push(format!("sites: node {name} is no longer left out"));
         }
         self.left_out = now;
+        lines.extend(self.nat.refusals(&shaped.observed_refused));
         let role_was = self.shaped.as_ref().map(role);
         let role_now = role(&shaped);
         if role_was.as_ref() != Some(&role_now) {
@@ -123,7 +146,9 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         let Some(shaped) = &self.shaped else {
             return (Vec::new(), None);
         };
-        let plan = shaped.plan.clone();
+        // The punches stepped with the last round's device, and the plan they make.
+        self.nat.punches.step(&shaped.plan, now, &self.nat.fresh);
+        let plan = self.nat.punches.apply(&shaped.plan);
         let mut error = None;
         let mut device = None;
         if let Some(gw) = &plan.gateway {
@@ -186,13 +211,19 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         if plan.gateway.is_none() {
             self.up.clear();
         }
+        self.nat.read(&shaped.plan, &plan, device.as_ref(), now);
         let remotes = plan
             .remotes
             .iter()
             .map(|r| RemoteSite {
                 site: r.site.to_string(),
                 gateway: r.gateway.clone(),
-                path: path_text(&r.path),
+                path: match (&r.path, self.nat.punches.describe(&r.site, now)) {
+                    (Path::Punch { up: false, relay: Some(v), .. }, Some(d)) => {
+                        format!("relayed via {v} ({d})")
+                    }
+                    (p, _) => path_text(p),
+                },
                 tunnel: r
                     .path
                     .carrier(&r.site)
@@ -208,6 +239,12 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             error,
         };
         (lines, Some(status))
+    }
+
+    /// The current endpoints of the gateways behind NAT that dial in, when this node is an
+    /// active gateway (see [`Nat::observed`]).
+    pub fn observed_endpoints(&self) -> Option<&BTreeMap<String, SocketAddr>> {
+        self.nat.observed.as_ref()
     }
 
     /// Brings the device to `gw`; its state after.
@@ -264,6 +301,67 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             Ok(_) | Err(super::device::Error::NoDevice(_)) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+impl Nat {
+    /// What the device shows after a round of `plan` (the plan as made, with every punch
+    /// peer) and `applied` (as the punches made it): the fresh punch peers and the dial-in
+    /// peers' endpoints.
+    fn read(&mut self, plan: &Plan, applied: &Plan, device: Option<&DeviceState>, now: SystemTime) {
+        let (Some(gw), Some(dev)) = (&plan.gateway, device) else {
+            self.fresh.clear();
+            self.handshakes.clear();
+            self.observed = None;
+            return;
+        };
+        let state = |key: &PublicKey| dev.peers.iter().find(|s| s.public_key == *key);
+        let punching: BTreeSet<&SiteName> = plan
+            .remotes
+            .iter()
+            .filter(|r| matches!(r.path, Path::Punch { .. }))
+            .map(|r| &r.site)
+            .collect();
+        self.handshakes.retain(|s, _| punching.contains(s));
+        for p in gw.peers.iter().filter(|p| punching.contains(&p.site)) {
+            if let Some(t) = state(&p.config.public_key).and_then(|s| s.last_handshake) {
+                let latest = self.handshakes.entry(p.site.clone()).or_insert(t);
+                *latest = (*latest).max(t);
+            }
+        }
+        self.fresh = self
+            .handshakes
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t).map_or(true, |a| a <= UP_WITHIN))
+            .map(|(s, _)| s.clone())
+            .collect();
+        let dial_in = applied.gateway.iter().flat_map(|g| &g.peers);
+        self.observed = Some(
+            dial_in
+                .filter(|p| p.config.endpoint.is_none())
+                .filter_map(|p| {
+                    let ep = state(&p.config.public_key)?.endpoint?;
+                    Some((p.gateway.clone(), ep))
+                })
+                .collect(),
+        );
+    }
+
+    /// The log lines for refused discovery annotations, new or gone.
+    fn refusals(&mut self, now: &BTreeMap<String, String>) -> Vec<String> {
+        let mut lines: Vec<String> = now
+            .iter()
+            .filter(|(n, e)| self.refused.get(*n) != Some(*e))
+            .map(|(n, e)| format!("sites: node {n}: {e}; its NAT observations are not used"))
+            .collect();
+        lines.extend(
+            self.refused
+                .keys()
+                .filter(|n| !now.contains_key(*n))
+                .map(|n| format!("sites: node {n}: its NAT observations are used again")),
+        );
+        self.refused = now.clone();
+        lines
     }
 }
 
