@@ -616,6 +616,114 @@ mod tests {
         assert!(status.remotes.iter().all(|r| r.tunnel.is_none()));
     }
 
+    /// `shaped`, with the cloud gateway's NAT discovery annotation naming a1 and b1.
+    fn shaped_punching(me: &str, my_key: PublicKey) -> Shaped {
+        let mut s = shaped(me, my_key);
+        let mut inputs = s.inputs.clone();
+        inputs[0].annotations.insert(
+            sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION.into(),
+            r#"{"a1":"203.0.113.10:51820","b1":"203.0.113.20:51820"}"#.into(),
+        );
+        s = compute(
+            inputs,
+            me,
+            &SiteConfig::default(),
+            &Settings::default(),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        s
+    }
+
+    fn allowed_of(s: &Side<FakeTunnel, FakeRoutes>, key: u8) -> Vec<String> {
+        let pk = PrivateKey::from_bytes([key; 32]).public_key();
+        let d = s.tunnel.devices.lock().unwrap();
+        d["stickywg0"]
+            .1
+            .peers
+            .iter()
+            .find(|p| p.public_key == pk)
+            .map(|p| p.allowed_ips.iter().map(ToString::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_punch_moves_site_b_to_the_direct_peer_and_stays_when_the_device_forgets_the_handshake()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        s.adopt(shaped_punching("a1", pk));
+        let t0 = SystemTime::now();
+        let (_, status) = s.round(t0);
+        let b = |st: &Option<SitesStatus>| {
+            st.as_ref().unwrap().remotes.iter().find(|r| r.site == "site-b").unwrap().path.clone()
+        };
+        assert_eq!(b(&status), "relayed via cloud (punching)");
+        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24", "198.18.21.0/24"]);
+        assert!(allowed_of(&s, 3).is_empty(), "the punch peer carries nothing yet");
+        let b1 = PrivateKey::from_bytes([3; 32]).public_key();
+        let handshake = |s: &Side<FakeTunnel, FakeRoutes>, t: Option<SystemTime>| {
+            let mut d = s.tunnel.devices.lock().unwrap();
+            for p in &mut d.get_mut("stickywg0").unwrap().1.peers {
+                if p.public_key == b1 {
+                    p.last_handshake = t;
+                }
+            }
+        };
+        handshake(&s, Some(t0));
+        s.round(t0 + Duration::from_secs(2));
+        let (_, status) = s.round(t0 + Duration::from_secs(4));
+        assert_eq!(b(&status), "direct (punched)");
+        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24"]);
+        assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
+        // The data path made the peer anew when its allowed IPs moved: no handshake shown.
+        handshake(&s, None);
+        s.round(t0 + Duration::from_secs(6));
+        let (_, status) = s.round(t0 + Duration::from_secs(8));
+        assert_eq!(b(&status), "direct (punched)", "the handshake seen is remembered");
+        assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
+        // Stale after 180 s: back on the relay.
+        s.round(t0 + Duration::from_secs(190));
+        let (_, status) = s.round(t0 + Duration::from_secs(192));
+        assert_eq!(b(&status), "relayed via cloud (punching)");
+        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24", "198.18.21.0/24"]);
+    }
+
+    #[test]
+    fn a_reachable_gateway_reports_where_its_dial_in_peers_come_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        s.adopt(shaped("c1", pk));
+        s.round(SystemTime::now());
+        assert_eq!(s.observed_endpoints(), Some(&BTreeMap::new()));
+        {
+            let mut d = s.tunnel.devices.lock().unwrap();
+            for p in &mut d.get_mut("stickywg0").unwrap().1.peers {
+                p.endpoint = Some("203.0.113.10:40000".parse().unwrap());
+            }
+        }
+        s.round(SystemTime::now());
+        let seen: Vec<(String, String)> = s
+            .observed_endpoints()
+            .unwrap()
+            .iter()
+            .map(|(g, e)| (g.clone(), e.to_string()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("a1".to_string(), "203.0.113.10:40000".to_string()),
+                ("b1".to_string(), "203.0.113.10:40000".to_string())
+            ]
+        );
+        // A NATed gateway dials everyone: it observes nobody.
+        s.adopt(shaped("a2", pk));
+        s.round(SystemTime::now());
+        assert_eq!(s.observed_endpoints(), None);
+    }
+
     #[test]
     fn tunnel_up_and_down_are_logged_once_each() {
         let dir = tempfile::tempdir().unwrap();
