@@ -276,26 +276,37 @@ fn sites_nat_direct_survives_the_cloud_away() {
     assert_eq!(path_to(&s, "a1", "site-b").unwrap(), "direct (punched)");
 }
 
+/// Sites with keepalive [`KEEPALIVE`], the direct path between A's and B's routers blocked
+/// on the internet's bridge (until [`unblock`]), every daemon running, pods on a2 and b2.
+fn blocked_running() -> (Sites, [(Pod, String); 2]) {
+    let mut s = Sites::new(Nat::Masquerade);
+    s.set_sites_setting("keepaliveSecs", json!(KEEPALIVE));
+    s.topo.load_nft(
+        s.internet(),
+        "block-a-b.nft",
+        &format!(
+            "table bridge sticky_test_block {{\n  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    ip saddr {A_WAN} ip daddr {B_WAN} drop\n    ip saddr {B_WAN} ip daddr {A_WAN} drop\n  }}\n}}\n"
+        ),
+    );
+    s.start_all();
+    let pods = [s.pod("a2", "pa2"), s.pod("b2", "pb2")];
+    (s, pods)
+}
+
+/// Lifts [`blocked_running`]'s block.
+fn unblock(s: &Sites) {
+    ok(&[
+        "ip", "netns", "exec", s.internet(), "nft", "delete", "table", "bridge",
+        "sticky_test_block",
+    ]);
+}
+
 /// A TCP connection a2 -> b2 opened while the pair is relayed (the direct path blocked on
 /// the internet) carries bytes both ways after the pair has moved to the direct tunnel.
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn sites_nat_tcp_connection_survives_relay_to_direct() {
-    let (s, pods) = {
-        let mut s = Sites::new(Nat::Masquerade);
-        s.set_sites_setting("keepaliveSecs", json!(KEEPALIVE));
-        // A and B cannot reach each other directly until the block is lifted.
-        s.topo.load_nft(
-            s.internet(),
-            "block-a-b.nft",
-            &format!(
-                "table bridge sticky_test_block {{\n  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    ip saddr {A_WAN} ip daddr {B_WAN} drop\n    ip saddr {B_WAN} ip daddr {A_WAN} drop\n  }}\n}}\n"
-            ),
-        );
-        s.start_all();
-        let pods = [s.pod("a2", "pa2"), s.pod("b2", "pb2")];
-        (s, pods)
-    };
+    let (s, pods) = blocked_running();
     assert!(
         first_reply(&pods[0].0.ns, &pods[1].1, Duration::from_secs(120)).is_some(),
         "a2 reaches b2 through the relay; logs: {:#?}",
@@ -335,7 +346,7 @@ fn sites_nat_tcp_connection_survives_relay_to_direct() {
         path_to(&s, "a1", "site-b").unwrap().starts_with("relayed"),
         "still relayed when the connection was used"
     );
-    ok(&["ip", "netns", "exec", s.internet(), "nft", "delete", "table", "bridge", "sticky_test_block"]);
+    unblock(&s);
     // The next try (after a pause of at most 2 min) succeeds.
     for (gw, site) in [("a1", "site-b"), ("b1", "site-a")] {
         wait_path(&s, gw, site, Duration::from_secs(300), |p| p == "direct (punched)");
@@ -354,4 +365,39 @@ fn sites_nat_tcp_connection_survives_relay_to_direct() {
             >= 40,
         "the connection's segments cross directly after the move"
     );
+}
+
+/// The measurement of `scripts/bench-sites.py --nat`: iperf3 throughput and ping round trips
+/// a2 pod -> b2 pod, relayed through the cloud gateway (the direct path blocked) and then
+/// direct once punched, in one run.
+#[test]
+#[ignore = "benchmark: scripts/bench-sites.py --nat"]
+fn bench_sites_nat() {
+    let secs: u32 = std::env::var("STICKY_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let (s, pods) = blocked_running();
+    let (a2, b2) = (&pods[0], &pods[1]);
+    assert!(first_reply(&a2.0.ns, &b2.1, Duration::from_secs(120)).is_some());
+    wait_path(&s, "a1", "site-b", Duration::from_secs(120), |p| {
+        p.starts_with("relayed via cloud (punch")
+    });
+    let mut figures = Vec::new();
+    let mut measure = |what: &str| {
+        let mbps = iperf3_mbps(&a2.0.ns, None, &b2.0.ns, &b2.1, secs);
+        let rtt = rtt_ms(&a2.0.ns, None, &b2.1, 500);
+        eprintln!("{what}: {mbps:.0} Mbit/s, {rtt:.3} ms");
+        figures.push(json!({"case": what, "mbps": mbps, "rtt_ms": rtt}));
+    };
+    measure("pods a2 -> b2 relayed");
+    assert!(path_to(&s, "a1", "site-b").unwrap().starts_with("relayed"));
+    unblock(&s);
+    for (gw, site) in [("a1", "site-b"), ("b1", "site-a")] {
+        wait_path(&s, gw, site, Duration::from_secs(300), |p| p == "direct (punched)");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    measure("pods a2 -> b2 direct");
+    assert_eq!(path_to(&s, "a1", "site-b").unwrap(), "direct (punched)");
+    println!("BENCH-SITES-NAT {}", json!({"seconds": secs, "cases": figures}));
 }
