@@ -66,6 +66,19 @@ def run_bench(seconds, release, test="sites::bench_sites", tag="BENCH-SITES "):
     sys.exit(f"bench-sites: the bench printed no figures:\n{out.stdout}\n{out.stderr}")
 
 
+def plot(path, cases, title, rtt_title):
+    """Throughput bars into `path`, round trips into `path` with -rtt before .svg."""
+    order = list(cases)
+    bars(path, f"sites: {title}",
+         [(name, [(name, cases[name]["mbps"])]) for name in order], COLOURS,
+         ylabel="Mbit/s (iperf3, one stream)")
+    rtt_plot = path[:-len(".svg")] + "-rtt.svg" if path.endswith(".svg") else path + "-rtt.svg"
+    bars(rtt_plot, f"sites: {rtt_title}",
+         [(name, [(name, cases[name]["rtt_ms"])]) for name in order], COLOURS,
+         ylabel="average round trip, ms")
+    print(f"plots: {path}, {rtt_plot}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10, help="iperf3 seconds per path")
@@ -93,16 +106,8 @@ def main():
     ratio = direct["mbps"] / raw["mbps"]
     verdict = "meets" if ratio >= 0.8 else "MISSES"
     print(f"cross-site pods / raw tunnel throughput: {ratio:.2f} ({verdict} issue 28's >= 0.8)")
-    order = list(cases)
-    bars(args.plot, f"sites: TCP throughput per path ({build})",
-         [(name, [(name, cases[name]["mbps"])]) for name in order], COLOURS,
-         ylabel="Mbit/s (iperf3, one stream)")
-    rtt_plot = args.plot[:-len(".svg")] + "-rtt.svg" if args.plot.endswith(".svg") \
-        else args.plot + "-rtt.svg"
-    bars(rtt_plot, f"sites: ping round trip per path ({build})",
-         [(name, [(name, cases[name]["rtt_ms"])]) for name in order], COLOURS,
-         ylabel="average round trip, ms")
-    print(f"plots: {args.plot}, {rtt_plot}")
+    plot(args.plot, cases, f"TCP throughput per path ({build})",
+         f"ping round trip per path ({build})")
 
 
 def nat(args):
@@ -119,16 +124,9 @@ def nat(args):
           f"{direct['mbps'] / relayed['mbps']:15.2f}")
     print(f"{'round trip ms':18} {relayed['rtt_ms']:10.3f} {direct['rtt_ms']:10.3f} "
           f"{direct['rtt_ms'] / relayed['rtt_ms']:15.2f}")
-    plot = args.plot or os.path.join(ROOT, "docs", "bench-sites-nat.svg")
-    order = list(cases)
-    bars(plot, f"sites: A <-> B TCP throughput, relayed vs punched ({build})",
-         [(name, [(name, cases[name]["mbps"])]) for name in order], COLOURS,
-         ylabel="Mbit/s (iperf3, one stream)")
-    rtt_plot = plot[:-len(".svg")] + "-rtt.svg" if plot.endswith(".svg") else plot + "-rtt.svg"
-    bars(rtt_plot, f"sites: A <-> B ping round trip, relayed vs punched ({build})",
-         [(name, [(name, cases[name]["rtt_ms"])]) for name in order], COLOURS,
-         ylabel="average round trip, ms")
-    print(f"plots: {plot}, {rtt_plot}")
+    plot(args.plot or os.path.join(ROOT, "docs", "bench-sites-nat.svg"), cases,
+         f"A <-> B TCP throughput, relayed vs punched ({build})",
+         f"A <-> B ping round trip, relayed vs punched ({build})")
 
 
 if __name__ == "__main__":

@@ -528,7 +528,12 @@ mod tests {
         .sites
         .unwrap();
         assert_eq!(
-            (s.wan_mtu, s.listen_port, s.interface.as_str(), s.keepalive_secs),
+            (
+                s.wan_mtu,
+                s.listen_port,
+                s.interface.as_str(),
+                s.keepalive_secs
+            ),
             (1492, 4500, "wg-sites", 5)
         );
         for (bad, says) in [
@@ -537,7 +542,10 @@ mod tests {
             (json!({"wanMtu": 1000}), "wanMtu 1000 is not from 1280"),
             (json!({"listenPort": 0}), "listenPort 0"),
             (json!({"listenPort": 70000}), "listenPort 70000"),
-            (json!({"keepaliveSecs": 0}), "keepaliveSecs 0 is not from 1 to 3600"),
+            (
+                json!({"keepaliveSecs": 0}),
+                "keepaliveSecs 0 is not from 1 to 3600",
+            ),
             (json!({"keepaliveSecs": 3601}), "keepaliveSecs 3601"),
             (json!({"interface": "a/b"}), "sites"),
             (

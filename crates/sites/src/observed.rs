@@ -155,9 +155,24 @@ mod tests {
     #[test]
     fn only_reachable_gateways_count_and_a_bad_one_breaks_only_itself() {
         let mut nodes = vec![
-            node("c1", Some("cloud"), "10.0.0.0/24", Some((1, Some("198.51.100.1:51820")))),
-            node("c9", Some("cloud2"), "10.0.9.0/24", Some((9, Some("198.51.100.9:51820")))),
-            node("zz", Some("cloud3"), "10.0.8.0/24", Some((8, Some("198.51.100.8:51820")))),
+            node(
+                "c1",
+                Some("cloud"),
+                "10.0.0.0/24",
+                Some((1, Some("198.51.100.1:51820"))),
+            ),
+            node(
+                "c9",
+                Some("cloud2"),
+                "10.0.9.0/24",
+                Some((9, Some("198.51.100.9:51820"))),
+            ),
+            node(
+                "zz",
+                Some("cloud3"),
+                "10.0.8.0/24",
+                Some((8, Some("198.51.100.8:51820"))),
+            ),
             node("a1", Some("edge-a"), "10.1.0.0/24", Some((2, None))),
             node("b1", Some("edge-b"), "10.2.0.0/24", Some((3, None))),
         ];
@@ -175,7 +190,11 @@ mod tests {
         set(&mut nodes[3], r#"{"b1":"203.0.113.66:1"}"#);
         let m = build(&nodes, &SiteConfig::default());
         let (mapped, refused) = nat_mapped(&m, &nodes);
-        assert_eq!(mapped["a1"], "203.0.113.10:51820".parse().unwrap(), "first by name");
+        assert_eq!(
+            mapped["a1"],
+            "203.0.113.10:51820".parse().unwrap(),
+            "first by name"
+        );
         assert_eq!(mapped["b1"], "203.0.113.20:51820".parse().unwrap());
         assert_eq!(refused.keys().collect::<Vec<_>>(), ["c9"]);
         assert!(refused["c9"].to_string().contains("not json"));

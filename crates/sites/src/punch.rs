@@ -83,6 +83,15 @@ impl Punch {
     }
 }
 
+/// The remote sites `plan` punches towards.
+pub fn punching(plan: &Plan) -> BTreeSet<&SiteName> {
+    plan.remotes
+        .iter()
+        .filter(|r| matches!(r.path, Path::Punch { .. }))
+        .map(|r| &r.site)
+        .collect()
+}
+
 /// The punches of this gateway, by remote site.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Punches(pub BTreeMap<SiteName, Punch>);
@@ -92,12 +101,7 @@ impl Punches {
     /// handshake within [`UP_WITHIN`]. A site that is no punch path any more is forgotten; a
     /// new one starts trying.
     pub fn step(&mut self, plan: &Plan, now: SystemTime, fresh: &BTreeSet<SiteName>) {
-        let punching: BTreeSet<&SiteName> = plan
-            .remotes
-            .iter()
-            .filter(|r| matches!(r.path, Path::Punch { .. }))
-            .map(|r| &r.site)
-            .collect();
+        let punching = punching(plan);
         self.0.retain(|s, _| punching.contains(s));
         for site in punching {
             self.0
@@ -202,9 +206,19 @@ mod tests {
         p.step(t(now + 500), true);
         assert_eq!(p.state, State::Up);
         p.step(t(now + 600), false);
-        assert_eq!(p.state, State::Trying { since: t(now + 600) });
+        assert_eq!(
+            p.state,
+            State::Trying {
+                since: t(now + 600)
+            }
+        );
         p.step(t(now + 630), false);
-        assert_eq!(p.state, State::Paused { until: t(now + 690) });
+        assert_eq!(
+            p.state,
+            State::Paused {
+                until: t(now + 690)
+            }
+        );
     }
 
     fn site(s: &str) -> SiteName {
@@ -213,13 +227,20 @@ mod tests {
 
     fn a_gateway_plan() -> Plan {
         let nodes = vec![
-            node("c1", Some("cloud"), "10.0.0.0/24", Some((1, Some("198.51.100.1:51820")))),
+            node(
+                "c1",
+                Some("cloud"),
+                "10.0.0.0/24",
+                Some((1, Some("198.51.100.1:51820"))),
+            ),
             node("a1", Some("edge-a"), "10.1.0.0/24", Some((2, None))),
             node("b1", Some("edge-b"), "10.2.0.0/24", Some((3, None))),
         ];
         let mut view = View::default();
         for (g, ep) in [("a1", "203.0.113.10:51820"), ("b1", "203.0.113.20:51820")] {
-            view.observed.nat_mapped.insert(g.into(), ep.parse().unwrap());
+            view.observed
+                .nat_mapped
+                .insert(g.into(), ep.parse().unwrap());
         }
         let m = build(&nodes, &SiteConfig::default());
         plan(&m, "a1", &view, &Settings::default()).unwrap()
@@ -234,7 +255,11 @@ mod tests {
             .map(|p| {
                 (
                     p.site.to_string(),
-                    p.config.allowed_ips.iter().map(ToString::to_string).collect(),
+                    p.config
+                        .allowed_ips
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
                 )
             })
             .collect()
@@ -250,7 +275,10 @@ mod tests {
         assert_eq!(
             allowed(&trying),
             [
-                ("cloud".into(), vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]),
+                (
+                    "cloud".into(),
+                    vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]
+                ),
                 ("edge-b".into(), vec![]),
             ]
         );
@@ -277,7 +305,10 @@ mod tests {
         punches.step(&plan, t(430), &none);
         assert_eq!(
             allowed(&punches.apply(&plan)),
-            [("cloud".into(), vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()])]
+            [(
+                "cloud".into(),
+                vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]
+            )]
         );
         assert_eq!(
             punches.describe(&site("edge-b"), t(430)).unwrap(),

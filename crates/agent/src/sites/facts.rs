@@ -23,14 +23,14 @@ pub fn of(node: &Node) -> Facts {
         PUBLIC_KEY_ANNOTATION,
         OBSERVED_ENDPOINTS_ANNOTATION,
     ]
-        .into_iter()
-        .filter_map(|k| {
-            node.metadata
-                .annotations
-                .get(k)
-                .map(|v| (k.to_string(), v.clone()))
-        })
-        .collect();
+    .into_iter()
+    .filter_map(|k| {
+        node.metadata
+            .annotations
+            .get(k)
+            .map(|v| (k.to_string(), v.clone()))
+    })
+    .collect();
     Facts {
         labels: node.metadata.labels.clone(),
         annotations,

@@ -219,7 +219,14 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
                 site: r.site.to_string(),
                 gateway: r.gateway.clone(),
                 path: match (&r.path, self.nat.punches.describe(&r.site, now)) {
-                    (Path::Punch { up: false, relay: Some(v), .. }, Some(d)) => {
+                    (
+                        Path::Punch {
+                            up: false,
+                            relay: Some(v),
+                            ..
+                        },
+                        Some(d),
+                    ) => {
                         format!("relayed via {v} ({d})")
                     }
                     (p, _) => path_text(p),
@@ -316,12 +323,7 @@ impl Nat {
             return;
         };
         let state = |key: &PublicKey| dev.peers.iter().find(|s| s.public_key == *key);
-        let punching: BTreeSet<&SiteName> = plan
-            .remotes
-            .iter()
-            .filter(|r| matches!(r.path, Path::Punch { .. }))
-            .map(|r| &r.site)
-            .collect();
+        let punching = sticky_sites::punch::punching(plan);
         self.handshakes.retain(|s, _| punching.contains(s));
         for p in gw.peers.iter().filter(|p| punching.contains(&p.site)) {
             if let Some(t) = state(&p.config.public_key).and_then(|s| s.last_handshake) {
@@ -648,8 +650,7 @@ mod tests {
     }
 
     #[test]
-    fn a_punch_moves_site_b_to_the_direct_peer_and_stays_when_the_device_forgets_the_handshake()
-    {
+    fn a_punch_moves_site_b_to_the_direct_peer_and_stays_when_the_device_forgets_the_handshake() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = side(&dir.path().join("keys"));
         let pk = s.public_key().unwrap();
@@ -657,11 +658,21 @@ mod tests {
         let t0 = SystemTime::now();
         let (_, status) = s.round(t0);
         let b = |st: &Option<SitesStatus>| {
-            st.as_ref().unwrap().remotes.iter().find(|r| r.site == "site-b").unwrap().path.clone()
+            st.as_ref()
+                .unwrap()
+                .remotes
+                .iter()
+                .find(|r| r.site == "site-b")
+                .unwrap()
+                .path
+                .clone()
         };
         assert_eq!(b(&status), "relayed via cloud (punching)");
         assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24", "198.18.21.0/24"]);
-        assert!(allowed_of(&s, 3).is_empty(), "the punch peer carries nothing yet");
+        assert!(
+            allowed_of(&s, 3).is_empty(),
+            "the punch peer carries nothing yet"
+        );
         let b1 = PrivateKey::from_bytes([3; 32]).public_key();
         let handshake = |s: &Side<FakeTunnel, FakeRoutes>, t: Option<SystemTime>| {
             let mut d = s.tunnel.devices.lock().unwrap();
@@ -681,7 +692,11 @@ mod tests {
         handshake(&s, None);
         s.round(t0 + Duration::from_secs(6));
         let (_, status) = s.round(t0 + Duration::from_secs(8));
-        assert_eq!(b(&status), "direct (punched)", "the handshake seen is remembered");
+        assert_eq!(
+            b(&status),
+            "direct (punched)",
+            "the handshake seen is remembered"
+        );
         assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
         // Stale after 180 s: back on the relay.
         s.round(t0 + Duration::from_secs(190));

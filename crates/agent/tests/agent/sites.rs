@@ -183,13 +183,15 @@ fn sites_pods_reach_across_sites_with_own_addresses_and_only_the_tunnel_crosses(
     // once they have punched a direct tunnel (tests/agent/sites_nat.rs), to each other's
     // router over the tunnel's UDP only.
     let cloud_gw: IpAddr = "198.51.100.1".parse().unwrap();
-    let wans: [IpAddr; 2] = ["203.0.113.10".parse().unwrap(), "203.0.113.20".parse().unwrap()];
+    let wans: [IpAddr; 2] = [
+        "203.0.113.10".parse().unwrap(),
+        "203.0.113.20".parse().unwrap(),
+    ];
     for wan in wans {
         for p in packets.iter().filter(|p| p.src == wan || p.dst == wan) {
             let other = if p.src == wan { p.dst } else { p.src };
             assert!(
-                (p.udp && (other == cloud_gw || wans.contains(&other)))
-                    || (p.tcp && other == api),
+                (p.udp && (other == cloud_gw || wans.contains(&other))) || (p.tcp && other == api),
                 "{wan} talks to {other} (only the cloud and the other edge's tunnel): {}",
                 p.line
             );

@@ -158,7 +158,10 @@ fn sites_nat_a_b_direct_through_port_preserving_nat() {
             data(B_WAN),
             s.wg("a1", &["show", WG_IF, "dump"]),
             s.wg("b1", &["show", WG_IF, "dump"]),
-            s.logs().iter().filter(|(f, _)| f.contains("a1") || f.contains("c1")).collect::<Vec<_>>()
+            s.logs()
+                .iter()
+                .filter(|(f, _)| f.contains("a1") || f.contains("c1"))
+                .collect::<Vec<_>>()
         );
     }
     for wan in [A_WAN, B_WAN] {
@@ -266,7 +269,10 @@ fn sites_nat_direct_survives_the_cloud_away() {
             .find(|l| l.contains("packets transmitted"))
             .and_then(|l| l.split(',').nth(1)?.split_whitespace().next()?.parse().ok())
             .unwrap_or_else(|| panic!("no statistics from ping: {text}"));
-        eprintln!("cloud away: {what}: {received} of 300 answered over {:?}", started.elapsed());
+        eprintln!(
+            "cloud away: {what}: {received} of 300 answered over {:?}",
+            started.elapsed()
+        );
         assert!(
             received >= 297,
             "{what} with the cloud away: {received} of 300 answered"
@@ -296,7 +302,14 @@ fn blocked_running() -> (Sites, [(Pod, String); 2]) {
 /// Lifts [`blocked_running`]'s block.
 fn unblock(s: &Sites) {
     ok(&[
-        "ip", "netns", "exec", s.internet(), "nft", "delete", "table", "bridge",
+        "ip",
+        "netns",
+        "exec",
+        s.internet(),
+        "nft",
+        "delete",
+        "table",
+        "bridge",
         "sticky_test_block",
     ]);
 }
@@ -331,12 +344,18 @@ fn sites_nat_tcp_connection_survives_relay_to_direct() {
     }
     let mut client_in = BufReader::new(&client);
     let mut server_in = BufReader::new(&server);
-    let exchange = |round: &str, client_in: &mut BufReader<&TcpStream>, server_in: &mut BufReader<&TcpStream>| {
-        (&client).write_all(format!("ping {round}\n").as_bytes()).unwrap();
+    let exchange = |round: &str,
+                    client_in: &mut BufReader<&TcpStream>,
+                    server_in: &mut BufReader<&TcpStream>| {
+        (&client)
+            .write_all(format!("ping {round}\n").as_bytes())
+            .unwrap();
         let mut line = String::new();
         server_in.read_line(&mut line).expect("b2 reads");
         assert_eq!(line, format!("ping {round}\n"));
-        (&server).write_all(format!("pong {round}\n").as_bytes()).unwrap();
+        (&server)
+            .write_all(format!("pong {round}\n").as_bytes())
+            .unwrap();
         line.clear();
         client_in.read_line(&mut line).expect("a2 reads");
         assert_eq!(line, format!("pong {round}\n"));
@@ -349,7 +368,9 @@ fn sites_nat_tcp_connection_survives_relay_to_direct() {
     unblock(&s);
     // The next try (after a pause of at most 2 min) succeeds.
     for (gw, site) in [("a1", "site-b"), ("b1", "site-a")] {
-        wait_path(&s, gw, site, Duration::from_secs(300), |p| p == "direct (punched)");
+        wait_path(&s, gw, site, Duration::from_secs(300), |p| {
+            p == "direct (punched)"
+        });
     }
     std::thread::sleep(Duration::from_secs(3));
     let capture = s.capture("tcp");
@@ -394,10 +415,15 @@ fn bench_sites_nat() {
     assert!(path_to(&s, "a1", "site-b").unwrap().starts_with("relayed"));
     unblock(&s);
     for (gw, site) in [("a1", "site-b"), ("b1", "site-a")] {
-        wait_path(&s, gw, site, Duration::from_secs(300), |p| p == "direct (punched)");
+        wait_path(&s, gw, site, Duration::from_secs(300), |p| {
+            p == "direct (punched)"
+        });
     }
     std::thread::sleep(Duration::from_secs(3));
     measure("pods a2 -> b2 direct");
     assert_eq!(path_to(&s, "a1", "site-b").unwrap(), "direct (punched)");
-    println!("BENCH-SITES-NAT {}", json!({"seconds": secs, "cases": figures}));
+    println!(
+        "BENCH-SITES-NAT {}",
+        json!({"seconds": secs, "cases": figures})
+    );
 }
