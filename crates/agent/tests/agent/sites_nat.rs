@@ -90,6 +90,13 @@ fn wait_punched(s: &Sites) {
     }
 }
 
+/// a1's metric `site_relayed` for site B is `value`.
+fn assert_a1_relayed_metric(s: &Sites, value: i32) {
+    let metrics = s.metrics("a1");
+    let line = format!("sticky_vxlan_agent_site_relayed{{site=\"site-b\",gateway=\"b1\"}} {value}");
+    assert!(metrics.contains(&line), "no {line:?} in {metrics}");
+}
+
 /// The UDP payload length tcpdump prints (`UDP, length N`).
 fn udp_len(p: &Packet) -> Option<usize> {
     p.line.rsplit("length ").next()?.trim().parse().ok()
@@ -176,11 +183,7 @@ fn sites_nat_a_b_direct_through_port_preserving_nat() {
         );
     }
     assert_eq!(path_to(&s, "a1", "site-b").unwrap(), "direct (punched)");
-    let metrics = s.metrics("a1");
-    assert!(
-        metrics.contains("sticky_vxlan_agent_site_relayed{site=\"site-b\",gateway=\"b1\"} 0"),
-        "{metrics}"
-    );
+    assert_a1_relayed_metric(&s, 0);
 }
 
 /// Router B maps every destination to a new random port (`masquerade random`): the address
@@ -227,11 +230,7 @@ fn sites_nat_random_ports_stay_relayed() {
             >= 600,
         "the pod traffic goes through the cloud gateway"
     );
-    let metrics = s.metrics("a1");
-    assert!(
-        metrics.contains("sticky_vxlan_agent_site_relayed{site=\"site-b\",gateway=\"b1\"} 1"),
-        "{metrics}"
-    );
+    assert_a1_relayed_metric(&s, 1);
 }
 
 /// Once punched, A <-> B needs nothing of the cloud: the API server stopped and the cloud
