@@ -311,6 +311,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_nat_discovery_annotation_is_kept_up_to_its_own_bound() {
+        let key = OBSERVED_ENDPOINTS_ANNOTATION;
+        let node = |len: usize| -> Node {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "c1",
+                "annotations": {key: "x".repeat(len), "sticky-cni.io/gateway-endpoint": "y".repeat(len)}}}))
+            .unwrap()
+        };
+        let n = node(MAX_OBSERVED_BYTES);
+        assert_eq!(n.metadata.annotations[key].len(), MAX_OBSERVED_BYTES);
+        assert!(
+            n.metadata.annotations["sticky-cni.io/gateway-endpoint"].starts_with('<'),
+            "other annotations keep their bound"
+        );
+        let n = node(MAX_OBSERVED_BYTES + 1);
+        assert_eq!(
+            n.metadata.annotations[key],
+            format!(
+                "<{} bytes: longer than {MAX_OBSERVED_BYTES}>",
+                MAX_OBSERVED_BYTES + 1
+            )
+        );
+    }
+
+    #[test]
     fn events_of_every_type() {
         let e = Event::parse(br#"{"type":"ADDED","object":{"kind":"Node","metadata":{"name":"a","resourceVersion":"5","annotations":null},"spec":{"podCIDR":"10.244.1.0/24"}}}"#).unwrap();
         assert!(
