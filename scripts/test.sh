@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 # Ignored on purpose and run on their own: scripts/bench-agent.sh, scripts/demo-agent.sh,
 # scripts/bench-sites.py.
-entry_points=(cluster::bench_node_change_to_programmed_peers cluster::bench_idle_with_500_nodes cluster::bench_5000_nodes cluster::demo_agent_adds_a_node sites::bench_sites)
+entry_points=(cluster::bench_node_change_to_programmed_peers cluster::bench_idle_with_500_nodes cluster::bench_5000_nodes cluster::demo_agent_adds_a_node sites::bench_sites sites_nat::bench_sites_nat)
 
 status=0
 step() {

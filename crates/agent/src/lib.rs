@@ -238,6 +238,7 @@ fn run(opts: Options) -> Result<(), Error> {
                             family,
                             flannel: opts.publish,
                             public_key: None,
+                            observed_endpoints: None,
                         },
                         clock::Backoff::new(),
                     ),
@@ -503,6 +504,25 @@ impl ApiSide {
     }
 }
 
+impl ApiSide {
+    /// Keeps the NAT discovery annotation this node publishes as its tunnel shows it: when it
+    /// changes, the own Node is offered to the publisher again (patched only if it differs).
+    fn publish_observed(&mut self, run: &sites::run::SitesRun) {
+        let (Some(own), Some((p, _))) = (&self.own, &mut self.publisher) else {
+            return;
+        };
+        let now = run.observed_endpoints();
+        if now.is_some() && p.publisher.observed_endpoints != now {
+            log(&format!(
+                "sites: peers behind NAT come from {}",
+                now.as_deref().unwrap_or_default()
+            ));
+            p.publisher.observed_endpoints = now;
+            p.offer(own.clone());
+        }
+    }
+}
+
 /// The file whose existence accepts the change the guard refuses, once.
 fn accept_changes_path(cfg: &Config) -> PathBuf {
     cfg.state_dir.join(format!("{}.accept-changes", cfg.name))
@@ -585,6 +605,7 @@ fn main_loop(
         if let Some(run) = sites.as_deref_mut() {
             if let Some(api) = &mut api {
                 api.publish_key(run);
+                api.publish_observed(run);
             }
             for line in run.round_if_due(shared) {
                 log(&line);

@@ -318,6 +318,9 @@ mod tests {
             FLANNEL_PUBLIC_IP,
             FLANNEL_PUBLIC_IPV6,
             FLANNEL_KUBE_MANAGED,
+            sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION,
+            sticky_sites::model::ENDPOINT_ANNOTATION,
+            sticky_sites::model::PUBLIC_KEY_ANNOTATION,
         ] {
             assert!(
                 super::super::objects::KEPT_ANNOTATIONS.contains(&key),

@@ -3,13 +3,14 @@
 //! watch event and Status. Every other field of a real object is skipped while it is read
 //! (a real Node is 10-40 KB, mostly `status.images`), and what is kept of one Node is bounded
 //! whatever the API sends: a name of at most [`MAX_NAME`] bytes (a longer one is not a Node),
-//! the [`KEPT_ANNOTATIONS`] only, each at most [`MAX_ANNOTATION`] bytes, at most
+//! the [`KEPT_ANNOTATIONS`] only, each at most [`MAX_ANNOTATION`] bytes (the sites' NAT
+//! discovery annotation [`MAX_OBSERVED_BYTES`]), at most
 //! [`MAX_KEPT_LABELS`] labels whose key contains [`KEPT_LABEL_MARK`] (their keys at most 316
 //! bytes, as the API allows), at most [`MAX_KEPT_ADDRESSES`] InternalIP addresses and
 //! [`MAX_CIDRS`] pod CIDRs of at most [`MAX_SHORT`] bytes each (a longer value is kept as a
-//! short marker no rule accepts). So one kept Node is at most about 8 KB (name 253, ten
-//! annotations and eight labels of 256 with their keys, eight addresses and four CIDRs of 64,
-//! and the structure), and the 10,000 a list may hold at most 80 MB; a Node without such labels
+//! short marker no rule accepts). So one kept Node is at most about 12 KB (name 253, the 4 KB
+//! discovery annotation, ten other annotations and eight labels of 256 with their keys, eight addresses and four CIDRs of 64,
+//! and the structure), and the 10,000 a list may hold at most 120 MB; a Node without such labels
 //! keeps the 3.5 KB it did.
 
 use std::collections::BTreeMap;
@@ -33,8 +34,9 @@ pub struct ObjectMeta {
 }
 
 /// The annotations the agent reads.
-pub const KEPT_ANNOTATIONS: [&str; 10] = [
+pub const KEPT_ANNOTATIONS: [&str; 11] = [
     "sticky-cni.io/gateway-endpoint",
+    "sticky-cni.io/observed-endpoints",
     "sticky-cni.io/wireguard-public-key",
     "sticky-cni.io/underlay-ip",
     "sticky-cni.io/kept-mac",
@@ -58,6 +60,9 @@ pub const MAX_KEPT_LABELS: usize = 8;
 pub const MAX_NAME: usize = 253;
 /// An annotation value longer than this is kept as a short marker that no rule accepts.
 pub const MAX_ANNOTATION: usize = 256;
+/// The bound of the sites' NAT discovery annotation (a reachable gateway's observations).
+pub const MAX_OBSERVED_BYTES: usize = sticky_sites::observed::MAX_BYTES;
+use sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION;
 /// An address, a CIDR or a resourceVersion longer than this is kept as a marker.
 pub const MAX_SHORT: usize = 64;
 pub const MAX_KEPT_ADDRESSES: usize = 8;
@@ -140,7 +145,12 @@ impl<'de> serde::de::Visitor<'de> for Kept {
             };
             if keep {
                 let value: String = map.next_value()?;
-                out.insert(key, bounded(value, MAX_ANNOTATION));
+                // The NAT discovery annotation holds one entry per NATed gateway.
+                let max = match key == OBSERVED_ENDPOINTS_ANNOTATION {
+                    true => MAX_OBSERVED_BYTES,
+                    false => MAX_ANNOTATION,
+                };
+                out.insert(key, bounded(value, max));
                 continue;
             }
             if matches!(self, Kept::Annotations) && key.starts_with(STICKY_MARKER) {
@@ -299,6 +309,30 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nat_discovery_annotation_is_kept_up_to_its_own_bound() {
+        let key = OBSERVED_ENDPOINTS_ANNOTATION;
+        let node = |len: usize| -> Node {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "c1",
+                "annotations": {key: "x".repeat(len), "sticky-cni.io/gateway-endpoint": "y".repeat(len)}}}))
+            .unwrap()
+        };
+        let n = node(MAX_OBSERVED_BYTES);
+        assert_eq!(n.metadata.annotations[key].len(), MAX_OBSERVED_BYTES);
+        assert!(
+            n.metadata.annotations["sticky-cni.io/gateway-endpoint"].starts_with('<'),
+            "other annotations keep their bound"
+        );
+        let n = node(MAX_OBSERVED_BYTES + 1);
+        assert_eq!(
+            n.metadata.annotations[key],
+            format!(
+                "<{} bytes: longer than {MAX_OBSERVED_BYTES}>",
+                MAX_OBSERVED_BYTES + 1
+            )
+        );
+    }
 
     #[test]
     fn events_of_every_type() {

@@ -4,7 +4,9 @@
 //! so flannel nodes learn it during a migration, plus `sticky-cni.io/kept-mac`, which tells
 //! other sticky-cni agents to compute its MAC rather than read flannel's. And on a site
 //! gateway (docs/sites.md), `sticky-cni.io/wireguard-public-key`: its tunnel's public key, so
-//! that other sites can reach it. Both go in the one PATCH of nodes/status.
+//! that other sites can reach it; on a site gateway others can dial,
+//! `sticky-cni.io/observed-endpoints`: where its peers behind NAT come from (NAT discovery).
+//! All go in the one PATCH of nodes/status.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -18,6 +20,7 @@ use sticky_netlink::link::format_mac;
 use sticky_overlay::mac::vtep_mac;
 use sticky_sites::keys::PublicKey;
 use sticky_sites::model::PUBLIC_KEY_ANNOTATION;
+use sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -41,6 +44,9 @@ pub struct Publisher {
     pub flannel: bool,
     /// The site gateway's public key, when this node is one.
     pub public_key: Option<PublicKey>,
+    /// On a reachable site gateway: the NAT discovery annotation's value (the endpoints its
+    /// peers behind NAT come from, `sticky_sites::observed`).
+    pub observed_endpoints: Option<String>,
 }
 
 impl Publisher {
@@ -52,6 +58,9 @@ impl Publisher {
         };
         if let Some(k) = &self.public_key {
             wanted.insert(PUBLIC_KEY_ANNOTATION.to_string(), k.to_base64());
+        }
+        if let Some(v) = &self.observed_endpoints {
+            wanted.insert(OBSERVED_ENDPOINTS_ANNOTATION.to_string(), v.clone());
         }
         Ok(wanted)
     }
@@ -188,6 +197,7 @@ mod tests {
             family,
             flannel: true,
             public_key: None,
+            observed_endpoints: None,
         }
     }
 

@@ -119,6 +119,9 @@ pub struct Sites {
     pub interface: String,
     /// The Node label holding a Node's site (`siteLabel`, default `sticky-cni.io/site`).
     pub site_label: String,
+    /// The WireGuard keepalive of every tunnel peer that has one, in seconds
+    /// (`keepaliveSecs`, default 25, 1 to 3600): it keeps the NAT mappings open.
+    pub keepalive_secs: u16,
 }
 
 /// The tunnel device's default name.
@@ -126,7 +129,13 @@ pub const DEFAULT_TUNNEL_INTERFACE: &str = "stickywg0";
 
 /// `sites`, when present (see [`Sites`]).
 pub fn sites(obj: &Map<String, Value>) -> Result<Option<Sites>, Error> {
-    const KEYS: [&str; 4] = ["wanMtu", "listenPort", "interface", "siteLabel"];
+    const KEYS: [&str; 5] = [
+        "wanMtu",
+        "listenPort",
+        "interface",
+        "siteLabel",
+        "keepaliveSecs",
+    ];
     let Some(v) = obj.get("sites") else {
         return Ok(None);
     };
@@ -198,11 +207,24 @@ pub fn sites(obj: &Map<String, Value>) -> Result<Option<Sites>, Error> {
             ));
         }
     };
+    let keepalive_secs = match field("keepaliveSecs") {
+        None => sticky_sites::plan::DEFAULT_KEEPALIVE_SECS,
+        Some(v) => match v.as_u64().and_then(|k| u16::try_from(k).ok()) {
+            Some(k) if (1..=3600).contains(&k) => k,
+            _ => {
+                return Err(bad(
+                    "sites",
+                    format!("keepaliveSecs {v} is not from 1 to 3600 (seconds)"),
+                ));
+            }
+        },
+    };
     Ok(Some(Sites {
         wan_mtu,
         listen_port,
         interface,
         site_label,
+        keepalive_secs,
     }))
 }
 
@@ -493,19 +515,26 @@ mod tests {
                 listen_port: 51820,
                 interface: "stickywg0".into(),
                 site_label: "sticky-cni.io/site".into(),
+                keepalive_secs: 25,
             }
         );
         let s = with(
             "sites",
             json!({"wanMtu": 1492, "listenPort": 4500, "interface": "wg-sites",
-                   "siteLabel": "node-restriction.kubernetes.io/sticky-cni-site"}),
+                   "siteLabel": "node-restriction.kubernetes.io/sticky-cni-site",
+                   "keepaliveSecs": 5}),
         )
         .unwrap()
         .sites
         .unwrap();
         assert_eq!(
-            (s.wan_mtu, s.listen_port, s.interface.as_str()),
-            (1492, 4500, "wg-sites")
+            (
+                s.wan_mtu,
+                s.listen_port,
+                s.interface.as_str(),
+                s.keepalive_secs
+            ),
+            (1492, 4500, "wg-sites", 5)
         );
         for (bad, says) in [
             (json!(true), "is not an object"),
@@ -513,6 +542,11 @@ mod tests {
             (json!({"wanMtu": 1000}), "wanMtu 1000 is not from 1280"),
             (json!({"listenPort": 0}), "listenPort 0"),
             (json!({"listenPort": 70000}), "listenPort 70000"),
+            (
+                json!({"keepaliveSecs": 0}),
+                "keepaliveSecs 0 is not from 1 to 3600",
+            ),
+            (json!({"keepaliveSecs": 3601}), "keepaliveSecs 3601"),
             (json!({"interface": "a/b"}), "sites"),
             (
                 json!({"siteLabel": "topology.kubernetes.io/zone"}),

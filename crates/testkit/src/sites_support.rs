@@ -131,23 +131,28 @@ pub const CLOUD_ENDPOINT: &str = "198.51.100.1:51820";
 pub const WG_PORT: u16 = 51820;
 /// The tunnel's interface name (the plan's default).
 pub const WG_IF: &str = "stickywg0";
+/// Where every node's agent serves its metrics, in the node's namespace.
+pub const METRICS_ADDR: &str = "127.0.0.1:9767";
 /// The site label's key, the gateway label's, the endpoint annotation's.
 pub const SITE_LABEL: &str = "sticky-cni.io/site";
 pub const GATEWAY_LABEL: &str = "sticky-cni.io/gateway";
 pub const ENDPOINT_ANNOTATION: &str = "sticky-cni.io/gateway-endpoint";
 
-/// How the edge routers translate addresses. Issue 29 adds `masquerade random` and port
-/// forwards.
+/// How the edge routers translate addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Nat {
     /// `masquerade` out of the WAN: source ports kept where free (a port-preserving NAT).
     Masquerade,
+    /// Router A as [`Nat::Masquerade`], router B `masquerade random`: a new random source
+    /// port per mapping (per destination), the NAT hole punching cannot cross.
+    RandomOnB,
 }
 
 impl Nat {
-    fn statement(self) -> &'static str {
-        match self {
-            Nat::Masquerade => "masquerade",
+    fn statement(self, site: &str) -> &'static str {
+        match (self, site) {
+            (Nat::RandomOnB, "site-b") => "masquerade random",
+            _ => "masquerade",
         }
     }
 }
@@ -243,6 +248,23 @@ impl Sites {
         }
     }
 
+    /// Node `name`'s agent's metrics (`--metrics-addr` [`METRICS_ADDR`] in its namespace).
+    pub fn metrics(&self, name: &str) -> String {
+        let netns = PathBuf::from(format!("/run/netns/{}", self.ns(name)));
+        get_in_netns(&netns, METRICS_ADDR, "/metrics")
+            .unwrap_or_else(|| panic!("no metrics from {name}'s agent"))
+    }
+
+    /// Sets `sites.<key>` in every node's config (before the agents start).
+    pub fn set_sites_setting(&mut self, key: &str, value: Value) {
+        for n in &NODES {
+            let conf = self.confs.get_mut(n.name).expect("every node has a config");
+            conf["sites"][key] = value.clone();
+            std::fs::write(&self.conf_files[n.name], conf.to_string())
+                .expect("write the node's config");
+        }
+    }
+
     /// The internet's namespace (its bridge is `br0`).
     pub fn internet(&self) -> &str {
         &self.topo.underlay
@@ -280,6 +302,7 @@ impl Sites {
         for (flag, dir) in [
             ("--key-dir", self.key_dir(name)),
             ("--wg-socket-dir", self.wg_socket_dir(name)),
+            ("--metrics-addr", PathBuf::from(METRICS_ADDR)),
         ] {
             args.push(flag.to_string());
             args.push(dir.to_string_lossy().into_owned());
@@ -481,8 +504,10 @@ fn lan_addr(ip: &str, site: &str) -> String {
 }
 
 /// A router: WAN veth onto the internet's bridge, a LAN bridge, forwarding on; an edge router
-/// masquerades out of its WAN, forwards only what its LAN opened, and routes the cloud's
-/// public LAN through the cloud router.
+/// masquerades out of its WAN, forwards only what its LAN opened, drops unsolicited inbound
+/// on its WAN (an input firewall, as real routers have: without it a first punch reaching it
+/// before its own side dialed leaves a conntrack entry that makes its masquerade pick another
+/// port), and routes the cloud's public LAN through the cloud router.
 fn add_router(topo: &mut Topo, r: &SiteRouter, nat: Nat) {
     let ns = router_ns(topo, r.site);
     topo.add_ns(&ns);
@@ -532,8 +557,13 @@ fn add_router(topo: &mut Topo, r: &SiteRouter, nat: Nat) {
              \x20   iifname \"lan0\" accept\n\
              \x20   ct state established,related accept\n\
              \x20 }}\n\
+             \x20 chain input {{\n\
+             \x20   type filter hook input priority filter; policy accept;\n\
+             \x20   iifname \"wan\" ct state established,related accept\n\
+             \x20   iifname \"wan\" drop\n\
+             \x20 }}\n\
              }}\n",
-            nat.statement()
+            nat.statement(r.site)
         );
         topo.load_nft(&ns, &format!("router-{}.nft", r.site), &script);
     }

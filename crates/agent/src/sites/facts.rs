@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use sticky_sites::model::{ENDPOINT_ANNOTATION, NodeInput, PUBLIC_KEY_ANNOTATION};
+use sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION;
 
 use crate::objects::Node;
 use crate::table::Placed;
@@ -17,15 +18,19 @@ pub struct Facts {
 
 /// What sites read of `node`.
 pub fn of(node: &Node) -> Facts {
-    let annotations = [ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION]
-        .into_iter()
-        .filter_map(|k| {
-            node.metadata
-                .annotations
-                .get(k)
-                .map(|v| (k.to_string(), v.clone()))
-        })
-        .collect();
+    let annotations = [
+        ENDPOINT_ANNOTATION,
+        PUBLIC_KEY_ANNOTATION,
+        OBSERVED_ENDPOINTS_ANNOTATION,
+    ]
+    .into_iter()
+    .filter_map(|k| {
+        node.metadata
+            .annotations
+            .get(k)
+            .map(|v| (k.to_string(), v.clone()))
+    })
+    .collect();
     Facts {
         labels: node.metadata.labels.clone(),
         annotations,
@@ -71,6 +76,7 @@ mod tests {
                 "annotations": {
                     "sticky-cni.io/gateway-endpoint": "203.0.113.10:51820",
                     "sticky-cni.io/wireguard-public-key": "k",
+                    "sticky-cni.io/observed-endpoints": "{}",
                     "sticky-cni.io/underlay-ip": "192.0.2.1",
                     "other.example/x": "y"
                 }
@@ -88,7 +94,11 @@ mod tests {
         );
         assert_eq!(
             f.annotations.keys().collect::<Vec<_>>(),
-            [ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION]
+            [
+                ENDPOINT_ANNOTATION,
+                OBSERVED_ENDPOINTS_ANNOTATION,
+                PUBLIC_KEY_ANNOTATION
+            ]
         );
     }
 

@@ -48,7 +48,7 @@ pub fn shaper(
         },
         settings: Settings {
             listen_port: sites.listen_port,
-            ..Settings::default()
+            keepalive_secs: sites.keepalive_secs,
         },
         current,
     }
@@ -143,6 +143,15 @@ impl SitesRun {
     pub fn public_key(&self, own: &Node) -> Option<Result<PublicKey, String>> {
         let gateway = own.metadata.labels.get(GATEWAY_LABEL).map(String::as_str) == Some("true");
         gateway.then(|| self.side.public_key())
+    }
+
+    /// The NAT discovery annotation this node publishes: the endpoints its dial-in peers come
+    /// from, when it is an active gateway and has any.
+    pub fn observed_endpoints(&self) -> Option<String> {
+        self.side
+            .observed_endpoints()
+            .filter(|m| !m.is_empty())
+            .map(sticky_sites::observed::format)
     }
 
     /// The own Node shows `key` as published: a rotated key's `.previous` is deleted then

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use sticky_overlay::peers::Peer;
 use sticky_sites::model::{self, Model, NodeInput, SiteConfig, SiteName};
+use sticky_sites::observed;
 use sticky_sites::plan::{self, Plan, Settings, View};
 
 use super::facts::{self, Facts};
@@ -23,10 +24,13 @@ pub struct Shaped {
     pub inputs: Vec<NodeInput>,
     pub model: Model,
     pub plan: Plan,
+    /// Reachable gateways whose NAT discovery annotation was refused, with why.
+    pub observed_refused: BTreeMap<String, String>,
 }
 
 /// Builds the model of `inputs` and the plan of node `me`, keeping each site's `current`
-/// active gateway while it is not seen dead (no preemption; `sticky_sites::gateway`).
+/// active gateway while it is not seen dead (no preemption; `sticky_sites::gateway`), with
+/// the NAT-mapped addresses the reachable gateways published (`sticky_sites::observed`).
 pub fn compute(
     inputs: Vec<NodeInput>,
     me: &str,
@@ -35,15 +39,21 @@ pub fn compute(
     current: &BTreeMap<SiteName, String>,
 ) -> Result<Shaped, plan::Error> {
     let model = model::build(&inputs, config);
-    let view = View {
+    let mut view = View {
         current: current.clone(),
         ..View::default()
     };
+    let (nat_mapped, refused) = observed::nat_mapped(&model, &inputs);
+    view.observed.nat_mapped = nat_mapped;
     let plan = plan::plan(&model, me, &view, settings)?;
     Ok(Shaped {
         inputs,
         model,
         plan,
+        observed_refused: refused
+            .into_iter()
+            .map(|(n, e)| (n, e.to_string()))
+            .collect(),
     })
 }
 

@@ -12,13 +12,15 @@
 //! - Everywhere: the status of every remote site (gateway, path; on the gateway the carrying
 //!   tunnel's handshake and bytes), and a log line when a tunnel comes up or goes down.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use sticky_sites::keys::{KeyDir, PublicKey};
 use sticky_sites::model::SiteName;
 use sticky_sites::paths::Path;
-use sticky_sites::plan::GatewayPlan;
+use sticky_sites::plan::{GatewayPlan, Plan};
+use sticky_sites::punch::Punches;
 use sticky_sites::tunnel::{DeviceState, PeerConfig, Tunnel, diff};
 use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
 
@@ -54,6 +56,25 @@ pub struct Side<T, R> {
     was_gateway: bool,
     /// Nodes left out of the sites at the last plan, with why.
     left_out: BTreeMap<String, String>,
+    /// NAT traversal: see [`Nat`].
+    nat: Nat,
+}
+
+/// NAT traversal on the active gateway (issue 29): the punches and what the device showed.
+#[derive(Debug, Default)]
+struct Nat {
+    punches: Punches,
+    /// The remote sites whose punch peer had a handshake within [`UP_WITHIN`] at the last round.
+    fresh: BTreeSet<SiteName>,
+    /// The latest handshake seen with each punch peer. Remembered, since the data path forgets
+    /// it whenever a peer is set again (gotatun makes the peer anew, e.g. when its allowed IPs
+    /// move): without this, moving the subnets would make the punch look stale at once.
+    handshakes: BTreeMap<SiteName, SystemTime>,
+    /// The current endpoints of the peers that dial in (gateways behind NAT), by gateway name:
+    /// what a reachable gateway publishes. None when this node is not the active gateway.
+    observed: Option<BTreeMap<String, SocketAddr>>,
+    /// Refused discovery annotations at the last plan, by Node name.
+    refused: BTreeMap<String, String>,
 }
 
 impl<T: Tunnel, R: Routes> Side<T, R> {
@@ -69,6 +90,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             // A restarted agent does not know whether it configured the device before.
             was_gateway: true,
             left_out: BTreeMap::new(),
+            nat: Nat::default(),
         }
     }
 
@@ -97,6 +119,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             lines.push(format!("sites: node {name} is no longer left out"));
         }
         self.left_out = now;
+        lines.extend(self.nat.refusals(&shaped.observed_refused));
         let role_was = self.shaped.as_ref().map(role);
         let role_now = role(&shaped);
         if role_was.as_ref() != Some(&role_now) {
@@ -123,7 +146,9 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         let Some(shaped) = &self.shaped else {
             return (Vec::new(), None);
         };
-        let plan = shaped.plan.clone();
+        // The punches stepped with the last round's device, and the plan they make.
+        self.nat.punches.step(&shaped.plan, now, &self.nat.fresh);
+        let plan = self.nat.punches.apply(&shaped.plan);
         let mut error = None;
         let mut device = None;
         if let Some(gw) = &plan.gateway {
@@ -186,13 +211,26 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         if plan.gateway.is_none() {
             self.up.clear();
         }
+        self.nat.read(&shaped.plan, &plan, device.as_ref(), now);
         let remotes = plan
             .remotes
             .iter()
             .map(|r| RemoteSite {
                 site: r.site.to_string(),
                 gateway: r.gateway.clone(),
-                path: path_text(&r.path),
+                path: match (&r.path, self.nat.punches.describe(&r.site, now)) {
+                    (
+                        Path::Punch {
+                            up: false,
+                            relay: Some(v),
+                            ..
+                        },
+                        Some(d),
+                    ) => {
+                        format!("relayed via {v} ({d})")
+                    }
+                    (p, _) => path_text(p),
+                },
                 tunnel: r
                     .path
                     .carrier(&r.site)
@@ -208,6 +246,12 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             error,
         };
         (lines, Some(status))
+    }
+
+    /// The current endpoints of the gateways behind NAT that dial in, when this node is an
+    /// active gateway (see [`Nat::observed`]).
+    pub fn observed_endpoints(&self) -> Option<&BTreeMap<String, SocketAddr>> {
+        self.nat.observed.as_ref()
     }
 
     /// Brings the device to `gw`; its state after.
@@ -258,6 +302,62 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             Ok(_) | Err(super::device::Error::NoDevice(_)) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+impl Nat {
+    /// What the device shows after a round of `plan` (the plan as made, with every punch
+    /// peer) and `applied` (as the punches made it): the fresh punch peers and the dial-in
+    /// peers' endpoints.
+    fn read(&mut self, plan: &Plan, applied: &Plan, device: Option<&DeviceState>, now: SystemTime) {
+        let (Some(gw), Some(dev)) = (&plan.gateway, device) else {
+            self.fresh.clear();
+            self.handshakes.clear();
+            self.observed = None;
+            return;
+        };
+        let state = |key: &PublicKey| dev.peers.iter().find(|s| s.public_key == *key);
+        let punching = sticky_sites::punch::punching(plan);
+        self.handshakes.retain(|s, _| punching.contains(s));
+        for p in gw.peers.iter().filter(|p| punching.contains(&p.site)) {
+            if let Some(t) = state(&p.config.public_key).and_then(|s| s.last_handshake) {
+                let latest = self.handshakes.entry(p.site.clone()).or_insert(t);
+                *latest = (*latest).max(t);
+            }
+        }
+        self.fresh = self
+            .handshakes
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t).map_or(true, |a| a <= UP_WITHIN))
+            .map(|(s, _)| s.clone())
+            .collect();
+        let dial_in = applied.gateway.iter().flat_map(|g| &g.peers);
+        self.observed = Some(
+            dial_in
+                .filter(|p| p.config.endpoint.is_none())
+                .filter_map(|p| {
+                    let ep = state(&p.config.public_key)?.endpoint?;
+                    Some((p.gateway.clone(), ep))
+                })
+                .collect(),
+        );
+    }
+
+    /// The log lines for refused discovery annotations, new or gone.
+    fn refusals(&mut self, now: &BTreeMap<String, String>) -> Vec<String> {
+        let mut lines: Vec<String> = now
+            .iter()
+            .filter(|(n, e)| self.refused.get(*n) != Some(*e))
+            .map(|(n, e)| format!("sites: node {n}: {e}; its NAT observations are not used"))
+            .collect();
+        lines.extend(
+            self.refused
+                .keys()
+                .filter(|n| !now.contains_key(*n))
+                .map(|n| format!("sites: node {n}: its NAT observations are used again")),
+        );
+        self.refused = now.clone();
+        lines
     }
 }
 
@@ -504,6 +604,127 @@ mod tests {
         let status = status.unwrap();
         assert_eq!(status.role, "member, through gateway a1");
         assert!(status.remotes.iter().all(|r| r.tunnel.is_none()));
+    }
+
+    /// `shaped`, with the cloud gateway's NAT discovery annotation naming a1 and b1.
+    fn shaped_punching(me: &str, my_key: PublicKey) -> Shaped {
+        let mut s = shaped(me, my_key);
+        let mut inputs = s.inputs.clone();
+        inputs[0].annotations.insert(
+            sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION.into(),
+            r#"{"a1":"203.0.113.10:51820","b1":"203.0.113.20:51820"}"#.into(),
+        );
+        s = compute(
+            inputs,
+            me,
+            &SiteConfig::default(),
+            &Settings::default(),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        s
+    }
+
+    fn allowed_of(s: &Side<FakeTunnel, FakeRoutes>, key: u8) -> Vec<String> {
+        let pk = PrivateKey::from_bytes([key; 32]).public_key();
+        let d = s.tunnel.devices.lock().unwrap();
+        d["stickywg0"]
+            .1
+            .peers
+            .iter()
+            .find(|p| p.public_key == pk)
+            .map(|p| p.allowed_ips.iter().map(ToString::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_punch_moves_site_b_to_the_direct_peer_and_stays_when_the_device_forgets_the_handshake() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        s.adopt(shaped_punching("a1", pk));
+        let t0 = SystemTime::now();
+        let (_, status) = s.round(t0);
+        let b = |st: &Option<SitesStatus>| {
+            st.as_ref()
+                .unwrap()
+                .remotes
+                .iter()
+                .find(|r| r.site == "site-b")
+                .unwrap()
+                .path
+                .clone()
+        };
+        assert_eq!(b(&status), "relayed via cloud (punching)");
+        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24", "198.18.21.0/24"]);
+        assert!(
+            allowed_of(&s, 3).is_empty(),
+            "the punch peer carries nothing yet"
+        );
+        let b1 = PrivateKey::from_bytes([3; 32]).public_key();
+        let handshake = |s: &Side<FakeTunnel, FakeRoutes>, t: Option<SystemTime>| {
+            let mut d = s.tunnel.devices.lock().unwrap();
+            for p in &mut d.get_mut("stickywg0").unwrap().1.peers {
+                if p.public_key == b1 {
+                    p.last_handshake = t;
+                }
+            }
+        };
+        handshake(&s, Some(t0));
+        s.round(t0 + Duration::from_secs(2));
+        let (_, status) = s.round(t0 + Duration::from_secs(4));
+        assert_eq!(b(&status), "direct (punched)");
+        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24"]);
+        assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
+        // The data path made the peer anew when its allowed IPs moved: no handshake shown.
+        handshake(&s, None);
+        s.round(t0 + Duration::from_secs(6));
+        let (_, status) = s.round(t0 + Duration::from_secs(8));
+        assert_eq!(
+            b(&status),
+            "direct (punched)",
+            "the handshake seen is remembered"
+        );
+        assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
+        // Stale after 180 s: back on the relay.
+        s.round(t0 + Duration::from_secs(190));
+        let (_, status) = s.round(t0 + Duration::from_secs(192));
+        assert_eq!(b(&status), "relayed via cloud (punching)");
+        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24", "198.18.21.0/24"]);
+    }
+
+    #[test]
+    fn a_reachable_gateway_reports_where_its_dial_in_peers_come_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        s.adopt(shaped("c1", pk));
+        s.round(SystemTime::now());
+        assert_eq!(s.observed_endpoints(), Some(&BTreeMap::new()));
+        {
+            let mut d = s.tunnel.devices.lock().unwrap();
+            for p in &mut d.get_mut("stickywg0").unwrap().1.peers {
+                p.endpoint = Some("203.0.113.10:40000".parse().unwrap());
+            }
+        }
+        s.round(SystemTime::now());
+        let seen: Vec<(String, String)> = s
+            .observed_endpoints()
+            .unwrap()
+            .iter()
+            .map(|(g, e)| (g.clone(), e.to_string()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("a1".to_string(), "203.0.113.10:40000".to_string()),
+                ("b1".to_string(), "203.0.113.10:40000".to_string())
+            ]
+        );
+        // A NATed gateway dials everyone: it observes nobody.
+        s.adopt(shaped("a2", pk));
+        s.round(SystemTime::now());
+        assert_eq!(s.observed_endpoints(), None);
     }
 
     #[test]

@@ -1,0 +1,323 @@
+//! Hole punching between two gateways behind NAT (issue 29): when and for how long the active
+//! gateway tries a direct tunnel ([`crate::paths::Path::Punch`]), and what its WireGuard peers
+//! are meanwhile. Pure: every decision takes the clock as an argument.
+//!
+//! Per remote site with a punch path, [`Punch::step`] with "this gateway's device shows a
+//! handshake with the punch peer within [`UP_WITHIN`]":
+//! - **Trying** (the punch peer is on the device, no allowed IPs, keepalive on: both sides
+//!   dial each other's mapped address at about the same time): a handshake makes it **Up**; none
+//!   within [`TRY_FOR`] pauses it.
+//! - **Paused** (peer removed, the relay only) for the current wait: [`FIRST_WAIT`], doubling
+//!   at each failed try up to [`MAX_WAIT`]; then Trying again.
+//! - **Up** (the remote site's subnets on the direct peer, off the relay's): while the handshake
+//!   is fresh; stale, it starts over (Trying, wait back to [`FIRST_WAIT`]).
+//!
+//! Both sides start from the same event (the reachable gateway's annotation naming both), so
+//! their tries overlap; a handshake seen by one side is seen by the other within a round.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
+
+use crate::model::SiteName;
+use crate::paths::Path;
+use crate::plan::Plan;
+
+/// A direct handshake older than this is stale (WireGuard's reject-after time).
+pub const UP_WITHIN: Duration = Duration::from_secs(180);
+/// A try with no handshake within this is paused.
+pub const TRY_FOR: Duration = Duration::from_secs(30);
+/// The first pause after a failed try.
+pub const FIRST_WAIT: Duration = Duration::from_secs(60);
+/// The longest pause.
+pub const MAX_WAIT: Duration = Duration::from_secs(30 * 60);
+
+/// Where one punch stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// The punch peer is on the device since `since`.
+    Trying { since: SystemTime },
+    /// Direct and handshaking.
+    Up,
+    /// No punch peer until `until`.
+    Paused { until: SystemTime },
+}
+
+/// One remote site's punch: its state and the wait after the next failed try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Punch {
+    pub state: State,
+    pub wait: Duration,
+}
+
+impl Punch {
+    /// A punch starting now.
+    pub fn new(now: SystemTime) -> Punch {
+        Punch {
+            state: State::Trying { since: now },
+            wait: FIRST_WAIT,
+        }
+    }
+
+    /// The state at `now`, given whether a direct handshake is fresh (see the module doc).
+    pub fn step(&mut self, now: SystemTime, handshake_fresh: bool) {
+        let elapsed = |t: SystemTime| now.duration_since(t).unwrap_or(Duration::ZERO);
+        self.state = match self.state {
+            State::Trying { .. } | State::Paused { .. } if handshake_fresh => State::Up,
+            State::Trying { since } if elapsed(since) >= TRY_FOR => {
+                let until = now + self.wait;
+                self.wait = (self.wait * 2).min(MAX_WAIT);
+                State::Paused { until }
+            }
+            State::Paused { until } if now >= until => State::Trying { since: now },
+            State::Up if !handshake_fresh => {
+                self.wait = FIRST_WAIT;
+                State::Trying { since: now }
+            }
+            s => s,
+        };
+    }
+
+    /// Whether the punch peer is on the device.
+    pub fn has_peer(&self) -> bool {
+        !matches!(self.state, State::Paused { .. })
+    }
+}
+
+/// The remote sites `plan` punches towards.
+pub fn punching(plan: &Plan) -> BTreeSet<&SiteName> {
+    plan.remotes
+        .iter()
+        .filter(|r| matches!(r.path, Path::Punch { .. }))
+        .map(|r| &r.site)
+        .collect()
+}
+
+/// The punches of this gateway, by remote site.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Punches(pub BTreeMap<SiteName, Punch>);
+
+impl Punches {
+    /// Steps every punch path of `plan` at `now`; `fresh`: the sites whose punch peer has a
+    /// handshake within [`UP_WITHIN`]. A site that is no punch path any more is forgotten; a
+    /// new one starts trying.
+    pub fn step(&mut self, plan: &Plan, now: SystemTime, fresh: &BTreeSet<SiteName>) {
+        let punching = punching(plan);
+        self.0.retain(|s, _| punching.contains(s));
+        for site in punching {
+            self.0
+                .entry(site.clone())
+                .or_insert_with(|| Punch::new(now))
+                .step(now, fresh.contains(site));
+        }
+    }
+
+    /// `plan` as these punches make it: a punch that is up is marked `up` and the remote
+    /// site's subnets move from the relay's peer to the direct one; a paused punch has no
+    /// peer. Other paths are untouched.
+    pub fn apply(&self, plan: &Plan) -> Plan {
+        let mut out = plan.clone();
+        for r in &mut out.remotes {
+            let Path::Punch { up, relay, .. } = &mut r.path else {
+                continue;
+            };
+            let Some(p) = self.0.get(&r.site) else {
+                continue;
+            };
+            *up = p.state == State::Up;
+            let Some(gw) = &mut out.gateway else {
+                continue;
+            };
+            if !p.has_peer() {
+                gw.peers.retain(|peer| peer.site != r.site);
+            } else if *up {
+                let moved: BTreeSet<_> = r.subnets.iter().copied().collect();
+                for peer in &mut gw.peers {
+                    if Some(&peer.site) == relay.as_ref() {
+                        peer.config.allowed_ips.retain(|n| !moved.contains(n));
+                    } else if peer.site == r.site {
+                        let mut all: BTreeSet<_> =
+                            peer.config.allowed_ips.iter().copied().collect();
+                        all.extend(moved.iter().copied());
+                        peer.config.allowed_ips = all.into_iter().collect();
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// How a punch path reads in the status: `None` for a site with no punch.
+    pub fn describe(&self, site: &SiteName, now: SystemTime) -> Option<String> {
+        let p = self.0.get(site)?;
+        Some(match p.state {
+            State::Up => "punched".into(),
+            State::Trying { .. } => "punching".into(),
+            State::Paused { until } => format!(
+                "punch paused: next try in {} s",
+                until.duration_since(now).map_or(0, |d| d.as_secs())
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::node;
+    use crate::model::{SITE_LABEL, SiteConfig, build};
+    use crate::plan::{Settings, View, plan};
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
+    }
+
+    #[test]
+    fn backoff_with_a_fake_clock() {
+        let mut p = Punch::new(t(0));
+        p.step(t(29), false);
+        assert_eq!(p.state, State::Trying { since: t(0) });
+        assert!(p.has_peer());
+        p.step(t(30), false);
+        assert_eq!(p.state, State::Paused { until: t(90) });
+        assert!(!p.has_peer());
+        p.step(t(89), false);
+        assert!(!p.has_peer());
+        p.step(t(90), false);
+        assert_eq!(p.state, State::Trying { since: t(90) });
+        // Failed again: 2 min, then 4, 8, 16, 30, 30.
+        let mut now = 90;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            now += 30;
+            p.step(t(now), false);
+            let State::Paused { until } = p.state else {
+                panic!("{p:?}")
+            };
+            let w = until.duration_since(t(now)).unwrap().as_secs();
+            waits.push(w / 60);
+            now += w;
+            p.step(t(now), false);
+            assert!(matches!(p.state, State::Trying { .. }));
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 30, 30]);
+        // Up; then stale: starts over with the first wait.
+        p.step(t(now + 5), true);
+        assert_eq!(p.state, State::Up);
+        p.step(t(now + 500), true);
+        assert_eq!(p.state, State::Up);
+        p.step(t(now + 600), false);
+        assert_eq!(
+            p.state,
+            State::Trying {
+                since: t(now + 600)
+            }
+        );
+        p.step(t(now + 630), false);
+        assert_eq!(
+            p.state,
+            State::Paused {
+                until: t(now + 690)
+            }
+        );
+    }
+
+    fn site(s: &str) -> SiteName {
+        SiteName::parse(SITE_LABEL, s).unwrap()
+    }
+
+    fn a_gateway_plan() -> Plan {
+        let nodes = vec![
+            node(
+                "c1",
+                Some("cloud"),
+                "10.0.0.0/24",
+                Some((1, Some("198.51.100.1:51820"))),
+            ),
+            node("a1", Some("edge-a"), "10.1.0.0/24", Some((2, None))),
+            node("b1", Some("edge-b"), "10.2.0.0/24", Some((3, None))),
+        ];
+        let mut view = View::default();
+        for (g, ep) in [("a1", "203.0.113.10:51820"), ("b1", "203.0.113.20:51820")] {
+            view.observed
+                .nat_mapped
+                .insert(g.into(), ep.parse().unwrap());
+        }
+        let m = build(&nodes, &SiteConfig::default());
+        plan(&m, "a1", &view, &Settings::default()).unwrap()
+    }
+
+    fn allowed(p: &Plan) -> Vec<(String, Vec<String>)> {
+        p.gateway
+            .as_ref()
+            .unwrap()
+            .peers
+            .iter()
+            .map(|p| {
+                (
+                    p.site.to_string(),
+                    p.config
+                        .allowed_ips
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn subnets_move_to_the_direct_peer_when_up_and_back_when_stale() {
+        let plan = a_gateway_plan();
+        let mut punches = Punches::default();
+        let none = BTreeSet::new();
+        punches.step(&plan, t(0), &none);
+        let trying = punches.apply(&plan);
+        assert_eq!(
+            allowed(&trying),
+            [
+                (
+                    "cloud".into(),
+                    vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]
+                ),
+                ("edge-b".into(), vec![]),
+            ]
+        );
+        assert_eq!(punches.describe(&site("edge-b"), t(0)).unwrap(), "punching");
+        let fresh = BTreeSet::from([site("edge-b")]);
+        punches.step(&plan, t(5), &fresh);
+        let up = punches.apply(&plan);
+        assert_eq!(
+            allowed(&up),
+            [
+                ("cloud".into(), vec!["10.0.0.0/24".into()]),
+                ("edge-b".into(), vec!["10.2.0.0/24".into()]),
+            ]
+        );
+        assert!(up.remotes.iter().any(|r| r.path
+            == Path::Punch {
+                dial: "203.0.113.20:51820".parse().unwrap(),
+                relay: Some(site("cloud")),
+                up: true
+            }));
+        // Stale: back on the relay, trying again; not up within 30 s: paused, no peer.
+        punches.step(&plan, t(400), &none);
+        assert_eq!(allowed(&punches.apply(&plan)), allowed(&trying));
+        punches.step(&plan, t(430), &none);
+        assert_eq!(
+            allowed(&punches.apply(&plan)),
+            [(
+                "cloud".into(),
+                vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]
+            )]
+        );
+        assert_eq!(
+            punches.describe(&site("edge-b"), t(430)).unwrap(),
+            "punch paused: next try in 60 s"
+        );
+        // No punch path any more: forgotten.
+        let mut relayed = plan.clone();
+        relayed.remotes.retain(|r| r.site != site("edge-b"));
+        punches.step(&relayed, t(431), &none);
+        assert!(punches.0.is_empty());
+    }
+}
