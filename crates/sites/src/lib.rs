@@ -12,11 +12,14 @@
 //! It links no async runtime, HTTP or netlink: the agent wires it in.
 
 pub mod gateway;
+pub mod heal;
 pub mod keys;
 pub mod model;
 pub mod mtu;
 pub mod paths;
 
 pub mod plan;
+pub mod probe;
+pub mod remote;
 pub mod tunnel;
 pub mod uapi;
