@@ -254,6 +254,11 @@ impl Keeper {
         }
     }
 
+    /// A complete list of Nodes was seen: the keeper can make the plan.
+    pub fn listed(&self) -> bool {
+        self.listed
+    }
+
     pub fn left_out(&self) -> &BTreeMap<String, String> {
         &self.left_out
     }

@@ -16,9 +16,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use sticky_sites::keys::{KeyDir, PublicKey};
-use sticky_sites::model::SiteName;
+use sticky_sites::model::{Model, SiteName};
 use sticky_sites::paths::Path;
 use sticky_sites::plan::GatewayPlan;
+use sticky_sites::remote;
 use sticky_sites::tunnel::{DeviceState, PeerConfig, Tunnel, diff};
 use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
 
@@ -54,6 +55,8 @@ pub struct Side<T, R> {
     was_gateway: bool,
     /// Nodes left out of the sites at the last plan, with why.
     left_out: BTreeMap<String, String>,
+    /// The candidate taken as each remote site's active one ([`sticky_sites::remote`]).
+    taken: BTreeMap<SiteName, String>,
 }
 
 impl<T: Tunnel, R: Routes> Side<T, R> {
@@ -69,6 +72,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             // A restarted agent does not know whether it configured the device before.
             was_gateway: true,
             left_out: BTreeMap::new(),
+            taken: BTreeMap::new(),
         }
     }
 
@@ -109,6 +113,11 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         lines
     }
 
+    /// The plan last adopted.
+    pub fn shaped(&self) -> Option<&Shaped> {
+        self.shaped.as_ref()
+    }
+
     /// This node's public key when its Node is labelled a gateway (the key is made on the first
     /// call and kept): what it publishes so that other sites can reach it.
     pub fn public_key(&self) -> Result<PublicKey, String> {
@@ -120,14 +129,15 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
 
     /// One round (see the module doc): the log lines and the status.
     pub fn round(&mut self, now: SystemTime) -> (Vec<String>, Option<SitesStatus>) {
-        let Some(shaped) = &self.shaped else {
+        let Some(shaped) = self.shaped.clone() else {
             return (Vec::new(), None);
         };
-        let plan = shaped.plan.clone();
+        let plan = &shaped.plan;
+        let model = &shaped.model;
         let mut error = None;
         let mut device = None;
         if let Some(gw) = &plan.gateway {
-            match self.configure(gw) {
+            match self.configure(gw, model, now) {
                 Ok(state) => device = Some(state),
                 Err(e) => error = Some(e),
             }
@@ -143,10 +153,13 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         let mut tunnels: BTreeMap<&SiteName, TunnelStatus> = BTreeMap::new();
         if let (Some(gw), Some(dev)) = (&plan.gateway, &device) {
             for p in &gw.peers {
-                let state = dev
-                    .peers
-                    .iter()
-                    .find(|s| s.public_key == p.config.public_key);
+                // The candidate taken as that site's active one carries its traffic.
+                let key = self
+                    .taken
+                    .get(&p.site)
+                    .and_then(|t| model.sites.get(&p.site)?.candidate(t))
+                    .map_or(p.config.public_key, |c| c.public_key);
+                let state = dev.peers.iter().find(|s| s.public_key == key);
                 let handshake = state.and_then(|s| s.last_handshake);
                 let up = handshake
                     .is_some_and(|t| now.duration_since(t).map_or(true, |age| age <= UP_WITHIN));
@@ -185,6 +198,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         }
         if plan.gateway.is_none() {
             self.up.clear();
+            self.taken.clear();
         }
         let remotes = plan
             .remotes
@@ -202,7 +216,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             .collect();
         let status = SitesStatus {
             site: plan.site.to_string(),
-            role: role(shaped),
+            role: role(&shaped),
             remotes,
             left_out: self.left_out.len(),
             error,
@@ -210,8 +224,14 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         (lines, Some(status))
     }
 
-    /// Brings the device to `gw`; its state after.
-    fn configure(&self, gw: &GatewayPlan) -> Result<DeviceState, String> {
+    /// Brings the device to `gw` (a peer for every candidate of each remote site: `expand`);
+    /// its state after.
+    fn configure(
+        &mut self,
+        gw: &GatewayPlan,
+        model: &Model,
+        now: SystemTime,
+    ) -> Result<DeviceState, String> {
         let ifname = &self.ifname;
         let key = self
             .keys
@@ -231,7 +251,12 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
                 .map_err(|e| e.to_string())?;
             changed = true;
         }
-        let desired: Vec<PeerConfig> = gw.peers.iter().map(|p| p.config.clone()).collect();
+        self.taken = take_remote_actives(gw, model, &state, &self.taken, now);
+        let desired: Vec<PeerConfig> = remote::expand(&gw.peers, model, &self.taken)
+            .into_iter()
+            .map(|p| p.config)
+            .collect();
+        let t = &self.tunnel;
         let changes = diff(&desired, &state);
         if !changes.is_empty() {
             t.apply(ifname, &changes).map_err(|e| e.to_string())?;
@@ -265,6 +290,35 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// Each remote site's candidate taken as active, from the device's handshakes
+/// ([`remote::remote_active`]; logged by the status's tunnel lines).
+fn take_remote_actives(
+    gw: &GatewayPlan,
+    model: &Model,
+    state: &DeviceState,
+    taken: &BTreeMap<SiteName, String>,
+    now: SystemTime,
+) -> BTreeMap<SiteName, String> {
+    let mut out = BTreeMap::new();
+    for p in &gw.peers {
+        let Some(site) = model.sites.get(&p.site) else {
+            continue;
+        };
+        let handshakes: BTreeMap<String, SystemTime> = site
+            .candidates
+            .iter()
+            .filter_map(|c| {
+                let peer = state.peers.iter().find(|s| s.public_key == c.public_key)?;
+                Some((c.name.clone(), peer.last_handshake?))
+            })
+            .collect();
+        let current = taken.get(&p.site).map(String::as_str);
+        let chosen = remote::remote_active(&handshakes, current, &p.gateway, now, UP_WITHIN);
+        out.insert(p.site.clone(), chosen.to_string());
+    }
+    out
 }
 
 fn unix(t: SystemTime) -> Option<u64> {
