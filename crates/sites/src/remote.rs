@@ -6,9 +6,9 @@
 //!   has a tunnel with (their keys are known ahead, from the Nodes or the cache); only the
 //!   rule's choice ([`crate::gateway`]) gets the endpoint to dial, the others are dial-in only.
 //! - The site's allowed IPs go to the one it takes as active ([`remote_active`]): the
-//!   candidate with the newest handshake within [`crate::plan`]'s up time (180 s), switching
-//!   only when another's handshake is newer than the current one's (hysteresis); none within
-//!   it: the rule's choice.
+//!   candidate with the newest sign of life (a handshake, or traffic received: the caller's
+//!   reading) within the up time (180 s), switching only when another's is newer than the
+//!   current one's (hysteresis); none within it: the rule's choice.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};

@@ -152,10 +152,12 @@ impl Nat {
     }
 }
 
-/// The node named `name` (panics on an unknown name: a test's typo).
+/// The node named `name` (panics on an unknown name: a test's typo); the standby gateway
+/// a3 ([`crate::sites_standby_support::STANDBY`]) is one when a test adds it.
 pub fn site_node(name: &str) -> &'static SiteNode {
     NODES
         .iter()
+        .chain([&crate::sites_standby_support::STANDBY])
         .find(|n| n.name == name)
         .unwrap_or_else(|| panic!("no node {name:?} in the sites topology"))
 }
@@ -475,7 +477,7 @@ fn router_ns(topo: &Topo, site: &str) -> String {
 }
 
 /// `ip` with the LAN's prefix length.
-fn lan_addr(ip: &str, site: &str) -> String {
+pub(crate) fn lan_addr(ip: &str, site: &str) -> String {
     let len = router_of(site).lan.split('/').nth(1).unwrap_or_default();
     format!("{ip}/{len}")
 }
@@ -541,7 +543,7 @@ fn add_router(topo: &mut Topo, r: &SiteRouter, nat: Nat) {
 
 /// Namespace `ns` (made here) on `router`'s LAN bridge: a veth named `port` on the router's
 /// side, `eth0` inside with `addr`, default route via `gw`.
-fn join_lan(topo: &mut Topo, router: &str, port: &str, ns: &str, addr: &str, gw: &str) {
+pub(crate) fn join_lan(topo: &mut Topo, router: &str, port: &str, ns: &str, addr: &str, gw: &str) {
     topo.add_ns(ns);
     ok(&[
         "ip", "-n", router, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns",

@@ -57,6 +57,12 @@ pub struct Side<T, R> {
     left_out: BTreeMap<String, String>,
     /// The candidate taken as each remote site's active one ([`sticky_sites::remote`]).
     taken: BTreeMap<SiteName, String>,
+    /// Each peer's last sign of life, kept across rounds: its latest handshake, or the round
+    /// its received bytes grew (sticky-wg makes a peer anew, with no handshake and no bytes,
+    /// when its allowed IPs change, and that must not read as silence).
+    signs: BTreeMap<PublicKey, Sign>,
+    /// Log lines of remote sites moved to another candidate, for the round's lines.
+    moved: Vec<String>,
 }
 
 impl<T: Tunnel, R: Routes> Side<T, R> {
@@ -73,6 +79,8 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             was_gateway: true,
             left_out: BTreeMap::new(),
             taken: BTreeMap::new(),
+            signs: BTreeMap::new(),
+            moved: Vec::new(),
         }
     }
 
@@ -148,7 +156,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
                 Err(e) => error = Some(e),
             }
         }
-        let mut lines = Vec::new();
+        let mut lines = std::mem::take(&mut self.moved);
         // The tunnels: one per peer of the gateway plan, by the site of its peer.
         let mut tunnels: BTreeMap<&SiteName, TunnelStatus> = BTreeMap::new();
         if let (Some(gw), Some(dev)) = (&plan.gateway, &device) {
@@ -199,6 +207,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         if plan.gateway.is_none() {
             self.up.clear();
             self.taken.clear();
+            self.signs.clear();
         }
         let remotes = plan
             .remotes
@@ -251,7 +260,30 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
                 .map_err(|e| e.to_string())?;
             changed = true;
         }
-        self.taken = take_remote_actives(gw, model, &state, &self.taken, now);
+        for p in &state.peers {
+            let sign = self.signs.entry(p.public_key).or_default();
+            if p.rx_bytes > sign.rx {
+                sign.at = Some(now);
+            }
+            sign.rx = p.rx_bytes;
+            sign.at = sign.at.max(p.last_handshake);
+        }
+        let seen: BTreeMap<PublicKey, SystemTime> = self
+            .signs
+            .iter()
+            .filter_map(|(k, s)| Some((*k, s.at?)))
+            .collect();
+        let taken = take_remote_actives(gw, model, &seen, &self.taken, now);
+        let mut nudge = Vec::new();
+        for (site, g) in &taken {
+            if self.taken.get(site).is_some_and(|was| was != g) {
+                nudge.extend(nudge_address(model, site, g));
+                self.moved.push(format!(
+                    "sites: site {site}'s traffic goes to its gateway {g} now (its newest handshake)"
+                ));
+            }
+        }
+        self.taken = taken;
         let desired: Vec<PeerConfig> = remote::expand(&gw.peers, model, &self.taken)
             .into_iter()
             .map(|p| p.config)
@@ -267,6 +299,14 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             .flat_map(|p| p.allowed_ips.iter().copied())
             .collect();
         self.routes.sync(ifname, &want).map_err(|e| e.to_string())?;
+        // sticky-wg made the newly taken peer anew (its session is gone) and that gateway's
+        // packets on the old session are dropped until it handshakes again (up to 15 s): one
+        // datagram to it makes this side handshake at once.
+        for to in nudge {
+            if let Ok(sock) = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0)) {
+                let _ = sock.send_to(b"sticky-cni: handshake", to);
+            }
+        }
         if changed {
             return t.get(ifname).map_err(|e| e.to_string());
         }
@@ -292,12 +332,33 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
     }
 }
 
-/// Each remote site's candidate taken as active, from the device's handshakes
+/// Where to send a datagram through the tunnel to candidate `g` of `site`: the first address
+/// of its first IPv4 pod subnet (its bridge), the discard port.
+fn nudge_address(model: &Model, site: &SiteName, g: &str) -> Option<std::net::SocketAddr> {
+    let member = model.sites.get(site)?.members.get(g)?;
+    member.pod_cidrs.iter().find_map(|n| match n {
+        ipnet::IpNet::V4(v4) => Some(std::net::SocketAddr::from((
+            std::net::Ipv4Addr::from(u32::from(v4.network()).saturating_add(1)),
+            9,
+        ))),
+        ipnet::IpNet::V6(_) => None,
+    })
+}
+
+/// A peer's last sign of life (see [`Side`]'s `signs`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Sign {
+    /// Its received bytes at the last round.
+    rx: u64,
+    at: Option<SystemTime>,
+}
+
+/// Each remote site's candidate taken as active, from the last signs of life seen
 /// ([`remote::remote_active`]; logged by the status's tunnel lines).
 fn take_remote_actives(
     gw: &GatewayPlan,
     model: &Model,
-    state: &DeviceState,
+    seen: &BTreeMap<PublicKey, SystemTime>,
     taken: &BTreeMap<SiteName, String>,
     now: SystemTime,
 ) -> BTreeMap<SiteName, String> {
@@ -309,10 +370,7 @@ fn take_remote_actives(
         let handshakes: BTreeMap<String, SystemTime> = site
             .candidates
             .iter()
-            .filter_map(|c| {
-                let peer = state.peers.iter().find(|s| s.public_key == c.public_key)?;
-                Some((c.name.clone(), peer.last_handshake?))
-            })
+            .filter_map(|c| Some((c.name.clone(), *seen.get(&c.public_key)?)))
             .collect();
         let current = taken.get(&p.site).map(String::as_str);
         let chosen = remote::remote_active(&handshakes, current, &p.gateway, now, UP_WITHIN);
@@ -341,6 +399,9 @@ fn path_text(p: &Path) -> String {
     }
 }
 
+/// The role of a gateway that stepped down (`sticky_sites::heal`).
+pub const STEPPED_DOWN: &str = "member; stepped down";
+
 /// This node's role in its site.
 fn role(s: &Shaped) -> String {
     let plan = &s.plan;
@@ -348,6 +409,8 @@ fn role(s: &Shaped) -> String {
         return "active gateway".into();
     }
     match (plan.actives.get(&plan.site), &plan.route_via) {
+        // The rule names this node, yet it plans no tunnel: it stepped down.
+        (Some(_), None) => STEPPED_DOWN.into(),
         (Some(g), _) => format!("member, through gateway {g}"),
         (None, _) if plan.remotes.is_empty() => "the only site".into(),
         (None, _) => "member; the site has NO active gateway (no gateway-labelled node with a published key): other sites are not reached".into(),

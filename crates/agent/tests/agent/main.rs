@@ -9,3 +9,4 @@ mod hostile;
 mod kubectl;
 mod proxy;
 mod sites;
+mod sites_failover;
