@@ -526,7 +526,12 @@ mod tests {
         use sticky_sites::model::{
             ENDPOINT_ANNOTATION, GATEWAY_LABEL, PUBLIC_KEY_ANNOTATION, SITE_LABEL, SiteConfig,
         };
-        let mut k = Keeper::new(dir.join("peers.json"), Some("a2".into()), 1, Guard::new(0.2));
+        let mut k = Keeper::new(
+            dir.join("peers.json"),
+            Some("a2".into()),
+            1,
+            Guard::new(0.2),
+        );
         k.sites = Some(Shaper {
             me: "a2".into(),
             config: SiteConfig::default(),
@@ -540,7 +545,13 @@ mod tests {
             ("a1", "192.0.2.1", 11, "site-a", Some(None)),
             ("a2", "192.0.2.2", 12, "site-a", None),
             ("a3", "192.0.2.3", 13, "site-a", Some(None)),
-            ("c1", "198.51.100.1", 1, "cloud", Some(Some("198.51.100.1:51820"))),
+            (
+                "c1",
+                "198.51.100.1",
+                1,
+                "cloud",
+                Some(Some("198.51.100.1:51820")),
+            ),
         ]
         .into_iter()
         .chain((2..=6).map(|i| ("c", "198.51.100.0", i, "cloud", None)));

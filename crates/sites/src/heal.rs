@@ -130,10 +130,22 @@ mod tests {
             Option<&'a str>,
         );
         let cases: &[Case] = &[
-            (Normal, &[], &[], Normal, None), // nothing probed yet
+            (Normal, &[], &[], Normal, None),             // nothing probed yet
             (Normal, &[("a2", Dead)], &[], Normal, None), // a3 still unknown
-            (Normal, &[("a2", Dead), ("a3", Dead)], &[], SteppedDown, None), // cut off
-            (SteppedDown, &[("a2", Dead), ("a3", Dead)], &[], SteppedDown, None),
+            (
+                Normal,
+                &[("a2", Dead), ("a3", Dead)],
+                &[],
+                SteppedDown,
+                None,
+            ), // cut off
+            (
+                SteppedDown,
+                &[("a2", Dead), ("a3", Dead)],
+                &[],
+                SteppedDown,
+                None,
+            ),
             // Back: a2 and a3 alive and name a3: adopt a3.
             (
                 SteppedDown,
@@ -184,7 +196,13 @@ mod tests {
 
     #[test]
     fn a_single_node_site_never_steps_down() {
-        let got = step(&Stance::Normal, "a1", &[], &Liveness::new(), &BTreeMap::new());
+        let got = step(
+            &Stance::Normal,
+            "a1",
+            &[],
+            &Liveness::new(),
+            &BTreeMap::new(),
+        );
         assert_eq!(got.stance, Stance::Normal);
     }
 }

@@ -108,7 +108,9 @@ pub fn decode(b: &[u8]) -> Result<Message, Error> {
     let mut at = 14;
     let mut text = |empty_ok: bool| -> Result<String, Error> {
         let len = usize::from(byte(at)?);
-        let raw = b.get(at + 1..at + 1 + len).ok_or(Error::Truncated(b.len()))?;
+        let raw = b
+            .get(at + 1..at + 1 + len)
+            .ok_or(Error::Truncated(b.len()))?;
         at += 1 + len;
         match std::str::from_utf8(raw) {
             Ok(s) if empty_ok || !s.is_empty() => Ok(s.to_string()),
@@ -210,7 +212,10 @@ impl Tracker {
 
     /// The liveness view of the probed peers (the caller adds itself as alive).
     pub fn liveness(&self) -> Liveness {
-        self.peers.iter().map(|(n, p)| (n.clone(), p.seen)).collect()
+        self.peers
+            .iter()
+            .map(|(n, p)| (n.clone(), p.seen))
+            .collect()
     }
 
     /// The active gateway each peer seen alive named in its last reply.
@@ -263,9 +268,12 @@ mod tests {
         trailing.push(0);
         let mut bad_utf8 = good.clone();
         bad_utf8[15] = 0xff;
-        let cases: Vec<(Vec<u8>, fn(&Error) -> bool)> = vec![
+        type Case = (Vec<u8>, fn(&Error) -> bool);
+        let cases: Vec<Case> = vec![
             (Vec::new(), |e| matches!(e, Error::Magic { .. })),
-            (b"GET / HTTP/1.1".to_vec(), |e| matches!(e, Error::Magic { .. })),
+            (b"GET / HTTP/1.1".to_vec(), |e| {
+                matches!(e, Error::Magic { .. })
+            }),
             (with(4, 2), |e| *e == Error::Version(2)),
             (with(5, 9), |e| *e == Error::Kind(9)),
             (good[..10].to_vec(), |e| matches!(e, Error::Truncated(_))),
@@ -323,11 +331,20 @@ mod tests {
         t.set_peers(["a1", "a3"]);
         let sent = t.round(Instant::now());
         let nonce = sent[0].1;
-        assert!(!t.answered(&msg(true, nonce + 1000, "a1", None)), "wrong nonce");
-        assert!(!t.answered(&msg(false, nonce, "a1", None)), "a probe, not a reply");
+        assert!(
+            !t.answered(&msg(true, nonce + 1000, "a1", None)),
+            "wrong nonce"
+        );
+        assert!(
+            !t.answered(&msg(false, nonce, "a1", None)),
+            "a probe, not a reply"
+        );
         assert!(!t.answered(&msg(true, nonce, "zz", None)), "not probed");
         assert!(t.answered(&msg(true, nonce, "a1", Some("a1"))));
-        assert!(!t.answered(&msg(true, nonce, "a1", None)), "answered once only");
+        assert!(
+            !t.answered(&msg(true, nonce, "a1", None)),
+            "answered once only"
+        );
         t.set_peers(["a3"]);
         assert_eq!(t.liveness().keys().collect::<Vec<_>>(), ["a3"]);
     }

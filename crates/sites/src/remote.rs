@@ -130,14 +130,14 @@ mod tests {
         // (handshakes, current, rule, now, expected)
         type Case<'a> = (&'a [(&'a str, u64)], Option<&'a str>, &'a str, u64, &'a str);
         let cases: &[Case] = &[
-            (&[], None, "a1", 10, "a1"),                    // none: the rule
-            (&[("a1", 0)], None, "a1", 200, "a1"),          // stale: the rule
-            (&[("a3", 0)], None, "a1", 200, "a1"),          // stale standby: the rule
-            (&[("a3", 5)], None, "a1", 10, "a3"),           // standby's handshake: taken
+            (&[], None, "a1", 10, "a1"),                           // none: the rule
+            (&[("a1", 0)], None, "a1", 200, "a1"),                 // stale: the rule
+            (&[("a3", 0)], None, "a1", 200, "a1"),                 // stale standby: the rule
+            (&[("a3", 5)], None, "a1", 10, "a3"),                  // standby's handshake: taken
             (&[("a1", 5), ("a3", 8)], Some("a1"), "a1", 10, "a3"), // newer: switch
             (&[("a1", 8), ("a3", 5)], Some("a3"), "a1", 10, "a1"), // a1 newer again
             (&[("a1", 8), ("a3", 8)], Some("a3"), "a1", 10, "a3"), // a tie: stay
-            (&[("a1", 8), ("a3", 8)], None, "a1", 10, "a1"), // a tie, none taken: first
+            (&[("a1", 8), ("a3", 8)], None, "a1", 10, "a1"),       // a tie, none taken: first
             (&[("a1", 0), ("a3", 100)], Some("a1"), "a1", 190, "a3"), // current stale
             (&[("a3", 100)], Some("gone"), "a1", 110, "a3"),
         ];
@@ -160,7 +160,8 @@ mod tests {
             candidates: vec![cand("a1", 1), cand("a3", 3)],
             ..Site::default()
         };
-        m.sites.insert(SiteName::parse("k", "site-a").unwrap(), site);
+        m.sites
+            .insert(SiteName::parse("k", "site-a").unwrap(), site);
         m
     }
 

@@ -1,6 +1,6 @@
 //! Site A's second gateway for the failover tests (issue 29): node a3 (192.0.2.3, pod subnet
 //! 198.18.13.0/24), gateway-labelled, added to a [`Sites`] only when a test asks for it
-//! ([`Sites::add_standby`]), so the other sites tests keep their six nodes. Its namespace and
+//! ([`Sites::add_standby`]; the node is [`STANDBY`]), so the other sites tests keep their six nodes. Its namespace and
 //! links are the topology's (deleted on drop, also on failure).
 
 use std::time::{Duration, Instant};
@@ -8,15 +8,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::sites_support::*;
-
-/// The standby gateway of site A.
-pub const STANDBY: SiteNode = SiteNode {
-    name: "a3",
-    k: 13,
-    site: "site-a",
-    ip: "192.0.2.3",
-    gateway: true,
-};
 
 impl Sites {
     /// Adds a3 to site A (its namespace on A's LAN, its config, its Node object on the API

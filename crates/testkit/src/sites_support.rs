@@ -91,6 +91,16 @@ pub const NODES: [SiteNode; 6] = [
     },
 ];
 
+/// Site A's standby gateway, in the topology only when a test adds it
+/// (`crate::sites_standby_support`).
+pub const STANDBY: SiteNode = SiteNode {
+    name: "a3",
+    k: 13,
+    site: "site-a",
+    ip: "192.0.2.3",
+    gateway: true,
+};
+
 /// A site's router: its WAN address on the internet, its LAN, whether it masquerades.
 #[derive(Debug)]
 pub struct SiteRouter {
@@ -153,11 +163,11 @@ impl Nat {
 }
 
 /// The node named `name` (panics on an unknown name: a test's typo); the standby gateway
-/// a3 ([`crate::sites_standby_support::STANDBY`]) is one when a test adds it.
+/// a3 ([`STANDBY`]) is one when a test adds it.
 pub fn site_node(name: &str) -> &'static SiteNode {
     NODES
         .iter()
-        .chain([&crate::sites_standby_support::STANDBY])
+        .chain([&STANDBY])
         .find(|n| n.name == name)
         .unwrap_or_else(|| panic!("no node {name:?} in the sites topology"))
 }

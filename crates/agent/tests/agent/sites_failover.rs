@@ -32,7 +32,11 @@ fn running_with_standby() -> (Sites, Vec<(Pod, String)>) {
     for (from, to) in [(0, 1), (0, 2), (1, 0), (2, 0)] {
         let (f, (_, ip)) = (&pods[from].0, &pods[to]);
         if first_reply(&f.ns, ip, Duration::from_secs(120)).is_none() {
-            panic!("{} never reached {ip} in 120 s; logs: {:#?}", f.ns, s.logs());
+            panic!(
+                "{} never reached {ip} in 120 s; logs: {:#?}",
+                f.ns,
+                s.logs()
+            );
         }
     }
     let deadline = Instant::now() + Duration::from_secs(120);
