@@ -274,6 +274,7 @@ fn run(opts: Options) -> Result<(), Error> {
                 publisher,
                 refused_at: None,
                 last_good: files::PeersCache::default(),
+                observed: false,
             })
         }
     };
@@ -292,6 +293,8 @@ struct ApiSide {
     refused_at: Option<Instant>,
     /// The plugin's last-good copy of the peers file, read again only when it changed.
     last_good: files::PeersCache,
+    /// What this node observes of its site changed: the plan is made again.
+    observed: bool,
 }
 
 /// How long the main loop keeps collecting a burst of updates once the first arrived.
@@ -377,6 +380,7 @@ impl ApiSide {
         }
         let accepted = self.take_accept_file(cfg, shared);
         let retry = self.refused_at.is_some_and(|t| t.elapsed() >= RETRY);
+        dirty |= std::mem::take(&mut self.observed);
         if !dirty && !retry && !accepted {
             return false;
         }
@@ -523,6 +527,31 @@ impl ApiSide {
     }
 }
 
+/// Takes what the probes saw: when it changed, the plan is made again in one place, the
+/// keeper's (with the Nodes it holds, API or not), or from the cache when it has none yet.
+fn observe(run: &mut sites::run::SitesRun, api: Option<&mut ApiSide>) {
+    let (seen, lines) = run.observe();
+    for l in lines {
+        log(&l);
+    }
+    let Some(seen) = seen else {
+        return;
+    };
+    match api {
+        Some(api) if api.keeper.listed() => {
+            if let Some(shaper) = &mut api.keeper.sites {
+                shaper.observation = seen;
+            }
+            api.observed = true;
+        }
+        _ => {
+            for l in run.recompute(&seen) {
+                log(&l);
+            }
+        }
+    }
+}
+
 /// The file whose existence accepts the change the guard refuses, once.
 fn accept_changes_path(cfg: &Config) -> PathBuf {
     cfg.state_dir.join(format!("{}.accept-changes", cfg.name))
@@ -607,6 +636,7 @@ fn main_loop(
                 api.publish_key(run);
                 api.publish_observed(run);
             }
+            observe(run, api.as_mut());
             for line in run.round_if_due(shared) {
                 log(&line);
             }

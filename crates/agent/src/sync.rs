@@ -201,6 +201,8 @@ pub struct Keeper {
     facts: BTreeMap<String, Facts>,
     /// The site plan of the last write that was not refused, until taken.
     shaped: Option<Shaped>,
+    /// What that plan was made from (the Nodes' site inputs).
+    adopted_inputs: Option<Vec<sticky_sites::model::NodeInput>>,
 }
 
 impl Keeper {
@@ -217,6 +219,7 @@ impl Keeper {
             sites: None,
             facts: BTreeMap::new(),
             shaped: None,
+            adopted_inputs: None,
         }
     }
 
@@ -252,6 +255,11 @@ impl Keeper {
             }
             Update::Own(_) | Update::State(_) => false,
         }
+    }
+
+    /// A complete list of Nodes was seen: the keeper can make the plan.
+    pub fn listed(&self) -> bool {
+        self.listed
     }
 
     pub fn left_out(&self) -> &BTreeMap<String, String> {
@@ -315,7 +323,12 @@ impl Keeper {
             self.adopt(shaped);
             return (Outcome::Unchanged, log);
         }
-        if let Err(r) = self.guard.admit(now, held, &new) {
+        // The same Nodes as the plan in force: the change is what this node observes of its
+        // site (a failover, issue 29), not the API's, and is not the guard's to judge.
+        let observed = shaped
+            .as_ref()
+            .is_some_and(|s| self.adopted_inputs.as_ref() == Some(&s.inputs));
+        if !observed && let Err(r) = self.guard.admit(now, held, &new) {
             return (Outcome::Refused(r.to_string()), log);
         }
         if let Err(e) = files::write_atomic(&self.peers_file, &mapping::file_text(&new)) {
@@ -348,8 +361,9 @@ impl Keeper {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
         }
-        if shaped.is_some() {
-            self.shaped = shaped;
+        if let Some(s) = shaped {
+            self.adopted_inputs = Some(s.inputs.clone());
+            self.shaped = Some(s);
         }
     }
 }
@@ -503,6 +517,90 @@ mod tests {
             k.write(Instant::now(), &held, |_| Ok(())).0,
             Outcome::Unchanged
         );
+    }
+
+    /// Site A (a1, a2, a3; a1 and a3 gateways) and the cloud (c1 with an endpoint, c2..c6),
+    /// seen from a2: its keeper with sites and a strict guard.
+    fn site_keeper(dir: &std::path::Path) -> Keeper {
+        use crate::sites::shape::Observation;
+        use sticky_sites::model::{
+            ENDPOINT_ANNOTATION, GATEWAY_LABEL, PUBLIC_KEY_ANNOTATION, SITE_LABEL, SiteConfig,
+        };
+        let mut k = Keeper::new(
+            dir.join("peers.json"),
+            Some("a2".into()),
+            1,
+            Guard::new(0.2),
+        );
+        k.sites = Some(Shaper {
+            me: "a2".into(),
+            config: SiteConfig::default(),
+            settings: sticky_sites::plan::Settings::default(),
+            current: BTreeMap::new(),
+            observation: Observation::default(),
+        });
+        let mut nodes = BTreeMap::new();
+        let mut facts = BTreeMap::new();
+        let rows = [
+            ("a1", "192.0.2.1", 11, "site-a", Some(None)),
+            ("a2", "192.0.2.2", 12, "site-a", None),
+            ("a3", "192.0.2.3", 13, "site-a", Some(None)),
+            (
+                "c1",
+                "198.51.100.1",
+                1,
+                "cloud",
+                Some(Some("198.51.100.1:51820")),
+            ),
+        ]
+        .into_iter()
+        .chain((2..=6).map(|i| ("c", "198.51.100.0", i, "cloud", None)));
+        for (name, ip, k3, site, gw) in rows {
+            let (name, ip) = match name {
+                "c" => (format!("c{k3}"), format!("198.51.100.{k3}")),
+                n => (n.to_string(), ip.to_string()),
+            };
+            nodes.insert(name.clone(), mapped(&ip, &format!("198.18.{k3}.0/24")));
+            let mut f = Facts::default();
+            f.labels.insert(SITE_LABEL.into(), site.into());
+            if let Some(ep) = gw {
+                f.labels.insert(GATEWAY_LABEL.into(), "true".into());
+                let key = sticky_sites::keys::PrivateKey::from_bytes([k3 as u8; 32]);
+                f.annotations
+                    .insert(PUBLIC_KEY_ANNOTATION.into(), key.public_key().to_base64());
+                if let Some(ep) = ep {
+                    f.annotations.insert(ENDPOINT_ANNOTATION.into(), ep.into());
+                }
+            }
+            facts.insert(name, f);
+        }
+        k.apply(Update::Replace(nodes));
+        k.apply(Update::ReplaceFacts(facts));
+        k
+    }
+
+    #[test]
+    fn a_failover_seen_by_the_probes_is_written_past_the_guard_an_api_change_is_not() {
+        use sticky_sites::gateway::Seen;
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = site_keeper(dir.path());
+        let (out, _) = k.write(Instant::now(), &[], |_| Ok(()));
+        assert!(matches!(out, Outcome::Written { .. }), "{out:?}");
+        let held = files::current_peers(&dir.path().join("peers.json")).unwrap();
+        let carrier = |l: &[Peer]| l.iter().find(|p| !p.carries.is_empty()).map(|p| p.ip);
+        assert_eq!(carrier(&held), Some("192.0.2.1".parse().unwrap()));
+        // The probes see a1 dead: every cloud subnet moves to a3's entry; no Node changed.
+        let shaper = k.sites.as_mut().unwrap();
+        shaper.observation.liveness.insert("a1".into(), Seen::Dead);
+        let (out, _) = k.write(Instant::now(), &held, |_| Ok(()));
+        assert!(matches!(out, Outcome::Written { .. }), "{out:?}");
+        let now = files::current_peers(&dir.path().join("peers.json")).unwrap();
+        assert_eq!(carrier(&now), Some("192.0.2.3".parse().unwrap()));
+        // The API takes two cloud nodes away: the guard still judges that.
+        k.apply(Update::Delete("c5".into()));
+        k.apply(Update::Delete("c6".into()));
+        let (out, _) = k.write(Instant::now(), &now, |_| Ok(()));
+        assert!(matches!(out, Outcome::Refused(_)), "{out:?}");
     }
 
     #[test]

@@ -122,6 +122,9 @@ pub struct Sites {
     /// The WireGuard keepalive of every tunnel peer that has one, in seconds
     /// (`keepaliveSecs`, default 25, 1 to 3600): it keeps the NAT mappings open.
     pub keepalive_secs: u16,
+    /// The UDP port every node answers liveness probes on, inside its site (`probePort`,
+    /// default 51821).
+    pub probe_port: u16,
 }
 
 /// The tunnel device's default name.
@@ -129,12 +132,13 @@ pub const DEFAULT_TUNNEL_INTERFACE: &str = "stickywg0";
 
 /// `sites`, when present (see [`Sites`]).
 pub fn sites(obj: &Map<String, Value>) -> Result<Option<Sites>, Error> {
-    const KEYS: [&str; 5] = [
+    const KEYS: [&str; 6] = [
         "wanMtu",
         "listenPort",
         "interface",
         "siteLabel",
         "keepaliveSecs",
+        "probePort",
     ];
     let Some(v) = obj.get("sites") else {
         return Ok(None);
@@ -219,13 +223,29 @@ pub fn sites(obj: &Map<String, Value>) -> Result<Option<Sites>, Error> {
             }
         },
     };
+    let probe_port = probe_port(field("probePort"))?;
     Ok(Some(Sites {
         wan_mtu,
         listen_port,
         interface,
         site_label,
         keepalive_secs,
+        probe_port,
     }))
+}
+
+/// `sites.probePort`: a UDP port, default [`sticky_sites::probe::DEFAULT_PORT`].
+fn probe_port(v: Option<Value>) -> Result<u16, Error> {
+    let Some(v) = v else {
+        return Ok(sticky_sites::probe::DEFAULT_PORT);
+    };
+    match v.as_u64().and_then(|p| u16::try_from(p).ok()) {
+        Some(p) if p != 0 => Ok(p),
+        _ => Err(bad(
+            "sites",
+            format!("probePort {v} is not a UDP port from 1 to 65535"),
+        )),
+    }
 }
 
 /// IPAM plugins whose config is host-local's schema, the ones ranges may be filled in for.
@@ -505,6 +525,17 @@ mod tests {
     }
 
     #[test]
+    fn sites_probe_port_default_setting_and_refusals() {
+        let port = |v| with("sites", v).map(|c| c.sites.map(|s| s.probe_port));
+        assert_eq!(port(json!({})).unwrap(), Some(51821));
+        assert_eq!(port(json!({"probePort": 4789})).unwrap(), Some(4789));
+        for bad in [json!(0), json!(70000), json!("51821")] {
+            let e = port(json!({ "probePort": bad })).unwrap_err().to_string();
+            assert!(e.contains(&format!("probePort {bad}")), "{e}");
+        }
+    }
+
+    #[test]
     fn sites_defaults_settings_and_refusals() {
         assert_eq!(with("cniVersion", json!("1.0.0")).unwrap().sites, None);
         let d = with("sites", json!({})).unwrap().sites.unwrap();
@@ -516,6 +547,7 @@ mod tests {
                 interface: "stickywg0".into(),
                 site_label: "sticky-cni.io/site".into(),
                 keepalive_secs: 25,
+                probe_port: 51821,
             }
         );
         let s = with(

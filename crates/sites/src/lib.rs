@@ -13,6 +13,7 @@
 //! It links no async runtime, HTTP or netlink: the agent wires it in.
 
 pub mod gateway;
+pub mod heal;
 pub mod keys;
 pub mod model;
 pub mod mtu;
@@ -21,5 +22,7 @@ pub mod paths;
 pub mod punch;
 
 pub mod plan;
+pub mod probe;
+pub mod remote;
 pub mod tunnel;
 pub mod uapi;

@@ -13,6 +13,7 @@
 pub mod agent_support;
 pub mod cnitool_support;
 pub mod kube_support;
+pub mod sites_standby_support;
 pub mod sites_support;
 pub mod support;
 pub mod vxlan_support;

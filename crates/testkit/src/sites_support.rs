@@ -91,6 +91,16 @@ pub const NODES: [SiteNode; 6] = [
     },
 ];
 
+/// Site A's standby gateway, in the topology only when a test adds it
+/// (`crate::sites_standby_support`).
+pub const STANDBY: SiteNode = SiteNode {
+    name: "a3",
+    k: 13,
+    site: "site-a",
+    ip: "192.0.2.3",
+    gateway: true,
+};
+
 /// A site's router: its WAN address on the internet, its LAN, whether it masquerades.
 #[derive(Debug)]
 pub struct SiteRouter {
@@ -157,10 +167,12 @@ impl Nat {
     }
 }
 
-/// The node named `name` (panics on an unknown name: a test's typo).
+/// The node named `name` (panics on an unknown name: a test's typo); the standby gateway
+/// a3 ([`STANDBY`]) is one when a test adds it.
 pub fn site_node(name: &str) -> &'static SiteNode {
     NODES
         .iter()
+        .chain([&STANDBY])
         .find(|n| n.name == name)
         .unwrap_or_else(|| panic!("no node {name:?} in the sites topology"))
 }
@@ -498,7 +510,7 @@ fn router_ns(topo: &Topo, site: &str) -> String {
 }
 
 /// `ip` with the LAN's prefix length.
-fn lan_addr(ip: &str, site: &str) -> String {
+pub(crate) fn lan_addr(ip: &str, site: &str) -> String {
     let len = router_of(site).lan.split('/').nth(1).unwrap_or_default();
     format!("{ip}/{len}")
 }
@@ -571,7 +583,7 @@ fn add_router(topo: &mut Topo, r: &SiteRouter, nat: Nat) {
 
 /// Namespace `ns` (made here) on `router`'s LAN bridge: a veth named `port` on the router's
 /// side, `eth0` inside with `addr`, default route via `gw`.
-fn join_lan(topo: &mut Topo, router: &str, port: &str, ns: &str, addr: &str, gw: &str) {
+pub(crate) fn join_lan(topo: &mut Topo, router: &str, port: &str, ns: &str, addr: &str, gw: &str) {
     topo.add_ns(ns);
     ok(&[
         "ip", "-n", router, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns",

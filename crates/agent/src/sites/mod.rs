@@ -10,12 +10,15 @@
 //!   the API away brings the tunnel and routes back;
 //! - [`device`]: the tunnel device as the kernel holds it (netlink: link MTU and up, the routes
 //!   into it), behind a small trait;
+//! - [`probe`]: the probes inside the site (a thread on the underlay address answering and
+//!   probing), read by [`run`] for the liveness view and the step-down rule;
 //! - [`side`]: each round on the node: the tunnel of the active gateway (key, port, peers as a
 //!   diff, routes), the per-site status, and the log lines for tunnels up and down.
 
 pub mod cache;
 pub mod device;
 pub mod facts;
+pub mod probe;
 pub mod run;
 pub mod shape;
 pub mod side;

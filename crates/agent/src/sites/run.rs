@@ -1,10 +1,13 @@
 //! The main loop's sites part: the [`Side`] on the host's kernel and `sticky-wg`'s socket, the
 //! plan from the cache at start and from the keeper after, the cache kept, the rounds.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use sticky_overlay::config::{Config, Sites};
+use sticky_sites::gateway::Seen;
+use sticky_sites::heal::{self, Stance};
 use sticky_sites::keys::{KeyDir, PublicKey};
 use sticky_sites::model::{GATEWAY_LABEL, PUBLIC_KEY_ANNOTATION, SiteConfig, SiteName};
 use sticky_sites::plan::Settings;
@@ -12,7 +15,8 @@ use sticky_sites::uapi::UapiTunnel;
 
 use super::cache::{self, Cache};
 use super::device::Kernel;
-use super::shape::{self, Shaped, Shaper};
+use super::probe::Probes;
+use super::shape::{self, Observation, Shaped, Shaper};
 use super::side::{ROUND, Side};
 use crate::family::Family;
 use crate::objects::Node;
@@ -33,6 +37,13 @@ pub struct SitesRun {
     /// A rotated key's `.previous` may still be there: forgotten once the Node shows the new
     /// public key (so a second rotation is possible).
     forget_pending: bool,
+    /// The probes inside the site, and what this node makes of them (issue 29).
+    probes: Probes,
+    stance: sticky_sites::heal::Stance,
+    observation: Observation,
+    /// How the plan is computed (the keeper's shaper is made from the same settings).
+    shaper: Shaper,
+    probe_port: u16,
 }
 
 /// How sites are read and the tunnel set, from the config.
@@ -51,6 +62,7 @@ pub fn shaper(
             keepalive_secs: sites.keepalive_secs,
         },
         current,
+        observation: Observation::default(),
     }
 }
 
@@ -79,6 +91,11 @@ impl SitesRun {
             last_round: None,
             pending: false,
             forget_pending: true,
+            probes: Probes::new(me, sites.probe_port),
+            stance: sticky_sites::heal::Stance::Normal,
+            observation: Observation::default(),
+            shaper: shaper(me, sites, Default::default()),
+            probe_port: sites.probe_port,
         };
         let mut lines = Vec::new();
         match cache::load(&run.cache_path) {
@@ -95,7 +112,9 @@ impl SitesRun {
                             run.cache_path.display(),
                             c.inputs.len()
                         ));
+                        run.shaper.current = shaped.plan.actives.clone();
                         lines.extend(run.side.adopt(shaped));
+                        lines.extend(run.aim_probes());
                         run.pending = true;
                     }
                     Err(e) => lines.push(format!(
@@ -134,7 +153,9 @@ impl SitesRun {
                 )),
             }
         }
+        self.shaper.current = shaped.plan.actives.clone();
         lines.extend(self.side.adopt(shaped));
+        lines.extend(self.aim_probes());
         self.pending = true;
         lines
     }
@@ -186,5 +207,103 @@ impl SitesRun {
         let (lines, status) = self.side.round(SystemTime::now());
         shared.lock().status.sites = status;
         lines
+    }
+}
+
+impl SitesRun {
+    /// Points the probes at this node's targets in the current plan: its site's gateway
+    /// candidates, and every other member when it is a candidate itself (for step-down).
+    fn aim_probes(&mut self) -> Option<String> {
+        let shaped = self.side.shaped()?;
+        let me = self.shaper.me.as_str();
+        let site = shaped.model.sites.get(&shaped.plan.site)?;
+        let candidate = site.candidate(me).is_some();
+        let port = self.probe_port;
+        let targets = site
+            .members
+            .iter()
+            .filter(|(n, _)| *n != me && (candidate || site.candidate(n).is_some()))
+            .filter_map(|(n, m)| m.underlay.map(|ip| (n.clone(), SocketAddr::new(ip, port))))
+            .collect();
+        let underlay = site.members.get(me).and_then(|m| m.underlay);
+        let active = match self.stance {
+            Stance::Normal => shaped.plan.actives.get(&shaped.plan.site).cloned(),
+            Stance::SteppedDown => None,
+        };
+        self.probes.set(underlay, targets, active)
+    }
+
+    /// Reads the probes and takes one healing step; the new observation when it changed (the
+    /// caller recomputes the plan with it: [`SitesRun::recompute`] or the keeper), and the log
+    /// lines.
+    pub fn observe(&mut self) -> (Option<Observation>, Vec<String>) {
+        let mut lines = Vec::new();
+        let (liveness, choices) = self.probes.view();
+        let me = self.shaper.me.clone();
+        let mut next = Observation {
+            liveness,
+            stepped_down: false,
+            adopt: None,
+        };
+        if let Some(shaped) = self.side.shaped()
+            && let Some(site) = shaped.model.sites.get(&shaped.plan.site)
+            && site.candidate(&me).is_some()
+        {
+            let others: Vec<&str> = site
+                .members
+                .keys()
+                .map(String::as_str)
+                .filter(|n| *n != me)
+                .collect();
+            let step = heal::step(&self.stance, &me, &others, &next.liveness, &choices);
+            if step.stance != self.stance {
+                lines.push(match &step.stance {
+                    Stance::SteppedDown => "sites: no other member of this site answers probes: this node steps down (tunnel peers and routes removed) until it hears from its site".to_string(),
+                    Stance::Normal => format!(
+                        "sites: this site answers again; taking its choice, {}, as the active gateway",
+                        step.adopt.as_deref().unwrap_or("(none)")
+                    ),
+                });
+            }
+            self.stance = step.stance;
+            next.stepped_down = self.stance == Stance::SteppedDown;
+            next.adopt = step.adopt;
+        }
+        for (name, seen) in &next.liveness {
+            if self.observation.liveness.get(name) != Some(seen) && *seen != Seen::Unknown {
+                lines.push(format!("sites: probes: {name} is {seen:?}"));
+            }
+        }
+        if next == self.observation {
+            return (None, lines);
+        }
+        self.observation = next.clone();
+        (Some(next), lines)
+    }
+
+    /// The plan again from the cache with `seen` (when the keeper has no Nodes to make it
+    /// from: the agent started with the API away); the log lines.
+    pub fn recompute(&mut self, seen: &Observation) -> Vec<String> {
+        let Some(c) = &self.cached else {
+            return Vec::new();
+        };
+        let s = &self.shaper;
+        match shape::compute_seen(
+            c.inputs.clone(),
+            &s.me,
+            &s.config,
+            &s.settings,
+            &s.current,
+            seen,
+        ) {
+            Ok(shaped) => {
+                self.shaper.current = shaped.plan.actives.clone();
+                let mut lines = self.side.adopt(shaped);
+                lines.extend(self.aim_probes());
+                self.pending = true;
+                lines
+            }
+            Err(e) => vec![format!("sites: the cache makes no plan: {e}")],
+        }
     }
 }

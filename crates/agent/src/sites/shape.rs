@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use sticky_overlay::peers::Peer;
+use sticky_sites::gateway::Liveness;
 use sticky_sites::model::{self, Model, NodeInput, SiteConfig, SiteName};
 use sticky_sites::observed;
 use sticky_sites::plan::{self, Plan, Settings, View};
@@ -38,14 +39,56 @@ pub fn compute(
     settings: &Settings,
     current: &BTreeMap<SiteName, String>,
 ) -> Result<Shaped, plan::Error> {
+    compute_seen(
+        inputs,
+        me,
+        config,
+        settings,
+        current,
+        &Observation::default(),
+    )
+}
+
+/// What this node observes of its site (issue 29): the probes' liveness view and its
+/// step-down stance ([`sticky_sites::heal`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observation {
+    /// By candidate name; this node itself is added as alive.
+    pub liveness: Liveness,
+    /// Cut off from its site: not the active gateway, whatever the rule says.
+    pub stepped_down: bool,
+    /// The site's choice to take as this site's current active gateway (once, on healing).
+    pub adopt: Option<String>,
+}
+
+/// [`compute`] with what this node observes: `seen`'s adopted choice replaces this site's
+/// current active gateway, its liveness view feeds the rule, and a stepped-down node plans
+/// no tunnel.
+pub fn compute_seen(
+    inputs: Vec<NodeInput>,
+    me: &str,
+    config: &SiteConfig,
+    settings: &Settings,
+    current: &BTreeMap<SiteName, String>,
+    seen: &Observation,
+) -> Result<Shaped, plan::Error> {
     let model = model::build(&inputs, config);
     let mut view = View {
         current: current.clone(),
+        liveness: seen.liveness.clone(),
         ..View::default()
     };
     let (nat_mapped, refused) = observed::nat_mapped(&model, &inputs);
     view.observed.nat_mapped = nat_mapped;
-    let plan = plan::plan(&model, me, &view, settings)?;
+    view.liveness
+        .insert(me.to_string(), sticky_sites::gateway::Seen::Alive);
+    if let (Some(site), Some(choice)) = (model.site_of.get(me), &seen.adopt) {
+        view.current.insert(site.clone(), choice.clone());
+    }
+    let mut plan = plan::plan(&model, me, &view, settings)?;
+    if seen.stepped_down {
+        plan.gateway = None;
+    }
     Ok(Shaped {
         inputs,
         model,
@@ -94,6 +137,8 @@ pub struct Shaper {
     pub config: SiteConfig,
     pub settings: Settings,
     pub current: BTreeMap<SiteName, String>,
+    /// What this node observes of its site (the sites side keeps it current).
+    pub observation: Observation,
 }
 
 impl Shaper {
@@ -104,12 +149,13 @@ impl Shaper {
         placed: &Placed,
         facts: &BTreeMap<String, Facts>,
     ) -> Result<(Vec<Peer>, Shaped), String> {
-        let shaped = compute(
+        let shaped = compute_seen(
             facts::inputs(placed, facts),
             &self.me,
             &self.config,
             &self.settings,
             &self.current,
+            &self.observation,
         )
         .map_err(|e| format!("sites: {e}"))?;
         Ok((peer_list(placed, &shaped), shaped))
@@ -170,6 +216,7 @@ mod tests {
             config: SiteConfig::default(),
             settings: Settings::default(),
             current: BTreeMap::new(),
+            observation: Observation::default(),
         }
     }
 

@@ -17,10 +17,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use sticky_sites::keys::{KeyDir, PublicKey};
-use sticky_sites::model::SiteName;
+use sticky_sites::model::{Model, SiteName};
 use sticky_sites::paths::Path;
 use sticky_sites::plan::{GatewayPlan, Plan};
 use sticky_sites::punch::Punches;
+use sticky_sites::remote;
 use sticky_sites::tunnel::{DeviceState, PeerConfig, Tunnel, diff};
 use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
 
@@ -56,6 +57,14 @@ pub struct Side<T, R> {
     was_gateway: bool,
     /// Nodes left out of the sites at the last plan, with why.
     left_out: BTreeMap<String, String>,
+    /// The candidate taken as each remote site's active one ([`sticky_sites::remote`]).
+    taken: BTreeMap<SiteName, String>,
+    /// Each peer's last sign of life, kept across rounds: its latest handshake, or the round
+    /// its received bytes grew (sticky-wg makes a peer anew, with no handshake and no bytes,
+    /// when its allowed IPs change, and that must not read as silence).
+    signs: BTreeMap<PublicKey, Sign>,
+    /// Log lines of remote sites moved to another candidate, for the round's lines.
+    moved: Vec<String>,
     /// NAT traversal: see [`Nat`].
     nat: Nat,
 }
@@ -91,6 +100,9 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             was_gateway: true,
             left_out: BTreeMap::new(),
             nat: Nat::default(),
+            taken: BTreeMap::new(),
+            signs: BTreeMap::new(),
+            moved: Vec::new(),
         }
     }
 
@@ -132,6 +144,11 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         lines
     }
 
+    /// The plan last adopted.
+    pub fn shaped(&self) -> Option<&Shaped> {
+        self.shaped.as_ref()
+    }
+
     /// This node's public key when its Node is labelled a gateway (the key is made on the first
     /// call and kept): what it publishes so that other sites can reach it.
     pub fn public_key(&self) -> Result<PublicKey, String> {
@@ -143,16 +160,17 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
 
     /// One round (see the module doc): the log lines and the status.
     pub fn round(&mut self, now: SystemTime) -> (Vec<String>, Option<SitesStatus>) {
-        let Some(shaped) = &self.shaped else {
+        let Some(shaped) = self.shaped.clone() else {
             return (Vec::new(), None);
         };
         // The punches stepped with the last round's device, and the plan they make.
         self.nat.punches.step(&shaped.plan, now, &self.nat.fresh);
         let plan = self.nat.punches.apply(&shaped.plan);
+        let model = &shaped.model;
         let mut error = None;
         let mut device = None;
         if let Some(gw) = &plan.gateway {
-            match self.configure(gw) {
+            match self.configure(gw, model, now) {
                 Ok(state) => device = Some(state),
                 Err(e) => error = Some(e),
             }
@@ -163,15 +181,18 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
                 Err(e) => error = Some(e),
             }
         }
-        let mut lines = Vec::new();
+        let mut lines = std::mem::take(&mut self.moved);
         // The tunnels: one per peer of the gateway plan, by the site of its peer.
         let mut tunnels: BTreeMap<&SiteName, TunnelStatus> = BTreeMap::new();
         if let (Some(gw), Some(dev)) = (&plan.gateway, &device) {
             for p in &gw.peers {
-                let state = dev
-                    .peers
-                    .iter()
-                    .find(|s| s.public_key == p.config.public_key);
+                // The candidate taken as that site's active one carries its traffic.
+                let key = self
+                    .taken
+                    .get(&p.site)
+                    .and_then(|t| model.sites.get(&p.site)?.candidate(t))
+                    .map_or(p.config.public_key, |c| c.public_key);
+                let state = dev.peers.iter().find(|s| s.public_key == key);
                 let handshake = state.and_then(|s| s.last_handshake);
                 let up = handshake
                     .is_some_and(|t| now.duration_since(t).map_or(true, |age| age <= UP_WITHIN));
@@ -210,6 +231,8 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         }
         if plan.gateway.is_none() {
             self.up.clear();
+            self.taken.clear();
+            self.signs.clear();
         }
         self.nat.read(&shaped.plan, &plan, device.as_ref(), now);
         let remotes = plan
@@ -240,7 +263,7 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             .collect();
         let status = SitesStatus {
             site: plan.site.to_string(),
-            role: role(shaped),
+            role: role(&shaped),
             remotes,
             left_out: self.left_out.len(),
             error,
@@ -255,7 +278,14 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
     }
 
     /// Brings the device to `gw`; its state after.
-    fn configure(&self, gw: &GatewayPlan) -> Result<DeviceState, String> {
+    /// Brings the device to `gw` (a peer for every candidate of each remote site: `expand`);
+    /// its state after.
+    fn configure(
+        &mut self,
+        gw: &GatewayPlan,
+        model: &Model,
+        now: SystemTime,
+    ) -> Result<DeviceState, String> {
         let ifname = &self.ifname;
         let key = self
             .keys
@@ -265,7 +295,34 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         t.ensure_device(ifname, self.mtu)
             .map_err(|e| e.to_string())?;
         let state = t.get(ifname).map_err(|e| e.to_string())?;
-        let desired: Vec<PeerConfig> = gw.peers.iter().map(|p| p.config.clone()).collect();
+        for p in &state.peers {
+            let sign = self.signs.entry(p.public_key).or_default();
+            if p.rx_bytes > sign.rx {
+                sign.at = Some(now);
+            }
+            sign.rx = p.rx_bytes;
+            sign.at = sign.at.max(p.last_handshake);
+        }
+        let seen: BTreeMap<PublicKey, SystemTime> = self
+            .signs
+            .iter()
+            .filter_map(|(k, s)| Some((*k, s.at?)))
+            .collect();
+        let taken = take_remote_actives(gw, model, &seen, &self.taken, now);
+        let mut nudge = Vec::new();
+        for (site, g) in &taken {
+            if self.taken.get(site).is_some_and(|was| was != g) {
+                nudge.extend(nudge_address(model, site, g));
+                self.moved.push(format!(
+                    "sites: site {site}'s traffic goes to its gateway {g} now (its newest handshake)"
+                ));
+            }
+        }
+        self.taken = taken;
+        let desired: Vec<PeerConfig> = remote::expand(&gw.peers, model, &self.taken)
+            .into_iter()
+            .map(|p| p.config)
+            .collect();
         let changes = diff(&desired, &state);
         // Key and port go with every change (one transaction): see `Tunnel::set`.
         let changed = state.public_key != Some(key.public_key())
@@ -280,6 +337,14 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             .flat_map(|p| p.allowed_ips.iter().copied())
             .collect();
         self.routes.sync(ifname, &want).map_err(|e| e.to_string())?;
+        // sticky-wg made the newly taken peer anew (its session is gone) and that gateway's
+        // packets on the old session are dropped until it handshakes again (up to 15 s): one
+        // datagram to it makes this side handshake at once.
+        for to in nudge {
+            if let Ok(sock) = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0)) {
+                let _ = sock.send_to(b"sticky-cni: handshake", to);
+            }
+        }
         if changed {
             return t.get(ifname).map_err(|e| e.to_string());
         }
@@ -361,6 +426,53 @@ impl Nat {
     }
 }
 
+/// Where to send a datagram through the tunnel to candidate `g` of `site`: the first address
+/// of its first IPv4 pod subnet (its bridge), the discard port.
+fn nudge_address(model: &Model, site: &SiteName, g: &str) -> Option<std::net::SocketAddr> {
+    let member = model.sites.get(site)?.members.get(g)?;
+    member.pod_cidrs.iter().find_map(|n| match n {
+        ipnet::IpNet::V4(v4) => Some(std::net::SocketAddr::from((
+            std::net::Ipv4Addr::from(u32::from(v4.network()).saturating_add(1)),
+            9,
+        ))),
+        ipnet::IpNet::V6(_) => None,
+    })
+}
+
+/// A peer's last sign of life (see [`Side`]'s `signs`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Sign {
+    /// Its received bytes at the last round.
+    rx: u64,
+    at: Option<SystemTime>,
+}
+
+/// Each remote site's candidate taken as active, from the last signs of life seen
+/// ([`remote::remote_active`]; logged by the status's tunnel lines).
+fn take_remote_actives(
+    gw: &GatewayPlan,
+    model: &Model,
+    seen: &BTreeMap<PublicKey, SystemTime>,
+    taken: &BTreeMap<SiteName, String>,
+    now: SystemTime,
+) -> BTreeMap<SiteName, String> {
+    let mut out = BTreeMap::new();
+    for p in &gw.peers {
+        let Some(site) = model.sites.get(&p.site) else {
+            continue;
+        };
+        let handshakes: BTreeMap<String, SystemTime> = site
+            .candidates
+            .iter()
+            .filter_map(|c| Some((c.name.clone(), *seen.get(&c.public_key)?)))
+            .collect();
+        let current = taken.get(&p.site).map(String::as_str);
+        let chosen = remote::remote_active(&handshakes, current, &p.gateway, now, UP_WITHIN);
+        out.insert(p.site.clone(), chosen.to_string());
+    }
+    out
+}
+
 fn unix(t: SystemTime) -> Option<u64> {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .ok()
@@ -381,6 +493,9 @@ fn path_text(p: &Path) -> String {
     }
 }
 
+/// The role of a gateway that stepped down (`sticky_sites::heal`).
+pub const STEPPED_DOWN: &str = "member; stepped down";
+
 /// This node's role in its site.
 fn role(s: &Shaped) -> String {
     let plan = &s.plan;
@@ -388,6 +503,8 @@ fn role(s: &Shaped) -> String {
         return "active gateway".into();
     }
     match (plan.actives.get(&plan.site), &plan.route_via) {
+        // The rule names this node, yet it plans no tunnel: it stepped down.
+        (Some(_), None) => STEPPED_DOWN.into(),
         (Some(g), _) => format!("member, through gateway {g}"),
         (None, _) if plan.remotes.is_empty() => "the only site".into(),
         (None, _) => "member; the site has NO active gateway (no gateway-labelled node with a published key): other sites are not reached".into(),

@@ -9,4 +9,5 @@ mod hostile;
 mod kubectl;
 mod proxy;
 mod sites;
+mod sites_failover;
 mod sites_nat;
