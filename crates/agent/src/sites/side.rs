@@ -681,12 +681,19 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_device_made_again_empty_is_configured_again_in_one_round() {
+    /// The side of a1, site A's active gateway, with its key made: (its key dir, the side,
+    /// its public key).
+    fn gateway_a1() -> (tempfile::TempDir, Side<FakeTunnel, FakeRoutes>, PublicKey) {
         let dir = tempfile::tempdir().unwrap();
         let mut s = side(&dir.path().join("keys"));
         let pk = s.public_key().unwrap();
         s.adopt(shaped("a1", pk));
+        (dir, s, pk)
+    }
+
+    #[test]
+    fn a_device_made_again_empty_is_configured_again_in_one_round() {
+        let (_dir, mut s, pk) = gateway_a1();
         s.round(SystemTime::now());
         // sticky-wg made the device again: no key, no peers.
         s.tunnel.devices.lock().unwrap().clear();
@@ -703,10 +710,7 @@ mod tests {
 
     #[test]
     fn a_member_configures_no_tunnel_and_a_former_gateway_clears_its_own() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = side(&dir.path().join("keys"));
-        let pk = s.public_key().unwrap();
-        s.adopt(shaped("a1", pk));
+        let (_dir, mut s, pk) = gateway_a1();
         s.round(SystemTime::now());
         assert!(!s.routes.held.borrow().is_empty());
         // Now a2's view: not the gateway.
@@ -846,10 +850,7 @@ mod tests {
 
     #[test]
     fn tunnel_up_and_down_are_logged_once_each() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = side(&dir.path().join("keys"));
-        let pk = s.public_key().unwrap();
-        s.adopt(shaped("a1", pk));
+        let (_dir, mut s, pk) = gateway_a1();
         let t0 = SystemTime::now();
         let (lines, _) = s.round(t0);
         assert!(!lines.iter().any(|l| l.contains("is up")), "{lines:?}");
