@@ -693,7 +693,7 @@ mod tests {
 
     #[test]
     fn a_device_made_again_empty_is_configured_again_in_one_round() {
-        let (_dir, mut s, pk) = gateway_a1();
+        let (_dir, mut s, _) = gateway_a1();
         s.round(SystemTime::now());
         // sticky-wg made the device again: no key, no peers.
         s.tunnel.devices.lock().unwrap().clear();
@@ -850,7 +850,7 @@ mod tests {
 
     #[test]
     fn tunnel_up_and_down_are_logged_once_each() {
-        let (_dir, mut s, pk) = gateway_a1();
+        let (_dir, mut s, _) = gateway_a1();
         let t0 = SystemTime::now();
         let (lines, _) = s.round(t0);
         assert!(!lines.iter().any(|l| l.contains("is up")), "{lines:?}");
