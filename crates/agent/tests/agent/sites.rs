@@ -574,3 +574,54 @@ fn sites_a_bad_node_breaks_only_itself() {
         "a1 still has one peer, the cloud's"
     );
 }
+
+/// A gateway that answers its site's probes but forwards nothing (a forward drop on a1): the
+/// rule keeps it (its probes answer), so site A's cross-site traffic is black-holed, and only
+/// that: site B and the cloud still talk to each other (docs/sites.md, Failover, Limits).
+/// Forwarding back: A's traffic flows again, with no operator action.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn sites_a_gateway_that_forwards_nothing_black_holes_only_its_own_site() {
+    let (s, pods) = running();
+    let (a2, _) = pod_of(&pods, "a2");
+    let (b2, b2_ip) = pod_of(&pods, "b2");
+    let (c2, c2_ip) = pod_of(&pods, "c2");
+    let a1 = s.ns("a1");
+    s.topo.load_nft(
+        &a1,
+        "a1-forward-drop.nft",
+        "table inet test_forward_drop {\n  chain forward {\n    type filter hook forward priority filter - 10; policy drop;\n  }\n}\n",
+    );
+    wait_for(
+        "a2's pod black-holed at a1",
+        Duration::from_secs(30),
+        || first_reply(&a2.ns, c2_ip, Duration::from_secs(2)).is_none(),
+    );
+    assert!(
+        first_reply(&a2.ns, b2_ip, Duration::from_secs(3)).is_none(),
+        "a2 still reaches b2 through a gateway that forwards nothing"
+    );
+    // The other sites do not pass a1: they still talk, both ways.
+    for (from, to) in [(b2, c2_ip), (c2, b2_ip)] {
+        assert!(
+            first_reply(&from.ns, to, Duration::from_secs(30)).is_some(),
+            "{} no longer reaches {to} while site A's gateway forwards nothing",
+            from.ns
+        );
+    }
+    ok(&[
+        "ip",
+        "netns",
+        "exec",
+        &a1,
+        "nft",
+        "delete",
+        "table",
+        "inet",
+        "test_forward_drop",
+    ]);
+    assert!(
+        first_reply(&a2.ns, c2_ip, Duration::from_secs(60)).is_some(),
+        "a2 does not reach c2 again once a1 forwards again"
+    );
+}
