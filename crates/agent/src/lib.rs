@@ -632,7 +632,9 @@ fn main_loop(
             }
         }
         if let Some(run) = sites.as_deref_mut() {
-            if let Some(api) = &mut api {
+            // What this node publishes reads the key file and the tunnel: once a round, not on
+            // every pass of the loop.
+            if let Some(api) = api.as_mut().filter(|_| run.round_due()) {
                 api.publish_key(run);
                 api.publish_observed(run);
             }

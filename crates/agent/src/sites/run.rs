@@ -196,10 +196,14 @@ impl SitesRun {
         self.forget_pending = true;
     }
 
+    /// Whether a round is due: every [`ROUND`], or a new plan came.
+    pub fn round_due(&self) -> bool {
+        self.pending || self.last_round.is_none_or(|t| t.elapsed() >= ROUND)
+    }
+
     /// A round, when one is due (every [`ROUND`], or a new plan); the log lines.
     pub fn round_if_due(&mut self, shared: &Shared) -> Vec<String> {
-        let due = self.pending || self.last_round.is_none_or(|t| t.elapsed() >= ROUND);
-        if !due {
+        if !self.round_due() {
             return Vec::new();
         }
         self.pending = false;
