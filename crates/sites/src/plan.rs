@@ -436,6 +436,14 @@ mod tests {
         assert_eq!(n.subnets.len(), 5);
     }
 
+    /// A gateway plan's peers by site name.
+    fn by_site(g: &GatewayPlan) -> BTreeMap<&str, &PeerConfig> {
+        g.peers
+            .iter()
+            .map(|p| (p.site.as_str(), &p.config))
+            .collect()
+    }
+
     #[test]
     fn punch_peer_carries_nothing_until_up_then_everything() {
         let mut view = View::default();
@@ -446,11 +454,7 @@ mod tests {
             .nat_mapped
             .insert("b-gw".into(), "198.51.100.11:40001".parse().unwrap());
         let g = plan_of(&cluster(), "a-gw1", &view).gateway.unwrap();
-        let by: BTreeMap<_, _> = g
-            .peers
-            .iter()
-            .map(|p| (p.site.as_str(), &p.config))
-            .collect();
+        let by = by_site(&g);
         assert_eq!(
             by["edge-b"].endpoint,
             Some("198.51.100.11:40001".parse().unwrap())
@@ -464,11 +468,7 @@ mod tests {
         );
         view.observed.punched.insert(site("edge-b"));
         let g = plan_of(&cluster(), "a-gw1", &view).gateway.unwrap();
-        let by: BTreeMap<_, _> = g
-            .peers
-            .iter()
-            .map(|p| (p.site.as_str(), &p.config))
-            .collect();
+        let by = by_site(&g);
         assert_eq!(
             by["edge-b"].allowed_ips,
             nets(&["10.2.0.0/24", "10.2.1.0/24"])

@@ -670,15 +670,20 @@ mod tests {
         assert_eq!(by_site["site-b"].path, "relayed via cloud");
         assert_eq!(by_site["site-b"].tunnel.as_ref().unwrap().peer, "c1");
         // A second round changes nothing: only reads.
-        let before = s.tunnel.calls().len();
-        s.round(SystemTime::now());
-        let after: Vec<Call> = s.tunnel.calls()[before..].to_vec();
+        let after = calls_of_a_round(&mut s);
         assert!(
             after
                 .iter()
                 .all(|c| matches!(c, Call::EnsureDevice { .. } | Call::Get { .. })),
             "{after:?}"
         );
+    }
+
+    /// The calls one round makes.
+    fn calls_of_a_round(s: &mut Side<FakeTunnel, FakeRoutes>) -> Vec<Call> {
+        let before = s.tunnel.calls().len();
+        s.round(SystemTime::now());
+        s.tunnel.calls()[before..].to_vec()
     }
 
     /// The side of a1, site A's active gateway, with its key made: (its key dir, the side,
@@ -697,9 +702,7 @@ mod tests {
         s.round(SystemTime::now());
         // sticky-wg made the device again: no key, no peers.
         s.tunnel.devices.lock().unwrap().clear();
-        let before = s.tunnel.calls().len();
-        s.round(SystemTime::now());
-        let after: Vec<Call> = s.tunnel.calls()[before..].to_vec();
+        let after = calls_of_a_round(&mut s);
         assert!(
             after
                 .iter()
