@@ -20,8 +20,6 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 pub const DEAD_AFTER: u32 = 3;
 /// Answered probes in a row after which a peer is [`Seen::Alive`] (again).
 pub const ALIVE_AFTER: u32 = 2;
-/// The probes' default UDP port (`sites.probePort`).
-pub const DEFAULT_PORT: u16 = 51821;
 
 const MAGIC: &[u8; 4] = b"STKP";
 const VERSION: u8 = 1;

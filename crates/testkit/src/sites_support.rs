@@ -143,9 +143,10 @@ pub const WG_PORT: u16 = 51820;
 pub const WG_IF: &str = "stickywg0";
 /// Where every node's agent serves its metrics, in the node's namespace.
 pub const METRICS_ADDR: &str = "127.0.0.1:9767";
-/// The site label's key, the gateway label's, the endpoint annotation's.
-pub const SITE_LABEL: &str = "sticky-cni.io/site";
-pub const GATEWAY_LABEL: &str = "sticky-cni.io/gateway";
+/// The site label's key, the gateway label's (the shipped, admin-only defaults), the endpoint
+/// annotation's.
+pub const SITE_LABEL: &str = "node-restriction.kubernetes.io/sticky-cni-site";
+pub const GATEWAY_LABEL: &str = "node-restriction.kubernetes.io/sticky-cni-gateway";
 pub const ENDPOINT_ANNOTATION: &str = "sticky-cni.io/gateway-endpoint";
 
 /// How the edge routers translate addresses.
@@ -233,7 +234,7 @@ impl Sites {
                 n.k,
                 json!({
                     "peersFile": topo.dir.path().join(format!("peers-{}.json", n.name)),
-                    "sites": {"wanMtu": 1500},
+                    "sites": {"wanMtu": 1500, "relays": ["cloud"]},
                     "ipam": {
                         "type": "host-local",
                         "dataDir": topo.dir.path().join(format!("ipam-{}", n.name)),
