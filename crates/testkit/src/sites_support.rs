@@ -91,6 +91,16 @@ pub const NODES: [SiteNode; 6] = [
     },
 ];
 
+/// The non-gateway nodes whose pods talk across sites, in the order [`Sites::running`] makes
+/// their pods.
+pub const PLAIN: [&str; 3] = ["c2", "a2", "b2"];
+
+/// The pod of plain node `name` among [`Sites::running`]'s.
+pub fn pod_of<'a>(pods: &'a [(Pod, String)], name: &str) -> &'a (Pod, String) {
+    let i = PLAIN.iter().position(|n| *n == name).expect("a plain node");
+    &pods[i]
+}
+
 /// Site A's standby gateway, in the topology only when a test adds it
 /// (`crate::sites_standby_support`).
 pub const STANDBY: SiteNode = SiteNode {
@@ -276,6 +286,53 @@ impl Sites {
             std::fs::write(&self.conf_files[n.name], conf.to_string())
                 .expect("write the node's config");
         }
+    }
+
+    /// Sites read from these label keys (`sites.siteLabel`, `sites.gatewayLabel`), and every
+    /// Node labelled with them instead of the defaults (before the agents start).
+    pub fn use_labels(&mut self, site_key: &str, gateway_key: &str) {
+        self.set_sites_setting("siteLabel", json!(site_key));
+        self.set_sites_setting("gatewayLabel", json!(gateway_key));
+        for n in &NODES {
+            self.api
+                .put_node(node_object_with(n, site_key, gateway_key));
+        }
+    }
+
+    /// Every daemon running (after `setup`), a pod on each plain node (c2, a2, b2), and every
+    /// ordered pair of them answering pings (waited for, 120 s each: a loaded machine).
+    pub fn running(nat: Nat, setup: impl FnOnce(&mut Sites)) -> (Sites, Vec<(Pod, String)>) {
+        let mut s = Sites::new(nat);
+        setup(&mut s);
+        s.start_all();
+        let pods: Vec<(Pod, String)> = PLAIN.iter().map(|n| s.pod(n, &format!("p{n}"))).collect();
+        for (from, _) in &pods {
+            for (to, ip) in &pods {
+                if from.ns == to.ns {
+                    continue;
+                }
+                let took = first_reply(&from.ns, ip, Duration::from_secs(120));
+                let took = took.unwrap_or_else(|| {
+                    panic!(
+                        "{} never reached {ip} ({}) in 120 s; logs: {:#?}",
+                        from.ns,
+                        to.ns,
+                        s.logs()
+                    )
+                });
+                eprintln!("{} -> {ip}: first reply after {took:?}", from.ns);
+            }
+        }
+        (s, pods)
+    }
+
+    /// The log of node `name`'s agent (every run of it).
+    pub fn agent_log(&self, name: &str) -> String {
+        self.logs()
+            .into_iter()
+            .filter(|(file, _)| file.contains(name) && file.contains("agent"))
+            .map(|(_, body)| body)
+            .collect()
     }
 
     /// The internet's namespace (its bridge is `br0`).
@@ -601,15 +658,20 @@ pub(crate) fn join_lan(topo: &mut Topo, router: &str, port: &str, ns: &str, addr
 /// Node `n`'s Node object: its site label, the gateway label on gateways, the cloud
 /// gateway's endpoint annotation (the edge gateways have none: they are behind NAT).
 pub fn node_object(n: &SiteNode) -> Value {
+    node_object_with(n, SITE_LABEL, GATEWAY_LABEL)
+}
+
+/// [`node_object`] with these label keys.
+pub fn node_object_with(n: &SiteNode, site_key: &str, gateway_key: &str) -> Value {
     let annotations = if n.name == "c1" {
         json!({ENDPOINT_ANNOTATION: CLOUD_ENDPOINT})
     } else {
         json!({})
     };
     let mut node = node_json(n.name, n.ip, &[&pod_subnet(n.name)], annotations);
-    node["metadata"]["labels"][SITE_LABEL] = json!(n.site);
+    node["metadata"]["labels"][site_key] = json!(n.site);
     if n.gateway {
-        node["metadata"]["labels"][GATEWAY_LABEL] = json!("true");
+        node["metadata"]["labels"][gateway_key] = json!("true");
     }
     node
 }

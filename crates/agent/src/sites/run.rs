@@ -1,6 +1,7 @@
 //! The main loop's sites part: the [`Side`] on the host's kernel and `sticky-wg`'s socket, the
 //! plan from the cache at start and from the keeper after, the cache kept, the rounds.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -44,6 +45,8 @@ pub struct SitesRun {
     observation: Observation,
     /// How the plan is computed (the keeper's shaper is made from the same settings).
     shaper: Shaper,
+    /// Members whose probe socket could not be made, as last logged.
+    probes_failed: BTreeMap<String, String>,
     probe_port: u16,
 }
 
@@ -96,6 +99,7 @@ impl SitesRun {
             stance: sticky_sites::heal::Stance::Normal,
             observation: Observation::default(),
             shaper: Shaper::new(me, sites),
+            probes_failed: BTreeMap::new(),
             probe_port: sites.probe_port,
         };
         let mut lines = trust_warnings(sites);
@@ -261,6 +265,15 @@ impl SitesRun {
     /// lines.
     pub fn observe(&mut self) -> (Option<Observation>, Vec<String>) {
         let mut lines = Vec::new();
+        let failed = self.probes.failed();
+        if failed != self.probes_failed {
+            lines.extend(
+                failed
+                    .values()
+                    .map(|why| format!("sites: {why}; retried every round")),
+            );
+            self.probes_failed = failed;
+        }
         let (liveness, choices) = self.probes.view();
         let me = self.shaper.me.clone();
         let mut next = Observation {
