@@ -1016,3 +1016,21 @@ pub fn rtt_ms(from: &str, source: Option<&str>, to: &str, count: u32) -> f64 {
         .and_then(|v| v.split('/').nth(1)?.parse().ok())
         .unwrap_or_else(|| panic!("no round trip in ping's output: {out}"))
 }
+
+/// Standard base64 (with padding) decoded; `None` when it is not.
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bits = 0u32;
+    let mut n = 0;
+    let mut out = Vec::new();
+    for c in text.trim_end_matches('=').bytes() {
+        let v = ALPHABET.iter().position(|a| *a == c)? as u32;
+        bits = (bits << 6) | v;
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            out.push((bits >> n) as u8);
+        }
+    }
+    Some(out)
+}

@@ -294,24 +294,6 @@ fn sites_agent_restart_on_a_gateway_loses_at_most_1s() {
     );
 }
 
-/// Standard base64 (with padding) decoded; `None` when it is not.
-fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut bits = 0u32;
-    let mut n = 0;
-    let mut out = Vec::new();
-    for c in text.trim_end_matches('=').bytes() {
-        let v = ALPHABET.iter().position(|a| *a == c)? as u32;
-        bits = (bits << 6) | v;
-        n += 6;
-        if n >= 8 {
-            n -= 8;
-            out.push((bits >> n) as u8);
-        }
-    }
-    Some(out)
-}
-
 /// Every gateway's private key file is a regular file of root's, mode 0600, one 32-byte key;
 /// its public half is what the tunnel uses and what the Node publishes; the private key, in
 /// base64 or hex, is in no daemon's log and no Node object.
