@@ -12,6 +12,7 @@ mod decide;
 pub mod flags;
 mod serve;
 mod tun;
+pub mod uapi;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
