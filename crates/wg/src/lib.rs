@@ -8,6 +8,8 @@
 //! addresses and routes outlive this process; if the link is deleted under it, it makes it
 //! again and serves a fresh, empty device. tokio and gotatun live in this crate only.
 
+mod book;
+mod conn;
 mod decide;
 pub mod flags;
 mod serve;

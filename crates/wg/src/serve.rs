@@ -7,12 +7,15 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gotatun::device::uapi::{UapiClient, UapiServer};
+use gotatun::device::uapi::UapiServer;
 use gotatun::device::{DefaultDeviceTransports, Device, DeviceBuilder};
+use std::sync::Arc;
+
 use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 
+use crate::conn::{self, Shared};
 use crate::decide;
 use crate::flags::Options;
 use crate::{Error, tun};
@@ -24,6 +27,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(200);
 struct Attachment {
     device: Device<DefaultDeviceTransports>,
     accept: JoinHandle<()>,
+    shared: Arc<Shared>,
     index: u32,
     since: Instant,
 }
@@ -63,6 +67,9 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
             _ = term.recv() => End::Signal("SIGTERM"),
             _ = int.recv() => End::Signal("SIGINT"),
             _ = attachment.device.wait() => End::Lost("gotatun stopped with an error".into()),
+            _ = attachment.shared.broken() => {
+                End::Lost("gotatun no longer answers, or refused a checked request".into())
+            }
             lost = watch(ifname, attachment.index) => End::Lost(lost),
         };
         let lasted = attachment.since.elapsed();
@@ -155,10 +162,12 @@ async fn attach(ifname: &str, socket: &Path) -> Result<Attachment, Error> {
             return Err(e);
         }
     };
-    let accept = tokio::spawn(accept(listener, client));
+    let shared = Shared::new(client);
+    let accept = tokio::spawn(conn::accept(listener, Arc::clone(&shared)));
     Ok(Attachment {
         device,
         accept,
+        shared,
         index,
         since: Instant::now(),
     })
@@ -178,29 +187,6 @@ fn bind(socket: &Path) -> Result<UnixListener, Error> {
     let listener = UnixListener::bind(socket).map_err(bind_error)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(bind_error)?;
     Ok(listener)
-}
-
-/// Hands every connection to gotatun's text protocol (one thread per connection; `wg` and the
-/// agent hold one for a single request).
-async fn accept(listener: UnixListener, client: UapiClient) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // EMFILE and the like: at most one line a second until it clears.
-                eprintln!("sticky-wg: accepting on the UAPI socket: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        let Ok(stream) = stream.into_std() else {
-            continue;
-        };
-        if stream.set_nonblocking(false).is_err() {
-            continue;
-        }
-        client.clone().wrap_read_write(stream);
-    }
 }
 
 /// Returns (with the reason) once the link is gone or has another index.
