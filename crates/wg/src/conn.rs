@@ -18,9 +18,12 @@ use gotatun::device::uapi::command::{
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 
 use crate::book::{self, Book};
-use crate::uapi::{self, AllowedIp, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE, Opening, errno};
+use crate::uapi::{
+    self, AllowedIp, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE, Opening, REQUEST_TIMEOUT, errno,
+};
 
 /// What the connections of one attachment share.
 pub struct Shared {
@@ -51,11 +54,14 @@ impl Shared {
     }
 }
 
-/// Accepts forever; a connection over the cap is closed at once (one log line per 10 s).
+/// Accepts until aborted; a connection over the cap is closed at once (one log line per 10 s).
 pub async fn accept(listener: UnixListener, shared: Arc<Shared>) {
+    // The connections' tasks: aborted with this one when the attachment stops.
+    let mut tasks = JoinSet::new();
     let mut refused = 0u64;
     let mut said = None::<Instant>;
     loop {
+        while tasks.try_join_next().is_some() {}
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
@@ -79,7 +85,7 @@ pub async fn accept(listener: UnixListener, shared: Arc<Shared>) {
             }
             continue;
         };
-        tokio::spawn(serve(stream, Arc::clone(&shared), permit));
+        tasks.spawn(serve(stream, Arc::clone(&shared), permit));
     }
 }
 
@@ -189,23 +195,29 @@ where
         }
         Opening::Set(reader) => reader,
     };
-    // Held while the body is read: one request body in memory at a time.
+    // Held while the body is read: one request body in memory at a time. The whole body has
+    // REQUEST_TIMEOUT, so a client sending a line every few seconds cannot keep the lock.
     let mut book = shared.book.lock().await;
-    let mut budget = uapi::Budget::default();
-    let mut refused = None;
-    loop {
-        let line = next_line(r, buf).await?;
-        if line.is_empty() {
-            break;
+    let read = async {
+        let mut budget = uapi::Budget::default();
+        let mut refused = None;
+        loop {
+            let line = next_line(r, buf).await?;
+            if line.is_empty() {
+                return Ok(refused);
+            }
+            budget.take(&line).map_err(Stop::Refuse)?;
+            // After the first refusal the rest is read but not kept.
+            if refused.is_none()
+                && let Err(e) = reader.line(&line)
+            {
+                refused = Some(e);
+            }
         }
-        budget.take(&line).map_err(Stop::Refuse)?;
-        // After the first refusal the rest is read but not kept.
-        if refused.is_none()
-            && let Err(e) = reader.line(&line)
-        {
-            refused = Some(e);
-        }
-    }
+    };
+    let refused = tokio::time::timeout(REQUEST_TIMEOUT, read)
+        .await
+        .map_err(|_| Stop::Gone)??;
     Ok(match refused {
         Some(e) => Err(e.into()),
         None => set(shared, &mut book, reader.finish()).await,

@@ -30,6 +30,9 @@ pub const MAX_CONNECTIONS: usize = 16;
 /// A connection that sends no complete line for this long is closed (an idle client, or one
 /// stalled in the middle of a request, which holds the configuration lock meanwhile).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most time a `set` body may take (the configuration lock is held while it is read); a
+/// 16 MiB request over a Unix socket takes well under a second.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// errno values of the answers (Linux's numbers, as `wg` expects).
 pub mod errno {
