@@ -316,6 +316,38 @@ fn a_200_mb_line_is_refused_with_e2big_and_memory_stays_bounded() {
     assert!(lone.wg_answers(), "`wg show` after the huge line");
 }
 
+/// `set=1` adding peers `from..to` (distinct keys from their numbers), each with an allowed IP.
+fn peers_request(from: u32, to: u32) -> String {
+    let mut text = String::from("set=1\n");
+    for i in from..to {
+        let [_, x, y, z] = i.to_be_bytes();
+        let key = format!("{i:08x}").repeat(8);
+        text.push_str(&format!("public_key={key}\nallowed_ip=10.{x}.{y}.{z}/32\n"));
+    }
+    text.push('\n');
+    text
+}
+
+#[test]
+#[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
+fn the_peer_cap_refuses_with_enospc_and_changes_nothing() {
+    prerequisites("sticky-wg peer cap");
+    let lone = Lone::started("wgn");
+    // One request over the cap, then one at it, then one more peer (held: no key yet).
+    assert_eq!(lone.request(&peers_request(0, 65_537)), "errno=28\n\n");
+    assert_eq!(lone.request(&peers_request(0, 65_536)), "errno=0\n\n");
+    assert_eq!(lone.request(&peers_request(65_536, 65_537)), "errno=28\n\n");
+    let peers = lone.wg_ok(&["show", &lone.ifname, "peers"]);
+    assert_eq!(peers.lines().count(), 65_536);
+    // Replacing them all is fine at the cap.
+    let replace = peers_request(0, 1).replacen("set=1\n", "set=1\nreplace_peers=true\n", 1);
+    assert_eq!(lone.request(&replace), "errno=0\n\n");
+    assert_eq!(
+        lone.wg_ok(&["show", &lone.ifname, "peers"]).lines().count(),
+        1
+    );
+}
+
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn idle_connections_are_capped_without_threads_and_time_out() {
