@@ -34,7 +34,8 @@ one changes nothing and is answered errno=N, as wireguard-go answers:
       rebind a running device: restart sticky-wg; the same values are accepted)
   98  the listen port is in use when the key brings the tunnel up
 Peers set before the private key are held and configured with the key. At most 16
-connections at once (one more is closed at once); one silent for 5 s is closed.
+connections at once (one more is closed at once); one silent for 5 s is closed, and a set
+request is read within 30 s (one request at a time) or its connection is closed.
 A panic aborts the process (SIGABRT), so its service manager starts a new one, which
 takes over the dead one's socket.
 
@@ -95,13 +96,16 @@ mod tests {
 
     #[test]
     fn the_help_states_the_bounds_the_daemon_has() {
-        use crate::uapi::{IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE, MAX_PEERS, errno};
+        use crate::uapi::{
+            IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE, MAX_PEERS, REQUEST_TIMEOUT, errno,
+        };
         for says in [
             format!("over {MAX_LINE} bytes"),
             format!("over {} MiB", crate::uapi::MAX_REQUEST_BYTES >> 20),
             format!("more than {MAX_PEERS} peers"),
             format!("At most {MAX_CONNECTIONS}\nconnections"),
             format!("silent for {} s", IDLE_TIMEOUT.as_secs()),
+            format!("read within {} s", REQUEST_TIMEOUT.as_secs()),
         ] {
             assert!(HELP.contains(&says), "--help does not say {says:?}");
         }
