@@ -1,7 +1,7 @@
 //! The UAPI socket's connections, served by sticky-wg itself rather than by gotatun's
 //! `wrap_read_write` (a thread per connection, an unbounded line buffer, no answer on bad
 //! input): a task per connection, at most [`MAX_CONNECTIONS`] of them, each line at most
-//! [`MAX_LINE`] bytes, a request at most [`MAX_REQUEST_BYTES`], nothing for [`IDLE_TIMEOUT`]
+//! [`MAX_LINE`] bytes, a request at most [`uapi::MAX_REQUEST_BYTES`], nothing for [`IDLE_TIMEOUT`]
 //! closes it. A request is read and checked whole ([`crate::uapi`]), planned against the book
 //! ([`crate::book`]), and only then handed to gotatun as its typed request; every answer ends
 //! with `errno=N` and an empty line, as wireguard-go's.

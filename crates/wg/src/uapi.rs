@@ -9,7 +9,7 @@
 //! The errno values are wireguard-go's where it has one (EINVAL for a value or key the protocol
 //! does not take, EPROTO for a line that is not `key=value`); E2BIG for a line or request over
 //! its bound, ENOSPC for a device that would hold more than [`MAX_PEERS`] peers and EBUSY for a
-//! setting that cannot change while the tunnel is up ([`crate::book`]) are ours.
+//! setting that cannot change while the tunnel is up (the book module) are ours.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
