@@ -284,6 +284,61 @@ fn malformed_requests_answer_errno_change_nothing_and_the_daemon_answers_after()
     );
 }
 
+/// A process holding a UDP port in a namespace; killed on drop.
+struct PortHolder(std::process::Child);
+
+impl PortHolder {
+    fn hold(ns: &Netns, port: u16) -> PortHolder {
+        use std::io::{BufRead, BufReader};
+        let script = format!(
+            "import socket, time\n\
+             s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n\
+             s.bind(('::', {port})); print('ready', flush=True); time.sleep(600)\n"
+        );
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &ns.name, "python3", "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 (apt-get install python3)");
+        let mut ready = String::new();
+        BufReader::new(child.stdout.as_mut().expect("stdout"))
+            .read_line(&mut ready)
+            .expect("the holder's first line");
+        assert_eq!(ready.trim(), "ready");
+        PortHolder(child)
+    }
+}
+
+impl Drop for PortHolder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
+fn a_key_whose_port_is_taken_is_refused_with_eaddrinuse_and_not_applied() {
+    prerequisites("sticky-wg port in use");
+    let lone = Lone::started("wgu");
+    let holder = PortHolder::hold(&lone.ns, 51820);
+    let key = "4".repeat(64);
+    let text = format!("set=1\nprivate_key={key}\nlisten_port=51820\npublic_key={PEER_HEX}\n\n");
+    assert_eq!(lone.request(&text), "errno=98\n\n");
+    // Nothing applied: no key, and the peer still waits for one.
+    assert_eq!(
+        lone.wg_ok(&["show", &lone.ifname, "private-key"]).trim(),
+        "(none)"
+    );
+    drop(holder);
+    assert_eq!(lone.request(&text), "errno=0\n\n");
+    assert_eq!(
+        lone.wg_ok(&["show", &lone.ifname, "listen-port"]).trim(),
+        "51820"
+    );
+    assert_eq!(lone.wg_ok(&["show", &lone.ifname, "peers"]).trim(), PEER);
+}
+
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn a_200_mb_line_is_refused_with_e2big_and_memory_stays_bounded() {
