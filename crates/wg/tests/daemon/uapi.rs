@@ -394,6 +394,11 @@ fn the_peer_cap_refuses_with_enospc_and_changes_nothing() {
     assert_eq!(lone.request(&peers_request(65_536, 65_537)), "errno=28\n\n");
     let peers = lone.wg_ok(&["show", &lone.ifname, "peers"]);
     assert_eq!(peers.lines().count(), 65_536);
+    eprintln!(
+        "peer cap: VmHWM {} kB, VmRSS {} kB after 65,536 peers held",
+        proc_status(lone.pid(), "VmHWM:"),
+        proc_status(lone.pid(), "VmRSS:")
+    );
     // Replacing them all is fine at the cap.
     let replace = peers_request(0, 1).replacen("set=1\n", "set=1\nreplace_peers=true\n", 1);
     assert_eq!(lone.request(&replace), "errno=0\n\n");
