@@ -20,11 +20,12 @@ const PEER: &str = "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
 const PEER_HEX: &str = "0707070707070707070707070707070707070707070707070707070707070707";
 const OTHER_HEX: &str = "0808080808080808080808080808080808080808080808080808080808080808";
 
-/// One namespace, one sticky-wg serving an empty device.
+/// One namespace, one sticky-wg serving an empty device. Dropped in field order: the daemon is
+/// killed (and its socket removed) before the namespace, and with it the TUN, goes.
 struct Lone {
+    daemon: Option<Daemon>,
     ns: Netns,
     ifname: String,
-    daemon: Option<Daemon>,
     dir: TempDir,
 }
 
@@ -33,9 +34,9 @@ impl Lone {
         let ns = Netns::new(tag);
         ns.exec(&["ip", "link", "set", "lo", "up"]);
         let mut lone = Lone {
+            daemon: None,
             ifname: format!("{tag}{}", std::process::id()),
             ns,
-            daemon: None,
             dir: temp_dir(),
         };
         lone.daemon = Some(lone.start());
