@@ -49,9 +49,9 @@ impl Default for Book {
 pub enum Error {
     #[error("the device would hold {peers} peers, more than {MAX_PEERS}")]
     TooManyPeers { peers: usize },
+    /// Not an answer: the request is done on a fresh device ([`replay`]).
     #[error(
-        "{what} cannot change while the tunnel is up (gotatun 0.10.2 rebinds a running device \
-         badly: its port stays busy, or the device stops); restart sticky-wg to change it"
+        "{what} changes while the tunnel is up (gotatun 0.10.2 cannot rebind a running device)"
     )]
     Running { what: &'static str },
 }
@@ -61,7 +61,8 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::TooManyPeers { .. } => crate::uapi::errno::ENOSPC,
-            Error::Running { .. } => crate::uapi::errno::EBUSY,
+            // Never an answer: the request is done on a fresh device instead.
+            Error::Running { .. } => crate::uapi::errno::EIO,
         }
     }
 }
@@ -75,10 +76,11 @@ pub struct Running {
 }
 
 /// On a keyed device (its tunnel up), drops the device settings `set` gives their current value
-/// (the agent sends key and port every time), and refuses a change: in gotatun 0.10.2 a change
-/// rebinds the running device, which leaves the old port busy (errno 22 with the change applied
-/// and the tunnel down) or stops the device. Measured on main with `fwmark=7` and
-/// `listen_port=51821` after the key (issue 36).
+/// (the agent sends key and port every time), and says which one changes: in gotatun 0.10.2 a
+/// change rebinds the running device, which leaves the old port busy (errno 22 with the change
+/// applied and the tunnel down) or stops the device (measured on main with `fwmark=7` and
+/// `listen_port=51821` after the key, issue 36). Such a request is done on a fresh device
+/// instead ([`replay`]).
 pub fn unchanged_settings(set: &mut Set, running: &Running) -> Result<(), Error> {
     if let Some(key) = set.private_key {
         if running.private_key != Some(key) {
@@ -103,6 +105,30 @@ pub fn unchanged_settings(set: &mut Set, running: &Running) -> Result<(), Error>
         set.fwmark = None;
     }
     Ok(())
+}
+
+/// A request that changes a running device's key, port or fwmark, as the first request of a
+/// fresh device: the running settings and peers (`running`, `peers`: what gotatun reports,
+/// endpoints as they roamed) with the request applied on top, all in one request. On the fresh
+/// device it goes through [`Book::plan`] as any request: with a key the peers are configured at
+/// once; with an all-zero key (wireguard-go's "remove the key") they are held, keyless.
+/// Sessions are not carried over: every peer handshakes again.
+pub fn replay(
+    running: &Running,
+    mut peers: BTreeMap<Key, PendingPeer>,
+    request: &Set,
+) -> Result<Set, Error> {
+    apply_pending(&mut peers, request);
+    if peers.len() > MAX_PEERS {
+        return Err(Error::TooManyPeers { peers: peers.len() });
+    }
+    Ok(Set {
+        private_key: request.private_key.or(running.private_key),
+        listen_port: Some(request.listen_port.unwrap_or(running.listen_port)),
+        fwmark: Some(request.fwmark.unwrap_or(running.fwmark)),
+        replace_peers: false,
+        peers: peers.into_iter().map(as_change).collect(),
+    })
 }
 
 /// What to send to gotatun, and the book once gotatun has said errno=0.
@@ -439,8 +465,55 @@ mod tests {
         ] {
             let err = unchanged_settings(&mut set(&body), &running).unwrap_err();
             assert_eq!(err, Error::Running { what }, "{body}");
-            assert_eq!(err.errno(), crate::uapi::errno::EBUSY);
         }
+    }
+
+    #[test]
+    fn a_change_of_a_running_devices_settings_is_replayed_whole_on_a_fresh_device() {
+        let running = Running {
+            private_key: Some([1; 32]),
+            listen_port: 51820,
+            fwmark: 0,
+        };
+        let peers = BTreeMap::from([(
+            [2; 32],
+            PendingPeer {
+                endpoint: Some("198.51.100.2:40000".parse().unwrap()),
+                persistent_keepalive: Some(25),
+                allowed_ips: vec![ip("192.0.2.2/32")],
+                ..PendingPeer::default()
+            },
+        )]);
+        let request = set(&format!(
+            "listen_port=51821\npublic_key={K2}\nallowed_ip=192.0.2.22/32\n\
+             public_key={K3}\nallowed_ip=192.0.2.3/32\n"
+        ));
+        let replayed = replay(&running, peers.clone(), &request).unwrap();
+        assert_eq!(replayed.private_key, Some([1; 32]));
+        assert_eq!(replayed.listen_port, Some(51821));
+        assert_eq!(replayed.fwmark, Some(0));
+        assert_eq!(replayed.peers.len(), 2);
+        let p2 = &replayed.peers[0];
+        assert_eq!(p2.public_key, [2; 32]);
+        // The roamed endpoint and keepalive stay; the new allowed IP adds to the old.
+        assert_eq!(p2.endpoint, Some("198.51.100.2:40000".parse().unwrap()));
+        assert_eq!(p2.persistent_keepalive, Some(25));
+        assert_eq!(
+            p2.allowed_ips,
+            vec![ip("192.0.2.2/32"), ip("192.0.2.22/32")]
+        );
+        assert!(p2.replace_allowed_ips);
+        assert_eq!(replayed.peers[1].public_key, [3; 32]);
+        // On a fresh device it is one request with the key and both peers.
+        let plan = Book::default().plan(&replayed).unwrap();
+        assert_eq!(plan.send.peers.len(), 2);
+        assert_eq!(plan.after.peer_count(), 2);
+        // An all-zero key: the fresh device holds the peers without a key.
+        let zero = "0".repeat(64);
+        let replayed = replay(&running, peers, &set(&format!("private_key={zero}\n"))).unwrap();
+        let plan = Book::default().plan(&replayed).unwrap();
+        assert_eq!(plan.send.private_key, None);
+        assert_eq!(plan.after.pending().count(), 1);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! ([`crate::book`]), and only then handed to gotatun as its typed request; every answer ends
 //! with `errno=N` and an empty line, as wireguard-go's.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -20,9 +21,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::book::{self, Book};
+use crate::book::{self, Book, PendingPeer};
 use crate::uapi::{
-    self, AllowedIp, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE, Opening, REQUEST_TIMEOUT, errno,
+    self, AllowedIp, IDLE_TIMEOUT, Key, MAX_CONNECTIONS, MAX_LINE, Opening, REQUEST_TIMEOUT, errno,
 };
 
 /// What the connections of one attachment share.
@@ -32,10 +33,19 @@ pub struct Shared {
     /// gotatun, and only one request body is held in memory.
     book: Mutex<Book>,
     slots: Arc<Semaphore>,
-    /// Told when gotatun's configuration task no longer answers, or refused a checked request
-    /// (its state is then unknown): the attachment is made anew rather than left deaf or
-    /// half-configured.
+    /// Told when the device must be made anew: gotatun's configuration task no longer answers,
+    /// or refused a checked request (its state is then unknown), or a request changes what a
+    /// running gotatun device cannot change (its replay is then in `renew`).
     broken: Notify,
+    /// Why, and the request the fresh device starts with; set by a request, acted on (told to
+    /// `broken`) once its answer is written, so the answer is not lost with the old device.
+    renew: std::sync::Mutex<Option<Renew>>,
+}
+
+/// Why the device is made anew, and what the fresh one is given first.
+pub struct Renew {
+    pub why: String,
+    pub replay: Option<uapi::Set>,
 }
 
 impl Shared {
@@ -45,12 +55,42 @@ impl Shared {
             book: Mutex::new(Book::default()),
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             broken: Notify::new(),
+            renew: std::sync::Mutex::new(None),
         })
     }
 
-    /// Returns once the device must be made anew (see `broken`).
-    pub async fn broken(&self) {
-        self.broken.notified().await
+    /// Returns, with the why and the replay, once the device must be made anew.
+    pub async fn broken(&self) -> Renew {
+        self.broken.notified().await;
+        self.renew_slot().take().unwrap_or(Renew {
+            why: "gotatun no longer answers".into(),
+            replay: None,
+        })
+    }
+
+    /// Applies `set` as the fresh device's first request (the replay of [`Renew`]).
+    pub async fn replay(&self, set: uapi::Set) -> Result<(), String> {
+        let mut book = self.book.lock().await;
+        set_request(self, &mut book, set)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn renew_slot(&self) -> std::sync::MutexGuard<'_, Option<Renew>> {
+        self.renew.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks for a fresh device once the current answer is written (the first reason stays).
+    fn renew(&self, why: String, replay: Option<uapi::Set>) {
+        self.renew_slot().get_or_insert(Renew { why, replay });
+    }
+
+    /// Tells the main loop, after an answer was written, if a request asked for a fresh device.
+    fn renew_if_asked(&self) {
+        if self.renew_slot().is_some() {
+            self.broken.notify_one();
+        }
     }
 }
 
@@ -154,7 +194,9 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemaphorePer
                 return;
             }
         };
-        if w.write_all(text.as_bytes()).await.is_err() {
+        let written = w.write_all(text.as_bytes()).await;
+        shared.renew_if_asked();
+        if written.is_err() {
             return;
         }
     }
@@ -220,7 +262,7 @@ where
         .map_err(|_| Stop::Gone)??;
     Ok(match refused {
         Some(e) => Err(e.into()),
-        None => set(shared, &mut book, reader.finish()).await,
+        None => set_request(shared, &mut book, reader.finish()).await,
     })
 }
 
@@ -270,8 +312,7 @@ where
 async fn get(shared: &Shared) -> Result<String, Refusal> {
     let book = shared.book.lock().await;
     let Ok(Response::Get(mut response)) = shared.client.send(Get::default()).await else {
-        shared.broken.notify_one();
-        return Err(Refusal::Deaf);
+        return Err(deaf(shared));
     };
     for (key, held) in book.pending() {
         let mut peer = GetPeer::new(*key);
@@ -290,11 +331,23 @@ async fn get(shared: &Shared) -> Result<String, Refusal> {
 }
 
 /// `set=1`, checked: planned against the book, sent, and the book moved on once gotatun said 0.
-async fn set(shared: &Shared, book: &mut Book, mut request: uapi::Set) -> Result<String, Refusal> {
+async fn set_request(
+    shared: &Shared,
+    book: &mut Book,
+    mut request: uapi::Set,
+) -> Result<String, Refusal> {
     let settings =
         request.private_key.is_some() || request.listen_port.is_some() || request.fwmark.is_some();
     if settings && matches!(book, Book::Keyed { .. }) {
-        book::unchanged_settings(&mut request, &running(shared).await?)?;
+        let now = running(shared).await?;
+        let mut same = request.clone();
+        match book::unchanged_settings(&mut same, &now.settings) {
+            Ok(()) => request = same,
+            Err(book::Error::Running { what }) => {
+                return renew_with(shared, &now, &request, what);
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let plan = book.plan(&request)?;
     let held = book.pending().count();
@@ -303,7 +356,7 @@ async fn set(shared: &Shared, book: &mut Book, mut request: uapi::Set) -> Result
         // leave it keyed with no tunnel (errno 22, the key applied). Checked first.
         let port = match plan.send.listen_port {
             Some(port) => port,
-            None => running(shared).await?.listen_port,
+            None => running(shared).await?.settings.listen_port,
         };
         if port != 0 && port_taken(port) {
             return Err(Refusal::PortInUse(port));
@@ -318,13 +371,13 @@ async fn set(shared: &Shared, book: &mut Book, mut request: uapi::Set) -> Result
         Ok(Response::Set(r)) => {
             // gotatun applies as it goes: after a refusal its state is not known. A fresh
             // device (empty, as after a restart) is better than a half-configured one.
-            shared.broken.notify_one();
+            shared.renew(
+                format!("gotatun refused a checked request (errno={})", r.errno),
+                None,
+            );
             return Err(Refusal::Gotatun(r.errno));
         }
-        Ok(Response::Get(_)) | Err(_) => {
-            shared.broken.notify_one();
-            return Err(Refusal::Deaf);
-        }
+        Ok(Response::Get(_)) | Err(_) => return Err(deaf(shared)),
     }
     *book = plan.after;
     if held > 0 && matches!(book, Book::Keyed { .. }) {
@@ -333,17 +386,84 @@ async fn set(shared: &Shared, book: &mut Book, mut request: uapi::Set) -> Result
     Ok("errno=0\n\n".to_string())
 }
 
-/// The key, port and mark gotatun has now.
-async fn running(shared: &Shared) -> Result<book::Running, Refusal> {
+/// A request that changes a running device's key, port or fwmark: gotatun 0.10.2 cannot rebind
+/// a running device, so a fresh one is made with the running configuration and the request on
+/// top (book::replay), as a restart and the agent's next round would, without the round. The
+/// request is checked first (peer cap, a new port in use), so an accepted one is applied.
+fn renew_with(
+    shared: &Shared,
+    now: &Now,
+    request: &uapi::Set,
+    what: &'static str,
+) -> Result<String, Refusal> {
+    let replay = book::replay(&now.settings, now.peers.clone(), request)?;
+    if let Some(port) = request.listen_port
+        && port != 0
+        && port != now.settings.listen_port
+        && port_taken(port)
+    {
+        return Err(Refusal::PortInUse(port));
+    }
+    shared.renew(
+        format!(
+            "{what} changes (gotatun cannot rebind a running device): a fresh device takes the \
+             new settings and the {} peer(s), which handshake again",
+            replay.peers.len()
+        ),
+        Some(replay),
+    );
+    Ok("errno=0\n\n".to_string())
+}
+
+/// What gotatun reports: its settings and its peers as configuration.
+struct Now {
+    settings: book::Running,
+    peers: BTreeMap<Key, PendingPeer>,
+}
+
+/// The device as gotatun has it now.
+async fn running(shared: &Shared) -> Result<Now, Refusal> {
     let Ok(Response::Get(now)) = shared.client.send(Get::default()).await else {
-        shared.broken.notify_one();
-        return Err(Refusal::Deaf);
+        return Err(deaf(shared));
     };
-    Ok(book::Running {
-        private_key: now.private_key.map(|k| k.0),
-        listen_port: now.listen_port.unwrap_or(0),
-        fwmark: now.fwmark.unwrap_or(0),
+    let peers = now
+        .peers
+        .iter()
+        .map(|p| {
+            let held = PendingPeer {
+                preshared_key: match &p.peer.preshared_key {
+                    Some(SetUnset::Set(k)) => Some(k.0),
+                    _ => None,
+                },
+                endpoint: p.peer.endpoint,
+                persistent_keepalive: p.peer.persistent_keepalive_interval,
+                allowed_ips: p
+                    .peer
+                    .allowed_ip
+                    .iter()
+                    .map(|n| AllowedIp {
+                        addr: n.ip(),
+                        prefix: n.prefix(),
+                    })
+                    .collect(),
+            };
+            (p.peer.public_key.0, held)
+        })
+        .collect();
+    Ok(Now {
+        settings: book::Running {
+            private_key: now.private_key.map(|k| k.0),
+            listen_port: now.listen_port.unwrap_or(0),
+            fwmark: now.fwmark.unwrap_or(0),
+        },
+        peers,
     })
+}
+
+/// gotatun's configuration task no longer answers: a fresh device, once this answer is out.
+fn deaf(shared: &Shared) -> Refusal {
+    shared.renew("gotatun no longer answers".into(), None);
+    Refusal::Deaf
 }
 
 /// True when another socket holds UDP `port` (gotatun binds `[::]:port`, dual stack).

@@ -15,7 +15,7 @@ use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 
-use crate::conn::{self, Shared};
+use crate::conn::{self, Renew, Shared};
 use crate::decide;
 use crate::flags::Options;
 use crate::{Error, tun};
@@ -46,6 +46,8 @@ impl Attachment {
 enum End {
     Signal(&'static str),
     Lost(String),
+    /// A request asked for a fresh device (see conn::Renew).
+    Renew(Renew),
 }
 
 /// Runs until SIGTERM/SIGINT. Errors only at start: once serving, a lost device is attached again.
@@ -67,21 +69,30 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
             _ = term.recv() => End::Signal("SIGTERM"),
             _ = int.recv() => End::Signal("SIGINT"),
             _ = attachment.device.wait() => End::Lost("gotatun stopped with an error".into()),
-            _ = attachment.shared.broken() => {
-                End::Lost("gotatun no longer answers, or refused a checked request".into())
-            }
+            renew = attachment.shared.broken() => End::Renew(renew),
             lost = watch(ifname, attachment.index) => End::Lost(lost),
         };
         let lasted = attachment.since.elapsed();
         attachment.stop(&socket).await;
-        match end {
+        let replay = match end {
             End::Signal(name) => {
                 eprintln!("sticky-wg: {name}: stopped; {ifname} is left in place");
                 return Ok(());
             }
-            End::Lost(why) => eprintln!("sticky-wg: {ifname} lost ({why}); attaching again"),
-        }
-        let mut pause = decide::pause_before_reattach(lasted);
+            End::Lost(why) => {
+                eprintln!("sticky-wg: {ifname} lost ({why}); attaching again");
+                None
+            }
+            End::Renew(Renew { why, replay }) => {
+                eprintln!("sticky-wg: {ifname}: {why}; attaching a fresh device");
+                replay
+            }
+        };
+        // A replay is a client's request, not a failure that could repeat: no pause.
+        let mut pause = match replay {
+            Some(_) => Duration::ZERO,
+            None => decide::pause_before_reattach(lasted),
+        };
         let mut last_error = String::new();
         attachment = loop {
             tokio::select! {
@@ -102,11 +113,25 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
                 }
             }
         };
-        eprintln!(
-            "sticky-wg: {ifname} is back (ifindex {}), serving an empty device on {}",
-            attachment.index,
-            socket.display()
-        );
+        let Some(replay) = replay else {
+            eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {}), serving an empty device on {}",
+                attachment.index,
+                socket.display()
+            );
+            continue;
+        };
+        match attachment.shared.replay(replay).await {
+            Ok(()) => eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {}) with the new settings and its peers",
+                attachment.index
+            ),
+            Err(e) => eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {}), but its configuration was refused \
+                 ({e}): serving an empty device",
+                attachment.index
+            ),
+        }
     }
 }
 

@@ -8,8 +8,7 @@
 //!
 //! The errno values are wireguard-go's where it has one (EINVAL for a value or key the protocol
 //! does not take, EPROTO for a line that is not `key=value`); E2BIG for a line or request over
-//! its bound, ENOSPC for a device that would hold more than [`MAX_PEERS`] peers and EBUSY for a
-//! setting that cannot change while the tunnel is up (the book module) are ours.
+//! its bound and ENOSPC for a device that would hold more than [`MAX_PEERS`] peers are ours.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
@@ -47,8 +46,6 @@ pub mod errno {
     /// The device could not do it (gotatun's configuration task is gone, or it refused a
     /// checked request).
     pub const EIO: i32 = libc::EIO;
-    /// A setting that cannot change while the tunnel is up.
-    pub const EBUSY: i32 = libc::EBUSY;
     /// The listen port is taken (wireguard-go's answer too).
     pub const EADDRINUSE: i32 = libc::EADDRINUSE;
 }
