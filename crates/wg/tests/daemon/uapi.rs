@@ -207,6 +207,45 @@ fn a_peer_set_before_the_key_is_kept_and_the_tunnel_comes_up_with_the_key() {
 
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
+fn a_new_port_or_fwmark_on_a_running_tunnel_is_applied_on_a_fresh_device_and_traffic_resumes() {
+    prerequisites("sticky-wg running settings");
+    let pair = Pair::new("wgf");
+    let a = &pair.a;
+    let before = a.index();
+    for (args, shows, says) in [
+        (["fwmark", "7"], "fwmark", "0x7"),
+        (["listen-port", "51821"], "listen-port", "51821"),
+    ] {
+        let out = a.wg(&[&["set", a.ifname.as_str()][..], &args[..]].concat());
+        assert!(
+            out.status.success(),
+            "wg set {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let shown = wait_for(
+            &format!("`wg show {shows}` to say {says}"),
+            DEADLINE,
+            || {
+                let out = a.wg(&["show", &a.ifname, shows]);
+                String::from_utf8_lossy(&out.stdout).trim() == says
+            },
+        );
+        let pinged = pair.wait_ping(&format!("a ping after wg set {args:?}"));
+        eprintln!("wg set {args:?}: shown after {shown:?}, a ping crossed {pinged:?} later");
+    }
+    // The same TUN, the peer kept with its allowed IP.
+    assert_eq!(a.index(), before);
+    let ips = a.wg(&["show", &a.ifname, "allowed-ips"]);
+    assert!(String::from_utf8_lossy(&ips.stdout).contains("192.0.2.2/32"));
+    let log = pair.da.as_ref().expect("daemon a").log();
+    assert!(
+        log.contains("the fwmark changes") && log.contains("the listen port changes"),
+        "{log}"
+    );
+}
+
+#[test]
+#[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn malformed_requests_answer_errno_change_nothing_and_the_daemon_answers_after() {
     prerequisites("sticky-wg malformed UAPI");
     let lone = Lone::keyed("wgm");
@@ -236,11 +275,15 @@ fn malformed_requests_answer_errno_change_nothing_and_the_daemon_answers_after()
         ("not key=value", "set=1\nlisten_port\n\n".into(), 71),
         ("an unknown operation", "hello=1\n\n".into(), 22),
         ("a key in get", "get=1\nlisten_port=1\n\n".into(), 22),
-        // A running tunnel's mark: gotatun applied it and answered 22, tunnel down.
+        // A mark and a port for the running tunnel (main applied the mark, answered 22 and
+        // left the tunnel down) with a bad endpoint: nothing, and no fresh device either.
         (
-            "fwmark=7 on a running tunnel",
-            "set=1\nfwmark=7\n\n".into(),
-            16,
+            "fwmark=7 and a new port with a host name",
+            format!(
+                "set=1\nfwmark=7\nlisten_port=51821\npublic_key={PEER_HEX}\n\
+                 endpoint=gw.example.com:1\n\n"
+            ),
+            22,
         ),
         (
             "a good peer, then a bad one: neither is applied",
@@ -261,11 +304,17 @@ fn malformed_requests_answer_errno_change_nothing_and_the_daemon_answers_after()
         );
         assert!(lone.wg_answers(), "{what}: `wg show` no longer answers");
     }
-    // Debian's wg fails with the number (it prints a positive errno as "Unknown error -16",
-    // as it does wireguard-go's 22).
-    let out = lone.wg(&["set", &lone.ifname, "fwmark", "7"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("16"), "{err}");
+    // Debian's wg fails too (it prints a positive errno as "Unknown error -22", wireguard-go's
+    // as well).
+    let out = lone.wg(&[
+        "set",
+        &lone.ifname,
+        "peer",
+        PEER,
+        "allowed-ips",
+        "192.0.2.0/99",
+    ]);
+    assert!(!out.status.success());
     assert_eq!(
         lone.wg_ok(&["show", &lone.ifname, "dump"]),
         before,
