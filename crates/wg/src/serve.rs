@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::conn::{self, Renew, Shared};
 use crate::decide;
 use crate::flags::Options;
-use crate::{Error, tun};
+use crate::{Error, tun, uapi};
 
 /// How often the link's index is read: a deleted device is noticed within this.
 const WATCH_EVERY: Duration = Duration::from_millis(200);
@@ -28,6 +28,8 @@ struct Attachment {
     device: Device<DefaultDeviceTransports>,
     accept: JoinHandle<()>,
     shared: Arc<Shared>,
+    /// How the replay it was made with went (see conn::Renew).
+    replayed: Option<Result<(), String>>,
     index: u32,
     since: Instant,
 }
@@ -58,7 +60,7 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
     let mut int = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
     let ifname = opts.ifname.as_str();
     let socket = prepare_socket(&opts.socket_dir, ifname)?;
-    let mut attachment = attach(ifname, &socket).await?;
+    let mut attachment = attach(ifname, &socket, None).await?;
     eprintln!(
         "sticky-wg: serving {ifname} (ifindex {}) on {}",
         attachment.index,
@@ -100,7 +102,7 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
                 _ = int.recv() => return Ok(()),
                 _ = tokio::time::sleep(pause) => {}
             }
-            match attach(ifname, &socket).await {
+            match attach(ifname, &socket, replay.as_ref()).await {
                 Ok(a) => break a,
                 Err(e) => {
                     // One line per distinct failure, retried every second.
@@ -113,23 +115,18 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
                 }
             }
         };
-        let Some(replay) = replay else {
-            eprintln!(
-                "sticky-wg: {ifname} is back (ifindex {}), serving an empty device on {}",
-                attachment.index,
+        let index = attachment.index;
+        match &attachment.replayed {
+            None => eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {index}), serving an empty device on {}",
                 socket.display()
-            );
-            continue;
-        };
-        match attachment.shared.replay(replay).await {
-            Ok(()) => eprintln!(
-                "sticky-wg: {ifname} is back (ifindex {}) with the new settings and its peers",
-                attachment.index
             ),
-            Err(e) => eprintln!(
-                "sticky-wg: {ifname} is back (ifindex {}), but its configuration was refused \
-                 ({e}): serving an empty device",
-                attachment.index
+            Some(Ok(())) => eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {index}) with the new settings and its peers"
+            ),
+            Some(Err(e)) => eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {index}), but its configuration was \
+                 refused ({e}): serving an empty device"
             ),
         }
     }
@@ -161,8 +158,13 @@ fn prepare_socket(dir: &Path, ifname: &str) -> Result<PathBuf, Error> {
 }
 
 /// Makes the persistent TUN if absent, starts a fresh gotatun device on it (no key, no
-/// peers) and serves its UAPI on `socket`.
-async fn attach(ifname: &str, socket: &Path) -> Result<Attachment, Error> {
+/// peers), gives it `replay` when there is one (before any client can reach it) and serves its
+/// UAPI on `socket`.
+async fn attach(
+    ifname: &str,
+    socket: &Path,
+    replay: Option<&uapi::Set>,
+) -> Result<Attachment, Error> {
     tun::ensure_persistent(ifname)?;
     let index = tun::index(ifname).ok_or_else(|| Error::NoIndex {
         ifname: ifname.to_string(),
@@ -180,6 +182,11 @@ async fn attach(ifname: &str, socket: &Path) -> Result<Attachment, Error> {
         .build()
         .await
         .map_err(|e| device_error(e.to_string()))?;
+    let shared = Shared::new(client);
+    let replayed = match replay {
+        Some(set) => Some(shared.replay(set.clone()).await),
+        None => None,
+    };
     let listener = match bind(socket) {
         Ok(l) => l,
         Err(e) => {
@@ -187,12 +194,12 @@ async fn attach(ifname: &str, socket: &Path) -> Result<Attachment, Error> {
             return Err(e);
         }
     };
-    let shared = Shared::new(client);
     let accept = tokio::spawn(conn::accept(listener, Arc::clone(&shared)));
     Ok(Attachment {
         device,
         accept,
         shared,
+        replayed,
         index,
         since: Instant::now(),
     })
