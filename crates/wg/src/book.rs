@@ -11,7 +11,10 @@
 //! peers itself, as plain configuration, shows them in `get`, and hands them all to gotatun in
 //! the request that brings the key (gotatun applies the key before the peers of one request).
 //! Once keyed, requests go through as they are; the book keeps only the set of peer keys, to
-//! bound the peer count before gotatun is asked.
+//! bound the peer count before gotatun is asked. The one exception is a new key, port or
+//! fwmark, which a running gotatun device cannot take: [`replay`] turns the running
+//! configuration and the request into the first request of a fresh device, with the same rules
+//! as peers held before a key.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
