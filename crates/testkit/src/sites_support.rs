@@ -335,6 +335,46 @@ impl Sites {
             .collect()
     }
 
+    /// A host on the internet (namespace `<tag>-ih`, `203.0.113.66/24` on the internet's
+    /// bridge, the cloud LAN routed via the cloud's router), made once: what a stranger sends
+    /// from. Its namespace is removed with the topology.
+    pub fn internet_host(&mut self) -> String {
+        let ns = format!("{}-ih", self.topo.tag);
+        if !Path::new(&format!("/run/netns/{ns}")).exists() {
+            self.topo.add_ns(&ns);
+            let inet = self.topo.underlay.clone();
+            ok(&[
+                "ip", "-n", &inet, "link", "add", "ih", "type", "veth", "peer", "name", "wan",
+                "netns", &ns,
+            ]);
+            ok(&[
+                "ip", "-n", &inet, "link", "set", "ih", "master", "br0", "up",
+            ]);
+            ok(&[
+                "ip",
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                "203.0.113.66/24",
+                "dev",
+                "wan",
+            ]);
+            ok(&["ip", "-n", &ns, "link", "set", "wan", "up"]);
+            ok(&[
+                "ip",
+                "-n",
+                &ns,
+                "route",
+                "add",
+                "198.51.100.0/24",
+                "via",
+                "203.0.113.1",
+            ]);
+        }
+        ns
+    }
+
     /// The internet's namespace (its bridge is `br0`).
     pub fn internet(&self) -> &str {
         &self.topo.underlay

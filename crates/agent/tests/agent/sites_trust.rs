@@ -165,11 +165,11 @@ fn flood(
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn sites_trust_a_probe_flood_makes_no_member_dead_and_no_gateway_step_down() {
-    let (s, pods) = Sites::running(Nat::Masquerade, |_| {});
+    let (mut s, pods) = Sites::running(Nat::Masquerade, |_| {});
     let (c2_pod, _) = pod_of(&pods, "c2");
     let target = "198.51.100.1:51821";
     let stop = Arc::new(AtomicBool::new(false));
-    let internet = format!("/run/netns/{}", s.internet());
+    let internet = format!("/run/netns/{}", s.internet_host());
     let floods = [
         flood(Path::new(&internet), target, 50_000, stop.clone()),
         flood(Path::new(&c2_pod.path()), target, 50_000, stop.clone()),
@@ -184,9 +184,14 @@ fn sites_trust_a_probe_flood_makes_no_member_dead_and_no_gateway_step_down() {
         }
     }
     stop.store(true, Ordering::Relaxed);
-    let sent: u64 = floods.into_iter().map(|f| f.join().expect("a flood")).sum();
-    eprintln!("flood: {sent} probes in {:?}", start.elapsed());
-    assert!(sent > 1_000_000, "the flood sent only {sent} datagrams");
+    for (from, f) in ["the internet", "c2's pod"].into_iter().zip(floods) {
+        let sent = f.join().expect("a flood");
+        eprintln!("flood from {from}: {sent} probes in {:?}", start.elapsed());
+        assert!(
+            sent > 500_000,
+            "the flood from {from} sent only {sent} datagrams"
+        );
+    }
     for (n, was) in NODES.iter().zip(before) {
         let log = s.agent_log(n.name);
         let new = &log[was.len().min(log.len())..];
@@ -259,11 +264,12 @@ fn initiations(public_key: &str, count: u32) -> Vec<Vec<u8>> {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn sites_trust_a_mac1_valid_handshake_flood_leaves_established_tunnels_working() {
-    let (s, pods) = Sites::running(Nat::Masquerade, |_| {});
+    let (mut s, pods) = Sites::running(Nat::Masquerade, |_| {});
     let packets = initiations(&s.wg_public_key("c1"), 1000);
-    let socket = netns::run_in(Path::new(&format!("/run/netns/{}", s.internet())), || {
-        UdpSocket::bind("0.0.0.0:0")
-    })
+    let socket = netns::run_in(
+        Path::new(&format!("/run/netns/{}", s.internet_host())),
+        || UdpSocket::bind("0.0.0.0:0"),
+    )
     .expect("enter the internet")
     .expect("bind the flood's socket");
     let to: std::net::SocketAddr = CLOUD_ENDPOINT.parse().expect("c1's endpoint");
