@@ -276,6 +276,7 @@ fn run(opts: Options) -> Result<(), Error> {
                 refused_at: None,
                 last_good: files::PeersCache::default(),
                 observed: false,
+                key_error: None,
             })
         }
     };
@@ -296,6 +297,9 @@ struct ApiSide {
     last_good: files::PeersCache,
     /// What this node observes of its site changed: the plan is made again.
     observed: bool,
+    /// Why this node's gateway key cannot be used, as last logged (a standing error is logged
+    /// once, and again when it changes or clears).
+    key_error: Option<String>,
 }
 
 /// How long the main loop keeps collecting a burst of updates once the first arrived.
@@ -489,10 +493,16 @@ impl ApiSide {
             None => None,
             Some(Ok(k)) => Some(k),
             Some(Err(e)) => {
-                log(&format!("sites: this node's gateway key: {e}"));
+                if self.key_error.as_ref() != Some(&e) {
+                    log(&format!("sites: this node's gateway key: {e}"));
+                    self.key_error = Some(e);
+                }
                 return;
             }
         };
+        if self.key_error.take().is_some() {
+            log("sites: this node's gateway key is usable again");
+        }
         if p.publisher.public_key != key {
             if let Some(k) = &key {
                 log(&format!(

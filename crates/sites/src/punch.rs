@@ -2,15 +2,19 @@
 //! gateway tries a direct tunnel ([`crate::paths::Path::Punch`]), and what its WireGuard peers
 //! are meanwhile. Pure: every decision takes the clock as an argument.
 //!
-//! Per remote site with a punch path, [`Punch::step`] with "this gateway's device shows a
-//! handshake with the punch peer within [`UP_WITHIN`]":
+//! Per remote site with a punch path, [`Punch::step`] with "the punch peer is alive": its last
+//! sign of life (a handshake, or bytes received: both sides keep it alive with WireGuard's
+//! keepalive) is within [`dead_after`] its keepalive, as [`Lives`] keeps it:
 //! - **Trying** (the punch peer is on the device, no allowed IPs, keepalive on: both sides
 //!   dial each other's mapped address at about the same time): a handshake makes it **Up**; none
 //!   within [`TRY_FOR`] pauses it.
 //! - **Paused** (peer removed, the relay only) for the current wait: [`FIRST_WAIT`], doubling
 //!   at each failed try up to [`MAX_WAIT`]; then Trying again.
-//! - **Up** (the remote site's subnets on the direct peer, off the relay's): while the handshake
-//!   is fresh; stale, it starts over (Trying, wait back to [`FIRST_WAIT`]).
+//! - **Up** (the remote site's subnets on the direct peer, off the relay's): while the peer is
+//!   alive; silent past [`dead_after`] (a NAT router rebooted, a WAN address changed), the
+//!   traffic is back on the relay at once and the punch starts over (Trying, wait back to
+//!   [`FIRST_WAIT`]). WireGuard itself would hold on to the session for up to 180 s; the relay
+//!   is there all along, so a direct path that stops carrying is left within seconds.
 //!
 //! Both sides start from the same event (the reachable gateway's annotation naming both), so
 //! their tries overlap; a handshake seen by one side is seen by the other within a round.
@@ -22,8 +26,15 @@ use crate::model::SiteName;
 use crate::paths::Path;
 use crate::plan::Plan;
 
-/// A direct handshake older than this is stale (WireGuard's reject-after time).
-pub const UP_WITHIN: Duration = Duration::from_secs(180);
+/// WireGuard's rekey timeout: how long a handshake waits for its answer.
+pub const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a punch peer kept alive every `keepalive_secs` may be silent before its direct
+/// path counts as dead: a keepalive period and a rekey timeout (WireGuard's own rule for a
+/// session that gets no answer).
+pub fn dead_after(keepalive_secs: u16) -> Duration {
+    Duration::from_secs(u64::from(keepalive_secs)) + REKEY_TIMEOUT
+}
 /// A try with no handshake within this is paused.
 pub const TRY_FOR: Duration = Duration::from_secs(30);
 /// The first pause after a failed try.
@@ -97,9 +108,9 @@ pub fn punching(plan: &Plan) -> BTreeSet<&SiteName> {
 pub struct Punches(pub BTreeMap<SiteName, Punch>);
 
 impl Punches {
-    /// Steps every punch path of `plan` at `now`; `fresh`: the sites whose punch peer has a
-    /// handshake within [`UP_WITHIN`]. A site that is no punch path any more is forgotten; a
-    /// new one starts trying.
+    /// Steps every punch path of `plan` at `now`; `fresh`: the sites whose punch peer is
+    /// alive ([`Lives::alive`]). A site that is no punch path any more is forgotten; a new one
+    /// starts trying.
     pub fn step(&mut self, plan: &Plan, now: SystemTime, fresh: &BTreeSet<SiteName>) {
         let punching = punching(plan);
         self.0.retain(|s, _| punching.contains(s));
@@ -157,6 +168,54 @@ impl Punches {
                 until.duration_since(now).map_or(0, |d| d.as_secs())
             ),
         })
+    }
+}
+
+/// The last sign of life of each punch peer, by remote site: the newest handshake, or the
+/// last round its received bytes grew. Kept here because the data path forgets a peer's
+/// handshake and counters whenever the peer is set again (gotatun makes it anew, e.g. when its
+/// allowed IPs move): without this, moving the subnets would make the punch look dead at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lives(BTreeMap<SiteName, Life>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Life {
+    rx: u64,
+    at: Option<SystemTime>,
+}
+
+impl Lives {
+    /// What the device shows of `site`'s punch peer at `now`: its received bytes and its last
+    /// handshake.
+    pub fn saw(
+        &mut self,
+        site: &SiteName,
+        rx: u64,
+        handshake: Option<SystemTime>,
+        now: SystemTime,
+    ) {
+        let life = self.0.entry(site.clone()).or_insert(Life { rx, at: None });
+        if rx > life.rx {
+            life.at = Some(now);
+        }
+        life.rx = rx;
+        life.at = life.at.max(handshake);
+    }
+
+    /// Forgets every site not in `keep` (no punch path any more).
+    pub fn keep(&mut self, keep: &BTreeSet<&SiteName>) {
+        self.0.retain(|s, _| keep.contains(s));
+    }
+
+    /// The sites whose punch peer showed a sign of life within `within` of `now`.
+    pub fn alive(&self, now: SystemTime, within: Duration) -> BTreeSet<SiteName> {
+        self.0
+            .iter()
+            .filter(|(_, l)| {
+                l.at.is_some_and(|t| now.duration_since(t).map_or(true, |age| age <= within))
+            })
+            .map(|(s, _)| s.clone())
+            .collect()
     }
 }
 
@@ -320,5 +379,46 @@ mod tests {
         relayed.remotes.retain(|r| r.site != site("edge-b"));
         punches.step(&relayed, t(431), &none);
         assert!(punches.0.is_empty());
+    }
+
+    /// Issue 36, a NAT router reboot: a punched path kept alive by keepalives every 10 s (the
+    /// shipped keepaliveSecs) counts as alive; once it is silent for more than
+    /// `dead_after(10)` = 15 s, it is dead, and the next step puts the traffic back on the
+    /// relay (the punch tries again). Before, a direct handshake counted for 180 s.
+    #[test]
+    fn a_silent_direct_path_is_left_for_the_relay_after_a_keepalive_and_a_rekey_timeout() {
+        let b = site("edge-b");
+        let within = dead_after(10);
+        assert_eq!(within, Duration::from_secs(15));
+        let mut lives = Lives::default();
+        lives.saw(&b, 0, Some(t(0)), t(0));
+        // Keepalives arrive every 10 s: alive throughout.
+        for now in (2..=60).step_by(2) {
+            let rx = 32 * (now / 10);
+            lives.saw(&b, rx, Some(t(0)), t(now));
+            assert!(lives.alive(t(now), within).contains(&b), "at {now} s");
+        }
+        // The peer made anew (its subnets moved): counters and handshake forgotten, not its life.
+        lives.saw(&b, 0, None, t(62));
+        assert!(lives.alive(t(62), within).contains(&b));
+        // The router rebooted after the keepalive at 60 s: nothing arrives any more.
+        assert!(lives.alive(t(74), within).contains(&b));
+        assert!(!lives.alive(t(76), within).contains(&b));
+        // The punch that was up puts the traffic back on the relay at the next round.
+        let plan = a_gateway_plan();
+        let mut punches = Punches::default();
+        punches.step(&plan, t(0), &BTreeSet::from([b.clone()]));
+        assert_eq!(punches.0[&b].state, State::Up);
+        punches.step(&plan, t(78), &lives.alive(t(78), within));
+        assert_eq!(
+            allowed(&punches.apply(&plan))[0],
+            (
+                "cloud".into(),
+                vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]
+            ),
+            "site B is relayed again"
+        );
+        lives.keep(&BTreeSet::new());
+        assert!(lives.alive(t(78), Duration::MAX).is_empty());
     }
 }

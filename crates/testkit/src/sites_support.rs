@@ -375,6 +375,44 @@ impl Sites {
         ns
     }
 
+    /// Gives `site`'s router the WAN address `new` in place of its own, as a PPPoE reconnect
+    /// does: the old address goes, and with it every NAT mapping made with it (masquerade
+    /// forgets the connections of an address that is removed).
+    pub fn renumber_wan(&self, site: &str, new: &str) {
+        let r = self.router_ns(site);
+        let old = format!("{}/24", router_of(site).wan);
+        ok(&[
+            "ip",
+            "netns",
+            "exec",
+            &r,
+            "sysctl",
+            "-qw",
+            "net.ipv4.conf.wan.promote_secondaries=1",
+        ]);
+        ok(&[
+            "ip",
+            "-n",
+            &r,
+            "addr",
+            "add",
+            &format!("{new}/24"),
+            "dev",
+            "wan",
+        ]);
+        ok(&["ip", "-n", &r, "addr", "del", &old, "dev", "wan"]);
+        ok(&[
+            "ip",
+            "-n",
+            &r,
+            "route",
+            "replace",
+            "198.51.100.0/24",
+            "via",
+            "203.0.113.1",
+        ]);
+    }
+
     /// The internet's namespace (its bridge is `br0`).
     pub fn internet(&self) -> &str {
         &self.topo.underlay

@@ -33,9 +33,11 @@ STATUS, VERSION). Run by hand:
       (for a boot-time unit, before kubelet starts); a segment network's file
       restores that segment. Several --config are reconciled in turn: one that
       fails is reported and the others are still reconciled
-  sticky-vxlan show [--state-dir /run/sticky-vxlan]
+  sticky-vxlan show [--config <file.conflist|file.conf> | --state-dir /run/sticky-vxlan]
       print every VXLAN device of this namespace, its MAC, the programmed peers,
       the pods attached by sticky-vxlan, and where the agent got the peers from
+      (and its sites); the agent's status is read from the network's stateDir,
+      which --config finds in the network's config
   sticky-vxlan-agent --config <file.conflist> ...   (see sticky-vxlan-agent --help)
       keep the peers file current from the Kubernetes API and reconcile on every change
   sticky-vxlan --help | --version
@@ -65,6 +67,8 @@ pub enum CliError {
     NoVerb,
     #[error(transparent)]
     Args(#[from] ArgsError),
+    #[error("show: --config and --state-dir name the same thing: give one")]
+    ShowWhere,
     #[error("--local {0:?} is not an IPv4 or IPv6 address")]
     BadLocal(String),
     #[error("--vni {0:?} is not an integer from 1 to {max}", max = config::MAX_VNI)]
@@ -137,7 +141,7 @@ const RECONCILE: Spec = Spec {
 const SHOW: Spec = Spec {
     verb: "show",
     flags: &[],
-    values: &["--state-dir"],
+    values: &["--state-dir", "--config"],
     repeatable: &[],
     positionals: &[],
 };
@@ -257,10 +261,12 @@ pub fn run(args: &[String]) -> Result<String, CliError> {
         }
         Some("show") => {
             let parsed = parse(args, &[], &SHOW)?;
-            let state_dir = parsed
-                .value("--state-dir")
-                .unwrap_or(config::DEFAULT_STATE_DIR);
-            show(Path::new(state_dir)).map_err(CliError::from)
+            let state_dir = match (parsed.value("--config"), parsed.value("--state-dir")) {
+                (Some(_), Some(_)) => return Err(CliError::ShowWhere),
+                (Some(conf), None) => networks::load(Path::new(conf))?.state_dir,
+                (None, dir) => PathBuf::from(dir.unwrap_or(config::DEFAULT_STATE_DIR)),
+            };
+            show(&state_dir).map_err(CliError::from)
         }
         Some(other) => Err(CliError::UnknownVerb(other.to_string())),
         None => Err(CliError::NoVerb),
@@ -364,7 +370,15 @@ fn show(state_dir: &Path) -> Result<String, Error> {
         out.push_str("no VXLAN device in this network namespace\n");
     }
     out.push_str(&crate::segment::show::segments(&mut sock, &links)?);
-    out.push_str(&crate::status::describe(state_dir));
+    let agents = crate::status::describe(state_dir);
+    if agents.is_empty() {
+        let _ = writeln!(
+            out,
+            "no agent status in {}: a network whose stateDir is elsewhere is shown with --config <its conflist> (or --state-dir)",
+            state_dir.display()
+        );
+    }
+    out.push_str(&agents);
     for l in &links {
         if let Some((network, cid, ifname)) = l.alias.as_deref().and_then(pod::parse_alias) {
             let _ = writeln!(

@@ -20,7 +20,7 @@ use sticky_sites::keys::{KeyDir, PublicKey};
 use sticky_sites::model::{Model, SiteName};
 use sticky_sites::paths::Path;
 use sticky_sites::plan::{GatewayPlan, Plan};
-use sticky_sites::punch::Punches;
+use sticky_sites::punch::{Lives, Punches};
 use sticky_sites::remote;
 use sticky_sites::tunnel::{DeviceState, PeerConfig, Tunnel, diff};
 use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
@@ -73,12 +73,10 @@ pub struct Side<T, R> {
 #[derive(Debug, Default)]
 struct Nat {
     punches: Punches,
-    /// The remote sites whose punch peer had a handshake within [`UP_WITHIN`] at the last round.
+    /// The remote sites whose punch peer was alive at the last round ([`Lives::alive`]).
     fresh: BTreeSet<SiteName>,
-    /// The latest handshake seen with each punch peer. Remembered, since the data path forgets
-    /// it whenever a peer is set again (gotatun makes the peer anew, e.g. when its allowed IPs
-    /// move): without this, moving the subnets would make the punch look stale at once.
-    handshakes: BTreeMap<SiteName, SystemTime>,
+    /// The last sign of life of each punch peer.
+    lives: Lives,
     /// The current endpoints of the peers that dial in (gateways behind NAT), by gateway name:
     /// what a reachable gateway publishes. None when this node is not the active gateway.
     observed: Option<BTreeMap<String, SocketAddr>>,
@@ -377,25 +375,22 @@ impl Nat {
     fn read(&mut self, plan: &Plan, applied: &Plan, device: Option<&DeviceState>, now: SystemTime) {
         let (Some(gw), Some(dev)) = (&plan.gateway, device) else {
             self.fresh.clear();
-            self.handshakes.clear();
+            self.lives = Lives::default();
             self.observed = None;
             return;
         };
         let state = |key: &PublicKey| dev.peers.iter().find(|s| s.public_key == *key);
         let punching = sticky_sites::punch::punching(plan);
-        self.handshakes.retain(|s, _| punching.contains(s));
+        self.lives.keep(&punching);
+        let mut keepalive = None;
         for p in gw.peers.iter().filter(|p| punching.contains(&p.site)) {
-            if let Some(t) = state(&p.config.public_key).and_then(|s| s.last_handshake) {
-                let latest = self.handshakes.entry(p.site.clone()).or_insert(t);
-                *latest = (*latest).max(t);
+            keepalive = keepalive.or(p.config.keepalive_secs);
+            if let Some(st) = state(&p.config.public_key) {
+                self.lives.saw(&p.site, st.rx_bytes, st.last_handshake, now);
             }
         }
-        self.fresh = self
-            .handshakes
-            .iter()
-            .filter(|(_, t)| now.duration_since(**t).map_or(true, |a| a <= UP_WITHIN))
-            .map(|(s, _)| s.clone())
-            .collect();
+        let within = keepalive.map_or(UP_WITHIN, sticky_sites::punch::dead_after);
+        self.fresh = self.lives.alive(now, within);
         let dial_in = applied.gateway.iter().flat_map(|g| &g.peers);
         self.observed = Some(
             dial_in

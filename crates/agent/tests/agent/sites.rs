@@ -571,3 +571,24 @@ fn sites_a_gateway_that_forwards_nothing_black_holes_only_its_own_site() {
         "a2 does not reach c2 again once a1 forwards again"
     );
 }
+
+/// `sticky-vxlan show --config <the network's conflist>` reads the agent's status from the
+/// network's stateDir (the topology's is not the default): the site lines are there. Without
+/// it, `show` says where it looked and how to point it at the network (issue 36).
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn sites_show_finds_the_state_dir_from_the_config() {
+    let (s, _pods) = running();
+    let bin = sticky_testkit::support::bins::built("sticky-vxlan");
+    let ns = s.ns("a2");
+    let conf = s.conf_files["a2"].to_string_lossy().into_owned();
+    wait_for("a2's show names its site", Duration::from_secs(30), || {
+        ok(&["ip", "netns", "exec", &ns, bin, "show", "--config", &conf])
+            .contains("site site-a: member, through gateway a1")
+    });
+    let plain = ok(&["ip", "netns", "exec", &ns, bin, "show"]);
+    assert!(
+        plain.contains("no agent status in /run/sticky-vxlan") && plain.contains("--config"),
+        "{plain}"
+    );
+}

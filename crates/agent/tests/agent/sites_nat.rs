@@ -390,6 +390,43 @@ fn sites_nat_tcp_connection_survives_relay_to_direct() {
 /// The measurement of `scripts/bench-sites.py --nat`: iperf3 throughput and ping round trips
 /// a2 pod -> b2 pod, relayed through the cloud gateway (the direct path blocked) and then
 /// direct once punched, in one run.
+/// Issue 36, with the shipped settings (keepaliveSecs 10): A and B punched, the API away (no
+/// new NAT discovery can be published), then router B's WAN address changes (a PPPoE
+/// reconnect: a new address, every mapping gone). B's pods reach the cloud again within 20 s
+/// (b1's next packet roams its endpoint at c1), and a2 reaches b2 again within 30 s: the dead
+/// direct path is left for the relay after 15 s of silence. Before, a1 kept the direct path
+/// for 180 s (its last handshake's age).
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn sites_nat_a_new_wan_address_heals_within_30s_with_the_shipped_settings() {
+    let (mut s, pods) = Sites::running(Nat::Masquerade, |_| {});
+    let (a2, _) = pod_of(&pods, "a2");
+    let (b2, b2_ip) = pod_of(&pods, "b2");
+    let (_, c2_ip) = pod_of(&pods, "c2");
+    wait_punched(&s);
+    s.api.stop();
+    let start = Instant::now();
+    s.renumber_wan("site-b", "203.0.113.21");
+    assert!(
+        first_reply(&b2.ns, c2_ip, Duration::from_secs(60)).is_some(),
+        "b2 never reached c2 again; logs: {:#?}",
+        s.logs()
+    );
+    let to_cloud = start.elapsed();
+    assert!(
+        first_reply(&a2.ns, b2_ip, Duration::from_secs(90)).is_some(),
+        "a2 never reached b2 again; logs: {:#?}",
+        s.logs()
+    );
+    let to_b = start.elapsed();
+    eprintln!("new WAN address on B: b2 -> c2 after {to_cloud:?}, a2 -> b2 after {to_b:?}");
+    assert!(
+        to_cloud <= Duration::from_secs(20),
+        "b2 -> c2 took {to_cloud:?}"
+    );
+    assert!(to_b <= Duration::from_secs(30), "a2 -> b2 took {to_b:?}");
+}
+
 #[test]
 #[ignore = "benchmark: scripts/bench-sites.py --nat"]
 fn bench_sites_nat() {
