@@ -101,6 +101,11 @@ impl<'a> Router<'a> {
         }
     }
 
+    /// Where gateway `name` was seen coming from by a reachable gateway (NAT discovery).
+    pub fn nat_mapped(&self, name: &str) -> Option<SocketAddr> {
+        self.observed.nat_mapped.get(name).copied()
+    }
+
     /// The relay site (see the module's rule 4).
     pub fn relay(&self) -> Option<&'a SiteName> {
         self.relay

@@ -254,6 +254,12 @@ fn gateway_plan(
             // own path from here is direct, so `dial` has it when it is one of the remotes.
             let (endpoint, punch) = dial.get(site).copied().unwrap_or((g.endpoint, false));
             let keepalive = (behind_nat || punch).then_some(settings.keepalive_secs);
+            // A peer that dials in: where this side saw it last, to dial it first after a
+            // restart (see `PeerConfig::last_seen`).
+            let last_seen = endpoint
+                .is_none()
+                .then(|| router.nat_mapped(&g.name))
+                .flatten();
             Some(SitePeer {
                 site: site.clone(),
                 gateway: g.name.clone(),
@@ -262,6 +268,7 @@ fn gateway_plan(
                     endpoint,
                     allowed_ips: ips.into_iter().collect(),
                     keepalive_secs: keepalive,
+                    last_seen,
                 },
             })
         })

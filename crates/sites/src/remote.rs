@@ -105,6 +105,7 @@ fn standby(p: &SitePeer, c: &crate::model::Candidate) -> CandidatePeer {
             endpoint: None,
             allowed_ips: Vec::new(),
             keepalive_secs: p.config.keepalive_secs,
+            last_seen: None,
         },
     }
 }
@@ -174,6 +175,7 @@ mod tests {
                 endpoint: Some("203.0.113.10:51820".parse().unwrap()),
                 allowed_ips: vec!["198.18.11.0/24".parse().unwrap()],
                 keepalive_secs: None,
+                last_seen: None,
             },
         }
     }

@@ -38,6 +38,11 @@ pub struct PeerConfig {
     pub allowed_ips: Vec<IpNet>,
     /// Set where this side is behind NAT (or punching).
     pub keepalive_secs: Option<u16>,
+    /// Where a dial-in peer was last seen coming from (this side's own NAT discovery, kept in
+    /// the cache): given only to a device that has no endpoint for it (made anew: a restart),
+    /// so this side can handshake first through the mapping the peer's keepalives hold open,
+    /// instead of waiting for the peer's stale session to time out. A roamed endpoint is kept.
+    pub last_seen: Option<SocketAddr>,
 }
 
 /// A peer as the device reports it.
@@ -123,7 +128,8 @@ fn sorted(ips: &[IpNet]) -> Vec<IpNet> {
 
 /// The changes that turn `actual` into `desired`: removals of peers not desired first, then
 /// upserts of peers that are new or differ, each in key order. A desired peer without an
-/// endpoint leaves the device's (roamed) endpoint alone; allowed IPs are compared as sets.
+/// endpoint leaves the device's (roamed) endpoint alone, or gives it `last_seen` when the
+/// device has none; allowed IPs are compared as sets.
 /// Empty when nothing differs. O((desired + actual) log n).
 pub fn diff(desired: &[PeerConfig], actual: &DeviceState) -> Vec<PeerChange> {
     let want: BTreeMap<PublicKey, &PeerConfig> =
@@ -140,6 +146,7 @@ pub fn diff(desired: &[PeerConfig], actual: &DeviceState) -> Vec<PeerChange> {
             out.push(PeerChange::Upsert {
                 peer: PeerConfig {
                     allowed_ips: sorted(&w.allowed_ips),
+                    endpoint: w.endpoint.or(w.last_seen),
                     ..w.clone()
                 },
                 replace_allowed_ips: true,
@@ -147,19 +154,24 @@ pub fn diff(desired: &[PeerConfig], actual: &DeviceState) -> Vec<PeerChange> {
             continue;
         };
         let ips_differ = sorted(&w.allowed_ips) != sorted(&h.allowed_ips);
-        let endpoint_differs = w.endpoint.is_some() && w.endpoint != h.endpoint;
+        let endpoint = match (w.endpoint, h.endpoint) {
+            (None, None) => w.last_seen,
+            (want, _) => want,
+        };
+        let endpoint_differs = endpoint.is_some() && endpoint != h.endpoint;
         let keepalive_differs = w.keepalive_secs.unwrap_or(0) != h.keepalive_secs.unwrap_or(0);
         if ips_differ || endpoint_differs || keepalive_differs {
             out.push(PeerChange::Upsert {
                 peer: PeerConfig {
                     public_key: key,
-                    endpoint: if endpoint_differs { w.endpoint } else { None },
+                    endpoint: if endpoint_differs { endpoint } else { None },
                     allowed_ips: if ips_differ {
                         sorted(&w.allowed_ips)
                     } else {
                         Vec::new()
                     },
                     keepalive_secs: w.keepalive_secs,
+                    last_seen: w.last_seen,
                 },
                 replace_allowed_ips: ips_differ,
             });
@@ -358,6 +370,7 @@ pub(crate) mod tests {
             endpoint: ep.map(|e| e.parse().unwrap()),
             allowed_ips: ips.iter().map(|s| net(s)).collect(),
             keepalive_secs: ka,
+            last_seen: None,
         }
     }
 
@@ -528,8 +541,42 @@ pub(crate) mod tests {
                     .map(|i| net(&format!("10.{k}.{i}.0/24")))
                     .collect(),
                 keepalive_secs: *ka,
+                last_seen: None,
             })
             .collect()
+    }
+
+    /// Issue 36: a dial-in peer's `last_seen` goes to a device that has no endpoint for it (a
+    /// new peer, or one whose device was made anew); a roamed endpoint is never overwritten by
+    /// it, and an unchanged peer is no change.
+    #[test]
+    fn last_seen_only_where_the_device_has_no_endpoint() {
+        let seen: SocketAddr = "203.0.113.20:40001".parse().unwrap();
+        let mut w = want(1, None, &["10.1.0.0/24"], None);
+        w.last_seen = Some(seen);
+        let new = diff(std::slice::from_ref(&w), &DeviceState::default());
+        let [PeerChange::Upsert { peer, .. }] = &new[..] else {
+            panic!("{new:?}")
+        };
+        assert_eq!(peer.endpoint, Some(seen));
+        let mut dev = DeviceState::default();
+        let mut known = PeerState::new(PublicKey([1; 32]));
+        known.allowed_ips = vec![net("10.1.0.0/24")];
+        dev.peers.push(known.clone());
+        let remade = diff(std::slice::from_ref(&w), &dev);
+        let [
+            PeerChange::Upsert {
+                peer,
+                replace_allowed_ips: false,
+            },
+        ] = &remade[..]
+        else {
+            panic!("{remade:?}")
+        };
+        assert_eq!(peer.endpoint, Some(seen));
+        known.endpoint = Some("203.0.113.20:40999".parse().unwrap());
+        dev.peers[0] = known;
+        assert_eq!(diff(&[w], &dev), [], "a roamed endpoint is kept");
     }
 
     proptest! {

@@ -577,6 +577,7 @@ mod tests {
                         endpoint: None,
                         allowed_ips: vec![],
                         keepalive_secs: None,
+                        last_seen: None,
                     },
                     replace_allowed_ips: false,
                 }),

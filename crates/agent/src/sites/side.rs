@@ -22,7 +22,7 @@ use sticky_sites::paths::Path;
 use sticky_sites::plan::{GatewayPlan, Plan};
 use sticky_sites::punch::{Lives, Punches};
 use sticky_sites::remote;
-use sticky_sites::tunnel::{DeviceState, PeerConfig, Tunnel, diff};
+use sticky_sites::tunnel::{DeviceState, PeerChange, PeerConfig, Tunnel, diff};
 use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
 
 use super::device::Routes;
@@ -317,11 +317,21 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
             }
         }
         self.taken = taken;
-        let desired: Vec<PeerConfig> = remote::expand(&gw.peers, model, &self.taken)
-            .into_iter()
-            .map(|p| p.config)
-            .collect();
+        let expanded = remote::expand(&gw.peers, model, &self.taken);
+        let desired: Vec<PeerConfig> = expanded.iter().map(|p| p.config.clone()).collect();
         let changes = diff(&desired, &state);
+        // A dial-in peer given where it was last seen (the device was made anew) is dialed at
+        // once, through the mapping its keepalives hold open.
+        for c in &changes {
+            if let PeerChange::Upsert { peer, .. } = c
+                && peer.endpoint.is_some()
+                && let Some(p) = expanded
+                    .iter()
+                    .find(|p| p.config.public_key == peer.public_key && p.config.endpoint.is_none())
+            {
+                nudge.extend(nudge_address(model, &p.site, &p.gateway));
+            }
+        }
         // Key and port go with every change (one transaction): see `Tunnel::set`.
         let changed = state.public_key != Some(key.public_key())
             || state.listen_port != gw.listen_port

@@ -427,6 +427,52 @@ fn sites_nat_a_new_wan_address_heals_within_30s_with_the_shipped_settings() {
     assert!(to_b <= Duration::from_secs(30), "a2 -> b2 took {to_b:?}");
 }
 
+/// Issue 36: the relay site's gateway c1 restarted with the API away (its daemons killed, its
+/// TUN deleted): the pair a2 <-> b2, relayed behind router B's random-port NAT, talks again
+/// within 10 s of c1's daemons' start. c1 dials the edge gateways first at the addresses it
+/// last saw them at (its own NAT discovery, cached), through the mappings their keepalives
+/// hold open, instead of waiting until their stale sessions time out (15 s and more).
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn sites_nat_a_relay_restarted_with_the_api_away_relays_again_within_10s() {
+    let (mut s, pods) = Sites::running(Nat::RandomOnB, |_| {});
+    let (a2, _) = pod_of(&pods, "a2");
+    let (_, b2_ip) = pod_of(&pods, "b2");
+    let cache = s
+        .topo
+        .state_dir(site_node("c1").k)
+        .join(format!("{}.sites.json", s.topo.net));
+    sticky_testkit::kube_support::wait_for(
+        "c1 to cache where a1 and b1 dial in from",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&cache).unwrap_or_default();
+            text.contains("observed-endpoints")
+                && text.contains(r#"\"a1\""#)
+                && text.contains(r#"\"b1\""#)
+        },
+    );
+    s.api.stop();
+    s.stop_agent("c1");
+    s.stop_wg("c1");
+    let _ = sh(&["ip", "-n", &s.ns("c1"), "link", "del", WG_IF]);
+    assert!(
+        first_reply(&a2.ns, b2_ip, Duration::from_secs(1)).is_none(),
+        "the relay is gone"
+    );
+    let restarted = Instant::now();
+    s.start_wg("c1");
+    s.start_agent("c1");
+    assert!(
+        first_reply(&a2.ns, b2_ip, Duration::from_secs(60)).is_some(),
+        "a2 -> b2 not back in 60 s after c1's restart: {:#?}",
+        s.logs()
+    );
+    let back = restarted.elapsed();
+    eprintln!("the relay restarted with the API away: a2 -> b2 after {back:?}");
+    assert!(back <= Duration::from_secs(10), "a2 -> b2 took {back:?}");
+}
+
 #[test]
 #[ignore = "benchmark: scripts/bench-sites.py --nat"]
 fn bench_sites_nat() {
