@@ -1,4 +1,5 @@
-//! The operator's entry points (run without `CNI_COMMAND`): `mac`, `reconcile`, `show`.
+//! The operator's entry points (run without `CNI_COMMAND`): `mac`, `reconcile`, `show`,
+//! `doctor` ([`crate::doctor`]).
 //!
 //! The convention of both tools ([`crate::cli`]): one parser that refuses what a verb does not
 //! take, one conflist loader, this module's own [`CliError`], and the exit codes in
@@ -36,6 +37,11 @@ STATUS, VERSION). Run by hand:
   sticky-vxlan show [--state-dir /run/sticky-vxlan]
       print every VXLAN device of this namespace, its MAC, the programmed peers,
       the pods attached by sticky-vxlan, and where the agent got the peers from
+  sticky-vxlan doctor --config <file.conflist|file.conf> [--json]
+      probe every peer of the network from this node (underlay, through the overlay,
+      at the pod MTU) and name why pods cannot talk, with the fix: one line a peer.
+      Exit 0: no cause found; 1: a cause found; 2: it could not run (why on stderr).
+      Changes nothing on the node
   sticky-vxlan-agent --config <file.conflist> ...   (see sticky-vxlan-agent --help)
       keep the peers file current from the Kubernetes API and reconcile on every change
   sticky-vxlan --help | --version
@@ -59,10 +65,16 @@ With several --config, the highest code of the networks that failed.";
 /// time. Not a CNI error: it never becomes a CNI error code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("unknown command {0:?} (expected mac, reconcile or show)")]
+    #[error("unknown command {0:?} (expected mac, reconcile, show or doctor)")]
     UnknownVerb(String),
-    #[error("no command given (expected mac, reconcile or show)")]
+    #[error("no command given (expected mac, reconcile, show or doctor)")]
     NoVerb,
+    /// `doctor` could not run: it decided nothing (exit 2).
+    #[error("doctor could not run: {0}")]
+    Doctor(#[from] crate::doctor::Error),
+    /// `doctor` ran and found causes (exit 1; they are on stdout).
+    #[error("doctor found {0} cause(s)")]
+    Found(usize),
     #[error(transparent)]
     Args(#[from] ArgsError),
     #[error("--local {0:?} is not an IPv4 or IPv6 address")]
@@ -97,6 +109,7 @@ impl CliError {
         match self {
             // An unusable `--config` is a usage error in either mode.
             CliError::Network(e) if e.is_config() => EXIT_USAGE,
+            CliError::Found(_) => EXIT_RUNTIME,
             CliError::Vxlan(_)
             | CliError::Network(_)
             | CliError::AgentNotRun { .. }
@@ -134,6 +147,13 @@ const RECONCILE: Spec = Spec {
     repeatable: &["--config"],
     positionals: &[],
 };
+const DOCTOR: Spec = Spec {
+    verb: "doctor",
+    flags: &["--json"],
+    values: &["--config"],
+    repeatable: &[],
+    positionals: &[],
+};
 const SHOW: Spec = Spec {
     verb: "show",
     flags: &[],
@@ -153,6 +173,9 @@ pub fn main(args: Vec<String>) -> ExitCode {
             && verb == NODE_RANGES
         {
             return node_ranges_for_ipam(network, out);
+        }
+        if find_verb(&args, &[]) == Some("doctor") && !asks_help(&args) {
+            return doctor(&args, out);
         }
         match run(&args) {
             Ok(text) => out.write_all(text.as_bytes()).map_err(CliError::Output),
@@ -175,7 +198,7 @@ impl program::Failure for CliError {
         CliError::exit_code(self)
     }
     fn is_usage(&self) -> bool {
-        CliError::exit_code(self) == EXIT_USAGE
+        !matches!(self, CliError::Doctor(_)) && CliError::exit_code(self) == EXIT_USAGE
     }
 }
 
@@ -219,10 +242,38 @@ fn agent_alias(args: &[String]) -> CliError {
     CliError::AgentNotRun { program, source }
 }
 
+/// Whether the command line asks for the help (before any `--`).
+fn asks_help(args: &[String]) -> bool {
+    args.iter()
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--help" || a == "-h" || a == "help")
+}
+
+/// `doctor --config <file> [--json]`: prints the report whatever it found; the exit code says
+/// whether a cause was found (1) or it could not run (2).
+fn doctor(args: &[String], out: &mut program::Stdout) -> Result<(), CliError> {
+    let parsed = parse(args, &[], &DOCTOR)?;
+    let config = parsed.value("--config").ok_or(ArgsError::MissingArgument {
+        verb: "doctor",
+        what: "--config <file>",
+    })?;
+    let report = crate::doctor::run(Path::new(config))?;
+    let text = if parsed.flag("--json") {
+        format!("{}\n", crate::doctor::render::json(&report))
+    } else {
+        crate::doctor::render::text(&report)
+    };
+    out.write_all(text.as_bytes()).map_err(CliError::Output)?;
+    match report.findings.len() {
+        0 => Ok(()),
+        n => Err(CliError::Found(n)),
+    }
+}
+
 /// Runs one operator command and returns what to print.
 pub fn run(args: &[String]) -> Result<String, CliError> {
     let before_dashes = || args.iter().take_while(|a| *a != "--");
-    if args.is_empty() || before_dashes().any(|a| a == "--help" || a == "-h" || a == "help") {
+    if args.is_empty() || asks_help(args) {
         return Ok(format!("{HELP}\n{EXIT_CODES}\n"));
     }
     if before_dashes().any(|a| a == "--version" || a == "-V") {

@@ -1,0 +1,576 @@
+//! From what was measured to what is wrong: the facts of the node and of each peer's probes
+//! ([`NodeFacts`], [`PeerFacts`]) become findings, each with a stable [`Cause`] code, the peer
+//! it concerns (none for the node's own), one line of detail and one line of fix. Pure: no
+//! socket, no file, no clock, so every rule is a row of a table test.
+//!
+//! The order of the rules is the order of certainty. The node's own state comes first: with no
+//! VTEP, every overlay probe fails and blaming the peers would send the operator the wrong way.
+//! For a peer, the underlay answers or not (`peer-down`), then the small probe through the
+//! overlay (a counter that moved during the probes tells `checksum` and `rp-filter` from a plain
+//! `vxlan-blocked`), then the probe of the pod MTU (`mtu`).
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+/// The stable code of a finding (`cause` in `--json`; docs/operations.md lists each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cause {
+    /// The peer's underlay address answers, nothing crosses the VXLAN port.
+    VxlanBlocked,
+    /// Small packets cross the overlay, packets of the pod MTU do not.
+    Mtu,
+    /// VXLAN packets arrive and are dropped for bad UDP checksums (the offload bug).
+    Checksum,
+    /// A forward-hook chain drops what no rule accepts: forwarded pod traffic.
+    ForwardDrop,
+    /// Strict reverse-path filtering dropped the probes' answers.
+    RpFilter,
+    /// The conntrack table is full: new flows are dropped.
+    ConntrackFull,
+    /// The peer's underlay address does not answer at all.
+    PeerDown,
+    /// This node's VTEP is missing, down, or not this network's.
+    NoVtep,
+    /// `net.ipv4.ip_forward` is off: pod traffic is not routed.
+    ForwardingOff,
+    /// The bridge is missing or lacks its gateway address while pods use it.
+    BridgeAddress,
+}
+
+impl Cause {
+    /// The code as printed (`vxlan-blocked`, ...).
+    pub fn code(self) -> &'static str {
+        match self {
+            Cause::VxlanBlocked => "vxlan-blocked",
+            Cause::Mtu => "mtu",
+            Cause::Checksum => "checksum",
+            Cause::ForwardDrop => "forward-drop",
+            Cause::RpFilter => "rp-filter",
+            Cause::ConntrackFull => "conntrack-full",
+            Cause::PeerDown => "peer-down",
+            Cause::NoVtep => "no-vtep",
+            Cause::ForwardingOff => "forwarding-off",
+            Cause::BridgeAddress => "bridge-address",
+        }
+    }
+}
+
+/// One thing found: what, about whom, why it is believed, and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub cause: Cause,
+    /// The peer's underlay address; `None` for a finding about this node.
+    pub peer: Option<IpAddr>,
+    pub detail: String,
+    pub fix: String,
+}
+
+/// This network's VTEP as the kernel shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Vtep {
+    Ready,
+    Missing,
+    /// It exists but carries no marker of this network (another network's, or someone else's).
+    NotOurs,
+    Down,
+}
+
+/// The network's bridge, as far as pods depend on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bridge {
+    /// It holds an address of this node's pod subnet, or no pod uses it yet.
+    Ready,
+    /// Pods are attached to it but it holds no address of `subnet`.
+    NoAddress { subnet: String },
+    /// Pods exist but the bridge does not.
+    Missing,
+}
+
+/// A base chain on the forward hook whose policy is drop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DropChain {
+    /// `ip`, `inet`.
+    pub family: String,
+    pub table: String,
+    pub chain: String,
+}
+
+/// What was measured on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub vtep_name: String,
+    pub vtep: Vtep,
+    pub bridge_name: String,
+    pub bridge: Bridge,
+    /// `None` when it could not be read.
+    pub ip_forward: Option<bool>,
+    pub forward_drop: Vec<DropChain>,
+    /// Interfaces of the path (underlay, VTEP, bridge) whose effective `rp_filter` is strict.
+    pub strict_rp_filter: Vec<String>,
+    /// `(count, max)` of the conntrack table, when conntrack is loaded.
+    pub conntrack: Option<(u64, u64)>,
+    /// Packets dropped for bad UDP checksums while the probes ran (`Udp InCsumErrors`).
+    pub csum_errors: u64,
+    /// Packets dropped by reverse-path filtering while the probes ran (`IPReversePathFilter`).
+    pub rp_filter_drops: u64,
+    pub port: u16,
+    /// The size of the full probe: the pod MTU.
+    pub pod_mtu: u32,
+    /// The network's config file, for the fixes that change it.
+    pub config: String,
+}
+
+/// What the probes to one peer found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerFacts {
+    pub peer: IpAddr,
+    /// An ICMP echo to its underlay address was answered.
+    pub underlay: bool,
+    /// A small echo through the overlay (to its VTEP address) was answered.
+    pub small: bool,
+    /// An echo of the pod MTU, DF set, through the overlay was answered.
+    pub full: bool,
+    /// The largest of the smaller sizes tried through the overlay that was answered, when the
+    /// pod MTU was not.
+    pub largest: Option<u32>,
+}
+
+/// Conntrack counts as full from this share of its maximum on (new flows start to be dropped
+/// at the maximum; a table this close gets there with the next burst).
+const CONNTRACK_FULL_PERCENT: u64 = 98;
+
+/// Every finding, the node's first, then the peers' in their order.
+pub fn decide(node: &NodeFacts, peers: &[PeerFacts]) -> Vec<Finding> {
+    let mut found = node_findings(node);
+    let overlay_usable = node.vtep == Vtep::Ready;
+    found.extend(
+        peers
+            .iter()
+            .filter_map(|p| peer_finding(node, p, overlay_usable)),
+    );
+    found
+}
+
+fn node_finding(cause: Cause, detail: String, fix: String) -> Finding {
+    Finding {
+        cause,
+        peer: None,
+        detail,
+        fix,
+    }
+}
+
+fn node_findings(node: &NodeFacts) -> Vec<Finding> {
+    let mut found = Vec::new();
+    found.extend(vtep_finding(node));
+    if node.ip_forward == Some(false) {
+        found.push(node_finding(
+            Cause::ForwardingOff,
+            "net.ipv4.ip_forward is 0: this node routes no pod traffic".into(),
+            "sysctl -w net.ipv4.ip_forward=1 (and set it in /etc/sysctl.d to keep it)".into(),
+        ));
+    }
+    found.extend(bridge_finding(node));
+    found.extend(node.forward_drop.iter().map(forward_drop));
+    found.extend(conntrack_finding(node));
+    found
+}
+
+fn vtep_finding(node: &NodeFacts) -> Option<Finding> {
+    let name = &node.vtep_name;
+    let detail = match node.vtep {
+        Vtep::Ready => return None,
+        Vtep::Missing => format!("the VTEP {name} does not exist: nothing crosses the overlay"),
+        Vtep::NotOurs => {
+            format!("{name} exists but is not this network's VTEP (no sticky-vxlan marker for it)")
+        }
+        Vtep::Down => format!("the VTEP {name} is down: nothing crosses the overlay"),
+    };
+    Some(node_finding(
+        Cause::NoVtep,
+        detail,
+        format!("sticky-vxlan reconcile --config {}", node.config),
+    ))
+}
+
+fn bridge_finding(node: &NodeFacts) -> Option<Finding> {
+    let name = &node.bridge_name;
+    let detail = match &node.bridge {
+        Bridge::Ready => return None,
+        Bridge::Missing => format!("pods are attached but the bridge {name} does not exist"),
+        Bridge::NoAddress { subnet } => {
+            format!("the bridge {name} holds no address of {subnet}: pods have no gateway")
+        }
+    };
+    Some(node_finding(
+        Cause::BridgeAddress,
+        detail,
+        format!(
+            "sticky-vxlan reconcile --config {}, then recreate a pod (ADD gives the bridge its gateway)",
+            node.config
+        ),
+    ))
+}
+
+fn forward_drop(c: &DropChain) -> Finding {
+    let (f, t, ch) = (&c.family, &c.table, &c.chain);
+    node_finding(
+        Cause::ForwardDrop,
+        format!(
+            "chain {f} {t} {ch} on the forward hook has policy drop: forwarded pod traffic no rule accepts is dropped"
+        ),
+        format!(
+            "nft add rule {f} {t} {ch} ip saddr <cluster CIDR> accept; nft add rule {f} {t} {ch} ip daddr <cluster CIDR> accept; or nft chain {f} {t} {ch} '{{ policy accept; }}' (iptables: iptables -P FORWARD ACCEPT)"
+        ),
+    )
+}
+
+fn conntrack_finding(node: &NodeFacts) -> Option<Finding> {
+    let (count, max) = node.conntrack?;
+    if max == 0 || count * 100 < max * CONNTRACK_FULL_PERCENT {
+        return None;
+    }
+    Some(node_finding(
+        Cause::ConntrackFull,
+        format!("the conntrack table holds {count} of {max} entries: new flows are dropped"),
+        format!(
+            "sysctl -w net.netfilter.nf_conntrack_max={} (and find what opens so many flows: conntrack -L)",
+            max.saturating_mul(2)
+        ),
+    ))
+}
+
+fn peer_finding(node: &NodeFacts, p: &PeerFacts, overlay_usable: bool) -> Option<Finding> {
+    let finding = |cause, detail: String, fix: String| {
+        Some(Finding {
+            cause,
+            peer: Some(p.peer),
+            detail,
+            fix,
+        })
+    };
+    let peer = p.peer;
+    if p.small && p.full {
+        return None;
+    }
+    if !overlay_usable {
+        // The node's finding explains the overlay; only a dead underlay is news.
+        return (!p.underlay).then(|| peer_down(p)).flatten();
+    }
+    if !p.small {
+        if let Some(f) = rp_filter(node, p) {
+            return Some(f);
+        }
+        if !p.underlay {
+            return peer_down(p);
+        }
+        if node.csum_errors > 0 {
+            return finding(
+                Cause::Checksum,
+                format!("{} VXLAN packet(s) from {peer} arrived with bad UDP checksums and were dropped (Udp InCsumErrors)", node.csum_errors),
+                "ethtool -K <underlay device> tx-checksum-ip-generic off on the sending node (flannel#1279), or ethtool -K <vtep> tx off".into(),
+            );
+        }
+        return finding(
+            Cause::VxlanBlocked,
+            format!(
+                "{peer} answers on the underlay but nothing crosses UDP port {} to it",
+                node.port
+            ),
+            format!(
+                "allow UDP {} between this node and {peer} (host firewalls on both ends, security groups)",
+                node.port
+            ),
+        );
+    }
+    let passes = match p.largest {
+        Some(m) => format!(", {m} bytes pass"),
+        None => String::new(),
+    };
+    let mtu = p
+        .largest
+        .map_or_else(|| "a smaller \"mtu\"".into(), |m| format!("\"mtu\": {m}"));
+    finding(
+        Cause::Mtu,
+        format!(
+            "small packets reach {peer} through the overlay, packets of the pod MTU {} (DF) are lost on the way{passes}",
+            node.pod_mtu
+        ),
+        format!(
+            "set {mtu} in {} on every node, run sticky-vxlan reconcile and recreate the pods; or make every underlay on the path carry {} bytes",
+            node.config,
+            node.pod_mtu + 50
+        ),
+    )
+}
+
+fn peer_down(p: &PeerFacts) -> Option<Finding> {
+    Some(Finding {
+        cause: Cause::PeerDown,
+        peer: Some(p.peer),
+        detail: format!(
+            "{} does not answer on the underlay, nor through the overlay",
+            p.peer
+        ),
+        fix: format!(
+            "check that {} is up and reachable (ip route get {}), or remove it from the peers",
+            p.peer, p.peer
+        ),
+    })
+}
+
+/// Reverse-path filtering is the cause when it dropped packets during the probes and is
+/// strict on the path; loose (2) lets asymmetric routes through.
+fn rp_filter(node: &NodeFacts, p: &PeerFacts) -> Option<Finding> {
+    if node.rp_filter_drops == 0 || node.strict_rp_filter.is_empty() {
+        return None;
+    }
+    let devs = node.strict_rp_filter.join(", ");
+    let keys: Vec<String> = std::iter::once("all".to_string())
+        .chain(node.strict_rp_filter.iter().cloned())
+        .map(|d| format!("net.ipv4.conf.{d}.rp_filter=2"))
+        .collect();
+    Some(Finding {
+        cause: Cause::RpFilter,
+        peer: Some(p.peer),
+        detail: format!(
+            "{} answer(s) from {} were dropped by strict reverse-path filtering on {devs} (IPReversePathFilter)",
+            node.rp_filter_drops, p.peer
+        ),
+        fix: format!("sysctl -w {}", keys.join(" ")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> NodeFacts {
+        NodeFacts {
+            vtep_name: "sticky.1".into(),
+            vtep: Vtep::Ready,
+            bridge_name: "cni0".into(),
+            bridge: Bridge::Ready,
+            ip_forward: Some(true),
+            forward_drop: vec![],
+            strict_rp_filter: vec![],
+            conntrack: Some((10, 262144)),
+            csum_errors: 0,
+            rp_filter_drops: 0,
+            port: 8472,
+            pod_mtu: 1450,
+            config: "/etc/cni/net.d/10-edge.conflist".into(),
+        }
+    }
+
+    fn peer(underlay: bool, small: bool, full: bool) -> PeerFacts {
+        PeerFacts {
+            peer: "192.0.2.2".parse().unwrap(),
+            underlay,
+            small,
+            full,
+            largest: None,
+        }
+    }
+
+    fn causes(node: &NodeFacts, peers: &[PeerFacts]) -> Vec<(&'static str, Option<String>)> {
+        decide(node, peers)
+            .into_iter()
+            .map(|f| (f.cause.code(), f.peer.map(|p| p.to_string())))
+            .collect()
+    }
+
+    const P: Option<&str> = Some("192.0.2.2");
+
+    /// One row per rule: the node's facts changed by `edit`, one peer's probes, the causes.
+    #[test]
+    fn each_fact_names_its_cause() {
+        type Edit = fn(&mut NodeFacts);
+        let rows: &[(&str, Edit, (bool, bool, bool), &[(&str, Option<&str>)])] = &[
+            ("healthy", |_| {}, (true, true, true), &[]),
+            (
+                "underlay ICMP filtered, overlay fine",
+                |_| {},
+                (false, true, true),
+                &[],
+            ),
+            (
+                "port blocked",
+                |_| {},
+                (true, false, false),
+                &[("vxlan-blocked", P)],
+            ),
+            ("pod MTU lost", |_| {}, (true, true, false), &[("mtu", P)]),
+            (
+                "peer gone",
+                |_| {},
+                (false, false, false),
+                &[("peer-down", P)],
+            ),
+            (
+                "bad checksums",
+                |n| n.csum_errors = 3,
+                (true, false, false),
+                &[("checksum", P)],
+            ),
+            (
+                "rp_filter drops, strict",
+                |n| {
+                    n.rp_filter_drops = 2;
+                    n.strict_rp_filter = vec!["eth0".into()]
+                },
+                (false, false, false),
+                &[("rp-filter", P)],
+            ),
+            (
+                "rp_filter drops, loose only",
+                |n| n.rp_filter_drops = 2,
+                (false, false, false),
+                &[("peer-down", P)],
+            ),
+            (
+                "strict but nothing dropped",
+                |n| n.strict_rp_filter = vec!["eth0".into()],
+                (true, false, false),
+                &[("vxlan-blocked", P)],
+            ),
+            (
+                "forwarding off",
+                |n| n.ip_forward = Some(false),
+                (true, true, true),
+                &[("forwarding-off", None)],
+            ),
+            (
+                "forwarding unknown",
+                |n| n.ip_forward = None,
+                (true, true, true),
+                &[],
+            ),
+            (
+                "drop policy",
+                |n| {
+                    n.forward_drop = vec![DropChain {
+                        family: "inet".into(),
+                        table: "fw".into(),
+                        chain: "forward".into(),
+                    }]
+                },
+                (true, true, true),
+                &[("forward-drop", None)],
+            ),
+            (
+                "conntrack 98 %",
+                |n| n.conntrack = Some((98, 100)),
+                (true, true, true),
+                &[("conntrack-full", None)],
+            ),
+            (
+                "conntrack 97 %",
+                |n| n.conntrack = Some((97, 100)),
+                (true, true, true),
+                &[],
+            ),
+            (
+                "no VTEP: no blame on the peer",
+                |n| n.vtep = Vtep::Missing,
+                (true, false, false),
+                &[("no-vtep", None)],
+            ),
+            (
+                "VTEP down and peer gone",
+                |n| n.vtep = Vtep::Down,
+                (false, false, false),
+                &[("no-vtep", None), ("peer-down", P)],
+            ),
+            (
+                "VTEP not ours",
+                |n| n.vtep = Vtep::NotOurs,
+                (true, true, true),
+                &[("no-vtep", None)],
+            ),
+            (
+                "bridge without address",
+                |n| {
+                    n.bridge = Bridge::NoAddress {
+                        subnet: "10.244.1.0/24".into(),
+                    }
+                },
+                (true, true, true),
+                &[("bridge-address", None)],
+            ),
+            (
+                "bridge missing",
+                |n| n.bridge = Bridge::Missing,
+                (true, true, true),
+                &[("bridge-address", None)],
+            ),
+        ];
+        for (name, edit, (u, s, f), want) in rows {
+            let mut n = node();
+            edit(&mut n);
+            let want: Vec<(&str, Option<String>)> = want
+                .iter()
+                .map(|(c, p)| (*c, p.map(str::to_string)))
+                .collect();
+            assert_eq!(causes(&n, &[peer(*u, *s, *f)]), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn fixes_name_the_port_the_mtu_the_config_and_the_sysctls() {
+        let mut n = node();
+        n.port = 4789;
+        let f = &decide(&n, &[peer(true, false, false)])[0];
+        assert!(
+            f.fix.contains("UDP 4789") && f.fix.contains("192.0.2.2"),
+            "{f:?}"
+        );
+        let mut small_only = peer(true, true, false);
+        small_only.largest = Some(1350);
+        let f = &decide(&n, &[small_only])[0];
+        assert!(f.detail.contains("1450") && f.fix.contains("1500"), "{f:?}");
+        assert!(f.fix.starts_with("set \"mtu\": 1350 in "), "{f:?}");
+        assert!(f.fix.contains("/etc/cni/net.d/10-edge.conflist"), "{f:?}");
+        n.rp_filter_drops = 1;
+        n.strict_rp_filter = vec!["eth0".into()];
+        let f = &decide(&n, &[peer(false, false, false)])[0];
+        assert_eq!(
+            f.fix,
+            "sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.eth0.rp_filter=2"
+        );
+    }
+
+    #[test]
+    fn node_findings_come_first_and_each_peer_has_its_own() {
+        let mut n = node();
+        n.ip_forward = Some(false);
+        let mut other = peer(true, true, false);
+        other.peer = "192.0.2.3".parse().unwrap();
+        let got = causes(
+            &n,
+            &[peer(true, false, false), peer(true, true, true), other],
+        );
+        assert_eq!(
+            got,
+            [
+                ("forwarding-off", None),
+                ("vxlan-blocked", P.map(str::to_string)),
+                ("mtu", Some("192.0.2.3".into())),
+            ]
+        );
+    }
+
+    #[test]
+    fn codes_serialize_as_printed() {
+        for c in [
+            Cause::VxlanBlocked,
+            Cause::ConntrackFull,
+            Cause::NoVtep,
+            Cause::Mtu,
+        ] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.code());
+        }
+    }
+}
