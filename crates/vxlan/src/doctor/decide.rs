@@ -330,7 +330,8 @@ fn rp_filter(node: &NodeFacts, p: &PeerFacts) -> Option<Finding> {
     let devs = node.strict_rp_filter.join(", ");
     let keys: Vec<String> = std::iter::once("all".to_string())
         .chain(node.strict_rp_filter.iter().cloned())
-        .map(|d| format!("net.ipv4.conf.{d}.rp_filter=2"))
+        // Slashes: a device name may hold a dot (`sticky.1`), which sysctl reads as a slash.
+        .map(|d| format!("net/ipv4/conf/{d}/rp_filter=2"))
         .collect();
     Some(Finding {
         cause: Cause::RpFilter,
@@ -538,7 +539,7 @@ mod tests {
         let f = &decide(&n, &[peer(false, false, false)])[0];
         assert_eq!(
             f.fix,
-            "sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.eth0.rp_filter=2"
+            "sysctl -w net/ipv4/conf/all/rp_filter=2 net/ipv4/conf/eth0/rp_filter=2"
         );
     }
 
