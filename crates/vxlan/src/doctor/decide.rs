@@ -389,7 +389,9 @@ mod tests {
     #[test]
     fn each_fact_names_its_cause() {
         type Edit = fn(&mut NodeFacts);
-        let rows: &[(&str, Edit, (bool, bool, bool), &[(&str, Option<&str>)])] = &[
+        type Probes = (bool, bool, bool);
+        type Want = &'static [(&'static str, Option<&'static str>)];
+        let rows: &[(&str, Edit, Probes, Want)] = &[
             ("healthy", |_| {}, (true, true, true), &[]),
             (
                 "underlay ICMP filtered, overlay fine",
