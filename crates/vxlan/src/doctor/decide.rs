@@ -9,8 +9,9 @@
 //! overlay (a counter that moved during the probes tells `checksum` and `rp-filter` from a plain
 //! `vxlan-blocked`), then the probe of the pod MTU (`mtu`).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
+use ipnet::Ipv4Net;
 use serde::Serialize;
 
 /// The stable code of a finding (`cause` in `--json`; docs/operations.md lists each).
@@ -95,6 +96,8 @@ pub struct DropChain {
     pub family: String,
     pub table: String,
     pub chain: String,
+    /// The values the chain's accepting rules compare with (addresses, interface names).
+    pub accepted: Vec<Vec<u8>>,
 }
 
 /// What was measured on this node.
@@ -120,6 +123,11 @@ pub struct NodeFacts {
     pub pod_mtu: u32,
     /// The network's config file, for the fixes that change it.
     pub config: String,
+    /// This node's IPv4 pod subnet: a drop chain whose rules accept it is no finding.
+    pub pod_subnet: Option<Ipv4Net>,
+    /// The pods of the whole network (`clusterCIDR`, or the prefix covering every subnet),
+    /// for the fixes.
+    pub cluster: String,
 }
 
 /// What the probes to one peer found.
@@ -173,7 +181,12 @@ fn node_findings(node: &NodeFacts) -> Vec<Finding> {
         ));
     }
     found.extend(bridge_finding(node));
-    found.extend(node.forward_drop.iter().map(forward_drop));
+    found.extend(
+        node.forward_drop
+            .iter()
+            .filter(|c| !c.accepted.iter().any(|v| lets_pods_through(node, v)))
+            .map(|c| forward_drop(c, &node.cluster)),
+    );
     found.extend(conntrack_finding(node));
     found
 }
@@ -214,15 +227,33 @@ fn bridge_finding(node: &NodeFacts) -> Option<Finding> {
     ))
 }
 
-fn forward_drop(c: &DropChain) -> Finding {
+/// Whether a value an accepting rule compares with is this node's pods: an address prefix
+/// holding its pod subnet (`ip saddr 10.244.0.0/16 accept`), or the bridge's or VTEP's name
+/// (`iifname "stickybr0" accept`, a wildcard prefix of it too). Which direction the rule
+/// matches is not told apart.
+fn lets_pods_through(node: &NodeFacts, value: &[u8]) -> bool {
+    if let (Ok(octets), Some(subnet)) = (<[u8; 4]>::try_from(value), node.pod_subnet) {
+        let v = Ipv4Addr::from(octets);
+        return (8..=subnet.prefix_len()).any(|len| {
+            Ipv4Net::new(subnet.network(), len).is_ok_and(|n| n.trunc().network() == v)
+        });
+    }
+    let name = value.split(|b| *b == 0).next().unwrap_or_default();
+    !name.is_empty()
+        && [&node.bridge_name, &node.vtep_name]
+            .iter()
+            .any(|dev| dev.as_bytes().starts_with(name))
+}
+
+fn forward_drop(c: &DropChain, cluster: &str) -> Finding {
     let (f, t, ch) = (&c.family, &c.table, &c.chain);
     node_finding(
         Cause::ForwardDrop,
         format!(
-            "chain {f} {t} {ch} on the forward hook has policy drop: forwarded pod traffic no rule accepts is dropped"
+            "chain {f} {t} {ch} on the forward hook has policy drop and no rule of it accepts the pods ({cluster}): forwarded pod traffic is dropped"
         ),
         format!(
-            "nft add rule {f} {t} {ch} ip saddr <cluster CIDR> accept; nft add rule {f} {t} {ch} ip daddr <cluster CIDR> accept; or nft chain {f} {t} {ch} '{{ policy accept; }}' (iptables: iptables -P FORWARD ACCEPT)"
+            "nft insert rule {f} {t} {ch} ip saddr {cluster} accept; nft insert rule {f} {t} {ch} ip daddr {cluster} accept (iptables: iptables -I FORWARD -s {cluster} -j ACCEPT; iptables -I FORWARD -d {cluster} -j ACCEPT)"
         ),
     )
 }
@@ -363,6 +394,8 @@ mod tests {
             port: 8472,
             pod_mtu: 1450,
             config: "/etc/cni/net.d/10-edge.conflist".into(),
+            pod_subnet: "10.244.1.0/24".parse().ok(),
+            cluster: "10.244.0.0/16".into(),
         }
     }
 
@@ -384,6 +417,15 @@ mod tests {
     }
 
     const P: Option<&str> = Some("192.0.2.2");
+
+    fn chain(accepted: Vec<Vec<u8>>) -> DropChain {
+        DropChain {
+            family: "inet".into(),
+            table: "fw".into(),
+            chain: "forward".into(),
+            accepted,
+        }
+    }
 
     /// One row per rule: the node's facts changed by `edit`, one peer's probes, the causes.
     #[test]
@@ -453,15 +495,39 @@ mod tests {
             ),
             (
                 "drop policy",
-                |n| {
-                    n.forward_drop = vec![DropChain {
-                        family: "inet".into(),
-                        table: "fw".into(),
-                        chain: "forward".into(),
-                    }]
-                },
+                |n| n.forward_drop = vec![chain(vec![])],
                 (true, true, true),
                 &[("forward-drop", None)],
+            ),
+            (
+                "drop policy, other hosts and devices accepted",
+                |n| n.forward_drop = vec![chain(vec![vec![10, 245, 0, 0], b"eth0\0".to_vec()])],
+                (true, true, true),
+                &[("forward-drop", None)],
+            ),
+            (
+                "drop policy, the cluster accepted",
+                |n| n.forward_drop = vec![chain(vec![vec![10, 244, 0, 0]])],
+                (true, true, true),
+                &[],
+            ),
+            (
+                "drop policy, the subnet accepted",
+                |n| n.forward_drop = vec![chain(vec![vec![10, 244, 1, 0]])],
+                (true, true, true),
+                &[],
+            ),
+            (
+                "drop policy, the bridge accepted",
+                |n| n.forward_drop = vec![chain(vec![b"cni0\0\0".to_vec()])],
+                (true, true, true),
+                &[],
+            ),
+            (
+                "drop policy, a wildcard of the VTEP accepted",
+                |n| n.forward_drop = vec![chain(vec![b"sticky".to_vec()])],
+                (true, true, true),
+                &[],
             ),
             (
                 "conntrack 98 %",

@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use ipnet::Ipv4Net;
 use sticky_overlay::config::Config;
 use sticky_overlay::devices::marker;
 use sticky_overlay::kernel::Kernel;
@@ -135,7 +136,42 @@ fn node_facts(
         port: cfg.port,
         pod_mtu: vtep_link.and_then(|l| l.mtu).unwrap_or(local.mtu),
         config: config_path.to_string(),
+        pod_subnet: local.subnet_v4().and_then(|s| match s {
+            ipnet::IpNet::V4(n) => Some(n),
+            ipnet::IpNet::V6(_) => None,
+        }),
+        cluster: cluster(cfg, local),
     })
+}
+
+/// The pods of the whole network: `clusterCIDR`, else the shortest prefix holding every IPv4
+/// pod subnet of this node and its peers.
+fn cluster(cfg: &Config, local: &LocalNode) -> String {
+    if let Some(c) = cfg.cluster_cidr {
+        return c.to_string();
+    }
+    let subnets: Vec<Ipv4Net> = std::iter::once(&local.local)
+        .chain(&local.remote)
+        .flat_map(|p| &p.subnets)
+        .filter_map(|s| match s {
+            ipnet::IpNet::V4(n) => Some(*n),
+            ipnet::IpNet::V6(_) => None,
+        })
+        .collect();
+    let Some(first) = subnets.first() else {
+        return "<cluster CIDR>".into();
+    };
+    let mut len = first.prefix_len();
+    while len > 0
+        && !subnets
+            .iter()
+            .all(|s| Ipv4Net::new(first.network(), len).is_ok_and(|n| n.contains(&s.network())))
+    {
+        len -= 1;
+    }
+    Ipv4Net::new(first.network(), len)
+        .map(|n| n.trunc().to_string())
+        .unwrap_or_else(|_| "<cluster CIDR>".into())
 }
 
 /// A sysctl's number; `None` when it is absent (the module not loaded, no such device).

@@ -96,6 +96,8 @@ mod tests {
             port: 8472,
             pod_mtu: 1450,
             config: "/c".into(),
+            pod_subnet: None,
+            cluster: "10.244.0.0/16".into(),
         };
         let mut peers = vec![peer("192.0.2.2"), peer("192.0.2.3")];
         peers[1].small = false;

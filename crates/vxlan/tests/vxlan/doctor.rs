@@ -174,10 +174,14 @@ fn doctor_names_a_forward_chain_that_drops() {
         "node 1 forwards no pod traffic"
     );
     let fix = names(&p, "forward-drop", None);
-    let accept = "nft chain inet doctor forward '{ policy accept; }'";
-    assert!(fix.contains(accept), "{fix}");
-    let out = p.topo.in_ns(&p.topo.node_ns(1), &["sh", "-c", accept]);
-    succeeded(&out, accept);
+    assert!(
+        fix.starts_with("nft insert rule inet doctor forward ip saddr 10.244.0.0/22 accept; "),
+        "{fix}"
+    );
+    // Both rules, run as printed (the chain keeps its drop policy for everything else).
+    let rules = &fix[..fix.find(" (").unwrap_or(fix.len())];
+    let out = p.topo.in_ns(&p.topo.node_ns(1), &["sh", "-c", rules]);
+    succeeded(&out, rules);
     healed(&p);
 }
 
