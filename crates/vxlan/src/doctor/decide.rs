@@ -112,6 +112,8 @@ pub struct NodeFacts {
     pub forward_drop: Vec<DropChain>,
     /// Interfaces of the path (underlay, VTEP, bridge) whose effective `rp_filter` is strict.
     pub strict_rp_filter: Vec<String>,
+    /// The device holding this node's underlay address: where peers' packets arrive.
+    pub underlay_dev: String,
     /// `(count, max)` of the conntrack table, when conntrack is loaded.
     pub conntrack: Option<(u64, u64)>,
     /// Packets dropped for bad UDP checksums while the probes ran (`Udp InCsumErrors`).
@@ -143,6 +145,8 @@ pub struct PeerFacts {
     /// The largest of the smaller sizes tried through the overlay that was answered, when the
     /// pod MTU was not.
     pub largest: Option<u32>,
+    /// The device this node's route to the peer leaves by.
+    pub route_dev: Option<String>,
 }
 
 /// Conntrack counts as full from this share of its maximum on (new flows start to be dropped
@@ -352,13 +356,31 @@ fn peer_down(p: &PeerFacts) -> Option<Finding> {
     })
 }
 
-/// Reverse-path filtering is the cause when it dropped packets during the probes and is
-/// strict on the path; loose (2) lets asymmetric routes through.
+/// Reverse-path filtering is the cause when it is strict on the path and either dropped
+/// packets during the probes, or the route to the peer leaves by another device than the one
+/// its packets come in by (the underlay address's): then every packet of the peer fails the
+/// check, its ARP requests too, so after a while nothing of it arrives to be counted. Loose
+/// (2) lets asymmetric routes through.
 fn rp_filter(node: &NodeFacts, p: &PeerFacts) -> Option<Finding> {
-    if node.rp_filter_drops == 0 || node.strict_rp_filter.is_empty() {
+    let asymmetric = p
+        .route_dev
+        .as_ref()
+        .filter(|d| **d != node.underlay_dev && node.strict_rp_filter.contains(&node.underlay_dev));
+    let dropped = node.rp_filter_drops > 0 && !node.strict_rp_filter.is_empty();
+    if asymmetric.is_none() && !dropped {
         return None;
     }
     let devs = node.strict_rp_filter.join(", ");
+    let why = match asymmetric {
+        Some(out) => format!(
+            "the route to {} leaves by {out} while its packets come in on {}, and strict reverse-path filtering on {devs} drops them",
+            p.peer, node.underlay_dev
+        ),
+        None => format!(
+            "{} answer(s) from {} were dropped by strict reverse-path filtering on {devs} (IPReversePathFilter)",
+            node.rp_filter_drops, p.peer
+        ),
+    };
     let keys: Vec<String> = std::iter::once("all".to_string())
         .chain(node.strict_rp_filter.iter().cloned())
         // Slashes: a device name may hold a dot (`sticky.1`), which sysctl reads as a slash.
@@ -367,10 +389,7 @@ fn rp_filter(node: &NodeFacts, p: &PeerFacts) -> Option<Finding> {
     Some(Finding {
         cause: Cause::RpFilter,
         peer: Some(p.peer),
-        detail: format!(
-            "{} answer(s) from {} were dropped by strict reverse-path filtering on {devs} (IPReversePathFilter)",
-            node.rp_filter_drops, p.peer
-        ),
+        detail: why,
         fix: format!("sysctl -w {}", keys.join(" ")),
     })
 }
@@ -388,6 +407,7 @@ mod tests {
             ip_forward: Some(true),
             forward_drop: vec![],
             strict_rp_filter: vec![],
+            underlay_dev: "eth0".into(),
             conntrack: Some((10, 262144)),
             csum_errors: 0,
             rp_filter_drops: 0,
@@ -406,6 +426,7 @@ mod tests {
             small,
             full,
             largest: None,
+            route_dev: Some("eth0".into()),
         }
     }
 
@@ -585,6 +606,39 @@ mod tests {
                 .collect();
             assert_eq!(causes(&n, &[peer(*u, *s, *f)]), want, "{name}");
         }
+    }
+
+    /// Packets of a peer whose route leaves by another device fail strict rp_filter, ARP too:
+    /// no drop need be counted.
+    #[test]
+    fn an_asymmetric_route_with_strict_rp_filter_is_named_without_a_counted_drop() {
+        let mut n = node();
+        let mut asymmetric = peer(false, false, false);
+        asymmetric.route_dev = Some("eth1".into());
+        assert_eq!(
+            causes(&n, &[asymmetric.clone()]),
+            [("peer-down", P.map(str::to_string))]
+        );
+        n.strict_rp_filter = vec!["eth0".into(), "sticky.1".into()];
+        let f = &decide(&n, &[asymmetric])[0];
+        assert_eq!(f.cause, Cause::RpFilter);
+        assert!(
+            f.detail
+                .contains("leaves by eth1 while its packets come in on eth0"),
+            "{f:?}"
+        );
+        assert!(
+            f.fix.ends_with("net/ipv4/conf/sticky.1/rp_filter=2"),
+            "{f:?}"
+        );
+        n.strict_rp_filter = vec!["sticky.1".into()];
+        let mut other = peer(false, false, false);
+        other.route_dev = Some("eth1".into());
+        assert_eq!(
+            causes(&n, &[other]),
+            [("peer-down", P.map(str::to_string))],
+            "eth0 loose"
+        );
     }
 
     #[test]

@@ -82,8 +82,11 @@ pub fn measure(
         Err(why) => unchecked.push(format!("forward chains: {why}")),
     }
     let before = host.counters()?;
-    let peers = probe_peers(prober, &local, facts.pod_mtu)?;
+    let mut peers = probe_peers(prober, &local, facts.pod_mtu)?;
     let after = host.counters()?;
+    for p in &mut peers {
+        p.route_dev = route_dev(k, p.peer)?;
+    }
     facts.csum_errors = after.udp_csum_errors.saturating_sub(before.udp_csum_errors);
     facts.rp_filter_drops = after.rp_filter_drops.saturating_sub(before.rp_filter_drops);
     Ok(Measured {
@@ -130,6 +133,7 @@ fn node_facts(
         ip_forward,
         forward_drop: Vec::new(),
         strict_rp_filter,
+        underlay_dev: local.underlay.name.clone(),
         conntrack: count.zip(max),
         csum_errors: 0,
         rp_filter_drops: 0,
@@ -271,7 +275,16 @@ fn peer_facts(p: &Planned, answered: &[bool]) -> PeerFacts {
         small: got(1),
         full,
         largest,
+        route_dev: None,
     }
+}
+
+/// The device the route to `peer` leaves by (`ip route get`), by name.
+fn route_dev(k: &mut impl Kernel, peer: IpAddr) -> Result<Option<String>, Error> {
+    let (Some(index), _) = k.route_to(peer)? else {
+        return Ok(None);
+    };
+    Ok(k.link_at(index)?.map(|l| l.name))
 }
 
 /// The address a peer's VTEP holds: its IPv4 pod subnet's network address (what this node's

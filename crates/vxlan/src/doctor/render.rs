@@ -81,6 +81,7 @@ mod tests {
             small: true,
             full: true,
             largest: None,
+            route_dev: None,
         };
         let node = NodeFacts {
             vtep_name: "sticky.1".into(),
@@ -90,6 +91,7 @@ mod tests {
             ip_forward: Some(false),
             forward_drop: vec![],
             strict_rp_filter: vec![],
+            underlay_dev: "eth0".into(),
             conntrack: None,
             csum_errors: 0,
             rp_filter_drops: 0,

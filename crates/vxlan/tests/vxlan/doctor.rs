@@ -63,6 +63,13 @@ fn names(p: &Pair, cause: &str, peer: Option<&str>) -> String {
         .iter()
         .map(|f| (f["cause"].as_str().unwrap_or(""), f["peer"].as_str()))
         .collect();
+    // What people read, shown with a failing test's output (and quoted in the README).
+    let file = p.topo.dir.path().join("doctor-1.conflist");
+    let text = p.topo.tool(
+        1,
+        &["doctor", "--config", file.to_str().unwrap_or_default()],
+    );
+    eprintln!("{}", String::from_utf8_lossy(&text.stdout));
     assert_eq!(got, [(cause, peer)], "{report:#}");
     assert_eq!(code, 1, "{report:#}");
     findings[0]["fix"].as_str().unwrap_or_default().to_string()
