@@ -252,6 +252,16 @@ fn asks_help(args: &[String]) -> bool {
 /// `doctor --config <file> [--json]`: prints the report whatever it found; the exit code says
 /// whether a cause was found (1) or it could not run (2).
 fn doctor(args: &[String], out: &mut program::Stdout) -> Result<(), CliError> {
+    let (text, found) = doctor_report(args)?;
+    out.write_all(text.as_bytes()).map_err(CliError::Output)?;
+    match found {
+        0 => Ok(()),
+        n => Err(CliError::Found(n)),
+    }
+}
+
+/// What `doctor` prints, and how many causes it found.
+fn doctor_report(args: &[String]) -> Result<(String, usize), CliError> {
     let parsed = parse(args, &[], &DOCTOR)?;
     let config = parsed.value("--config").ok_or(ArgsError::MissingArgument {
         verb: "doctor",
@@ -263,11 +273,7 @@ fn doctor(args: &[String], out: &mut program::Stdout) -> Result<(), CliError> {
     } else {
         crate::doctor::render::text(&report)
     };
-    out.write_all(text.as_bytes()).map_err(CliError::Output)?;
-    match report.findings.len() {
-        0 => Ok(()),
-        n => Err(CliError::Found(n)),
-    }
+    Ok((text, report.findings.len()))
 }
 
 /// Runs one operator command and returns what to print.
@@ -473,6 +479,34 @@ mod tests {
             let err = run(&args(bad)).unwrap_err();
             assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}: {err}");
         }
+    }
+
+    /// `doctor` refuses a bad command line as a usage error and says it could not run (2,
+    /// without pointing at `--help`) when the config cannot be read; nothing is probed then.
+    #[test]
+    fn doctor_usage_errors_and_an_unreadable_config_exit_2() {
+        for bad in [
+            &["doctor"][..],
+            &["doctor", "--config"],
+            &["doctor", "--config", "/a", "--verbose"],
+            &["doctor", "--config", "/a", "extra"],
+        ] {
+            let err = doctor_report(&args(bad)).unwrap_err();
+            assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}: {err}");
+            assert!(program::Failure::is_usage(&err), "{bad:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("10-missing.conflist");
+        let err =
+            doctor_report(&args(&["doctor", "--config", missing.to_str().unwrap()])).unwrap_err();
+        assert!(matches!(err, CliError::Doctor(_)), "{err:?}");
+        assert_eq!(err.exit_code(), 2);
+        assert!(!program::Failure::is_usage(&err));
+        assert!(
+            err.to_string().starts_with("doctor could not run: "),
+            "{err}"
+        );
+        assert_eq!(CliError::Found(2).exit_code(), 1);
     }
 
     /// Several `--config`: every file is tried and each failure kept with its file; the exit
