@@ -225,7 +225,7 @@ fn bridge_finding(node: &NodeFacts) -> Option<Finding> {
         Cause::BridgeAddress,
         detail,
         format!(
-            "sticky-vxlan reconcile --config {}, then recreate a pod (ADD gives the bridge its gateway)",
+            "sticky-vxlan reconcile --config {} (it puts the gateway address back on the bridge)",
             node.config
         ),
     ))

@@ -368,3 +368,34 @@ fn doctor_names_vxlan_packets_dropped_for_bad_checksums() {
     ]);
     healed(&p);
 }
+
+/// Node 1's VTEP deleted by hand: its pods reach no other node, doctor names the node (and
+/// blames no peer), and the `reconcile` it prints brings the VTEP back.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn doctor_names_a_missing_vtep_and_its_reconcile_heals_it() {
+    let p = pair();
+    p.topo.ip(1, &["link", "del", "sticky.1"]);
+    assert!(!p.topo.reaches(&p.a, &p.ip_b));
+    let fix = names(&p, "no-vtep", None);
+    assert!(fix.starts_with("sticky-vxlan reconcile --config "), "{fix}");
+    // Run as printed (the tool is the test's build, run in node 1).
+    let args: Vec<&str> = fix.split_whitespace().skip(1).collect();
+    succeeded(&p.topo.tool(1, &args), &fix);
+    healed(&p);
+}
+
+/// The bridge's gateway address removed by hand: node 1's pods have no gateway, doctor names
+/// the bridge, and the `reconcile` it prints puts the address back.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn doctor_names_a_bridge_without_its_address() {
+    let p = pair();
+    p.topo.ip(1, &["addr", "flush", "dev", "stickybr0"]);
+    assert!(!p.topo.reaches(&p.a, &p.ip_b));
+    let fix = names(&p, "bridge-address", None);
+    let reconcile = command_of(&fix);
+    let args: Vec<&str> = reconcile.split_whitespace().skip(1).collect();
+    succeeded(&p.topo.tool(1, &args), reconcile);
+    healed(&p);
+}
