@@ -24,6 +24,7 @@
 
 mod api;
 mod clock;
+mod doctor;
 mod endpoint;
 mod family;
 mod files;
@@ -185,6 +186,9 @@ fn run(opts: Options) -> Result<(), Error> {
         let bound =
             serve::start(addr, shared.clone()).map_err(|source| Error::Metrics { addr, source })?;
         log(&format!("serving /metrics and /healthz on {bound}"));
+    }
+    if let Some(every) = opts.doctor_every {
+        doctor::start(opts.config.clone(), every, shared.clone());
     }
     let mut sites = match &cfg.sites {
         None => None,
