@@ -80,6 +80,11 @@ if $root; then
   logged cargo test --locked -p sticky-vxlan --features crash-points --target-dir target/crash --test vxlan_crash \
     -- --include-ignored
   check_libtest_skips 0
+  # sticky-wg's daemon tests with its test-only panic (crash-points): a panic ends the process
+  # and a new daemon takes over the device.
+  logged cargo test --locked -p sticky-wg --features crash-points --target-dir target/crash --test daemon \
+    -- --include-ignored
+  check_libtest_skips 0
   step scripts/test-packages.sh
 else
   echo "==> skipping scripts/test-packages.sh: it installs and purges a .deb, which needs root"

@@ -3,7 +3,8 @@
 //! on exactly the crates its row names, and only on crates of the rows above it (imports point
 //! down). Beside the table, the rules it exists for, which no edit of the doc can loosen: only
 //! the agent links an HTTP client, TLS or YAML; sticky-ipam links no netlink; the CNI protocol
-//! crate stands alone on serde, serde_json, thiserror and ipnet.
+//! crate stands alone on serde, serde_json, thiserror and ipnet; the plugins link no crypto,
+//! random, key-encoding or async crate, and nothing of sites.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -256,4 +257,65 @@ fn sticky_ipam_links_no_netlink_and_the_cni_crate_stands_alone() {
         external.iter().all(|e| allowed.contains(&e.as_str())),
         "cni-protocol depends on {external:?}; only {allowed:?} are allowed"
     );
+}
+
+/// Every package `name` links when built alone, as the release build makes each binary
+/// (`cargo rustc -p <binary>`, scripts/build-release.sh): `cargo tree -e normal -p`, whose
+/// features are that package's, not the whole workspace's.
+fn linked_alone(name: &str) -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--locked",
+            "--offline",
+        ])
+        .args(["--target", &host(), "-p", name])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The binaries kubelet executes per pod link nothing of sites but what they read (the MTU
+/// bound and the carried subnets, in the overlay): no crypto, no random source, no key
+/// encoding, no async runtime, and not the sites crate (issue 33).
+#[test]
+fn the_plugins_link_no_crypto_random_key_encoding_async_or_sites() {
+    let forbidden = [
+        "sticky-sites",
+        "x25519-dalek",
+        "curve25519-dalek",
+        "ring",
+        "getrandom",
+        "rand",
+        "rand_core",
+        "zeroize",
+        "base64",
+        "tokio",
+        "futures",
+        "async-std",
+        "gotatun",
+    ];
+    for plugin in ["sticky-ipam", "sticky-vxlan"] {
+        let links = linked_alone(plugin);
+        assert!(links.contains("sticky-overlay") || plugin == "sticky-ipam");
+        let found: Vec<&str> = forbidden
+            .into_iter()
+            .filter(|f| links.contains(*f))
+            .collect();
+        assert!(found.is_empty(), "{plugin} links {found:?}");
+    }
 }

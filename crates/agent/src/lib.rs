@@ -269,8 +269,9 @@ fn run(opts: Options) -> Result<(), Error> {
                 cfg.vni,
                 guard::Guard::new(opts.max_remove_fraction),
             );
-            if let (Some(run), Some(s), Some(me)) = (&sites, &cfg.sites, &opts.node_name) {
-                keeper.sites = Some(sites::run::shaper(me, s, run.cached_current()));
+            if let Some(run) = &sites {
+                keeper.sites = Some(run.shaper());
+                keeper.start_from(run.cached_peers());
             }
             Some(ApiSide {
                 keeper,

@@ -11,6 +11,7 @@
 //! costs one placement, one file write and one reconcile, not one per event.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::time::Instant;
@@ -199,6 +200,10 @@ pub struct Keeper {
     /// each Node.
     pub sites: Option<Shaper>,
     facts: BTreeMap<String, Facts>,
+    /// With sites: every Node placed at the last write that was not refused, of every site
+    /// (the peers file holds only this node's site; the others' subnets are carried). A
+    /// conflict never moves traffic away from them either ([`Keeper::held_for_placing`]).
+    placed_before: Vec<Peer>,
     /// The site plan of the last write that was not refused, until taken.
     shaped: Option<Shaped>,
     /// What that plan was made from (the Nodes' site inputs).
@@ -218,6 +223,7 @@ impl Keeper {
             current: files::PeersCache::default(),
             sites: None,
             facts: BTreeMap::new(),
+            placed_before: Vec::new(),
             shaped: None,
             adopted_inputs: None,
         }
@@ -278,7 +284,7 @@ impl Keeper {
         if !self.listed {
             return (Outcome::Unchanged, Vec::new());
         }
-        let placed = table::place(&self.nodes, held, self.vni);
+        let placed = table::place(&self.nodes, &self.held_for_placing(held), self.vni);
         let settled = table::settle(placed, held, self.own_name.as_deref(), accepts);
         let placed: Placed = match settled {
             Ok(p) => p,
@@ -304,6 +310,7 @@ impl Keeper {
             }
         }
         self.left_out.clone_from(&placed.left_out);
+        let placed_now = placed.list();
         let (new, shaped) = match &self.sites {
             None => (placed.list(), None),
             Some(shaper) => match shaper.shape(&placed, &self.facts) {
@@ -320,7 +327,7 @@ impl Keeper {
             .map(<[Peer]>::to_vec);
         if current.as_deref() == Some(&new[..]) {
             self.guard.refusal_gone();
-            self.adopt(shaped);
+            self.adopt(shaped, placed_now);
             return (Outcome::Unchanged, log);
         }
         // The same Nodes as the plan in force: the change is what this node observes of its
@@ -338,7 +345,7 @@ impl Keeper {
             );
         }
         let lines = mapping::describe_changes(current.as_deref().unwrap_or(held), &new);
-        self.adopt(shaped);
+        self.adopt(shaped, placed_now);
         (
             Outcome::Written {
                 lines,
@@ -350,16 +357,41 @@ impl Keeper {
 }
 
 impl Keeper {
+    /// With sites, the Nodes placed before (`placed`: those of the plan in force, from the
+    /// sites cache at start); their entries count as held beside the file's, so a remote node
+    /// whose subnet is only carried keeps its place against a newcomer (issue 34).
+    pub fn start_from(&mut self, placed: Vec<Peer>) {
+        self.placed_before = placed;
+    }
+
+    /// What a conflict never moves traffic away from: the peers file's entries (`held`, what
+    /// they carry aside: a carried subnet is its own Node's) and, with sites, every Node of
+    /// every site placed before.
+    fn held_for_placing(&self, held: &[Peer]) -> Vec<Peer> {
+        let mut all: BTreeMap<IpAddr, Peer> = held
+            .iter()
+            .map(|p| {
+                let own = Peer {
+                    carries: Vec::new(),
+                    ..p.clone()
+                };
+                (p.ip, own)
+            })
+            .collect();
+        for p in &self.placed_before {
+            all.entry(p.ip).or_insert_with(|| p.clone());
+        }
+        all.into_values().collect()
+    }
+
     /// Keeps `shaped` for the sites side, and its active gateways as current (kept while
-    /// they are not seen dead: no preemption).
-    fn adopt(&mut self, shaped: Option<Shaped>) {
+    /// they are not seen dead: no preemption), and with sites the Nodes `placed`.
+    fn adopt(&mut self, shaped: Option<Shaped>, placed: Vec<Peer>) {
+        if self.sites.is_some() {
+            self.placed_before = placed;
+        }
         if let (Some(shaper), Some(s)) = (&mut self.sites, &shaped) {
-            shaper.current = s
-                .plan
-                .actives
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            shaper.adopt(&s.inputs, &s.plan.actives);
         }
         if let Some(s) = shaped {
             self.adopted_inputs = Some(s.inputs.clone());
@@ -522,23 +554,17 @@ mod tests {
     /// Site A (a1, a2, a3; a1 and a3 gateways) and the cloud (c1 with an endpoint, c2..c6),
     /// seen from a2: its keeper with sites and a strict guard.
     fn site_keeper(dir: &std::path::Path) -> Keeper {
-        use crate::sites::shape::Observation;
-        use sticky_sites::model::{
-            ENDPOINT_ANNOTATION, GATEWAY_LABEL, PUBLIC_KEY_ANNOTATION, SITE_LABEL, SiteConfig,
+        use sticky_overlay::sites::{
+            DEFAULT_GATEWAY_LABEL as GATEWAY_LABEL, DEFAULT_SITE_LABEL as SITE_LABEL,
         };
+        use sticky_sites::model::{ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION};
         let mut k = Keeper::new(
             dir.join("peers.json"),
             Some("a2".into()),
             1,
             Guard::new(0.2),
         );
-        k.sites = Some(Shaper {
-            me: "a2".into(),
-            config: SiteConfig::default(),
-            settings: sticky_sites::plan::Settings::default(),
-            current: BTreeMap::new(),
-            observation: Observation::default(),
-        });
+        k.sites = Some(crate::sites::shape::tests::shaper("a2"));
         let mut nodes = BTreeMap::new();
         let mut facts = BTreeMap::new();
         let rows = [
@@ -601,6 +627,49 @@ mod tests {
         k.apply(Update::Delete("c6".into()));
         let (out, _) = k.write(Instant::now(), &now, |_| Ok(()));
         assert!(matches!(out, Outcome::Refused(_)), "{out:?}");
+    }
+
+    /// Issue 34, reproduction 4: a new Node of site A claiming cloud node c2's pod subnet.
+    /// c2's subnet is only carried in a2's peers file (by a1's entry), yet c2 keeps its place:
+    /// the newcomer is left out and c2's subnet stays carried; the same after a restart that
+    /// starts from the cache.
+    #[test]
+    fn a_newcomer_overlapping_a_remote_node_is_left_out_and_the_remote_node_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = site_keeper(dir.path());
+        let (out, _) = k.write(Instant::now(), &[], |_| Ok(()));
+        assert!(matches!(out, Outcome::Written { .. }), "{out:?}");
+        let held = files::current_peers(&dir.path().join("peers.json")).unwrap();
+        let c2_subnet: ipnet::IpNet = "198.18.2.0/24".parse().unwrap();
+        let carried = |l: &[Peer]| l.iter().any(|p| p.carries.contains(&c2_subnet));
+        assert!(carried(&held));
+        let placed_then = k.placed_before.clone();
+        let newcomer = |k: &mut Keeper| {
+            k.apply(Update::Upsert(
+                "a9".into(),
+                mapped("192.0.2.9", "198.18.2.0/24"),
+            ));
+            let mut f = Facts::default();
+            f.labels.insert(
+                sticky_overlay::sites::DEFAULT_SITE_LABEL.into(),
+                "site-a".into(),
+            );
+            k.apply(Update::Facts("a9".into(), f));
+        };
+        newcomer(&mut k);
+        let (out, log) = k.write(Instant::now(), &held, |_| Ok(()));
+        assert!(matches!(out, Outcome::Unchanged), "{out:?} {log:?}");
+        assert!(k.left_out().contains_key("a9"), "{:?}", k.left_out());
+        assert!(!k.left_out().contains_key("c2"), "{:?}", k.left_out());
+        assert!(carried(
+            &files::current_peers(&dir.path().join("peers.json")).unwrap()
+        ));
+        // An agent restarted from the cache knows c2 was placed before its first write.
+        let mut k = site_keeper(dir.path());
+        k.start_from(placed_then);
+        newcomer(&mut k);
+        k.write(Instant::now(), &held, |_| Ok(()));
+        assert!(k.left_out().contains_key("a9") && !k.left_out().contains_key("c2"));
     }
 
     #[test]

@@ -98,154 +98,12 @@ pub struct Config {
     /// `ipam.type`: the IPAM plugin executed from `CNI_PATH`.
     pub ipam_type: String,
     /// `sites`: the network spans sites joined by WireGuard gateways (docs/sites.md).
-    pub sites: Option<Sites>,
+    pub sites: Option<crate::sites::Sites>,
     /// Whether this node's subnets (from its peer entry) are filled in as the IPAM ranges:
     /// the IPAM plugin reads host-local's schema (`sticky-ipam`, `host-local`) and nothing
     /// names a range, neither the section (`ranges`, `subnet`) nor the runtime
     /// (`runtimeConfig.ipRanges`, the ipRanges capability).
     pub ranges_from_peers: bool,
-}
-
-/// The `sites` object: present when the network spans sites (sets of nodes that reach each
-/// other directly) joined by one WireGuard gateway per site. The plugin uses only `wan_mtu`
-/// (the pod MTU leaves room for the tunnel); the agent uses the rest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sites {
-    /// The path MTU between sites (`wanMtu`, default 1500).
-    pub wan_mtu: u32,
-    /// The UDP port a gateway's tunnel listens on (`listenPort`, default 51820).
-    pub listen_port: u16,
-    /// The tunnel's device (`interface`, default `stickywg0`), made by `sticky-wg`.
-    pub interface: String,
-    /// The Node label holding a Node's site (`siteLabel`, default `sticky-cni.io/site`).
-    pub site_label: String,
-    /// The WireGuard keepalive of every tunnel peer that has one, in seconds
-    /// (`keepaliveSecs`, default 25, 1 to 3600): it keeps the NAT mappings open.
-    pub keepalive_secs: u16,
-    /// The UDP port every node answers liveness probes on, inside its site (`probePort`,
-    /// default 51821).
-    pub probe_port: u16,
-}
-
-/// The tunnel device's default name.
-pub const DEFAULT_TUNNEL_INTERFACE: &str = "stickywg0";
-
-/// `sites`, when present (see [`Sites`]).
-pub fn sites(obj: &Map<String, Value>) -> Result<Option<Sites>, Error> {
-    const KEYS: [&str; 6] = [
-        "wanMtu",
-        "listenPort",
-        "interface",
-        "siteLabel",
-        "keepaliveSecs",
-        "probePort",
-    ];
-    let Some(v) = obj.get("sites") else {
-        return Ok(None);
-    };
-    let Some(s) = v.as_object() else {
-        return Err(bad(
-            "sites",
-            format!("{v} is not an object like {{\"wanMtu\": 1500}}"),
-        ));
-    };
-    if let Some(k) = s.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(bad(
-            "sites",
-            format!("{k:?} is not one of {}", KEYS.join(", ")),
-        ));
-    }
-    let field = |key: &str| s.get(key).filter(|v| !v.is_null()).cloned();
-    let wan_mtu = match field("wanMtu") {
-        None => sticky_sites::mtu::DEFAULT_WAN_MTU,
-        Some(v) => match v.as_u64().and_then(|m| u32::try_from(m).ok()) {
-            Some(m) if (1280..=65_535).contains(&m) => m,
-            _ => {
-                return Err(bad(
-                    "sites",
-                    format!("wanMtu {v} is not from 1280 to 65535"),
-                ));
-            }
-        },
-    };
-    let listen_port = match field("listenPort") {
-        None => sticky_sites::plan::DEFAULT_LISTEN_PORT,
-        Some(v) => match v.as_u64().and_then(|p| u16::try_from(p).ok()) {
-            Some(p) if p != 0 => p,
-            _ => {
-                return Err(bad(
-                    "sites",
-                    format!("listenPort {v} is not a UDP port from 1 to 65535"),
-                ));
-            }
-        },
-    };
-    let interface = match field("interface") {
-        None => DEFAULT_TUNNEL_INTERFACE.to_string(),
-        Some(Value::String(name)) => {
-            check_ifname("sites", &name)?;
-            name
-        }
-        Some(v) => {
-            return Err(bad(
-                "sites",
-                format!("interface {v} is not an interface name"),
-            ));
-        }
-    };
-    let site_label = match field("siteLabel") {
-        None => sticky_sites::model::SITE_LABEL.to_string(),
-        Some(Value::String(key))
-            if key.contains("sticky-cni")
-                && key.len() <= 253
-                && !key.chars().any(char::is_whitespace) =>
-        {
-            key
-        }
-        Some(v) => {
-            return Err(bad(
-                "sites",
-                format!(
-                    "siteLabel {v} is not a label key containing \"sticky-cni\" (the agent keeps only such labels), e.g. node-restriction.kubernetes.io/sticky-cni-site"
-                ),
-            ));
-        }
-    };
-    let keepalive_secs = match field("keepaliveSecs") {
-        None => sticky_sites::plan::DEFAULT_KEEPALIVE_SECS,
-        Some(v) => match v.as_u64().and_then(|k| u16::try_from(k).ok()) {
-            Some(k) if (1..=3600).contains(&k) => k,
-            _ => {
-                return Err(bad(
-                    "sites",
-                    format!("keepaliveSecs {v} is not from 1 to 3600 (seconds)"),
-                ));
-            }
-        },
-    };
-    let probe_port = probe_port(field("probePort"))?;
-    Ok(Some(Sites {
-        wan_mtu,
-        listen_port,
-        interface,
-        site_label,
-        keepalive_secs,
-        probe_port,
-    }))
-}
-
-/// `sites.probePort`: a UDP port, default [`sticky_sites::probe::DEFAULT_PORT`].
-fn probe_port(v: Option<Value>) -> Result<u16, Error> {
-    let Some(v) = v else {
-        return Ok(sticky_sites::probe::DEFAULT_PORT);
-    };
-    match v.as_u64().and_then(|p| u16::try_from(p).ok()) {
-        Some(p) if p != 0 => Ok(p),
-        _ => Err(bad(
-            "sites",
-            format!("probePort {v} is not a UDP port from 1 to 65535"),
-        )),
-    }
 }
 
 /// IPAM plugins whose config is host-local's schema, the ones ranges may be filled in for.
@@ -458,7 +316,7 @@ impl Config {
             ));
         }
         let state_dir = state_dir(obj)?;
-        let sites = sites(obj)?;
+        let sites = crate::sites::parse(obj).map_err(|e| bad("sites", e.to_string()))?;
         let ipam = obj
             .get("ipam")
             .and_then(Value::as_object)
@@ -522,72 +380,6 @@ mod tests {
         let mut v = base();
         v[key] = value;
         Config::from_json("edge", &v)
-    }
-
-    #[test]
-    fn sites_probe_port_default_setting_and_refusals() {
-        let port = |v| with("sites", v).map(|c| c.sites.map(|s| s.probe_port));
-        assert_eq!(port(json!({})).unwrap(), Some(51821));
-        assert_eq!(port(json!({"probePort": 4789})).unwrap(), Some(4789));
-        for bad in [json!(0), json!(70000), json!("51821")] {
-            let e = port(json!({ "probePort": bad })).unwrap_err().to_string();
-            assert!(e.contains(&format!("probePort {bad}")), "{e}");
-        }
-    }
-
-    #[test]
-    fn sites_defaults_settings_and_refusals() {
-        assert_eq!(with("cniVersion", json!("1.0.0")).unwrap().sites, None);
-        let d = with("sites", json!({})).unwrap().sites.unwrap();
-        assert_eq!(
-            d,
-            Sites {
-                wan_mtu: 1500,
-                listen_port: 51820,
-                interface: "stickywg0".into(),
-                site_label: "sticky-cni.io/site".into(),
-                keepalive_secs: 25,
-                probe_port: 51821,
-            }
-        );
-        let s = with(
-            "sites",
-            json!({"wanMtu": 1492, "listenPort": 4500, "interface": "wg-sites",
-                   "siteLabel": "node-restriction.kubernetes.io/sticky-cni-site",
-                   "keepaliveSecs": 5}),
-        )
-        .unwrap()
-        .sites
-        .unwrap();
-        assert_eq!(
-            (
-                s.wan_mtu,
-                s.listen_port,
-                s.interface.as_str(),
-                s.keepalive_secs
-            ),
-            (1492, 4500, "wg-sites", 5)
-        );
-        for (bad, says) in [
-            (json!(true), "is not an object"),
-            (json!({"wanmtu": 1400}), "\"wanmtu\" is not one of"),
-            (json!({"wanMtu": 1000}), "wanMtu 1000 is not from 1280"),
-            (json!({"listenPort": 0}), "listenPort 0"),
-            (json!({"listenPort": 70000}), "listenPort 70000"),
-            (
-                json!({"keepaliveSecs": 0}),
-                "keepaliveSecs 0 is not from 1 to 3600",
-            ),
-            (json!({"keepaliveSecs": 3601}), "keepaliveSecs 3601"),
-            (json!({"interface": "a/b"}), "sites"),
-            (
-                json!({"siteLabel": "topology.kubernetes.io/zone"}),
-                "containing \"sticky-cni\"",
-            ),
-        ] {
-            let err = with("sites", bad.clone()).unwrap_err().to_string();
-            assert!(err.contains(says), "{bad}: {err}");
-        }
     }
 
     #[test]

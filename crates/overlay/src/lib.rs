@@ -7,7 +7,8 @@
 //! so it survives any restart and every node can compute its peers' MACs offline; and peers
 //! come from local config ([`peers`]), not an API server.
 //!
-//! [`config`] reads the network config, [`node`] works out the underlay and peers from what
+//! [`config`] reads the network config ([`sites`] its `sites` object: the WAN's bound on the
+//! pod MTU, and what the agent reads), [`node`] works out the underlay and peers from what
 //! the kernel shows, [`devices`] decides the VTEP and bridge as [`step::Step`]s, the
 //! [`kernel`] seam reads and writes the node (with [`nft`] for nftables), [`state_dir`] holds
 //! the lock and the last good peers, [`stamp`] what the last full reconcile left, [`pod`]
@@ -40,6 +41,7 @@ pub mod node;
 pub mod peers;
 pub mod pod;
 pub mod pods;
+pub mod sites;
 pub mod stamp;
 pub mod state_dir;
 pub mod step;

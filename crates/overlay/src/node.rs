@@ -160,9 +160,9 @@ pub fn mtu_for(
     wan_mtu: Option<u32>,
 ) -> Result<u32, Error> {
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
-    let (overhead, family) = match local {
-        IpAddr::V4(_) => (IPV4_OVERHEAD, sticky_sites::mtu::Family::V4),
-        IpAddr::V6(_) => (IPV6_OVERHEAD, sticky_sites::mtu::Family::V6),
+    let overhead = match local {
+        IpAddr::V4(_) => IPV4_OVERHEAD,
+        IpAddr::V6(_) => IPV6_OVERHEAD,
     };
     let max = underlay_mtu.saturating_sub(overhead);
     if let Some(m) = wanted
@@ -178,7 +178,7 @@ pub fn mtu_for(
     let Some(wan_mtu) = wan_mtu else {
         return Ok(wanted.unwrap_or(max));
     };
-    let wg = family.wireguard_overhead();
+    let wg = crate::sites::wireguard_overhead(local);
     let wan_max = wan_mtu.saturating_sub(wg);
     match wanted {
         Some(m) if m > wan_max => Err(Error::MtuAboveWan {

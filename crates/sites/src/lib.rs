@@ -16,7 +16,6 @@ pub mod gateway;
 pub mod heal;
 pub mod keys;
 pub mod model;
-pub mod mtu;
 pub mod observed;
 pub mod paths;
 pub mod punch;

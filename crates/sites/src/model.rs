@@ -1,11 +1,13 @@
 //! From Node objects to sites: which site each Node is in, and which Nodes may carry their
 //! site's traffic (gateway candidates) with their public key and endpoint.
 //!
-//! - Site: the label [`SiteConfig::label_key`] (default [`SITE_LABEL`]). No label, or an
-//!   empty value, is the default site [`DEFAULT_SITE`]: a cluster without labels is one site,
-//!   as today. The value must be a valid Kubernetes label value (at most 63 characters,
+//! - Site: the label [`SiteConfig::site_key`] (`sites.siteLabel`). No label, or an empty
+//!   value, is the default site [`DEFAULT_SITE`]: a cluster without labels is one site, as
+//!   today. The value must be a valid Kubernetes label value (at most 63 characters,
 //!   alphanumeric at both ends, `-`, `_`, `.` between).
-//! - Gateway: label [`GATEWAY_LABEL`] = `"true"`; `"false"` or absent is a plain node.
+//! - Gateway: the label [`SiteConfig::gateway_key`] (`sites.gatewayLabel`) = `"true"`;
+//!   `"false"` or absent is a plain node. Both keys default to admin-only labels (under
+//!   `node-restriction.kubernetes.io/`, which a kubelet cannot set on its own Node).
 //! - Public key: annotation [`PUBLIC_KEY_ANNOTATION`], base64 of 32 bytes, not all zeros. A
 //!   gateway without it is not a candidate yet (its key is not published), which is no error.
 //! - Endpoint: annotation [`ENDPOINT_ANNOTATION`], `a.b.c.d:port` or `[v6]:port`. DNS names are
@@ -16,9 +18,13 @@
 //! Blast radius: a Node with a bad site label is left out of every site ([`Model::left_out`]):
 //! it is no member, no gateway, and its pod subnets are routed from no other site. A Node whose
 //! site is good but whose gateway part is bad (a gateway label other than `"true"`/`"false"`,
-//! a bad key or endpoint annotation, a key another gateway also claims) stays a plain member
-//! of its site (its subnets are its site's) and is no candidate ([`Model::not_gateway`]). Two
-//! input Nodes with one name are both left out. Each reason is typed; nothing else changes.
+//! a bad key or endpoint annotation) stays a plain member of its site (its subnets are its
+//! site's) and is no candidate ([`Model::not_gateway`]). A public key or an endpoint claimed by
+//! more than one gateway stays with the one that held it ([`Holders`]: the site's current
+//! active gateway, or the only claimant in the Nodes every node last adopted); the others are
+//! no candidates, and when none held it, none is: a Node that copies another's key or
+//! endpoint never takes its role (docs/sites.md, "Trust"). Two input Nodes with one name are
+//! both left out. Each reason is typed; nothing else changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -27,12 +33,10 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use sticky_overlay::sites::{DEFAULT_GATEWAY_LABEL, DEFAULT_SITE_LABEL, Sites};
+
 use crate::keys::{self, PublicKey};
 
-/// The default site label key.
-pub const SITE_LABEL: &str = "sticky-cni.io/site";
-/// The label that lets a Node carry its site's traffic.
-pub const GATEWAY_LABEL: &str = "sticky-cni.io/gateway";
 /// The annotation others dial: `<address>:<port>`.
 pub const ENDPOINT_ANNOTATION: &str = "sticky-cni.io/gateway-endpoint";
 /// The annotation holding a gateway's WireGuard public key (base64).
@@ -47,8 +51,8 @@ pub enum Error {
         "label {key} = {value:?} is not a valid label value (at most 63 characters, alphanumeric at both ends, '-', '_' or '.' between)"
     )]
     BadSite { key: String, value: String },
-    #[error("label {GATEWAY_LABEL} = {value:?} is neither \"true\" nor \"false\"")]
-    BadGatewayLabel { value: String },
+    #[error("label {key} = {value:?} is neither \"true\" nor \"false\"")]
+    BadGatewayLabel { key: String, value: String },
     #[error("annotation {PUBLIC_KEY_ANNOTATION}: {0}")]
     BadKey(String),
     #[error("annotation {ENDPOINT_ANNOTATION} = {value:?} is not {expected}")]
@@ -57,11 +61,33 @@ pub enum Error {
         expected: &'static str,
     },
     #[error(
-        "public key {key} is also claimed by gateway(s) {others:?}: none of them is a candidate"
+        "public key {key} is also claimed by gateway(s) {others:?}: {}",
+        kept(holder)
     )]
-    KeyInUse { key: PublicKey, others: Vec<String> },
+    KeyInUse {
+        key: PublicKey,
+        others: Vec<String>,
+        holder: Option<String>,
+    },
+    #[error(
+        "endpoint {endpoint} is also claimed by gateway(s) {others:?}: {}",
+        kept(holder)
+    )]
+    EndpointInUse {
+        endpoint: SocketAddr,
+        others: Vec<String>,
+        holder: Option<String>,
+    },
     #[error("more than one input Node is named {name:?}")]
     DuplicateName { name: String },
+}
+
+/// How a claim made twice ends, for an error message.
+fn kept(holder: &Option<String>) -> String {
+    match holder {
+        Some(h) => format!("it stays with {h}, which held it"),
+        None => "none of them held it, so none of them is a candidate".into(),
+    }
 }
 
 /// A site's name (a valid label value).
@@ -111,18 +137,79 @@ impl fmt::Display for SiteName {
     }
 }
 
-/// How sites are read from Nodes.
+/// How sites are read from Nodes: the label keys of the config's `sites` object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SiteConfig {
-    /// The label holding a Node's site (a key under `node-restriction.kubernetes.io/` keeps a
-    /// kubelet from moving its own Node to another site).
-    pub label_key: String,
+    /// The label holding a Node's site (`sites.siteLabel`).
+    pub site_key: String,
+    /// The label that makes a Node a gateway candidate (`sites.gatewayLabel`).
+    pub gateway_key: String,
+}
+
+impl SiteConfig {
+    /// The keys `sites` names.
+    pub fn of(sites: &Sites) -> Self {
+        Self {
+            site_key: sites.site_label.clone(),
+            gateway_key: sites.gateway_label.clone(),
+        }
+    }
 }
 
 impl Default for SiteConfig {
     fn default() -> Self {
         Self {
-            label_key: SITE_LABEL.to_string(),
+            site_key: DEFAULT_SITE_LABEL.to_string(),
+            gateway_key: DEFAULT_GATEWAY_LABEL.to_string(),
+        }
+    }
+}
+
+/// Who held each gateway public key and endpoint before this build: a second claim never
+/// takes them away (see the module doc). Every node computes the same from what it adopted
+/// and cached: the current active gateways and the Nodes of the plan in force.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holders {
+    keys: BTreeMap<PublicKey, String>,
+    endpoints: BTreeMap<SocketAddr, String>,
+}
+
+impl Holders {
+    /// The holders in `prior` (the Nodes of the plan in force): a key or endpoint's only
+    /// gateway claimant holds it, and of several claimants a site's `current` active gateway.
+    /// O(n log n).
+    pub fn of(
+        prior: &[NodeInput],
+        config: &SiteConfig,
+        current: &BTreeMap<SiteName, String>,
+    ) -> Holders {
+        let mut keys: BTreeMap<PublicKey, Vec<&str>> = BTreeMap::new();
+        let mut endpoints: BTreeMap<SocketAddr, Vec<&str>> = BTreeMap::new();
+        for n in prior {
+            if let Ok(Some(c)) = gateway_part(n, config) {
+                keys.entry(c.public_key).or_default().push(&n.name);
+                if let Some(e) = c.endpoint {
+                    endpoints.entry(e).or_default().push(&n.name);
+                }
+            }
+        }
+        let active: BTreeSet<&str> = current.values().map(String::as_str).collect();
+        let holder = |names: Vec<&str>| match names[..] {
+            [one] => Some(one.to_string()),
+            _ => names
+                .into_iter()
+                .find(|n| active.contains(n))
+                .map(str::to_string),
+        };
+        Holders {
+            keys: keys
+                .into_iter()
+                .filter_map(|(k, names)| holder(names).map(|h| (k, h)))
+                .collect(),
+            endpoints: endpoints
+                .into_iter()
+                .filter_map(|(e, names)| holder(names).map(|h| (e, h)))
+                .collect(),
         }
     }
 }
@@ -229,12 +316,13 @@ pub fn parse_endpoint(value: &str) -> Result<SocketAddr, Error> {
 }
 
 /// The gateway part of a Node of a good site: Ok(None) for a plain node.
-fn gateway_part(node: &NodeInput) -> Result<Option<Candidate>, Error> {
-    match node.labels.get(GATEWAY_LABEL).map(String::as_str) {
+fn gateway_part(node: &NodeInput, config: &SiteConfig) -> Result<Option<Candidate>, Error> {
+    match node.labels.get(&config.gateway_key).map(String::as_str) {
         None | Some("false") => return Ok(None),
         Some("true") => {}
         Some(other) => {
             return Err(Error::BadGatewayLabel {
+                key: config.gateway_key.clone(),
                 value: other.to_string(),
             });
         }
@@ -257,8 +345,13 @@ fn gateway_part(node: &NodeInput) -> Result<Option<Candidate>, Error> {
     }))
 }
 
-/// Builds the model from Nodes in any order (the result does not depend on the order).
-pub fn build<'a>(nodes: impl IntoIterator<Item = &'a NodeInput>, config: &SiteConfig) -> Model {
+/// Builds the model from Nodes in any order (the result does not depend on the order), a
+/// claim made twice staying with its holder in `holders`.
+pub fn build<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeInput>,
+    config: &SiteConfig,
+    holders: &Holders,
+) -> Model {
     let mut by_name: BTreeMap<&str, Option<&NodeInput>> = BTreeMap::new();
     for n in nodes {
         by_name
@@ -280,17 +373,17 @@ pub fn build<'a>(nodes: impl IntoIterator<Item = &'a NodeInput>, config: &SiteCo
         };
         let value = node
             .labels
-            .get(&config.label_key)
+            .get(&config.site_key)
             .map(String::as_str)
             .unwrap_or("");
-        let site = match SiteName::parse(&config.label_key, value) {
+        let site = match SiteName::parse(&config.site_key, value) {
             Ok(s) => s,
             Err(e) => {
                 model.left_out.insert(name.to_string(), e);
                 continue;
             }
         };
-        match gateway_part(node) {
+        match gateway_part(node, config) {
             Ok(Some(c)) => candidates.push((site.clone(), c)),
             Ok(None) => {}
             Err(e) => {
@@ -306,30 +399,82 @@ pub fn build<'a>(nodes: impl IntoIterator<Item = &'a NodeInput>, config: &SiteCo
             },
         );
     }
-    // A key claimed twice would make two peers one: every claimant loses its gateway part.
-    let mut claims: BTreeMap<PublicKey, Vec<String>> = BTreeMap::new();
-    for (_, c) in &candidates {
-        claims.entry(c.public_key).or_default().push(c.name.clone());
-    }
+    let candidates = settle_claims(candidates, holders, &mut model.not_gateway, |c| {
+        Some(c.public_key)
+    });
+    let candidates = settle_claims(candidates, holders, &mut model.not_gateway, |c| c.endpoint);
     for (site, c) in candidates {
-        let Some(names) = claims.get(&c.public_key) else {
-            continue;
-        };
-        if names.len() > 1 {
-            let others = names.iter().filter(|n| **n != c.name).cloned().collect();
-            model.not_gateway.insert(
-                c.name.clone(),
-                Error::KeyInUse {
-                    key: c.public_key,
-                    others,
-                },
-            );
-            continue;
-        }
         // Candidates arrive in name order (from the name map), so each list stays sorted.
         model.sites.entry(site).or_default().candidates.push(c);
     }
     model
+}
+
+/// What two candidates may not share: a public key (two peers would be one) or an endpoint.
+trait Claim: Ord + Copy {
+    fn held_by(self, holders: &Holders) -> Option<&String>;
+    fn in_use(self, others: Vec<String>, holder: Option<String>) -> Error;
+}
+
+impl Claim for PublicKey {
+    fn held_by(self, holders: &Holders) -> Option<&String> {
+        holders.keys.get(&self)
+    }
+    fn in_use(self, others: Vec<String>, holder: Option<String>) -> Error {
+        Error::KeyInUse {
+            key: self,
+            others,
+            holder,
+        }
+    }
+}
+
+impl Claim for SocketAddr {
+    fn held_by(self, holders: &Holders) -> Option<&String> {
+        holders.endpoints.get(&self)
+    }
+    fn in_use(self, others: Vec<String>, holder: Option<String>) -> Error {
+        Error::EndpointInUse {
+            endpoint: self,
+            others,
+            holder,
+        }
+    }
+}
+
+/// The candidates whose `claim` no other candidate makes, or who held it; the others go to
+/// `refused` with why. Keeps the order.
+fn settle_claims<C: Claim>(
+    candidates: Vec<(SiteName, Candidate)>,
+    holders: &Holders,
+    refused: &mut BTreeMap<String, Error>,
+    claim: impl Fn(&Candidate) -> Option<C>,
+) -> Vec<(SiteName, Candidate)> {
+    let mut claims: BTreeMap<C, Vec<String>> = BTreeMap::new();
+    for (_, c) in &candidates {
+        if let Some(k) = claim(c) {
+            claims.entry(k).or_default().push(c.name.clone());
+        }
+    }
+    candidates
+        .into_iter()
+        .filter(|(_, c)| {
+            let Some(k) = claim(c) else {
+                return true;
+            };
+            let names = claims.get(&k).map(Vec::as_slice).unwrap_or_default();
+            if names.len() < 2 {
+                return true;
+            }
+            let holder = k.held_by(holders).filter(|h| names.contains(h));
+            if holder == Some(&c.name) {
+                return true;
+            }
+            let others = names.iter().filter(|n| **n != c.name).cloned().collect();
+            refused.insert(c.name.clone(), k.in_use(others, holder.cloned()));
+            false
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -337,6 +482,9 @@ pub(crate) mod tests {
     use super::*;
     use base64::Engine;
     use proptest::prelude::*;
+    pub(crate) use sticky_overlay::sites::{
+        DEFAULT_GATEWAY_LABEL as GATEWAY_LABEL, DEFAULT_SITE_LABEL as SITE_LABEL,
+    };
 
     pub(crate) fn key(n: u8) -> String {
         base64::engine::general_purpose::STANDARD.encode([n; 32])
@@ -422,7 +570,7 @@ pub(crate) mod tests {
             node("n1", None, "10.0.1.0/24", None),
             node("n2", None, "10.0.2.0/24", None),
         ];
-        let m = build(&nodes, &SiteConfig::default());
+        let m = build(&nodes, &SiteConfig::default(), &Holders::default());
         assert_eq!(m.sites.len(), 1);
         assert!(!m.has_sites());
         let s = &m.sites[&SiteName::default_site()];
@@ -433,17 +581,21 @@ pub(crate) mod tests {
 
     #[test]
     fn configurable_label_key() {
-        let key = "node-restriction.kubernetes.io/site";
-        let mut n = node("n1", None, "10.0.1.0/24", None);
+        let (key, gw) = ("sticky-cni.io/site", "sticky-cni.io/gateway");
+        let mut n = node("n1", None, "10.0.1.0/24", Some((1, None)));
         n.labels.insert(key.into(), "shop".into());
         n.labels.insert(SITE_LABEL.into(), "ignored".into());
-        let m = build(
-            [&n],
-            &SiteConfig {
-                label_key: key.into(),
-            },
-        );
+        n.labels.remove(GATEWAY_LABEL);
+        let config = SiteConfig {
+            site_key: key.into(),
+            gateway_key: gw.into(),
+        };
+        let m = build([&n], &config, &Holders::default());
         assert_eq!(m.site_of["n1"].as_str(), "shop");
+        assert!(m.sites[&m.site_of["n1"]].candidates.is_empty());
+        n.labels.insert(gw.into(), "true".into());
+        let m = build([&n], &config, &Holders::default());
+        assert_eq!(m.sites[&m.site_of["n1"]].candidates[0].name, "n1");
     }
 
     #[test]
@@ -485,7 +637,7 @@ pub(crate) mod tests {
         let nodes = [
             bad_site, bad_label, bad_key, zero_key, bad_ep, twin1, twin2, good, no_key,
         ];
-        let m = build(&nodes, &SiteConfig::default());
+        let m = build(&nodes, &SiteConfig::default(), &Holders::default());
         assert!(matches!(m.left_out["b-site"], Error::BadSite { .. }));
         assert_eq!(m.left_out.len(), 1);
         assert!(!m.site_of.contains_key("b-site"));
@@ -520,11 +672,94 @@ pub(crate) mod tests {
         );
     }
 
+    /// Issue 34, reproduction 1: a Node that copies the active cloud gateway's public key (or
+    /// its endpoint) takes nothing from it: the holder stays the candidate, the copier is not.
+    #[test]
+    fn a_copied_key_or_endpoint_stays_with_its_holder() {
+        let c1 = node(
+            "c1",
+            Some("cloud"),
+            "10.0.1.0/24",
+            Some((1, Some("203.0.113.1:51820"))),
+        );
+        let a1 = node("a1", Some("edge-a"), "10.0.2.0/24", Some((2, None)));
+        let rogue_key = node("zz-rogue", Some("edge-b"), "10.0.9.0/24", Some((1, None)));
+        let rogue_ep = node(
+            "zz-ep",
+            Some("edge-b"),
+            "10.0.8.0/24",
+            Some((8, Some("203.0.113.1:51820"))),
+        );
+        let config = SiteConfig::default();
+        let prior = [c1.clone(), a1.clone()];
+        let current = BTreeMap::from([(
+            SiteName::parse(SITE_LABEL, "cloud").unwrap(),
+            "c1".to_string(),
+        )]);
+        let holders = Holders::of(&prior, &config, &current);
+        let m = build([&c1, &a1, &rogue_key, &rogue_ep], &config, &holders);
+        let cloud = &m.sites[&m.site_of["c1"]];
+        assert_eq!(
+            cloud
+                .candidates
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>(),
+            ["c1"]
+        );
+        let Error::KeyInUse { holder, .. } = &m.not_gateway["zz-rogue"] else {
+            panic!("{:?}", m.not_gateway);
+        };
+        assert_eq!(holder.as_deref(), Some("c1"));
+        assert!(
+            m.not_gateway["zz-rogue"]
+                .to_string()
+                .contains("stays with c1")
+        );
+        assert!(
+            matches!(&m.not_gateway["zz-ep"], Error::EndpointInUse { holder: Some(h), .. } if h == "c1")
+        );
+        assert!(!m.not_gateway.contains_key("c1"));
+        // Without what every node adopted (no holder known), nobody gets a copied key.
+        let m = build([&c1, &rogue_key], &config, &Holders::default());
+        assert!(m.not_gateway.contains_key("c1") && m.not_gateway.contains_key("zz-rogue"));
+    }
+
+    /// Of several prior claimants of one key, the site's current active gateway holds it; the
+    /// only claimant holds it whether or not it is active.
+    #[test]
+    fn holders_are_the_only_claimant_or_the_current_active() {
+        let g1 = node("g1", Some("a"), "10.0.1.0/24", Some((1, None)));
+        let g2 = node("g2", Some("a"), "10.0.2.0/24", Some((1, None)));
+        let g3 = node("g3", Some("a"), "10.0.3.0/24", Some((3, None)));
+        let config = SiteConfig::default();
+        let a = SiteName::parse(SITE_LABEL, "a").unwrap();
+        let h = Holders::of(
+            &[g1.clone(), g2.clone(), g3.clone()],
+            &config,
+            &BTreeMap::new(),
+        );
+        assert_eq!(
+            h.keys.get(&PublicKey([3; 32])).map(String::as_str),
+            Some("g3")
+        );
+        assert_eq!(h.keys.get(&PublicKey([1; 32])), None);
+        let h = Holders::of(
+            &[g1, g2, g3],
+            &config,
+            &BTreeMap::from([(a, "g2".to_string())]),
+        );
+        assert_eq!(
+            h.keys.get(&PublicKey([1; 32])).map(String::as_str),
+            Some("g2")
+        );
+    }
+
     #[test]
     fn duplicate_names_leave_both_out() {
         let a = node("n", Some("a"), "10.0.1.0/24", None);
         let b = node("n", Some("b"), "10.0.2.0/24", None);
-        let m = build([&a, &b], &SiteConfig::default());
+        let m = build([&a, &b], &SiteConfig::default(), &Holders::default());
         assert!(matches!(m.left_out["n"], Error::DuplicateName { .. }));
         assert!(m.sites.is_empty());
     }
@@ -543,8 +778,8 @@ pub(crate) mod tests {
                 node("bad", Some("-x"), "10.9.0.0/24", None),
             ];
             let shuffled: Vec<&NodeInput> = order.iter().map(|&i| &nodes[i]).collect();
-            let a = build(&nodes, &SiteConfig::default());
-            let b = build(shuffled, &SiteConfig::default());
+            let a = build(&nodes, &SiteConfig::default(), &Holders::default());
+            let b = build(shuffled, &SiteConfig::default(), &Holders::default());
             prop_assert_eq!(&a, &b);
             let names: Vec<&str> = a.sites[&SiteName::parse(SITE_LABEL, "a").unwrap()]
                 .candidates.iter().map(|c| c.name.as_str()).collect();
@@ -558,7 +793,7 @@ pub(crate) mod tests {
         let mut n = node("n1", None, "10.0.2.0/24", None);
         n.pod_cidrs.push("10.0.1.0/24".parse().unwrap());
         let m2 = node("n2", None, "10.0.2.0/24", None);
-        let m = build([&n, &m2], &SiteConfig::default());
+        let m = build([&n, &m2], &SiteConfig::default(), &Holders::default());
         let got = m.sites[&SiteName::default_site()].subnets();
         assert_eq!(
             got,

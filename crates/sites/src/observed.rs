@@ -113,7 +113,7 @@ pub fn nat_mapped(
 mod tests {
     use super::*;
     use crate::model::tests::node;
-    use crate::model::{SiteConfig, build};
+    use crate::model::{Holders, SiteConfig, build};
 
     #[test]
     fn parse_table() {
@@ -188,7 +188,7 @@ mod tests {
         );
         // A NATed gateway's claim is ignored.
         set(&mut nodes[3], r#"{"b1":"203.0.113.66:1"}"#);
-        let m = build(&nodes, &SiteConfig::default());
+        let m = build(&nodes, &SiteConfig::default(), &Holders::default());
         let (mapped, refused) = nat_mapped(&m, &nodes);
         assert_eq!(
             mapped["a1"],

@@ -9,10 +9,12 @@
 //! 3. Neither has an endpoint, and both have an observed NAT-mapped address (what a reachable
 //!    gateway saw them come from): [`Path::Punch`] at R's mapped address, with the relay below
 //!    as fallback until a direct handshake is observed (`up`).
-//! 4. Neither has an endpoint: [`Path::Relayed`] through the relay site: the first site by
-//!    name whose active gateway has an endpoint (both sides can dial it). L and R cannot be it
-//!    (they have none), so every pair that needs a relay uses the same one, which every node
-//!    computes alike from the same actives. No such site: unreachable.
+//! 4. Neither has an endpoint: [`Path::Relayed`] through the relay site: the first site the
+//!    config names as a relay (`sites.relays`) whose active gateway has an endpoint (both
+//!    sides can dial it). A site the config does not name never relays, whatever its Nodes'
+//!    labels say (docs/sites.md, "Trust"). L and R cannot be it (they have none), so every
+//!    pair that needs a relay uses the same one, which every node computes alike from the
+//!    same actives. No such site: unreachable.
 //!
 //! Every function is O(1) per pair after [`Router::new`] (O(sites)).
 
@@ -27,7 +29,7 @@ pub enum Unreachable {
     #[error("site {0} has no active gateway (no gateway-labelled node with a published key)")]
     NoGateway(SiteName),
     #[error(
-        "neither site's gateway has an endpoint and no site's active gateway has one to relay through"
+        "neither site's gateway has an endpoint and no relay site (sites.relays) has an active gateway with one to relay through"
     )]
     NoRelay,
 }
@@ -82,12 +84,16 @@ pub struct Router<'a> {
 }
 
 impl<'a> Router<'a> {
-    /// Paths over these active gateways (one per site that has one) and observations.
-    pub fn new(actives: &'a BTreeMap<SiteName, &'a Candidate>, observed: &'a Observed) -> Self {
-        let relay = actives
+    /// Paths over these active gateways (one per site that has one) and observations, with
+    /// the relay sites the config names in order of preference.
+    pub fn new(
+        actives: &'a BTreeMap<SiteName, &'a Candidate>,
+        observed: &'a Observed,
+        relays: &'a [SiteName],
+    ) -> Self {
+        let relay = relays
             .iter()
-            .find(|(_, g)| g.endpoint.is_some())
-            .map(|(s, _)| s);
+            .find(|s| actives.get(*s).is_some_and(|g| g.endpoint.is_some()));
         Self {
             actives,
             observed,
@@ -135,7 +141,7 @@ fn unreachable(why: Unreachable) -> Path {
 mod tests {
     use super::*;
     use crate::keys::PublicKey;
-    use crate::model::SITE_LABEL;
+    use crate::model::tests::SITE_LABEL;
 
     fn site(s: &str) -> SiteName {
         SiteName::parse(SITE_LABEL, s).unwrap()
@@ -174,7 +180,8 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let r = Router::new(&actives, &observed);
+        let relays = [site("cloud"), site("zz-cloud")];
+        let r = Router::new(&actives, &observed, &relays);
         assert_eq!(r.relay(), Some(&site("cloud")));
         let cases: Vec<(&str, &str, Path)> = vec![
             (
@@ -224,14 +231,14 @@ mod tests {
         }
         // Without NAT mappings: relayed; punched and up: the remote carries it.
         let none = Observed::default();
-        let r2 = Router::new(&actives, &none);
+        let r2 = Router::new(&actives, &none, &relays);
         assert_eq!(
             r2.path(&site("edge-a"), &site("edge-b")),
             Path::Relayed { via: site("cloud") }
         );
         let mut up = observed.clone();
         up.punched.insert(site("edge-b"));
-        let r3 = Router::new(&actives, &up);
+        let r3 = Router::new(&actives, &up, &relays);
         let p = r3.path(&site("edge-a"), &site("edge-b"));
         assert_eq!(p.carrier(&site("edge-b")), Some(&site("edge-b")));
         assert_eq!(
@@ -248,7 +255,8 @@ mod tests {
         let actives: BTreeMap<SiteName, &Candidate> =
             [(site("a"), &a), (site("b"), &b)].into_iter().collect();
         let obs = Observed::default();
-        let r = Router::new(&actives, &obs);
+        let relays = [site("a"), site("b")];
+        let r = Router::new(&actives, &obs, &relays);
         assert_eq!(r.relay(), None);
         assert_eq!(
             r.path(&site("a"), &site("b")),
@@ -258,15 +266,49 @@ mod tests {
         let mut one = Observed::default();
         one.nat_mapped
             .insert("a-gw".into(), "198.51.100.1:1".parse().unwrap());
-        let r = Router::new(&actives, &one);
+        let r = Router::new(&actives, &one, &relays);
         assert_eq!(
             r.path(&site("a"), &site("b")),
             unreachable(Unreachable::NoRelay)
         );
     }
 
+    /// Issue 34: a site that puts itself first by name, with a gateway that has an endpoint,
+    /// is no relay unless the config names it; the first named site with an endpoint is.
     #[test]
-    fn relay_is_first_endpoint_site_by_name_for_every_pair() {
+    fn only_a_named_site_relays() {
+        let rogue = gw("zz-rogue", Some("198.51.100.66:51820"));
+        let cloud = gw("c1", Some("203.0.113.1:51820"));
+        let a = gw("a1", None);
+        let b = gw("b1", None);
+        let actives: BTreeMap<SiteName, &Candidate> = [
+            (site("aaa"), &rogue),
+            (site("cloud"), &cloud),
+            (site("edge-a"), &a),
+            (site("edge-b"), &b),
+        ]
+        .into_iter()
+        .collect();
+        let obs = Observed::default();
+        let named = [site("cloud")];
+        let r = Router::new(&actives, &obs, &named);
+        assert_eq!(
+            r.path(&site("edge-a"), &site("edge-b")),
+            Path::Relayed { via: site("cloud") }
+        );
+        let r = Router::new(&actives, &obs, &[]);
+        assert_eq!(
+            r.path(&site("edge-a"), &site("edge-b")),
+            unreachable(Unreachable::NoRelay)
+        );
+        // A named site without an active endpoint is passed over for the next one named.
+        let named = [site("gone"), site("cloud")];
+        let r = Router::new(&actives, &obs, &named);
+        assert_eq!(r.relay(), Some(&site("cloud")));
+    }
+
+    #[test]
+    fn relay_is_the_first_named_endpoint_site_for_every_pair() {
         let c1 = gw("c1", Some("203.0.113.1:1"));
         let c2 = gw("c2", Some("203.0.113.2:1"));
         let n: Vec<Candidate> = (0..4).map(|i| gw(&format!("n{i}"), None)).collect();
@@ -277,7 +319,8 @@ mod tests {
             actives.insert(site(&format!("s{i}")), g);
         }
         let obs = Observed::default();
-        let r = Router::new(&actives, &obs);
+        let relays = [site("m-cloud"), site("k-cloud")];
+        let r = Router::new(&actives, &obs, &relays);
         for i in 0..4 {
             for j in 0..4 {
                 if i != j {
@@ -285,7 +328,7 @@ mod tests {
                     assert_eq!(
                         p,
                         Path::Relayed {
-                            via: site("k-cloud")
+                            via: site("m-cloud")
                         }
                     );
                 }

@@ -28,16 +28,13 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use sticky_overlay::sites::{DEFAULT_KEEPALIVE_SECS, DEFAULT_LISTEN_PORT, Sites};
+
 use crate::gateway::{self, Liveness};
 use crate::keys::PublicKey;
 use crate::model::{Candidate, Model, SiteName};
 use crate::paths::{Observed, Path, Router};
 use crate::tunnel::PeerConfig;
-
-/// WireGuard's usual port.
-pub const DEFAULT_LISTEN_PORT: u16 = 51820;
-/// WireGuard's recommended keepalive for peers behind NAT.
-pub const DEFAULT_KEEPALIVE_SECS: u16 = 25;
 
 /// Why no plan could be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,11 +56,30 @@ pub struct View {
     pub observed: Observed,
 }
 
-/// Tunnel settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the plan reads of the config's `sites` object.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub listen_port: u16,
     pub keepalive_secs: u16,
+    /// The sites that may relay, in order of preference (`sites.relays`): none named, no
+    /// site relays ([`Router`]).
+    pub relays: Vec<SiteName>,
+}
+
+impl Settings {
+    /// The settings `sites` names; a relay that is no site name is dropped (the config's
+    /// check refuses it first).
+    pub fn of(sites: &Sites) -> Self {
+        Self {
+            listen_port: sites.listen_port,
+            keepalive_secs: sites.keepalive_secs,
+            relays: sites
+                .relays
+                .iter()
+                .filter_map(|r| SiteName::parse("relays", r).ok())
+                .collect(),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -71,6 +87,7 @@ impl Default for Settings {
         Self {
             listen_port: DEFAULT_LISTEN_PORT,
             keepalive_secs: DEFAULT_KEEPALIVE_SECS,
+            relays: Vec::new(),
         }
     }
 }
@@ -147,7 +164,7 @@ pub fn plan(model: &Model, me: &str, view: &View, settings: &Settings) -> Result
             actives.insert(name.clone(), c);
         }
     }
-    let router = Router::new(&actives, &view.observed);
+    let router = Router::new(&actives, &view.observed, &settings.relays);
     let remotes: Vec<Remote> = model
         .sites
         .iter()
@@ -274,11 +291,12 @@ fn gateway_plan(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gateway::Seen;
+    use crate::model::tests::SITE_LABEL;
     use crate::model::tests::node;
-    use crate::model::{NodeInput, SITE_LABEL, SiteConfig, build};
+    use crate::model::{Holders, NodeInput, SiteConfig, build};
     use proptest::prelude::*;
 
     fn site(s: &str) -> SiteName {
@@ -317,12 +335,20 @@ mod tests {
         v
     }
 
+    /// The shipped settings with the cloud site named as the relay.
+    pub(crate) fn cloud_relays() -> Settings {
+        Settings {
+            relays: vec![site("cloud")],
+            ..Settings::default()
+        }
+    }
+
     fn plan_of(nodes: &[NodeInput], me: &str, view: &View) -> Plan {
         plan(
-            &build(nodes, &SiteConfig::default()),
+            &build(nodes, &SiteConfig::default(), &Holders::default()),
             me,
             view,
-            &Settings::default(),
+            &cloud_relays(),
         )
         .unwrap()
     }
@@ -512,7 +538,7 @@ mod tests {
 
     #[test]
     fn left_out_node_has_no_plan() {
-        let m = build(&cluster(), &SiteConfig::default());
+        let m = build(&cluster(), &SiteConfig::default(), &Holders::default());
         assert_eq!(
             plan(&m, "nobody", &View::default(), &Settings::default()),
             Err(Error::NotInModel("nobody".into()))

@@ -7,7 +7,10 @@
 //!
 //! Blast radius: a packet that is not a well-formed probe of this version is an error from
 //! [`decode`] and the caller drops it; a reply counts only for the nonce of the probe it
-//! answers, so a stray or forged reply cannot make a peer alive beyond that one probe.
+//! answers, and nonces are the caller's random numbers (not a counter), so a forged reply
+//! cannot guess the next one from any it saw. Only members reach the tracker: the agent's
+//! socket for each member is connected to that member's underlay address, so the kernel
+//! queues nothing else there (docs/sites.md, "Trust").
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,8 +23,6 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 pub const DEAD_AFTER: u32 = 3;
 /// Answered probes in a row after which a peer is [`Seen::Alive`] (again).
 pub const ALIVE_AFTER: u32 = 2;
-/// The probes' default UDP port (`sites.probePort`).
-pub const DEFAULT_PORT: u16 = 51821;
 
 const MAGIC: &[u8; 4] = b"STKP";
 const VERSION: u8 = 1;
@@ -146,17 +147,11 @@ struct Peer {
 #[derive(Debug, Clone, Default)]
 pub struct Tracker {
     peers: BTreeMap<String, Peer>,
-    next_nonce: u64,
 }
 
 impl Tracker {
-    /// A tracker whose nonces start at `seed` (the caller gives a random one, so a restart
-    /// does not repeat them).
-    pub fn new(seed: u64) -> Tracker {
-        Tracker {
-            peers: BTreeMap::new(),
-            next_nonce: seed,
-        }
+    pub fn new() -> Tracker {
+        Tracker::default()
     }
 
     /// Sets who is probed: peers not named are forgotten, new ones start [`Seen::Unknown`].
@@ -174,8 +169,9 @@ impl Tracker {
     }
 
     /// Starts a probe round at `now`: a probe still unanswered counts as missed, and every
-    /// peer gets a new nonce. Returns (peer, nonce) to send.
-    pub fn round(&mut self, now: Instant) -> Vec<(String, u64)> {
+    /// peer gets a new nonce from `nonce` (the caller's random source: unguessable from the
+    /// ones before). Returns (peer, nonce) to send.
+    pub fn round(&mut self, now: Instant, mut nonce: impl FnMut() -> u64) -> Vec<(String, u64)> {
         let mut out = Vec::new();
         for (name, p) in &mut self.peers {
             if p.pending.take().is_some() {
@@ -185,9 +181,9 @@ impl Tracker {
                     p.active = None;
                 }
             }
-            self.next_nonce = self.next_nonce.wrapping_add(1);
-            p.pending = Some((self.next_nonce, now));
-            out.push((name.clone(), self.next_nonce));
+            let n = nonce();
+            p.pending = Some((n, now));
+            out.push((name.clone(), n));
         }
         out
     }
@@ -238,6 +234,15 @@ mod tests {
             nonce,
             name: name.into(),
             active: active.map(Into::into),
+        }
+    }
+
+    /// Test nonces: a counter (the agent's are random).
+    fn counter(from: u64) -> impl FnMut() -> u64 {
+        let mut n = from;
+        move || {
+            n += 1;
+            n
         }
     }
 
@@ -294,7 +299,8 @@ mod tests {
     #[test]
     fn dead_after_three_missed_alive_after_two_answered() {
         let t0 = Instant::now();
-        let mut t = Tracker::new(100);
+        let mut t = Tracker::new();
+        let mut nonces = counter(100);
         t.set_peers(["a1"]);
         let at = |s: u64| t0 + Duration::from_secs(s);
         let seen = |t: &Tracker| t.liveness()["a1"];
@@ -314,22 +320,22 @@ mod tests {
             (false, Seen::Alive),
             (false, Seen::Dead),
         ];
-        let mut sent = t.round(at(0));
+        let mut sent = t.round(at(0), &mut nonces);
         for (i, (answer, want)) in steps.iter().enumerate() {
             if *answer {
                 let (name, nonce) = &sent[0];
                 assert!(t.answered(&msg(true, *nonce, name, Some("a1"))));
             }
-            sent = t.round(at(i as u64 + 1));
+            sent = t.round(at(i as u64 + 1), &mut nonces);
             assert_eq!(seen(&t), *want, "after step {i}");
         }
     }
 
     #[test]
     fn a_stale_forged_or_unknown_reply_counts_for_nothing() {
-        let mut t = Tracker::new(0);
+        let mut t = Tracker::new();
         t.set_peers(["a1", "a3"]);
-        let sent = t.round(Instant::now());
+        let sent = t.round(Instant::now(), counter(0));
         let nonce = sent[0].1;
         assert!(
             !t.answered(&msg(true, nonce + 1000, "a1", None)),
@@ -352,16 +358,17 @@ mod tests {
     #[test]
     fn choices_are_those_of_peers_seen_alive() {
         let t0 = Instant::now();
-        let mut t = Tracker::new(0);
+        let mut t = Tracker::new();
+        let mut nonces = counter(0);
         t.set_peers(["a2", "a3"]);
         for s in 0..3 {
-            for (name, nonce) in t.round(t0 + Duration::from_secs(s)) {
+            for (name, nonce) in t.round(t0 + Duration::from_secs(s), &mut nonces) {
                 if name == "a2" || s == 0 {
                     t.answered(&msg(true, nonce, &name, Some("a3")));
                 }
             }
         }
-        t.round(t0 + Duration::from_secs(3));
+        t.round(t0 + Duration::from_secs(3), &mut nonces);
         let c = t.choices();
         assert_eq!(c.get("a2").map(String::as_str), Some("a3"));
         assert!(!c.contains_key("a3"), "a3 answered once: not alive yet");

@@ -163,9 +163,10 @@ impl Punches {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::tests::SITE_LABEL;
     use crate::model::tests::node;
-    use crate::model::{SITE_LABEL, SiteConfig, build};
-    use crate::plan::{Settings, View, plan};
+    use crate::model::{Holders, SiteConfig, build};
+    use crate::plan::{View, plan};
 
     fn t(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
@@ -242,8 +243,8 @@ mod tests {
                 .nat_mapped
                 .insert(g.into(), ep.parse().unwrap());
         }
-        let m = build(&nodes, &SiteConfig::default());
-        plan(&m, "a1", &view, &Settings::default()).unwrap()
+        let m = build(&nodes, &SiteConfig::default(), &Holders::default());
+        plan(&m, "a1", &view, &crate::plan::tests::cloud_relays()).unwrap()
     }
 
     fn allowed(p: &Plan) -> Vec<(String, Vec<String>)> {

@@ -91,6 +91,16 @@ pub const NODES: [SiteNode; 6] = [
     },
 ];
 
+/// The non-gateway nodes whose pods talk across sites, in the order [`Sites::running`] makes
+/// their pods.
+pub const PLAIN: [&str; 3] = ["c2", "a2", "b2"];
+
+/// The pod of plain node `name` among [`Sites::running`]'s.
+pub fn pod_of<'a>(pods: &'a [(Pod, String)], name: &str) -> &'a (Pod, String) {
+    let i = PLAIN.iter().position(|n| *n == name).expect("a plain node");
+    &pods[i]
+}
+
 /// Site A's standby gateway, in the topology only when a test adds it
 /// (`crate::sites_standby_support`).
 pub const STANDBY: SiteNode = SiteNode {
@@ -143,9 +153,10 @@ pub const WG_PORT: u16 = 51820;
 pub const WG_IF: &str = "stickywg0";
 /// Where every node's agent serves its metrics, in the node's namespace.
 pub const METRICS_ADDR: &str = "127.0.0.1:9767";
-/// The site label's key, the gateway label's, the endpoint annotation's.
-pub const SITE_LABEL: &str = "sticky-cni.io/site";
-pub const GATEWAY_LABEL: &str = "sticky-cni.io/gateway";
+/// The site label's key, the gateway label's (the shipped, admin-only defaults), the endpoint
+/// annotation's.
+pub const SITE_LABEL: &str = "node-restriction.kubernetes.io/sticky-cni-site";
+pub const GATEWAY_LABEL: &str = "node-restriction.kubernetes.io/sticky-cni-gateway";
 pub const ENDPOINT_ANNOTATION: &str = "sticky-cni.io/gateway-endpoint";
 
 /// How the edge routers translate addresses.
@@ -233,7 +244,7 @@ impl Sites {
                 n.k,
                 json!({
                     "peersFile": topo.dir.path().join(format!("peers-{}.json", n.name)),
-                    "sites": {"wanMtu": 1500},
+                    "sites": {"wanMtu": 1500, "relays": ["cloud"]},
                     "ipam": {
                         "type": "host-local",
                         "dataDir": topo.dir.path().join(format!("ipam-{}", n.name)),
@@ -275,6 +286,93 @@ impl Sites {
             std::fs::write(&self.conf_files[n.name], conf.to_string())
                 .expect("write the node's config");
         }
+    }
+
+    /// Sites read from these label keys (`sites.siteLabel`, `sites.gatewayLabel`), and every
+    /// Node labelled with them instead of the defaults (before the agents start).
+    pub fn use_labels(&mut self, site_key: &str, gateway_key: &str) {
+        self.set_sites_setting("siteLabel", json!(site_key));
+        self.set_sites_setting("gatewayLabel", json!(gateway_key));
+        for n in &NODES {
+            self.api
+                .put_node(node_object_with(n, site_key, gateway_key));
+        }
+    }
+
+    /// Every daemon running (after `setup`), a pod on each plain node (c2, a2, b2), and every
+    /// ordered pair of them answering pings (waited for, 120 s each: a loaded machine).
+    pub fn running(nat: Nat, setup: impl FnOnce(&mut Sites)) -> (Sites, Vec<(Pod, String)>) {
+        let mut s = Sites::new(nat);
+        setup(&mut s);
+        s.start_all();
+        let pods: Vec<(Pod, String)> = PLAIN.iter().map(|n| s.pod(n, &format!("p{n}"))).collect();
+        for (from, _) in &pods {
+            for (to, ip) in &pods {
+                if from.ns == to.ns {
+                    continue;
+                }
+                let took = first_reply(&from.ns, ip, Duration::from_secs(120));
+                let took = took.unwrap_or_else(|| {
+                    panic!(
+                        "{} never reached {ip} ({}) in 120 s; logs: {:#?}",
+                        from.ns,
+                        to.ns,
+                        s.logs()
+                    )
+                });
+                eprintln!("{} -> {ip}: first reply after {took:?}", from.ns);
+            }
+        }
+        (s, pods)
+    }
+
+    /// The log of node `name`'s agent (every run of it).
+    pub fn agent_log(&self, name: &str) -> String {
+        self.logs()
+            .into_iter()
+            .filter(|(file, _)| file.contains(name) && file.contains("agent"))
+            .map(|(_, body)| body)
+            .collect()
+    }
+
+    /// A host on the internet (namespace `<tag>-ih`, `203.0.113.66/24` on the internet's
+    /// bridge, the cloud LAN routed via the cloud's router), made once: what a stranger sends
+    /// from. Its namespace is removed with the topology.
+    pub fn internet_host(&mut self) -> String {
+        let ns = format!("{}-ih", self.topo.tag);
+        if !Path::new(&format!("/run/netns/{ns}")).exists() {
+            self.topo.add_ns(&ns);
+            let inet = self.topo.underlay.clone();
+            ok(&[
+                "ip", "-n", &inet, "link", "add", "ih", "type", "veth", "peer", "name", "wan",
+                "netns", &ns,
+            ]);
+            ok(&[
+                "ip", "-n", &inet, "link", "set", "ih", "master", "br0", "up",
+            ]);
+            ok(&[
+                "ip",
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                "203.0.113.66/24",
+                "dev",
+                "wan",
+            ]);
+            ok(&["ip", "-n", &ns, "link", "set", "wan", "up"]);
+            ok(&[
+                "ip",
+                "-n",
+                &ns,
+                "route",
+                "add",
+                "198.51.100.0/24",
+                "via",
+                "203.0.113.1",
+            ]);
+        }
+        ns
     }
 
     /// The internet's namespace (its bridge is `br0`).
@@ -600,15 +698,20 @@ pub(crate) fn join_lan(topo: &mut Topo, router: &str, port: &str, ns: &str, addr
 /// Node `n`'s Node object: its site label, the gateway label on gateways, the cloud
 /// gateway's endpoint annotation (the edge gateways have none: they are behind NAT).
 pub fn node_object(n: &SiteNode) -> Value {
+    node_object_with(n, SITE_LABEL, GATEWAY_LABEL)
+}
+
+/// [`node_object`] with these label keys.
+pub fn node_object_with(n: &SiteNode, site_key: &str, gateway_key: &str) -> Value {
     let annotations = if n.name == "c1" {
         json!({ENDPOINT_ANNOTATION: CLOUD_ENDPOINT})
     } else {
         json!({})
     };
     let mut node = node_json(n.name, n.ip, &[&pod_subnet(n.name)], annotations);
-    node["metadata"]["labels"][SITE_LABEL] = json!(n.site);
+    node["metadata"]["labels"][site_key] = json!(n.site);
     if n.gateway {
-        node["metadata"]["labels"][GATEWAY_LABEL] = json!("true");
+        node["metadata"]["labels"][gateway_key] = json!("true");
     }
     node
 }
@@ -952,4 +1055,22 @@ pub fn rtt_ms(from: &str, source: Option<&str>, to: &str, count: u32) -> f64 {
         .find_map(|l| l.strip_prefix("rtt min/avg/max/mdev = "))
         .and_then(|v| v.split('/').nth(1)?.parse().ok())
         .unwrap_or_else(|| panic!("no round trip in ping's output: {out}"))
+}
+
+/// Standard base64 (with padding) decoded; `None` when it is not.
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bits = 0u32;
+    let mut n = 0;
+    let mut out = Vec::new();
+    for c in text.trim_end_matches('=').bytes() {
+        let v = ALPHABET.iter().position(|a| *a == c)? as u32;
+        bits = (bits << 6) | v;
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            out.push((bits >> n) as u8);
+        }
+    }
+    Some(out)
 }

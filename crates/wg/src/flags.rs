@@ -24,6 +24,21 @@ empty device within about a second. SIGTERM/SIGINT: stops, removes the socket, l
 Options:
   --socket-dir DIR   where the UAPI socket goes (default /var/run/wireguard; made 0700)
 
+The socket: each request is read whole and checked before anything is applied; a refused
+one changes nothing and is answered errno=N, as wireguard-go answers:
+  22  a key or value the protocol does not take (bad hex, port 70000, a host name, /99, ...)
+  71  a line that is not key=value
+   7  a line over 1024 bytes or a request over 16 MiB (the connection is then closed)
+  28  a device that would hold more than 65536 peers
+  98  the listen port is in use when the key brings the tunnel up
+Peers set before the private key are held and configured with the key. A new private key,
+listen port or fwmark for a running tunnel is applied on a fresh device with the peers as
+they are (gotatun cannot rebind a running device; sessions handshake again). At most 16
+connections at once (one more is closed at once); one silent for 5 s is closed, and a set
+request is read within 30 s (one request at a time) or its connection is closed.
+A panic aborts the process (SIGABRT), so its service manager starts a new one, which
+takes over the dead one's socket.
+
 Exit status: 0 after SIGTERM/SIGINT, 1 on an error, 2 on a usage error.
 ";
 
@@ -77,6 +92,35 @@ mod tests {
         assert_eq!(o.socket_dir, PathBuf::from("/tmp/x"));
         let o = parse(&args(&["wg1", "--socket-dir=/tmp/y"])).unwrap();
         assert_eq!(o.socket_dir, PathBuf::from("/tmp/y"));
+    }
+
+    #[test]
+    fn the_help_states_the_bounds_the_daemon_has() {
+        use crate::uapi::{
+            IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE, MAX_PEERS, REQUEST_TIMEOUT, errno,
+        };
+        for says in [
+            format!("over {MAX_LINE} bytes"),
+            format!("over {} MiB", crate::uapi::MAX_REQUEST_BYTES >> 20),
+            format!("more than {MAX_PEERS} peers"),
+            format!("At most {MAX_CONNECTIONS}\nconnections"),
+            format!("silent for {} s", IDLE_TIMEOUT.as_secs()),
+            format!("read within {} s", REQUEST_TIMEOUT.as_secs()),
+        ] {
+            assert!(HELP.contains(&says), "--help does not say {says:?}");
+        }
+        for n in [
+            errno::EINVAL,
+            errno::EPROTO,
+            errno::E2BIG,
+            errno::ENOSPC,
+            errno::EADDRINUSE,
+        ] {
+            assert!(
+                HELP.contains(&format!("  {n:>2}  ")),
+                "--help lacks errno {n}"
+            );
+        }
     }
 
     #[test]

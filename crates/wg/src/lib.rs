@@ -8,10 +8,13 @@
 //! addresses and routes outlive this process; if the link is deleted under it, it makes it
 //! again and serves a fresh, empty device. tokio and gotatun live in this crate only.
 
+mod book;
+mod conn;
 mod decide;
 pub mod flags;
 mod serve;
 mod tun;
+pub mod uapi;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -70,10 +73,26 @@ pub fn main(args: &[String]) -> ExitCode {
             return writeln!(out, "sticky-wg {version}").map_err(Error::Output);
         }
         let opts = flags::parse(args)?;
+        abort_on_panic();
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .map_err(Error::Runtime)?
             .block_on(serve::run(&opts))
     })
+}
+
+/// Makes any panic end the process. tokio catches a panic inside a task and lets the others
+/// run on: gotatun's configuration task panicked that way (issue 36) and left a live process
+/// whose socket accepted and answered nothing, which neither systemd nor the DaemonSet
+/// restarts, and which a new sticky-wg refused to replace. Aborted, the process is restarted,
+/// and the new one takes over the socket file the dead one left (decide::socket). A hook,
+/// not `panic = "abort"`: the workspace's profiles are shared with the other binaries.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        eprintln!("sticky-wg: panicked (a bug); aborting so that it is restarted");
+        std::process::abort();
+    }));
 }

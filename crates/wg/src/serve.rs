@@ -7,15 +7,18 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gotatun::device::uapi::{UapiClient, UapiServer};
+use gotatun::device::uapi::UapiServer;
 use gotatun::device::{DefaultDeviceTransports, Device, DeviceBuilder};
+use std::sync::Arc;
+
 use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 
+use crate::conn::{self, Renew, Shared};
 use crate::decide;
 use crate::flags::Options;
-use crate::{Error, tun};
+use crate::{Error, tun, uapi};
 
 /// How often the link's index is read: a deleted device is noticed within this.
 const WATCH_EVERY: Duration = Duration::from_millis(200);
@@ -24,6 +27,9 @@ const WATCH_EVERY: Duration = Duration::from_millis(200);
 struct Attachment {
     device: Device<DefaultDeviceTransports>,
     accept: JoinHandle<()>,
+    shared: Arc<Shared>,
+    /// How the replay it was made with went (see conn::Renew).
+    replayed: Option<Result<(), String>>,
     index: u32,
     since: Instant,
 }
@@ -42,6 +48,8 @@ impl Attachment {
 enum End {
     Signal(&'static str),
     Lost(String),
+    /// A request asked for a fresh device (see conn::Renew).
+    Renew(Renew),
 }
 
 /// Runs until SIGTERM/SIGINT. Errors only at start: once serving, a lost device is attached again.
@@ -52,7 +60,7 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
     let mut int = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
     let ifname = opts.ifname.as_str();
     let socket = prepare_socket(&opts.socket_dir, ifname)?;
-    let mut attachment = attach(ifname, &socket).await?;
+    let mut attachment = attach(ifname, &socket, None).await?;
     eprintln!(
         "sticky-wg: serving {ifname} (ifindex {}) on {}",
         attachment.index,
@@ -63,18 +71,30 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
             _ = term.recv() => End::Signal("SIGTERM"),
             _ = int.recv() => End::Signal("SIGINT"),
             _ = attachment.device.wait() => End::Lost("gotatun stopped with an error".into()),
+            renew = attachment.shared.broken() => End::Renew(renew),
             lost = watch(ifname, attachment.index) => End::Lost(lost),
         };
         let lasted = attachment.since.elapsed();
         attachment.stop(&socket).await;
-        match end {
+        let replay = match end {
             End::Signal(name) => {
                 eprintln!("sticky-wg: {name}: stopped; {ifname} is left in place");
                 return Ok(());
             }
-            End::Lost(why) => eprintln!("sticky-wg: {ifname} lost ({why}); attaching again"),
-        }
-        let mut pause = decide::pause_before_reattach(lasted);
+            End::Lost(why) => {
+                eprintln!("sticky-wg: {ifname} lost ({why}); attaching again");
+                None
+            }
+            End::Renew(Renew { why, replay }) => {
+                eprintln!("sticky-wg: {ifname}: {why}; attaching a fresh device");
+                replay
+            }
+        };
+        // A replay is a client's request, not a failure that could repeat: no pause.
+        let mut pause = match replay {
+            Some(_) => Duration::ZERO,
+            None => decide::pause_before_reattach(lasted),
+        };
         let mut last_error = String::new();
         attachment = loop {
             tokio::select! {
@@ -82,7 +102,7 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
                 _ = int.recv() => return Ok(()),
                 _ = tokio::time::sleep(pause) => {}
             }
-            match attach(ifname, &socket).await {
+            match attach(ifname, &socket, replay.as_ref()).await {
                 Ok(a) => break a,
                 Err(e) => {
                     // One line per distinct failure, retried every second.
@@ -95,11 +115,20 @@ pub async fn run(opts: &Options) -> Result<(), Error> {
                 }
             }
         };
-        eprintln!(
-            "sticky-wg: {ifname} is back (ifindex {}), serving an empty device on {}",
-            attachment.index,
-            socket.display()
-        );
+        let index = attachment.index;
+        match &attachment.replayed {
+            None => eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {index}), serving an empty device on {}",
+                socket.display()
+            ),
+            Some(Ok(())) => eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {index}) with the new settings and its peers"
+            ),
+            Some(Err(e)) => eprintln!(
+                "sticky-wg: {ifname} is back (ifindex {index}), but its configuration was \
+                 refused ({e}): serving an empty device"
+            ),
+        }
     }
 }
 
@@ -129,8 +158,13 @@ fn prepare_socket(dir: &Path, ifname: &str) -> Result<PathBuf, Error> {
 }
 
 /// Makes the persistent TUN if absent, starts a fresh gotatun device on it (no key, no
-/// peers) and serves its UAPI on `socket`.
-async fn attach(ifname: &str, socket: &Path) -> Result<Attachment, Error> {
+/// peers), gives it `replay` when there is one (before any client can reach it) and serves its
+/// UAPI on `socket`.
+async fn attach(
+    ifname: &str,
+    socket: &Path,
+    replay: Option<&uapi::Set>,
+) -> Result<Attachment, Error> {
     tun::ensure_persistent(ifname)?;
     let index = tun::index(ifname).ok_or_else(|| Error::NoIndex {
         ifname: ifname.to_string(),
@@ -148,6 +182,11 @@ async fn attach(ifname: &str, socket: &Path) -> Result<Attachment, Error> {
         .build()
         .await
         .map_err(|e| device_error(e.to_string()))?;
+    let shared = Shared::new(client);
+    let replayed = match replay {
+        Some(set) => Some(shared.replay(set.clone()).await),
+        None => None,
+    };
     let listener = match bind(socket) {
         Ok(l) => l,
         Err(e) => {
@@ -155,10 +194,12 @@ async fn attach(ifname: &str, socket: &Path) -> Result<Attachment, Error> {
             return Err(e);
         }
     };
-    let accept = tokio::spawn(accept(listener, client));
+    let accept = tokio::spawn(conn::accept(listener, Arc::clone(&shared)));
     Ok(Attachment {
         device,
         accept,
+        shared,
+        replayed,
         index,
         since: Instant::now(),
     })
@@ -178,29 +219,6 @@ fn bind(socket: &Path) -> Result<UnixListener, Error> {
     let listener = UnixListener::bind(socket).map_err(bind_error)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(bind_error)?;
     Ok(listener)
-}
-
-/// Hands every connection to gotatun's text protocol (one thread per connection; `wg` and the
-/// agent hold one for a single request).
-async fn accept(listener: UnixListener, client: UapiClient) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // EMFILE and the like: at most one line a second until it clears.
-                eprintln!("sticky-wg: accepting on the UAPI socket: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        let Ok(stream) = stream.into_std() else {
-            continue;
-        };
-        if stream.set_nonblocking(false).is_err() {
-            continue;
-        }
-        client.clone().wrap_read_write(stream);
-    }
 }
 
 /// Returns (with the reason) once the link is gone or has another index.

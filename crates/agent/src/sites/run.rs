@@ -1,22 +1,24 @@
 //! The main loop's sites part: the [`Side`] on the host's kernel and `sticky-wg`'s socket, the
 //! plan from the cache at start and from the keeper after, the cache kept, the rounds.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use sticky_overlay::config::{Config, Sites};
+use sticky_overlay::config::Config;
+use sticky_overlay::peers::Peer;
+use sticky_overlay::sites::{RESTRICTED_PREFIX, Sites};
 use sticky_sites::gateway::Seen;
 use sticky_sites::heal::{self, Stance};
 use sticky_sites::keys::{KeyDir, PublicKey};
-use sticky_sites::model::{GATEWAY_LABEL, PUBLIC_KEY_ANNOTATION, SiteConfig, SiteName};
-use sticky_sites::plan::Settings;
+use sticky_sites::model::PUBLIC_KEY_ANNOTATION;
 use sticky_sites::uapi::UapiTunnel;
 
 use super::cache::{self, Cache};
 use super::device::Kernel;
 use super::probe::Probes;
-use super::shape::{self, Observation, Shaped, Shaper};
+use super::shape::{Observation, Shaped, Shaper};
 use super::side::{ROUND, Side};
 use crate::family::Family;
 use crate::objects::Node;
@@ -43,27 +45,29 @@ pub struct SitesRun {
     observation: Observation,
     /// How the plan is computed (the keeper's shaper is made from the same settings).
     shaper: Shaper,
+    /// Members whose probe socket could not be made, as last logged.
+    probes_failed: BTreeMap<String, String>,
     probe_port: u16,
 }
 
-/// How sites are read and the tunnel set, from the config.
-pub fn shaper(
-    me: &str,
-    sites: &Sites,
-    current: std::collections::BTreeMap<SiteName, String>,
-) -> Shaper {
-    Shaper {
-        me: me.to_string(),
-        config: SiteConfig {
-            label_key: sites.site_label.clone(),
-        },
-        settings: Settings {
-            listen_port: sites.listen_port,
-            keepalive_secs: sites.keepalive_secs,
-        },
-        current,
-        observation: Observation::default(),
+/// One line at start for each setting that lets a node's own kubelet steer sites
+/// (docs/sites.md, "Trust"), and for a config that names no relay.
+fn trust_warnings(sites: &Sites) -> Vec<String> {
+    let mut lines: Vec<String> = sites
+        .kubelet_writable_labels()
+        .into_iter()
+        .map(|key| {
+            format!(
+                "sites: WARNING: label {key} is not under {RESTRICTED_PREFIX}: a node's own kubelet can set it on its Node, and so move the node to another site or make it a gateway candidate; use keys under {RESTRICTED_PREFIX} (docs/sites.md, \"Trust\")"
+            )
+        })
+        .collect();
+    if sites.relays.is_empty() {
+        lines.push(
+            "sites: no relay site is named (sites.relays): two sites behind NAT that cannot punch a direct tunnel cannot reach each other".into(),
+        );
     }
+    lines
 }
 
 impl SitesRun {
@@ -77,11 +81,11 @@ impl SitesRun {
         key_dir: PathBuf,
         socket_dir: PathBuf,
     ) -> (SitesRun, Vec<String>) {
-        let wg = match family {
-            Family::V4 => sticky_sites::mtu::Family::V4,
-            Family::V6 => sticky_sites::mtu::Family::V6,
+        let overhead = match family {
+            Family::V4 => sticky_overlay::sites::WIREGUARD_OVERHEAD_V4,
+            Family::V6 => sticky_overlay::sites::WIREGUARD_OVERHEAD_V6,
         };
-        let mtu = sites.wan_mtu.saturating_sub(wg.wireguard_overhead());
+        let mtu = sites.wan_mtu.saturating_sub(overhead);
         let keys = KeyDir::new(key_dir, nix::unistd::geteuid().as_raw());
         let tunnel = UapiTunnel::new(socket_dir, Kernel, SOCKET_TIMEOUT);
         let mut run = SitesRun {
@@ -94,25 +98,26 @@ impl SitesRun {
             probes: Probes::new(me, sites.probe_port),
             stance: sticky_sites::heal::Stance::Normal,
             observation: Observation::default(),
-            shaper: shaper(me, sites, Default::default()),
+            shaper: Shaper::new(me, sites),
+            probes_failed: BTreeMap::new(),
             probe_port: sites.probe_port,
         };
-        let mut lines = Vec::new();
+        let mut lines = trust_warnings(sites);
         match cache::load(&run.cache_path) {
             Ok(None) => lines.push(format!(
                 "sites: no cache at {} yet: the tunnel waits for the API",
                 run.cache_path.display()
             )),
             Ok(Some(c)) => {
-                let s = shaper(me, sites, c.current.clone());
-                match shape::compute(c.inputs.clone(), me, &s.config, &s.settings, &s.current) {
+                run.shaper.adopt(&c.inputs, &c.current);
+                match run.shaper.compute(c.inputs.clone()) {
                     Ok(shaped) => {
                         lines.push(format!(
                             "sites: plan from the cache {} ({} nodes) until the API answers",
                             run.cache_path.display(),
                             c.inputs.len()
                         ));
-                        run.shaper.current = shaped.plan.actives.clone();
+                        run.shaper.adopt(&shaped.inputs, &shaped.plan.actives);
                         lines.extend(run.side.adopt(shaped));
                         lines.extend(run.aim_probes());
                         run.pending = true;
@@ -129,12 +134,29 @@ impl SitesRun {
         (run, lines)
     }
 
-    /// The current active gateways of the cache (the keeper starts from them).
-    pub fn cached_current(&self) -> std::collections::BTreeMap<SiteName, String> {
-        self.cached
-            .as_ref()
-            .map(|c| c.current.clone())
-            .unwrap_or_default()
+    /// How the plan is made, with the plan in force (from the cache at start): the keeper
+    /// starts from it.
+    pub fn shaper(&self) -> Shaper {
+        self.shaper.clone()
+    }
+
+    /// Every Node of every site the cache holds, as the peer entry it was placed with: the
+    /// keeper counts them as placed until its first write.
+    pub fn cached_peers(&self) -> Vec<Peer> {
+        let Some(c) = &self.cached else {
+            return Vec::new();
+        };
+        c.inputs
+            .iter()
+            .filter_map(|n| {
+                Some(Peer {
+                    ip: n.underlay?,
+                    subnets: n.pod_cidrs.clone(),
+                    mac: None,
+                    carries: Vec::new(),
+                })
+            })
+            .collect()
     }
 
     /// Takes the keeper's new plan, and keeps it in the cache when what it was made from
@@ -153,7 +175,7 @@ impl SitesRun {
                 )),
             }
         }
-        self.shaper.current = shaped.plan.actives.clone();
+        self.shaper.adopt(&shaped.inputs, &shaped.plan.actives);
         lines.extend(self.side.adopt(shaped));
         lines.extend(self.aim_probes());
         self.pending = true;
@@ -162,7 +184,8 @@ impl SitesRun {
 
     /// The key this node publishes: its gateway key when its Node is labelled a gateway.
     pub fn public_key(&self, own: &Node) -> Option<Result<PublicKey, String>> {
-        let gateway = own.metadata.labels.get(GATEWAY_LABEL).map(String::as_str) == Some("true");
+        let label = &self.shaper.config.gateway_key;
+        let gateway = own.metadata.labels.get(label).map(String::as_str) == Some("true");
         gateway.then(|| self.side.public_key())
     }
 
@@ -242,6 +265,15 @@ impl SitesRun {
     /// lines.
     pub fn observe(&mut self) -> (Option<Observation>, Vec<String>) {
         let mut lines = Vec::new();
+        let failed = self.probes.failed();
+        if failed != self.probes_failed {
+            lines.extend(
+                failed
+                    .values()
+                    .map(|why| format!("sites: {why}; retried every round")),
+            );
+            self.probes_failed = failed;
+        }
         let (liveness, choices) = self.probes.view();
         let me = self.shaper.me.clone();
         let mut next = Observation {
@@ -291,17 +323,10 @@ impl SitesRun {
         let Some(c) = &self.cached else {
             return Vec::new();
         };
-        let s = &self.shaper;
-        match shape::compute_seen(
-            c.inputs.clone(),
-            &s.me,
-            &s.config,
-            &s.settings,
-            &s.current,
-            seen,
-        ) {
+        self.shaper.observation = seen.clone();
+        match self.shaper.compute(c.inputs.clone()) {
             Ok(shaped) => {
-                self.shaper.current = shaped.plan.actives.clone();
+                self.shaper.adopt(&shaped.inputs, &shaped.plan.actives);
                 let mut lines = self.side.adopt(shaped);
                 lines.extend(self.aim_probes());
                 self.pending = true;
@@ -309,5 +334,28 @@ impl SitesRun {
             }
             Err(e) => vec![format!("sites: the cache makes no plan: {e}")],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sites(v: serde_json::Value) -> Sites {
+        let mut obj = serde_json::Map::new();
+        obj.insert("sites".into(), v);
+        sticky_overlay::sites::parse(&obj).unwrap().unwrap()
+    }
+
+    #[test]
+    fn kubelet_writable_labels_and_no_relay_are_said_at_start() {
+        assert!(trust_warnings(&sites(serde_json::json!({"relays": ["cloud"]}))).is_empty());
+        let lines = trust_warnings(&sites(serde_json::json!({
+            "siteLabel": "sticky-cni.io/site", "gatewayLabel": "sticky-cni.io/gateway"
+        })));
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].contains("label sticky-cni.io/site is not under"));
+        assert!(lines[1].contains("label sticky-cni.io/gateway is not under"));
+        assert!(lines[2].contains("no relay site is named"));
     }
 }

@@ -11,8 +11,9 @@
 use std::collections::BTreeMap;
 
 use sticky_overlay::peers::Peer;
+use sticky_overlay::sites::Sites;
 use sticky_sites::gateway::Liveness;
-use sticky_sites::model::{self, Model, NodeInput, SiteConfig, SiteName};
+use sticky_sites::model::{self, Holders, Model, NodeInput, SiteConfig, SiteName};
 use sticky_sites::observed;
 use sticky_sites::plan::{self, Plan, Settings, View};
 
@@ -29,26 +30,6 @@ pub struct Shaped {
     pub observed_refused: BTreeMap<String, String>,
 }
 
-/// Builds the model of `inputs` and the plan of node `me`, keeping each site's `current`
-/// active gateway while it is not seen dead (no preemption; `sticky_sites::gateway`), with
-/// the NAT-mapped addresses the reachable gateways published (`sticky_sites::observed`).
-pub fn compute(
-    inputs: Vec<NodeInput>,
-    me: &str,
-    config: &SiteConfig,
-    settings: &Settings,
-    current: &BTreeMap<SiteName, String>,
-) -> Result<Shaped, plan::Error> {
-    compute_seen(
-        inputs,
-        me,
-        config,
-        settings,
-        current,
-        &Observation::default(),
-    )
-}
-
 /// What this node observes of its site (issue 29): the probes' liveness view and its
 /// step-down stance ([`sticky_sites::heal`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -59,45 +40,6 @@ pub struct Observation {
     pub stepped_down: bool,
     /// The site's choice to take as this site's current active gateway (once, on healing).
     pub adopt: Option<String>,
-}
-
-/// [`compute`] with what this node observes: `seen`'s adopted choice replaces this site's
-/// current active gateway, its liveness view feeds the rule, and a stepped-down node plans
-/// no tunnel.
-pub fn compute_seen(
-    inputs: Vec<NodeInput>,
-    me: &str,
-    config: &SiteConfig,
-    settings: &Settings,
-    current: &BTreeMap<SiteName, String>,
-    seen: &Observation,
-) -> Result<Shaped, plan::Error> {
-    let model = model::build(&inputs, config);
-    let mut view = View {
-        current: current.clone(),
-        liveness: seen.liveness.clone(),
-        ..View::default()
-    };
-    let (nat_mapped, refused) = observed::nat_mapped(&model, &inputs);
-    view.observed.nat_mapped = nat_mapped;
-    view.liveness
-        .insert(me.to_string(), sticky_sites::gateway::Seen::Alive);
-    if let (Some(site), Some(choice)) = (model.site_of.get(me), &seen.adopt) {
-        view.current.insert(site.clone(), choice.clone());
-    }
-    let mut plan = plan::plan(&model, me, &view, settings)?;
-    if seen.stepped_down {
-        plan.gateway = None;
-    }
-    Ok(Shaped {
-        inputs,
-        model,
-        plan,
-        observed_refused: refused
-            .into_iter()
-            .map(|(n, e)| (n, e.to_string()))
-            .collect(),
-    })
 }
 
 /// The peers file `plan` calls for, from the placed Nodes (see the module's rules).
@@ -129,19 +71,76 @@ pub fn peer_list(placed: &Placed, shaped: &Shaped) -> Vec<Peer> {
     list
 }
 
-/// What the keeper needs to shape the peers file: this node's name, how sites are read, the
-/// tunnel settings, and the current active gateway of each site.
+/// How this node's plan is made: its name, how sites are read, the tunnel settings, the
+/// current active gateway of each site and who holds each gateway key and endpoint (both from
+/// the plan in force: no preemption, no takeover), and what this node observes of its site.
 #[derive(Debug, Clone)]
 pub struct Shaper {
     pub me: String,
     pub config: SiteConfig,
     pub settings: Settings,
     pub current: BTreeMap<SiteName, String>,
+    pub holders: Holders,
     /// What this node observes of its site (the sites side keeps it current).
     pub observation: Observation,
 }
 
 impl Shaper {
+    /// The shaper of node `me` for the config's `sites`, with no plan in force yet.
+    pub fn new(me: &str, sites: &Sites) -> Shaper {
+        Shaper {
+            me: me.to_string(),
+            config: SiteConfig::of(sites),
+            settings: Settings::of(sites),
+            current: BTreeMap::new(),
+            holders: Holders::default(),
+            observation: Observation::default(),
+        }
+    }
+
+    /// Takes `shaped` as the plan in force: its active gateways stay current while they are
+    /// not seen dead, and its Nodes' gateway keys and endpoints stay with their holders.
+    pub fn adopt(&mut self, inputs: &[NodeInput], current: &BTreeMap<SiteName, String>) {
+        self.current.clone_from(current);
+        self.holders = Holders::of(inputs, &self.config, current);
+    }
+
+    /// Builds the model of `inputs` and this node's plan, keeping each site's current active
+    /// gateway while it is not seen dead (no preemption; `sticky_sites::gateway`), with the
+    /// NAT-mapped addresses the reachable gateways published (`sticky_sites::observed`) and
+    /// what this node observes: the adopted choice replaces this site's current active
+    /// gateway, the liveness view feeds the rule, and a stepped-down node plans no tunnel.
+    pub fn compute(&self, inputs: Vec<NodeInput>) -> Result<Shaped, plan::Error> {
+        let me = self.me.as_str();
+        let seen = &self.observation;
+        let model = model::build(&inputs, &self.config, &self.holders);
+        let mut view = View {
+            current: self.current.clone(),
+            liveness: seen.liveness.clone(),
+            ..View::default()
+        };
+        let (nat_mapped, refused) = observed::nat_mapped(&model, &inputs);
+        view.observed.nat_mapped = nat_mapped;
+        view.liveness
+            .insert(me.to_string(), sticky_sites::gateway::Seen::Alive);
+        if let (Some(site), Some(choice)) = (model.site_of.get(me), &seen.adopt) {
+            view.current.insert(site.clone(), choice.clone());
+        }
+        let mut plan = plan::plan(&model, me, &view, &self.settings)?;
+        if seen.stepped_down {
+            plan.gateway = None;
+        }
+        Ok(Shaped {
+            inputs,
+            model,
+            plan,
+            observed_refused: refused
+                .into_iter()
+                .map(|(n, e)| (n, e.to_string()))
+                .collect(),
+        })
+    }
+
     /// The plan for the placed Nodes and the peer list it calls for; `Err` says why no list
     /// can be made (this node is in no site: its own Node was left out).
     pub fn shape(
@@ -149,26 +148,21 @@ impl Shaper {
         placed: &Placed,
         facts: &BTreeMap<String, Facts>,
     ) -> Result<(Vec<Peer>, Shaped), String> {
-        let shaped = compute_seen(
-            facts::inputs(placed, facts),
-            &self.me,
-            &self.config,
-            &self.settings,
-            &self.current,
-            &self.observation,
-        )
-        .map_err(|e| format!("sites: {e}"))?;
+        let shaped = self
+            .compute(facts::inputs(placed, facts))
+            .map_err(|e| format!("sites: {e}"))?;
         Ok((peer_list(placed, &shaped), shaped))
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use sticky_sites::keys::PrivateKey;
-    use sticky_sites::model::{
-        ENDPOINT_ANNOTATION, GATEWAY_LABEL, PUBLIC_KEY_ANNOTATION, SITE_LABEL,
+    use sticky_overlay::sites::{
+        DEFAULT_GATEWAY_LABEL as GATEWAY_LABEL, DEFAULT_SITE_LABEL as SITE_LABEL,
     };
+    use sticky_sites::keys::PrivateKey;
+    use sticky_sites::model::{ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION};
 
     fn key(n: u8) -> String {
         PrivateKey::from_bytes([n; 32]).public_key().to_base64()
@@ -210,14 +204,17 @@ mod tests {
         (placed, facts)
     }
 
-    fn shaper(me: &str) -> Shaper {
-        Shaper {
-            me: me.into(),
-            config: SiteConfig::default(),
-            settings: Settings::default(),
-            current: BTreeMap::new(),
-            observation: Observation::default(),
-        }
+    /// The shaper of `me` with the shipped settings and the cloud site named as the relay.
+    pub(crate) fn shaper(me: &str) -> Shaper {
+        let mut s = Shaper::new(me, &sites_config());
+        s.settings.relays = vec![SiteName::parse("relays", "cloud").unwrap()];
+        s
+    }
+
+    fn sites_config() -> Sites {
+        let mut obj = serde_json::Map::new();
+        obj.insert("sites".into(), serde_json::json!({}));
+        sticky_overlay::sites::parse(&obj).unwrap().unwrap()
     }
 
     fn sites() -> (Placed, BTreeMap<String, Facts>) {

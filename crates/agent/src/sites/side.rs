@@ -517,14 +517,13 @@ mod tests {
 
     use super::*;
     use crate::sites::device::Error as DeviceError;
-    use crate::sites::shape::compute;
+    use crate::sites::shape::tests::shaper;
     use ipnet::IpNet;
-    use sticky_sites::keys::PrivateKey;
-    use sticky_sites::model::{
-        ENDPOINT_ANNOTATION, GATEWAY_LABEL, NodeInput, PUBLIC_KEY_ANNOTATION, SITE_LABEL,
-        SiteConfig,
+    use sticky_overlay::sites::{
+        DEFAULT_GATEWAY_LABEL as GATEWAY_LABEL, DEFAULT_SITE_LABEL as SITE_LABEL,
     };
-    use sticky_sites::plan::Settings;
+    use sticky_sites::keys::PrivateKey;
+    use sticky_sites::model::{ENDPOINT_ANNOTATION, NodeInput, PUBLIC_KEY_ANNOTATION};
     use sticky_sites::tunnel::fake::{Call, FakeTunnel};
 
     #[derive(Default)]
@@ -598,14 +597,7 @@ mod tests {
                     .insert(PUBLIC_KEY_ANNOTATION.into(), my_key.to_base64());
             }
         }
-        compute(
-            inputs,
-            me,
-            &SiteConfig::default(),
-            &Settings::default(),
-            &BTreeMap::new(),
-        )
-        .unwrap()
+        shaper(me).compute(inputs).unwrap()
     }
 
     fn side(dir: &std::path::Path) -> Side<FakeTunnel, FakeRoutes> {
@@ -738,14 +730,7 @@ mod tests {
             sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION.into(),
             r#"{"a1":"203.0.113.10:51820","b1":"203.0.113.20:51820"}"#.into(),
         );
-        s = compute(
-            inputs,
-            me,
-            &SiteConfig::default(),
-            &Settings::default(),
-            &BTreeMap::new(),
-        )
-        .unwrap();
+        s = shaper(me).compute(inputs).unwrap();
         s
     }
 

@@ -11,3 +11,4 @@ mod proxy;
 mod sites;
 mod sites_failover;
 mod sites_nat;
+mod sites_trust;
