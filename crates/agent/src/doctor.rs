@@ -10,8 +10,6 @@ use std::time::Duration;
 use sticky_vxlan::doctor::{self, Report};
 use sticky_vxlan::status::now_unix;
 
-use super::state::Shared;
-
 /// The last periodic check's outcome.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Paths {
@@ -58,8 +56,9 @@ impl Paths {
     }
 }
 
-/// Runs the checks of the network in `config` every `every`, from a thread of its own.
-pub fn start(config: PathBuf, every: Duration, shared: Shared) {
+/// Runs the checks of the network in `config` every `every`, from a thread of its own, and
+/// hands each outcome to `keep` (the agent keeps it in its shared state for `/metrics`).
+pub fn start(config: PathBuf, every: Duration, keep: impl Fn(Paths) + Send + 'static) {
     let spawned = std::thread::Builder::new()
         .name("doctor".into())
         .spawn(move || {
@@ -68,7 +67,7 @@ pub fn start(config: PathBuf, every: Duration, shared: Shared) {
                 if let Some(e) = &paths.error {
                     eprintln!("sticky-vxlan-agent: doctor: {e}");
                 }
-                shared.lock().paths = Some(paths);
+                keep(paths);
                 std::thread::sleep(every);
             }
         });

@@ -188,7 +188,10 @@ fn run(opts: Options) -> Result<(), Error> {
         log(&format!("serving /metrics and /healthz on {bound}"));
     }
     if let Some(every) = opts.doctor_every {
-        doctor::start(opts.config.clone(), every, shared.clone());
+        let keep = shared.clone();
+        doctor::start(opts.config.clone(), every, move |paths| {
+            keep.lock().paths = Some(paths);
+        });
     }
     let mut sites = match &cfg.sites {
         None => None,
