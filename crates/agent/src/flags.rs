@@ -49,6 +49,9 @@ Options:
   --metrics-allow-remote        allow a --metrics-addr other machines can reach (0.0.0.0:9767,
                                 a node address): the endpoints need no credentials; a warning
                                 is logged at start
+  --doctor-every <seconds>      run `sticky-vxlan doctor`'s checks this often (1 to 86400;
+                                default: off) and export each peer's path state and cause
+                                on /metrics (sticky_vxlan_agent_path_cause)
   --publish-flannel-annotations set flannel's annotations on this node's Node object
                                 (needs --node-name and patch on nodes/status)
   --key-dir <dir>               where a site gateway keeps its WireGuard private key (made
@@ -77,6 +80,8 @@ has no peersFile, credentials cannot be read, the metrics address is taken).
 pub enum Error {
     #[error(transparent)]
     Args(#[from] ArgsError),
+    #[error("--doctor-every {0:?}: expected whole seconds from 1 to 86400")]
+    DoctorEvery(String),
     #[error("--resync {0:?}: expected seconds from 0.1 to 86400")]
     Resync(String),
     #[error("--watch-timeout {0:?}: expected whole seconds from 1 to 3600")]
@@ -170,6 +175,8 @@ pub struct Options {
     /// `--watch-timeout`: `None` for the default, 5 to 10 minutes spread over the fleet.
     pub watch_timeout: Option<Duration>,
     pub metrics_addr: Option<SocketAddr>,
+    /// `--doctor-every`: how often the doctor's checks run; `None`: never.
+    pub doctor_every: Option<Duration>,
     pub publish: bool,
     /// `--underlay-family`: `None` lets the config decide ([`super::family::decide`]).
     pub underlay_family: Option<Family>,
@@ -202,6 +209,7 @@ const SPEC: Spec = Spec {
         "--max-remove-fraction",
         "--watch-timeout",
         "--metrics-addr",
+        "--doctor-every",
         "--segment-config",
         "--underlay-family",
         "--key-dir",
@@ -234,6 +242,16 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
             .map(Duration::from_secs_f64)
             .ok_or_else(|| Error::Resync(v.to_string()))?,
     };
+    let doctor_every = p
+        .value("--doctor-every")
+        .map(|v| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|s| (1..=86400).contains(s))
+                .map(Duration::from_secs)
+                .ok_or_else(|| Error::DoctorEvery(v.to_string()))
+        })
+        .transpose()?;
     let max_remove_fraction = match p.value("--max-remove-fraction") {
         None => 0.5,
         Some(v) => v
@@ -312,6 +330,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
         max_remove_fraction,
         watch_timeout,
         metrics_addr,
+        doctor_every,
         publish,
         underlay_family,
     })
@@ -444,6 +463,10 @@ mod tests {
             (
                 &["--config", "/c", "--no-api", "--resync", "0"],
                 r#"--resync "0": expected seconds from 0.1 to 86400"#,
+            ),
+            (
+                &["--config", "/c", "--no-api", "--doctor-every", "0"],
+                r#"--doctor-every "0": expected whole seconds from 1 to 86400"#,
             ),
             (
                 &["--config", "/c", "--no-api", "--watch-timeout", "0.5"],

@@ -24,6 +24,7 @@
 
 mod api;
 mod clock;
+mod doctor;
 mod endpoint;
 mod family;
 mod files;
@@ -185,6 +186,12 @@ fn run(opts: Options) -> Result<(), Error> {
         let bound =
             serve::start(addr, shared.clone()).map_err(|source| Error::Metrics { addr, source })?;
         log(&format!("serving /metrics and /healthz on {bound}"));
+    }
+    if let Some(every) = opts.doctor_every {
+        let keep = shared.clone();
+        doctor::start(opts.config.clone(), every, move |paths| {
+            keep.lock().paths = Some(paths);
+        });
     }
     let mut sites = match &cfg.sites {
         None => None,

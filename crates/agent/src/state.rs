@@ -29,6 +29,8 @@ pub struct Inner {
     pub alive: Instant,
     /// The peers file as the agent last wrote it (to tell its own writes from hand edits).
     pub own_write: Option<super::files::Fingerprint>,
+    /// The last periodic doctor run (`--doctor-every`).
+    pub paths: Option<super::doctor::Paths>,
 }
 
 /// Shared by the threads.
@@ -42,6 +44,7 @@ impl Shared {
             counters: Counters::default(),
             alive: Instant::now(),
             own_write: None,
+            paths: None,
         })))
     }
 
@@ -161,6 +164,9 @@ impl Shared {
         }
         if let Some(sites) = &s.status.sites {
             site_metrics(&mut out, sites);
+        }
+        if let Some(paths) = &s.paths {
+            super::doctor::metrics(&mut out, paths);
         }
         out
     }

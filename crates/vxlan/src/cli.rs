@@ -1,4 +1,5 @@
-//! The operator's entry points (run without `CNI_COMMAND`): `mac`, `reconcile`, `show`.
+//! The operator's entry points (run without `CNI_COMMAND`): `mac`, `reconcile`, `show`,
+//! `doctor` ([`crate::doctor`]).
 //!
 //! The convention of both tools ([`crate::cli`]): one parser that refuses what a verb does not
 //! take, one conflist loader, this module's own [`CliError`], and the exit codes in
@@ -38,6 +39,11 @@ STATUS, VERSION). Run by hand:
       the pods attached by sticky-vxlan, and where the agent got the peers from
       (and its sites); the agent's status is read from the network's stateDir,
       which --config finds in the network's config
+  sticky-vxlan doctor --config <file.conflist|file.conf> [--json]
+      probe every peer of the network from this node (underlay, through the overlay,
+      at the pod MTU) and name why pods cannot talk, with the fix: one line a peer.
+      Exit 0: no cause found; 1: a cause found; 2: it could not run (why on stderr).
+      Changes nothing on the node
   sticky-vxlan-agent --config <file.conflist> ...   (see sticky-vxlan-agent --help)
       keep the peers file current from the Kubernetes API and reconcile on every change
   sticky-vxlan --help | --version
@@ -61,10 +67,16 @@ With several --config, the highest code of the networks that failed.";
 /// time. Not a CNI error: it never becomes a CNI error code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("unknown command {0:?} (expected mac, reconcile or show)")]
+    #[error("unknown command {0:?} (expected mac, reconcile, show or doctor)")]
     UnknownVerb(String),
-    #[error("no command given (expected mac, reconcile or show)")]
+    #[error("no command given (expected mac, reconcile, show or doctor)")]
     NoVerb,
+    /// `doctor` could not run: it decided nothing (exit 2).
+    #[error("doctor could not run: {0}")]
+    Doctor(#[from] crate::doctor::Error),
+    /// `doctor` ran and found causes (exit 1; they are on stdout).
+    #[error("doctor found {0} cause(s)")]
+    Found(usize),
     #[error(transparent)]
     Args(#[from] ArgsError),
     #[error("show: --config and --state-dir name the same thing: give one")]
@@ -101,6 +113,7 @@ impl CliError {
         match self {
             // An unusable `--config` is a usage error in either mode.
             CliError::Network(e) if e.is_config() => EXIT_USAGE,
+            CliError::Found(_) => EXIT_RUNTIME,
             CliError::Vxlan(_)
             | CliError::Network(_)
             | CliError::AgentNotRun { .. }
@@ -138,6 +151,13 @@ const RECONCILE: Spec = Spec {
     repeatable: &["--config"],
     positionals: &[],
 };
+const DOCTOR: Spec = Spec {
+    verb: "doctor",
+    flags: &["--json"],
+    values: &["--config"],
+    repeatable: &[],
+    positionals: &[],
+};
 const SHOW: Spec = Spec {
     verb: "show",
     flags: &[],
@@ -157,6 +177,9 @@ pub fn main(args: Vec<String>) -> ExitCode {
             && verb == NODE_RANGES
         {
             return node_ranges_for_ipam(network, out);
+        }
+        if find_verb(&args, &[]) == Some("doctor") && !asks_help(&args) {
+            return doctor(&args, out);
         }
         match run(&args) {
             Ok(text) => out.write_all(text.as_bytes()).map_err(CliError::Output),
@@ -179,7 +202,7 @@ impl program::Failure for CliError {
         CliError::exit_code(self)
     }
     fn is_usage(&self) -> bool {
-        CliError::exit_code(self) == EXIT_USAGE
+        !matches!(self, CliError::Doctor(_)) && CliError::exit_code(self) == EXIT_USAGE
     }
 }
 
@@ -223,10 +246,44 @@ fn agent_alias(args: &[String]) -> CliError {
     CliError::AgentNotRun { program, source }
 }
 
+/// Whether the command line asks for the help (before any `--`).
+fn asks_help(args: &[String]) -> bool {
+    args.iter()
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--help" || a == "-h" || a == "help")
+}
+
+/// `doctor --config <file> [--json]`: prints the report whatever it found; the exit code says
+/// whether a cause was found (1) or it could not run (2).
+fn doctor(args: &[String], out: &mut program::Stdout) -> Result<(), CliError> {
+    let (text, found) = doctor_report(args)?;
+    out.write_all(text.as_bytes()).map_err(CliError::Output)?;
+    match found {
+        0 => Ok(()),
+        n => Err(CliError::Found(n)),
+    }
+}
+
+/// What `doctor` prints, and how many causes it found.
+fn doctor_report(args: &[String]) -> Result<(String, usize), CliError> {
+    let parsed = parse(args, &[], &DOCTOR)?;
+    let config = parsed.value("--config").ok_or(ArgsError::MissingArgument {
+        verb: "doctor",
+        what: "--config <file>",
+    })?;
+    let report = crate::doctor::run(Path::new(config))?;
+    let text = if parsed.flag("--json") {
+        format!("{}\n", crate::doctor::render::json(&report))
+    } else {
+        crate::doctor::render::text(&report)
+    };
+    Ok((text, report.findings.len()))
+}
+
 /// Runs one operator command and returns what to print.
 pub fn run(args: &[String]) -> Result<String, CliError> {
     let before_dashes = || args.iter().take_while(|a| *a != "--");
-    if args.is_empty() || before_dashes().any(|a| a == "--help" || a == "-h" || a == "help") {
+    if args.is_empty() || asks_help(args) {
         return Ok(format!("{HELP}\n{EXIT_CODES}\n"));
     }
     if before_dashes().any(|a| a == "--version" || a == "-V") {
@@ -436,6 +493,34 @@ mod tests {
             let err = run(&args(bad)).unwrap_err();
             assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}: {err}");
         }
+    }
+
+    /// `doctor` refuses a bad command line as a usage error and says it could not run (2,
+    /// without pointing at `--help`) when the config cannot be read; nothing is probed then.
+    #[test]
+    fn doctor_usage_errors_and_an_unreadable_config_exit_2() {
+        for bad in [
+            &["doctor"][..],
+            &["doctor", "--config"],
+            &["doctor", "--config", "/a", "--verbose"],
+            &["doctor", "--config", "/a", "extra"],
+        ] {
+            let err = doctor_report(&args(bad)).unwrap_err();
+            assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}: {err}");
+            assert!(program::Failure::is_usage(&err), "{bad:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("10-missing.conflist");
+        let err =
+            doctor_report(&args(&["doctor", "--config", missing.to_str().unwrap()])).unwrap_err();
+        assert!(matches!(err, CliError::Doctor(_)), "{err:?}");
+        assert_eq!(err.exit_code(), 2);
+        assert!(!program::Failure::is_usage(&err));
+        assert!(
+            err.to_string().starts_with("doctor could not run: "),
+            "{err}"
+        );
+        assert_eq!(CliError::Found(2).exit_code(), 1);
     }
 
     /// Several `--config`: every file is tried and each failure kept with its file; the exit

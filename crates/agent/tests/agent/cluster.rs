@@ -886,3 +886,62 @@ fn demo_agent_adds_a_node() {
         say(&format!("  {line}"));
     }
 }
+
+/// `--doctor-every`: the agent runs doctor's checks now and then and `/metrics` says each
+/// peer's path state: `ok`, then `vxlan-blocked` while node 2 drops the VXLAN port, then `ok`
+/// again once it no longer does.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn the_agent_exports_each_peers_path_state_from_periodic_doctor_runs() {
+    assert_can_run();
+    let c = Cluster::new();
+    let peers = json!([Topo::peer(1, false), Topo::peer(2, false)]);
+    for n in [1, 2] {
+        std::fs::write(c.peers_file(n), peers.to_string()).unwrap();
+    }
+    let conf2 = c.conf_files[1].to_string_lossy().into_owned();
+    succeeded(
+        &c.topo.tool(2, &["reconcile", "--config", &conf2]),
+        "node 2",
+    );
+    let conf1 = c.conf_files[0].to_string_lossy().into_owned();
+    let node1 = c.topo.node_ns(1);
+    let _agent = Agent::start(
+        agent_bin(),
+        &node1,
+        c.topo.dir.path().join("agent-doctor.log"),
+        &[
+            "--config",
+            &conf1,
+            "--no-api",
+            "--doctor-every",
+            "1",
+            "--metrics-addr",
+            "127.0.0.1:9767",
+        ],
+    );
+    let netns = PathBuf::from(format!("/run/netns/{node1}"));
+    let path_is = |cause: &str| {
+        let line =
+            format!("sticky_vxlan_agent_path_cause{{peer=\"192.0.2.2\",cause=\"{cause}\"}} 1");
+        get_in_netns(&netns, "127.0.0.1:9767", "/metrics")
+            .is_some_and(|m| m.lines().any(|l| l == line))
+    };
+    wait_for("node 2's path ok", Duration::from_secs(30), || {
+        path_is("ok")
+    });
+    let drop = "table inet doctor {\n chain input {\n type filter hook input priority 0;\n udp dport 8472 drop\n }\n}\n";
+    c.topo.load_nft(&c.topo.node_ns(2), "doctor", drop);
+    wait_for(
+        "node 2's path vxlan-blocked",
+        Duration::from_secs(30),
+        || path_is("vxlan-blocked"),
+    );
+    let node2 = c.topo.node_ns(2);
+    ok(&[
+        "ip", "netns", "exec", &node2, "nft", "delete", "table", "inet", "doctor",
+    ]);
+    wait_for("node 2's path ok again", Duration::from_secs(30), || {
+        path_is("ok")
+    });
+}

@@ -7,6 +7,7 @@
 mod connectivity;
 mod convergence;
 mod datapath;
+mod doctor;
 mod flannel;
 mod hostile;
 mod ipv6;

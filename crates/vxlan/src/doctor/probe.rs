@@ -1,0 +1,228 @@
+//! The probes: ICMP echoes this node sends and the peer's kernel answers (no agent, no
+//! listener on the peer). To the peer's underlay address they go around the overlay; to the
+//! peer's VTEP address (its pod subnet's network address, which its VTEP holds as a /32) they go
+//! through it, from this node's VTEP address, with DF set, so the size that crosses is the size
+//! sent.
+//!
+//! Every probe of every peer goes out at once from one raw socket, and is sent again for those
+//! not yet answered until the window closes: the time taken is the window's, whatever the
+//! number of peers. Sending an echo changes nothing on the node.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{
+    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, recv, sendto, socket,
+};
+
+/// One echo to send: where, and how large the IP packet is (header included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    pub dst: Ipv4Addr,
+    pub size: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("opening a raw ICMP socket: {0} (doctor needs root or CAP_NET_RAW)")]
+    Socket(Errno),
+    #[error("setting DF on the probe socket: {0}")]
+    Df(Errno),
+    #[error("waiting for answers: {0}")]
+    Poll(Errno),
+    #[error("{0} probes are more than one round can tell apart (at most 65536)")]
+    TooMany(usize),
+}
+
+/// Sends probes and says which were answered.
+pub trait Prober {
+    /// One `bool` per probe, in order: whether it was answered within the window.
+    fn run(&mut self, probes: &[Probe]) -> Result<Vec<bool>, Error>;
+}
+
+/// The probes as ICMP echoes on a raw socket of the current network namespace.
+pub struct Icmp {
+    /// How long answers are waited for.
+    pub window: Duration,
+    /// Unanswered probes are sent again this often within the window.
+    pub resend: Duration,
+}
+
+impl Default for Icmp {
+    fn default() -> Icmp {
+        Icmp {
+            window: Duration::from_millis(2500),
+            resend: Duration::from_millis(600),
+        }
+    }
+}
+
+/// The smallest probe: an IPv4 header and an ICMP echo header.
+const HEADERS: u16 = 28;
+
+impl Prober for Icmp {
+    fn run(&mut self, probes: &[Probe]) -> Result<Vec<bool>, Error> {
+        if probes.len() > usize::from(u16::MAX) + 1 {
+            return Err(Error::TooMany(probes.len()));
+        }
+        let fd = open()?;
+        // The low bits of the pid tell this run's answers from another ping's.
+        let id = (std::process::id() & 0xffff) as u16;
+        let mut answered = vec![false; probes.len()];
+        let start = Instant::now();
+        let mut next_send = start;
+        let mut buf = vec![0u8; 65536];
+        while start.elapsed() < self.window {
+            if Instant::now() >= next_send {
+                send_unanswered(&fd, id, probes, &answered);
+                next_send += self.resend;
+            }
+            let until = next_send.min(start + self.window);
+            let wait = until.saturating_duration_since(Instant::now());
+            let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => return Err(Error::Poll(e)),
+            }
+            read_answers(&fd, id, probes, &mut answered, &mut buf);
+        }
+        Ok(answered)
+    }
+}
+
+fn open() -> Result<OwnedFd, Error> {
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Raw,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        SockProtocol::Icmp,
+    )
+    .map_err(Error::Socket)?;
+    // DF on every probe and no fragmenting by this node, whatever path MTU it has cached:
+    // the size sent is the size that must cross.
+    let value: nix::libc::c_int = nix::libc::IP_PMTUDISC_PROBE;
+    // SAFETY: `fd` is an open socket; the option value is a c_int that lives across the call
+    // and its size is passed with it.
+    let rc = unsafe {
+        nix::libc::setsockopt(
+            fd.as_raw_fd(),
+            nix::libc::IPPROTO_IP,
+            nix::libc::IP_MTU_DISCOVER,
+            (&raw const value).cast(),
+            std::mem::size_of::<nix::libc::c_int>() as nix::libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Df(Errno::last()));
+    }
+    Ok(fd)
+}
+
+/// Sends every probe not yet answered. A send the kernel refuses (no route, larger than the
+/// device's MTU, a full queue) is a probe not answered: it is tried again at the next round.
+fn send_unanswered(fd: &OwnedFd, id: u16, probes: &[Probe], answered: &[bool]) {
+    for (seq, probe) in probes.iter().enumerate() {
+        if answered[seq] {
+            continue;
+        }
+        let packet = echo(id, seq as u16, probe.size.saturating_sub(20));
+        let to = SockaddrIn::from(SocketAddrV4::new(probe.dst, 0));
+        let _ = sendto(fd.as_raw_fd(), &packet, &to, MsgFlags::empty());
+    }
+}
+
+/// Marks the probes whose echo reply has come (from the address it was sent to).
+fn read_answers(fd: &OwnedFd, id: u16, probes: &[Probe], answered: &mut [bool], buf: &mut [u8]) {
+    while let Ok(n) = recv(fd.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
+        if let Some((from, seq)) = reply(&buf[..n], id)
+            && let Some(p) = probes.get(usize::from(seq))
+            && p.dst == from
+        {
+            answered[usize::from(seq)] = true;
+        }
+    }
+}
+
+/// An ICMP echo request of `len` bytes (header included, at least 8).
+pub(crate) fn echo(id: u16, seq: u16, len: u16) -> Vec<u8> {
+    let mut p = vec![0u8; usize::from(len.max(HEADERS - 20))];
+    p[0] = 8;
+    p[4..6].copy_from_slice(&id.to_be_bytes());
+    p[6..8].copy_from_slice(&seq.to_be_bytes());
+    for (i, b) in p.iter_mut().enumerate().skip(8) {
+        *b = i as u8;
+    }
+    let sum = checksum(&p);
+    p[2..4].copy_from_slice(&sum.to_be_bytes());
+    p
+}
+
+/// The Internet checksum (RFC 1071).
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The source and sequence number of an echo reply with our `id`, from a raw IPv4 packet.
+pub(crate) fn reply(packet: &[u8], id: u16) -> Option<(Ipv4Addr, u16)> {
+    let ihl = usize::from(packet.first()? & 0x0f) * 4;
+    let src: [u8; 4] = packet.get(12..16)?.try_into().ok()?;
+    let icmp = packet.get(ihl..ihl + 8)?;
+    let is_ours = icmp[0] == 0 && icmp[1] == 0 && icmp[4..6] == id.to_be_bytes();
+    is_ours.then(|| (Ipv4Addr::from(src), u16::from_be_bytes([icmp[6], icmp[7]])))
+}
+
+/// A prober that answers as told and remembers what it was asked.
+#[cfg(test)]
+pub(crate) struct Fake<F: Fn(&Probe) -> bool> {
+    pub answers: F,
+    pub sent: Vec<Probe>,
+}
+
+#[cfg(test)]
+impl<F: Fn(&Probe) -> bool> Prober for Fake<F> {
+    fn run(&mut self, probes: &[Probe]) -> Result<Vec<bool>, Error> {
+        self.sent.extend_from_slice(probes);
+        Ok(probes.iter().map(&self.answers).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_echo_has_its_size_id_sequence_and_a_checksum_that_verifies() {
+        let p = echo(0x1234, 7, 64);
+        assert_eq!(p.len(), 64);
+        assert_eq!((p[0], &p[4..8]), (8, &[0x12, 0x34, 0, 7][..]));
+        assert_eq!(checksum(&p), 0, "a packet with its checksum sums to zero");
+        assert_eq!(echo(1, 1, 3).len(), 8, "never shorter than the header");
+    }
+
+    #[test]
+    fn only_echo_replies_with_our_id_count() {
+        let mut packet = vec![0x45u8; 20];
+        packet[12..16].copy_from_slice(&[10, 244, 2, 0]);
+        packet.extend_from_slice(&echo(0x1234, 5, 8));
+        packet[20] = 0; // echo reply
+        assert_eq!(
+            reply(&packet, 0x1234),
+            Some((Ipv4Addr::new(10, 244, 2, 0), 5))
+        );
+        assert_eq!(reply(&packet, 0x4321), None, "another ping's");
+        packet[20] = 8;
+        assert_eq!(reply(&packet, 0x1234), None, "a request");
+        assert_eq!(reply(&packet[..24], 0x1234), None, "cut short");
+    }
+}

@@ -1,0 +1,150 @@
+//! A [`Report`] for people (one line a peer, then one a node finding) or as JSON (an object
+//! whose `findings` carry `cause`, `peer`, `detail` and `fix`).
+
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use super::{Finding, Report};
+
+/// The text output: a heading, one line a peer (`ok` or its cause), one line a node finding,
+/// and what could not be checked.
+pub fn text(r: &Report) -> String {
+    let m = &r.measured;
+    let mut out = format!(
+        "network {}, node {}: {} peer(s) probed in {:.1}s, pod MTU {}\n",
+        r.network,
+        m.local_ip,
+        m.peers.len(),
+        r.took.as_secs_f64(),
+        m.node.pod_mtu
+    );
+    for f in r.findings.iter().filter(|f| f.peer.is_none()) {
+        let _ = writeln!(out, "node: {}", line(f));
+    }
+    for p in &m.peers {
+        let _ = match r.findings.iter().find(|f| f.peer == Some(p.peer)) {
+            Some(f) => writeln!(out, "peer {}: {}", p.peer, line(f)),
+            None => writeln!(out, "peer {}: ok", p.peer),
+        };
+    }
+    for u in &m.unchecked {
+        let _ = writeln!(out, "not checked: {u}");
+    }
+    let _ = match r.findings.len() {
+        0 => writeln!(out, "no cause found"),
+        n => writeln!(out, "{n} cause(s) found"),
+    };
+    out
+}
+
+fn line(f: &Finding) -> String {
+    format!("{}: {} | fix: {}", f.cause.code(), f.detail, f.fix)
+}
+
+/// The `--json` output.
+pub fn json(r: &Report) -> Value {
+    let m = &r.measured;
+    let peers: Vec<Value> = m
+        .peers
+        .iter()
+        .map(|p| {
+            let state = r
+                .findings
+                .iter()
+                .find(|f| f.peer == Some(p.peer))
+                .map_or("ok", |f| f.cause.code());
+            json!({"peer": p.peer, "state": state})
+        })
+        .collect();
+    json!({
+        "network": r.network,
+        "node": m.local_ip,
+        "podMtu": m.node.pod_mtu,
+        "tookMs": r.took.as_millis() as u64,
+        "peers": peers,
+        "findings": r.findings,
+        "unchecked": m.unchecked,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::decide::{Bridge, Cause, NodeFacts, PeerFacts, Vtep};
+    use super::super::measure::Measured;
+    use super::*;
+
+    fn report() -> Report {
+        let peer = |ip: &str| PeerFacts {
+            peer: ip.parse().unwrap(),
+            underlay: true,
+            small: true,
+            full: true,
+            largest: None,
+            route_dev: None,
+        };
+        let node = NodeFacts {
+            vtep_name: "sticky.1".into(),
+            vtep: Vtep::Ready,
+            bridge_name: "cni0".into(),
+            bridge: Bridge::Ready,
+            ip_forward: Some(false),
+            forward_drop: vec![],
+            strict_rp_filter: vec![],
+            underlay_dev: "eth0".into(),
+            conntrack: None,
+            csum_errors: 0,
+            rp_filter_drops: 0,
+            port: 8472,
+            pod_mtu: 1450,
+            config: "/c".into(),
+            pod_subnet: None,
+            cluster: "10.244.0.0/16".into(),
+        };
+        let mut peers = vec![peer("192.0.2.2"), peer("192.0.2.3")];
+        peers[1].small = false;
+        let findings = super::super::decide::decide(&node, &peers);
+        Report {
+            network: "edge".into(),
+            measured: Measured {
+                node,
+                peers,
+                local_ip: "192.0.2.1".parse().unwrap(),
+                unchecked: vec!["forward chains: no nf_tables".into()],
+            },
+            findings,
+            took: std::time::Duration::from_millis(2512),
+        }
+    }
+
+    #[test]
+    fn text_has_one_line_a_peer_and_the_node_first() {
+        let out = text(&report());
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[0],
+            "network edge, node 192.0.2.1: 2 peer(s) probed in 2.5s, pod MTU 1450"
+        );
+        assert!(lines[1].starts_with("node: forwarding-off: "), "{out}");
+        assert_eq!(lines[2], "peer 192.0.2.2: ok");
+        assert!(
+            lines[3].starts_with("peer 192.0.2.3: vxlan-blocked: "),
+            "{out}"
+        );
+        assert!(lines[3].contains(" | fix: allow UDP 8472"), "{out}");
+        assert_eq!(lines[4], "not checked: forward chains: no nf_tables");
+        assert_eq!(lines[5], "2 cause(s) found");
+    }
+
+    #[test]
+    fn json_findings_carry_cause_peer_detail_and_fix() {
+        let v = json(&report());
+        assert_eq!(v["findings"][0]["cause"], "forwarding-off");
+        assert_eq!(v["findings"][0]["peer"], Value::Null);
+        assert_eq!(v["findings"][1]["cause"], Cause::VxlanBlocked.code());
+        assert_eq!(v["findings"][1]["peer"], "192.0.2.3");
+        assert!(v["findings"][1]["fix"].as_str().unwrap().contains("8472"));
+        assert_eq!(v["peers"][0], json!({"peer": "192.0.2.2", "state": "ok"}));
+        assert_eq!(v["peers"][1]["state"], "vxlan-blocked");
+    }
+}
