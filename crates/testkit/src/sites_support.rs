@@ -361,16 +361,7 @@ impl Sites {
                 "wan",
             ]);
             ok(&["ip", "-n", &ns, "link", "set", "wan", "up"]);
-            ok(&[
-                "ip",
-                "-n",
-                &ns,
-                "route",
-                "add",
-                "198.51.100.0/24",
-                "via",
-                "203.0.113.1",
-            ]);
+            route_cloud_lan(&ns);
         }
         ns
     }
@@ -401,16 +392,7 @@ impl Sites {
             "wan",
         ]);
         ok(&["ip", "-n", &r, "addr", "del", &old, "dev", "wan"]);
-        ok(&[
-            "ip",
-            "-n",
-            &r,
-            "route",
-            "replace",
-            "198.51.100.0/24",
-            "via",
-            "203.0.113.1",
-        ]);
+        route_cloud_lan(&r);
     }
 
     /// The internet's namespace (its bridge is `br0`).
@@ -656,6 +638,20 @@ pub(crate) fn lan_addr(ip: &str, site: &str) -> String {
 /// on its WAN (an input firewall, as real routers have: without it a first punch reaching it
 /// before its own side dialed leaves a conntrack entry that makes its masquerade pick another
 /// port), and routes the cloud's public LAN through the cloud router.
+/// In namespace `ns` (on the internet), the cloud LAN through the cloud's router.
+fn route_cloud_lan(ns: &str) {
+    ok(&[
+        "ip",
+        "-n",
+        ns,
+        "route",
+        "replace",
+        "198.51.100.0/24",
+        "via",
+        "203.0.113.1",
+    ]);
+}
+
 fn add_router(topo: &mut Topo, r: &SiteRouter, nat: Nat) {
     let ns = router_ns(topo, r.site);
     topo.add_ns(&ns);
@@ -684,16 +680,7 @@ fn add_router(topo: &mut Topo, r: &SiteRouter, nat: Nat) {
         "net.ipv4.ip_forward=1",
     ]);
     if r.nat {
-        ok(&[
-            "ip",
-            "-n",
-            &ns,
-            "route",
-            "add",
-            "198.51.100.0/24",
-            "via",
-            "203.0.113.1",
-        ]);
+        route_cloud_lan(&ns);
         let script = format!(
             "table ip sticky_test_router {{\n\
              \x20 chain postrouting {{\n\
