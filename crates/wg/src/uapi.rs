@@ -287,16 +287,9 @@ impl SetReader {
                     });
                 }
                 self.protocol_version = true;
-                if value == "1" {
-                    Ok(())
-                } else {
-                    Err(bad("protocol_version", value, "1"))
-                }
+                protocol_version(value)
             }
-            _ => Err(Error::UnknownKey {
-                key: shorten(key),
-                place: PLACE,
-            }),
+            _ => Err(unknown_key(key, PLACE)),
         }
     }
 }
@@ -344,17 +337,25 @@ fn peer_key(peer: &mut PeerChange, key: &str, value: &str) -> Result<(), Error> 
             peer.allowed_ips.push(allowed_ip(value)?);
             Ok(())
         }
-        "protocol_version" => {
-            if value == "1" {
-                Ok(())
-            } else {
-                Err(bad("protocol_version", value, "1"))
-            }
-        }
-        _ => Err(Error::UnknownKey {
-            key: shorten(key),
-            place: PLACE,
-        }),
+        "protocol_version" => protocol_version(value),
+        _ => Err(unknown_key(key, PLACE)),
+    }
+}
+
+/// `protocol_version`, for the device or a peer: only WireGuard's version 1.
+fn protocol_version(value: &str) -> Result<(), Error> {
+    if value == "1" {
+        Ok(())
+    } else {
+        Err(bad("protocol_version", value, "1"))
+    }
+}
+
+/// A key the protocol does not have `place` (the key shortened: it may be a secret).
+fn unknown_key(key: &str, place: &'static str) -> Error {
+    Error::UnknownKey {
+        key: shorten(key),
+        place,
     }
 }
 

@@ -92,6 +92,15 @@ impl Drop for Daemon {
 }
 
 /// One end: a namespace, its underlay address, its TUN's name and address, its key.
+/// Debian's `wg <args>` in namespace `ns`.
+fn wg_in(ns: &Netns, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", &ns.name, "wg"])
+        .args(args)
+        .output()
+        .expect("running wg")
+}
+
 struct Side {
     ns: Netns,
     ifname: String,
@@ -103,11 +112,18 @@ struct Side {
 
 impl Side {
     fn wg(&self, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.ns.name, "wg"])
-            .args(args)
-            .output()
-            .expect("running wg")
+        wg_in(&self.ns, args)
+    }
+
+    /// `wg <args>`, which must succeed: its stdout.
+    fn wg_ok(&self, args: &[&str]) -> String {
+        let out = self.wg(args);
+        assert!(
+            out.status.success(),
+            "wg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn wg_answers(&self) -> bool {

@@ -91,11 +91,7 @@ impl Lone {
     }
 
     fn wg(&self, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.ns.name, "wg"])
-            .args(args)
-            .output()
-            .expect("running wg")
+        super::wg_in(&self.ns, args)
     }
 
     fn wg_ok(&self, args: &[&str]) -> String {
@@ -157,7 +153,7 @@ fn a_peer_set_before_the_key_is_kept_and_the_tunnel_comes_up_with_the_key() {
     let pair = Pair::started("wgk");
     let (a, b) = (&pair.a, &pair.b);
     // A node before the agent's round: the peer first, no key yet (wireguard-go takes it).
-    let out = a.wg(&[
+    a.wg_ok(&[
         "set",
         &a.ifname,
         "peer",
@@ -167,11 +163,6 @@ fn a_peer_set_before_the_key_is_kept_and_the_tunnel_comes_up_with_the_key() {
         "allowed-ips",
         "192.0.2.2/32",
     ]);
-    assert!(
-        out.status.success(),
-        "wg set peer before the key: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let show = a.wg(&["show", &a.ifname, "allowed-ips"]);
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(
@@ -181,7 +172,7 @@ fn a_peer_set_before_the_key_is_kept_and_the_tunnel_comes_up_with_the_key() {
     );
     // Then the key and port: the held peer is configured with them, and traffic flows.
     let key = a.key.to_string_lossy();
-    let out = a.wg(&[
+    a.wg_ok(&[
         "set",
         &a.ifname,
         "private-key",
@@ -189,11 +180,6 @@ fn a_peer_set_before_the_key_is_kept_and_the_tunnel_comes_up_with_the_key() {
         "listen-port",
         "51820",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     b.configure(a);
     a.address_and_route(b);
     b.address_and_route(a);
@@ -216,12 +202,7 @@ fn a_new_port_or_fwmark_on_a_running_tunnel_is_applied_on_a_fresh_device_and_tra
         (["fwmark", "7"], "fwmark", "0x7"),
         (["listen-port", "51821"], "listen-port", "51821"),
     ] {
-        let out = a.wg(&[&["set", a.ifname.as_str()][..], &args[..]].concat());
-        assert!(
-            out.status.success(),
-            "wg set {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        a.wg_ok(&[&["set", a.ifname.as_str()][..], &args[..]].concat());
         let shown = wait_for(
             &format!("`wg show {shows}` to say {says}"),
             DEADLINE,
