@@ -8,9 +8,12 @@
 //! flapping), [`paths`] (direct, hole-punched, relayed, unreachable), [`plan`] (what this node
 //! routes and, on the active gateway, the WireGuard peers), [`observed`] (NAT discovery: where
 //! the reachable gateways see the NATed ones come from), [`punch`] (hole punching: when to try,
-//! the backoff, the peers meanwhile), [`mtu`] (the pod MTU with a tunnel). Two modules touch the outside, each narrowly: [`keys`] (the gateway's key file)
-//! and [`tunnel`]/[`uapi`] (the seam to the data path and WireGuard's userspace API client).
-//! It links no async runtime, HTTP or netlink: the agent wires it in.
+//! the backoff, the peers meanwhile), [`heal`] and [`probe`] (liveness and step-down inside a
+//! site), [`remote`] (which candidate of a remote site to send to), [`tunnel`] (what a
+//! WireGuard device holds and the changes that move it), [`round`] (one round of the active
+//! gateway: what its device must do), [`keys`] (the gateway's key pair).
+//! It does no I/O and links no async runtime, HTTP or netlink: every function takes the time
+//! it needs, and the agent reads, decides with this crate, and acts.
 
 pub mod gateway;
 pub mod heal;
@@ -23,5 +26,5 @@ pub mod punch;
 pub mod plan;
 pub mod probe;
 pub mod remote;
+pub mod round;
 pub mod tunnel;
-pub mod uapi;

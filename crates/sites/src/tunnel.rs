@@ -1,8 +1,8 @@
-//! The seam between the decisions and a WireGuard data path (docs/sites-tunnel-choice.md
-//! section 5): the agent computes the desired peers; a backend only gets, sets and removes.
-//! Both the userspace API ([`crate::uapi::UapiTunnel`], the `sticky-wg` daemon) and the
-//! kernel's generic netlink family "wireguard" carry exactly these fields, so a kernel backend
-//! is a second `impl Tunnel`.
+//! What a WireGuard data path holds and how the agent changes it (docs/sites-tunnel-choice.md
+//! section 5): the agent computes the desired peers; its device seam only gets and sets. Both
+//! the userspace API (the `sticky-wg` daemon) and the kernel's generic netlink family
+//! "wireguard" carry exactly these fields. [`apply`] is how a device takes a change (for the
+//! agent's fakes and its simulation).
 //!
 //! Re-applying an unchanged peer costs packets (4–12 measured on gotatun), so the agent applies
 //! only what [`diff`] returns: nothing when the device already holds the desired state.
@@ -13,20 +13,7 @@ use std::time::SystemTime;
 
 use ipnet::IpNet;
 
-use crate::keys::{PrivateKey, PublicKey};
-
-/// Errors of a tunnel backend.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The backend's own error (the userspace API's, the kernel's), kept whole: this seam
-    /// names no backend, so that each backend may depend on it and not the other way.
-    #[error(transparent)]
-    Backend(Box<dyn std::error::Error + Send + Sync>),
-    #[error("tunnel device {ifname}: {message}")]
-    Link { ifname: String, message: String },
-    #[error("no tunnel device {ifname}")]
-    NoDevice { ifname: String },
-}
+use crate::keys::PublicKey;
 
 /// A peer as the agent wants it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,28 +83,6 @@ pub enum PeerChange {
     Remove(PublicKey),
 }
 
-/// A WireGuard data path.
-pub trait Tunnel {
-    /// The device exists and is up with this MTU. Idempotent.
-    fn ensure_device(&self, ifname: &str, mtu: u32) -> Result<(), Error>;
-    /// The device's state.
-    fn get(&self, ifname: &str) -> Result<DeviceState, Error>;
-    /// One transaction: the private key and the listen port (each when given) and the peer
-    /// changes. Give the key with every change that adds or updates a peer: a device made again
-    /// between two transactions must never get peers without its key (gotatun panics on
-    /// that), and a key or port the device already has changes nothing (a new key re-keys
-    /// every session). Nothing given: no request at all.
-    fn set(
-        &self,
-        ifname: &str,
-        key: Option<&PrivateKey>,
-        port: Option<u16>,
-        changes: &[PeerChange],
-    ) -> Result<(), Error>;
-    /// The device is gone. Absent is fine.
-    fn remove_device(&self, ifname: &str) -> Result<(), Error>;
-}
-
 /// Sorted, without repeats, host bits cleared (as a device reports them back).
 fn sorted(ips: &[IpNet]) -> Vec<IpNet> {
     let mut v: Vec<IpNet> = ips.iter().map(IpNet::trunc).collect();
@@ -180,182 +145,58 @@ pub fn diff(desired: &[PeerConfig], actual: &DeviceState) -> Vec<PeerChange> {
     out
 }
 
-/// A recording fake [`Tunnel`] that keeps devices in memory and applies changes as a device
-/// would (for the agent's tests).
-#[cfg(any(test, feature = "testing"))]
-pub mod fake {
-    use std::sync::Mutex;
-
-    use super::*;
-
-    /// One call made to the fake.
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub enum Call {
-        EnsureDevice {
-            ifname: String,
-            mtu: u32,
-        },
-        Get {
-            ifname: String,
-        },
-        Set {
-            ifname: String,
-            /// The public key of the private key given.
-            public_key: Option<PublicKey>,
-            port: Option<u16>,
-            changes: Vec<PeerChange>,
-        },
-        RemoveDevice {
-            ifname: String,
-        },
-    }
-
-    /// Devices in memory, every call recorded.
-    #[derive(Debug, Default)]
-    pub struct FakeTunnel {
-        /// The calls, in order.
-        pub calls: Mutex<Vec<Call>>,
-        /// The devices by name, with their MTU.
-        pub devices: Mutex<BTreeMap<String, (u32, DeviceState)>>,
-    }
-
-    impl FakeTunnel {
-        /// The calls made so far.
-        pub fn calls(&self) -> Vec<Call> {
-            self.calls.lock().map(|c| c.clone()).unwrap_or_default()
-        }
-
-        fn record(&self, call: Call) {
-            if let Ok(mut c) = self.calls.lock() {
-                c.push(call);
-            }
-        }
-
-        fn with<T>(&self, ifname: &str, f: impl FnOnce(&mut DeviceState) -> T) -> Result<T, Error> {
-            let mut devices = self.devices.lock().map_err(|_| Error::Link {
-                ifname: ifname.into(),
-                message: "fake poisoned".into(),
-            })?;
-            let Some((_, dev)) = devices.get_mut(ifname) else {
-                return Err(Error::NoDevice {
-                    ifname: ifname.into(),
-                });
-            };
-            Ok(f(dev))
-        }
-    }
-
-    /// Applies `changes` to `dev` as a WireGuard device does.
-    pub fn apply_to(dev: &mut DeviceState, changes: &[PeerChange]) {
-        for change in changes {
-            match change {
-                PeerChange::Remove(key) => dev.peers.retain(|p| p.public_key != *key),
-                PeerChange::Upsert {
-                    peer,
-                    replace_allowed_ips,
-                } => {
-                    // An allowed IP belongs to one peer: adding it elsewhere moves it.
-                    for other in dev
-                        .peers
-                        .iter_mut()
-                        .filter(|p| p.public_key != peer.public_key)
-                    {
-                        other
-                            .allowed_ips
-                            .retain(|ip| !peer.allowed_ips.contains(ip));
+/// Applies `changes` to `dev` as a WireGuard device does.
+pub fn apply(dev: &mut DeviceState, changes: &[PeerChange]) {
+    for change in changes {
+        match change {
+            PeerChange::Remove(key) => dev.peers.retain(|p| p.public_key != *key),
+            PeerChange::Upsert {
+                peer,
+                replace_allowed_ips,
+            } => {
+                // An allowed IP belongs to one peer: adding it elsewhere moves it.
+                for other in dev
+                    .peers
+                    .iter_mut()
+                    .filter(|p| p.public_key != peer.public_key)
+                {
+                    other
+                        .allowed_ips
+                        .retain(|ip| !peer.allowed_ips.contains(ip));
+                }
+                let i = match dev
+                    .peers
+                    .iter()
+                    .position(|p| p.public_key == peer.public_key)
+                {
+                    Some(i) => i,
+                    None => {
+                        dev.peers.push(PeerState::new(peer.public_key));
+                        dev.peers.len() - 1
                     }
-                    let i = match dev
-                        .peers
-                        .iter()
-                        .position(|p| p.public_key == peer.public_key)
-                    {
-                        Some(i) => i,
-                        None => {
-                            dev.peers.push(PeerState::new(peer.public_key));
-                            dev.peers.len() - 1
-                        }
-                    };
-                    let Some(p) = dev.peers.get_mut(i) else {
-                        continue;
-                    };
-                    if peer.endpoint.is_some() {
-                        p.endpoint = peer.endpoint;
-                    }
-                    p.keepalive_secs = peer.keepalive_secs.filter(|k| *k != 0);
-                    if *replace_allowed_ips {
-                        p.allowed_ips.clear();
-                    }
-                    for ip in &peer.allowed_ips {
-                        if !p.allowed_ips.contains(ip) {
-                            p.allowed_ips.push(*ip);
-                        }
+                };
+                let Some(p) = dev.peers.get_mut(i) else {
+                    continue;
+                };
+                if peer.endpoint.is_some() {
+                    p.endpoint = peer.endpoint;
+                }
+                p.keepalive_secs = peer.keepalive_secs.filter(|k| *k != 0);
+                if *replace_allowed_ips {
+                    p.allowed_ips.clear();
+                }
+                for ip in &peer.allowed_ips {
+                    if !p.allowed_ips.contains(ip) {
+                        p.allowed_ips.push(*ip);
                     }
                 }
             }
-        }
-    }
-
-    impl Tunnel for FakeTunnel {
-        fn ensure_device(&self, ifname: &str, mtu: u32) -> Result<(), Error> {
-            self.record(Call::EnsureDevice {
-                ifname: ifname.into(),
-                mtu,
-            });
-            if let Ok(mut d) = self.devices.lock() {
-                d.entry(ifname.into()).or_default().0 = mtu;
-            }
-            Ok(())
-        }
-
-        fn get(&self, ifname: &str) -> Result<DeviceState, Error> {
-            self.record(Call::Get {
-                ifname: ifname.into(),
-            });
-            self.with(ifname, |d| d.clone())
-        }
-
-        fn set(
-            &self,
-            ifname: &str,
-            key: Option<&PrivateKey>,
-            port: Option<u16>,
-            changes: &[PeerChange],
-        ) -> Result<(), Error> {
-            if key.is_none() && port.is_none() && changes.is_empty() {
-                return Ok(());
-            }
-            self.record(Call::Set {
-                ifname: ifname.into(),
-                public_key: key.map(PrivateKey::public_key),
-                port,
-                changes: changes.to_vec(),
-            });
-            self.with(ifname, |d| {
-                if let Some(k) = key {
-                    d.public_key = Some(k.public_key());
-                }
-                if let Some(p) = port {
-                    d.listen_port = p;
-                }
-                apply_to(d, changes);
-            })
-        }
-
-        fn remove_device(&self, ifname: &str) -> Result<(), Error> {
-            self.record(Call::RemoveDevice {
-                ifname: ifname.into(),
-            });
-            if let Ok(mut d) = self.devices.lock() {
-                d.remove(ifname);
-            }
-            Ok(())
         }
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::fake::{Call, FakeTunnel};
     use super::*;
     use proptest::prelude::*;
 
@@ -487,33 +328,6 @@ pub(crate) mod tests {
         assert_eq!(keys, [(false, 2), (false, 7), (true, 4), (true, 9)]);
     }
 
-    #[test]
-    fn fake_records_and_converges() {
-        let t = FakeTunnel::default();
-        assert!(matches!(t.get("wg0"), Err(Error::NoDevice { .. })));
-        t.ensure_device("wg0", 1440).unwrap();
-        let desired = vec![want(
-            1,
-            Some("203.0.113.1:51820"),
-            &["10.0.1.0/24"],
-            Some(25),
-        )];
-        let changes = diff(&desired, &t.get("wg0").unwrap());
-        t.set("wg0", None, None, &changes).unwrap();
-        assert!(diff(&desired, &t.get("wg0").unwrap()).is_empty());
-        let calls = t.calls();
-        assert_eq!(
-            calls[1],
-            Call::EnsureDevice {
-                ifname: "wg0".into(),
-                mtu: 1440
-            }
-        );
-        assert!(matches!(&calls[3], Call::Set { changes, .. } if changes.len() == 1));
-        t.remove_device("wg0").unwrap();
-        assert!(t.get("wg0").is_err());
-    }
-
     /// (key, endpoint, allowed IPs, keepalive) as small numbers.
     type Gen = (u8, Option<u8>, Vec<u8>, Option<u16>);
 
@@ -586,10 +400,10 @@ pub(crate) mod tests {
         fn diff_converges(start in arb_state(), goal in arb_state()) {
             let mut d = DeviceState::default();
             let first = diff(&peers_of(&start), &d);
-            fake::apply_to(&mut d, &first);
+            apply(&mut d, &first);
             let desired = peers_of(&goal);
             let changes = diff(&desired, &d);
-            fake::apply_to(&mut d, &changes);
+            apply(&mut d, &changes);
             prop_assert!(diff(&desired, &d).is_empty());
             let mut got: Vec<PublicKey> = d.peers.iter().map(|p| p.public_key).collect();
             got.sort();

@@ -22,3 +22,4 @@ pub mod probe;
 pub mod run;
 pub mod shape;
 pub mod side;
+pub mod uapi;

@@ -13,10 +13,9 @@ use sticky_sites::gateway::Seen;
 use sticky_sites::heal::{self, Stance};
 use sticky_sites::keys::{KeyDir, PublicKey};
 use sticky_sites::model::PUBLIC_KEY_ANNOTATION;
-use sticky_sites::uapi::UapiTunnel;
 
 use super::cache::{self, Cache};
-use super::device::Kernel;
+use super::device::Live;
 use super::probe::Probes;
 use super::shape::{Observation, Shaped, Shaper};
 use super::side::{ROUND, Side};
@@ -29,7 +28,7 @@ const SOCKET_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// See the module doc.
 pub struct SitesRun {
-    side: Side<UapiTunnel<Kernel>, Kernel>,
+    side: Side<Live>,
     cache_path: PathBuf,
     /// What the cache file holds (as last read or written).
     cached: Option<Cache>,
@@ -87,9 +86,9 @@ impl SitesRun {
         };
         let mtu = sites.wan_mtu.saturating_sub(overhead);
         let keys = KeyDir::new(key_dir, nix::unistd::geteuid().as_raw());
-        let tunnel = UapiTunnel::new(socket_dir, Kernel, SOCKET_TIMEOUT);
+        let device = Live::new(socket_dir, SOCKET_TIMEOUT);
         let mut run = SitesRun {
-            side: Side::new(sites.interface.clone(), mtu, keys, tunnel, Kernel),
+            side: Side::new(sites.interface.clone(), mtu, keys, device),
             cache_path: cache::path(cfg),
             cached: None,
             last_round: None,
@@ -186,7 +185,7 @@ impl SitesRun {
     pub fn public_key(&self, own: &Node) -> Option<Result<PublicKey, String>> {
         let label = &self.shaper.config.gateway_key;
         let gateway = own.metadata.labels.get(label).map(String::as_str) == Some("true");
-        gateway.then(|| self.side.public_key())
+        gateway.then(|| self.side.public_key().map_err(|e| e.to_string()))
     }
 
     /// The NAT discovery annotation this node publishes: the endpoints its dial-in peers come

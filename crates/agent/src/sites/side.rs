@@ -1,110 +1,82 @@
-//! Each round of sites on the node (the main loop calls [`Side::round`] every
-//! [`ROUND`] and after every change of the plan):
+//! Each round of sites on the node (the main loop calls [`Side::round`] every [`ROUND`] and
+//! after every change of the plan): read, decide, act.
 //!
-//! - On its site's active gateway: the key from the key file (made once, kept), the tunnel
-//!   device ensured (MTU, up), the device's key and port set only when they differ, its peers
-//!   changed only by [`sticky_sites::tunnel::diff`] (re-applying costs packets), and the routes
-//!   of every remote site's pod subnets into the device. The device's state is read each round,
-//!   so a data-path daemon restarted with an empty device (or a device made again) is
-//!   configured again within a round.
-//! - On a node that stopped being the active gateway: its tunnel's peers and routes are
-//!   removed (the device itself is `sticky-wg`'s).
-//! - Everywhere: the status of every remote site (gateway, path; on the gateway the carrying
-//!   tunnel's handshake and bytes), and a log line when a tunnel comes up or goes down.
+//! - **Read**: on its site's active gateway, the key from the key file (made once, kept), the
+//!   device ensured (MTU, up) and its state; on a node that may still hold peers and routes
+//!   from when it was the gateway, the device's state (none there: nothing to clear).
+//! - **Decide**: [`sticky_sites::round`], pure: the key, port and peer changes
+//!   ([`sticky_sites::tunnel::diff`]: re-applying costs packets), the routes of every remote
+//!   site's pod subnets into the device, the datagrams that start a handshake, the lines.
+//! - **Act**: the actions through the one device seam ([`Device`]), in order.
+//!
+//! The device's state is read each round, so a data-path daemon restarted with an empty device
+//! (or a device made again) is configured again within a round. Everywhere, the status of every
+//! remote site (gateway, path; on the gateway the carrying tunnel's handshake and bytes).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-use sticky_sites::keys::{KeyDir, PublicKey};
-use sticky_sites::model::{Model, SiteName};
+use sticky_sites::keys::{KeyDir, PrivateKey, PublicKey};
 use sticky_sites::paths::Path;
-use sticky_sites::plan::{GatewayPlan, Plan};
-use sticky_sites::punch::{Lives, Punches};
-use sticky_sites::remote;
-use sticky_sites::tunnel::{DeviceState, PeerChange, PeerConfig, Tunnel, diff};
+use sticky_sites::round::{Action, Decision, Memory, path_text};
+use sticky_sites::tunnel::DeviceState;
 use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
 
-use super::device::Routes;
+use super::device::{self, Device};
 use super::shape::Shaped;
 
 /// How often a round runs when nothing changed: a tunnel device made again is configured
 /// within this.
 pub const ROUND: Duration = Duration::from_secs(2);
 
-/// A tunnel whose latest handshake is older than this is down (WireGuard's reject-after time:
-/// sessions rekey every 120 s while traffic flows).
-pub const UP_WITHIN: Duration = Duration::from_secs(180);
-
 /// The name of the gateway's key file in the key directory: `<interface>.key`.
 pub fn key_name(ifname: &str) -> String {
     format!("{ifname}.key")
 }
 
+/// What keeps a round from reading or changing the device.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Key(#[from] sticky_sites::keys::Error),
+    #[error(transparent)]
+    Device(#[from] device::Error),
+}
+
 /// The sites side of one node.
-pub struct Side<T, R> {
+pub struct Side<D> {
     /// The tunnel device's name.
     pub ifname: String,
     /// Its MTU (the pod MTU's WAN bound: wanMtu less WireGuard's overhead).
     pub mtu: u32,
     pub keys: KeyDir,
-    pub tunnel: T,
-    pub routes: R,
+    pub device: D,
     shaped: Option<Shaped>,
-    /// Tunnels up at the last round, by the site of their peer.
-    up: BTreeMap<SiteName, bool>,
-    /// This node configured the tunnel at some round (it may have peers and routes to clear).
-    was_gateway: bool,
+    /// What the rounds learnt from the device ([`sticky_sites::round`]).
+    memory: Memory,
     /// Nodes left out of the sites at the last plan, with why.
     left_out: BTreeMap<String, String>,
-    /// The candidate taken as each remote site's active one ([`sticky_sites::remote`]).
-    taken: BTreeMap<SiteName, String>,
-    /// Each peer's last sign of life, kept across rounds: its latest handshake, or the round
-    /// its received bytes grew (sticky-wg makes a peer anew, with no handshake and no bytes,
-    /// when its allowed IPs change, and that must not read as silence).
-    signs: BTreeMap<PublicKey, Sign>,
-    /// Log lines of remote sites moved to another candidate, for the round's lines.
-    moved: Vec<String>,
-    /// NAT traversal: see [`Nat`].
-    nat: Nat,
-}
-
-/// NAT traversal on the active gateway (issue 29): the punches and what the device showed.
-#[derive(Debug, Default)]
-struct Nat {
-    punches: Punches,
-    /// The remote sites whose punch peer was alive at the last round ([`Lives::alive`]).
-    fresh: BTreeSet<SiteName>,
-    /// The last sign of life of each punch peer.
-    lives: Lives,
-    /// The current endpoints of the peers that dial in (gateways behind NAT), by gateway name:
-    /// what a reachable gateway publishes. None when this node is not the active gateway.
-    observed: Option<BTreeMap<String, SocketAddr>>,
     /// Refused discovery annotations at the last plan, by Node name.
     refused: BTreeMap<String, String>,
 }
 
-impl<T: Tunnel, R: Routes> Side<T, R> {
-    pub fn new(ifname: String, mtu: u32, keys: KeyDir, tunnel: T, routes: R) -> Self {
+impl<D: Device> Side<D> {
+    pub fn new(ifname: String, mtu: u32, keys: KeyDir, device: D) -> Self {
         Side {
             ifname,
             mtu,
             keys,
-            tunnel,
-            routes,
+            device,
             shaped: None,
-            up: BTreeMap::new(),
-            // A restarted agent does not know whether it configured the device before.
-            was_gateway: true,
+            memory: Memory::default(),
             left_out: BTreeMap::new(),
-            nat: Nat::default(),
-            taken: BTreeMap::new(),
-            signs: BTreeMap::new(),
-            moved: Vec::new(),
+            refused: BTreeMap::new(),
         }
     }
 
-    /// Takes a new plan; the log lines for Nodes newly left out of the sites (or back).
+    /// Takes a new plan; the log lines for Nodes newly left out of the sites (or back), for
+    /// refused discovery annotations, and for a new role.
     pub fn adopt(&mut self, shaped: Shaped) -> Vec<String> {
         let now: BTreeMap<String, String> = shaped
             .model
@@ -119,17 +91,20 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
                     .map(|(n, e)| (n.clone(), format!("cannot be a gateway: {e}"))),
             )
             .collect();
-        let mut lines = Vec::new();
-        for (name, why) in &now {
-            if self.left_out.get(name) != Some(why) {
-                lines.push(format!("sites: node {name} {why}"));
-            }
-        }
-        for name in self.left_out.keys().filter(|n| !now.contains_key(*n)) {
-            lines.push(format!("sites: node {name} is no longer left out"));
-        }
+        let mut lines = changed_lines(
+            &self.left_out,
+            &now,
+            |n, why| format!("sites: node {n} {why}"),
+            |n| format!("sites: node {n} is no longer left out"),
+        );
         self.left_out = now;
-        lines.extend(self.nat.refusals(&shaped.observed_refused));
+        lines.extend(changed_lines(
+            &self.refused,
+            &shaped.observed_refused,
+            |n, e| format!("sites: node {n}: {e}; its NAT observations are not used"),
+            |n| format!("sites: node {n}: its NAT observations are used again"),
+        ));
+        self.refused.clone_from(&shaped.observed_refused);
         let role_was = self.shaped.as_ref().map(role);
         let role_now = role(&shaped);
         if role_was.as_ref() != Some(&role_now) {
@@ -147,13 +122,21 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         self.shaped.as_ref()
     }
 
+    /// This node's gateway key (made on the first call and kept).
+    fn key(&self) -> Result<PrivateKey, Error> {
+        Ok(self.keys.load_or_create(&key_name(&self.ifname))?)
+    }
+
     /// This node's public key when its Node is labelled a gateway (the key is made on the first
     /// call and kept): what it publishes so that other sites can reach it.
-    pub fn public_key(&self) -> Result<PublicKey, String> {
-        self.keys
-            .load_or_create(&key_name(&self.ifname))
-            .map(|k| k.public_key())
-            .map_err(|e| e.to_string())
+    pub fn public_key(&self) -> Result<PublicKey, Error> {
+        self.key().map(|k| k.public_key())
+    }
+
+    /// The current endpoints of the gateways behind NAT that dial in, when this node is an
+    /// active gateway.
+    pub fn observed_endpoints(&self) -> Option<&BTreeMap<String, SocketAddr>> {
+        self.memory.observed_endpoints()
     }
 
     /// One round (see the module doc): the log lines and the status.
@@ -161,85 +144,91 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
         let Some(shaped) = self.shaped.clone() else {
             return (Vec::new(), None);
         };
-        // The punches stepped with the last round's device, and the plan they make.
-        self.nat.punches.step(&shaped.plan, now, &self.nat.fresh);
-        let plan = self.nat.punches.apply(&shaped.plan);
-        let model = &shaped.model;
+        let plan = &shaped.plan;
+        let gateway = plan.gateway.is_some();
         let mut error = None;
-        let mut device = None;
-        if let Some(gw) = &plan.gateway {
-            match self.configure(gw, model, now) {
-                Ok(state) => device = Some(state),
-                Err(e) => error = Some(e),
+        let (key, device) = match self.read(plan) {
+            Ok(read) => read,
+            Err(e) => {
+                error = Some(e.to_string());
+                (None, None)
             }
-            self.was_gateway = true;
-        } else if self.was_gateway {
-            match self.clear() {
-                Ok(()) => self.was_gateway = false,
-                Err(e) => error = Some(e),
+        };
+        let public = key.as_ref().map(PrivateKey::public_key);
+        let decision = self
+            .memory
+            .decide(plan, &shaped.model, device.as_ref(), public, now);
+        if let Err(e) = self.act(&decision.actions, key.as_ref()) {
+            if !gateway {
+                self.memory.clear_failed();
             }
+            error = Some(e.to_string());
         }
-        let mut lines = std::mem::take(&mut self.moved);
-        // The tunnels: one per peer of the gateway plan, by the site of its peer.
-        let mut tunnels: BTreeMap<&SiteName, TunnelStatus> = BTreeMap::new();
-        if let (Some(gw), Some(dev)) = (&plan.gateway, &device) {
-            for p in &gw.peers {
-                // The candidate taken as that site's active one carries its traffic.
-                let key = self
-                    .taken
-                    .get(&p.site)
-                    .and_then(|t| model.sites.get(&p.site)?.candidate(t))
-                    .map_or(p.config.public_key, |c| c.public_key);
-                let state = dev.peers.iter().find(|s| s.public_key == key);
-                let handshake = state.and_then(|s| s.last_handshake);
-                let up = handshake
-                    .is_some_and(|t| now.duration_since(t).map_or(true, |age| age <= UP_WITHIN));
-                let was = self.up.insert(p.site.clone(), up).unwrap_or(false);
-                if up != was {
-                    lines.push(match up {
-                        true => format!(
-                            "sites: tunnel to site {} (gateway {}) is up",
-                            p.site, p.gateway
-                        ),
-                        false => format!(
-                            "sites: tunnel to site {} (gateway {}) is DOWN: {}",
-                            p.site,
-                            p.gateway,
-                            match handshake {
-                                None => "no handshake yet".to_string(),
-                                Some(t) => format!(
-                                    "no handshake for {} s",
-                                    now.duration_since(t).map_or(0, |d| d.as_secs())
-                                ),
-                            }
-                        ),
-                    });
+        let status = SitesStatus {
+            site: plan.site.to_string(),
+            role: role(&shaped),
+            remotes: self.remotes(&decision, now),
+            left_out: self.left_out.len(),
+            error,
+        };
+        (decision.lines, Some(status))
+    }
+
+    /// What the round needs of the device (see the module doc): the key and the device's
+    /// state on the gateway; the state alone where peers and routes may be left to clear.
+    fn read(
+        &self,
+        plan: &sticky_sites::plan::Plan,
+    ) -> Result<(Option<PrivateKey>, Option<DeviceState>), Error> {
+        if plan.gateway.is_some() {
+            let key = self.key()?;
+            self.device.ensure(&self.ifname, self.mtu)?;
+            let state = self.device.get(&self.ifname)?;
+            return Ok((Some(key), Some(state)));
+        }
+        if !self.memory.wants_device(plan) {
+            return Ok((None, None));
+        }
+        // No device (or no daemon): no peers and routes to clear.
+        Ok((None, self.device.get(&self.ifname).ok()))
+    }
+
+    /// Carries out `actions` in order; stops at the first that fails.
+    fn act(&self, actions: &[Action], key: Option<&PrivateKey>) -> Result<(), Error> {
+        let ifname = &self.ifname;
+        for action in actions {
+            match action {
+                Action::Set {
+                    with_key,
+                    port,
+                    changes,
+                } => {
+                    let key = key.filter(|_| *with_key);
+                    self.device.set(ifname, key, *port, changes)?;
                 }
-                tunnels.insert(
-                    &p.site,
-                    TunnelStatus {
-                        peer: p.gateway.clone(),
-                        last_handshake: handshake.and_then(unix),
-                        up,
-                        rx_bytes: state.map_or(0, |s| s.rx_bytes),
-                        tx_bytes: state.map_or(0, |s| s.tx_bytes),
-                    },
-                );
+                Action::Routes(want) => match self.device.routes(ifname, want) {
+                    Err(device::Error::NoDevice(_)) if want.is_empty() => {}
+                    r => r?,
+                },
+                // Best effort: without it the handshake comes at the next keepalive.
+                Action::Nudge(to) => {
+                    let _ = self.device.nudge(*to);
+                }
             }
         }
-        if plan.gateway.is_none() {
-            self.up.clear();
-            self.taken.clear();
-            self.signs.clear();
-        }
-        self.nat.read(&shaped.plan, &plan, device.as_ref(), now);
-        let remotes = plan
+        Ok(())
+    }
+
+    /// Every remote site in the status: its gateway, its path, and on the gateway the tunnel
+    /// that carries its traffic.
+    fn remotes(&self, d: &Decision, now: SystemTime) -> Vec<RemoteSite> {
+        d.applied
             .remotes
             .iter()
             .map(|r| RemoteSite {
                 site: r.site.to_string(),
                 gateway: r.gateway.clone(),
-                path: match (&r.path, self.nat.punches.describe(&r.site, now)) {
+                path: match (&r.path, self.memory.describe_punch(&r.site, now)) {
                     (
                         Path::Punch {
                             up: false,
@@ -247,255 +236,50 @@ impl<T: Tunnel, R: Routes> Side<T, R> {
                             ..
                         },
                         Some(d),
-                    ) => {
-                        format!("relayed via {v} ({d})")
-                    }
+                    ) => format!("relayed via {v} ({d})"),
                     (p, _) => path_text(p),
                 },
                 tunnel: r
                     .path
                     .carrier(&r.site)
-                    .and_then(|c| tunnels.get(c))
-                    .cloned(),
+                    .and_then(|c| d.carriers.get(c))
+                    .map(|c| TunnelStatus {
+                        peer: c.peer.clone(),
+                        last_handshake: c.last_handshake.and_then(unix),
+                        up: c.up,
+                        rx_bytes: c.rx_bytes,
+                        tx_bytes: c.tx_bytes,
+                    }),
             })
-            .collect();
-        let status = SitesStatus {
-            site: plan.site.to_string(),
-            role: role(&shaped),
-            remotes,
-            left_out: self.left_out.len(),
-            error,
-        };
-        (lines, Some(status))
-    }
-
-    /// The current endpoints of the gateways behind NAT that dial in, when this node is an
-    /// active gateway (see [`Nat::observed`]).
-    pub fn observed_endpoints(&self) -> Option<&BTreeMap<String, SocketAddr>> {
-        self.nat.observed.as_ref()
-    }
-
-    /// Brings the device to `gw`; its state after.
-    /// Brings the device to `gw` (a peer for every candidate of each remote site: `expand`);
-    /// its state after.
-    fn configure(
-        &mut self,
-        gw: &GatewayPlan,
-        model: &Model,
-        now: SystemTime,
-    ) -> Result<DeviceState, String> {
-        let ifname = &self.ifname;
-        let key = self
-            .keys
-            .load_or_create(&key_name(ifname))
-            .map_err(|e| e.to_string())?;
-        let t = &self.tunnel;
-        t.ensure_device(ifname, self.mtu)
-            .map_err(|e| e.to_string())?;
-        let state = t.get(ifname).map_err(|e| e.to_string())?;
-        for p in &state.peers {
-            let sign = self.signs.entry(p.public_key).or_default();
-            if p.rx_bytes > sign.rx {
-                sign.at = Some(now);
-            }
-            sign.rx = p.rx_bytes;
-            sign.at = sign.at.max(p.last_handshake);
-        }
-        let seen: BTreeMap<PublicKey, SystemTime> = self
-            .signs
-            .iter()
-            .filter_map(|(k, s)| Some((*k, s.at?)))
-            .collect();
-        let taken = take_remote_actives(gw, model, &seen, &self.taken, now);
-        let mut nudge = Vec::new();
-        for (site, g) in &taken {
-            if self.taken.get(site).is_some_and(|was| was != g) {
-                nudge.extend(nudge_address(model, site, g));
-                self.moved.push(format!(
-                    "sites: site {site}'s traffic goes to its gateway {g} now (its newest handshake)"
-                ));
-            }
-        }
-        self.taken = taken;
-        let expanded = remote::expand(&gw.peers, model, &self.taken);
-        let desired: Vec<PeerConfig> = expanded.iter().map(|p| p.config.clone()).collect();
-        let changes = diff(&desired, &state);
-        // A dial-in peer given where it was last seen (the device was made anew) is dialed at
-        // once, through the mapping its keepalives hold open.
-        for c in &changes {
-            if let PeerChange::Upsert { peer, .. } = c
-                && peer.endpoint.is_some()
-                && let Some(p) = expanded
-                    .iter()
-                    .find(|p| p.config.public_key == peer.public_key && p.config.endpoint.is_none())
-            {
-                nudge.extend(nudge_address(model, &p.site, &p.gateway));
-            }
-        }
-        // Key and port go with every change (one transaction): see `Tunnel::set`.
-        let changed = state.public_key != Some(key.public_key())
-            || state.listen_port != gw.listen_port
-            || !changes.is_empty();
-        if changed {
-            t.set(ifname, Some(&key), Some(gw.listen_port), &changes)
-                .map_err(|e| e.to_string())?;
-        }
-        let want: Vec<_> = desired
-            .iter()
-            .flat_map(|p| p.allowed_ips.iter().copied())
-            .collect();
-        self.routes.sync(ifname, &want).map_err(|e| e.to_string())?;
-        // sticky-wg made the newly taken peer anew (its session is gone) and that gateway's
-        // packets on the old session are dropped until it handshakes again (up to 15 s): one
-        // datagram to it makes this side handshake at once.
-        for to in nudge {
-            if let Ok(sock) = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0)) {
-                let _ = sock.send_to(b"sticky-cni: handshake", to);
-            }
-        }
-        if changed {
-            return t.get(ifname).map_err(|e| e.to_string());
-        }
-        Ok(state)
-    }
-
-    /// Removes this node's tunnel peers and routes (it is no longer the active gateway). A
-    /// device that is not there has none.
-    fn clear(&self) -> Result<(), String> {
-        let ifname = &self.ifname;
-        let state = match self.tunnel.get(ifname) {
-            Ok(s) => s,
-            Err(_) => return Ok(()),
-        };
-        let changes = diff(&[], &state);
-        self.tunnel
-            .set(ifname, None, None, &changes)
-            .map_err(|e| e.to_string())?;
-        match self.routes.sync(ifname, &[]) {
-            Ok(_) | Err(super::device::Error::NoDevice(_)) => Ok(()),
-            Err(e) => Err(e.to_string()),
-        }
+            .collect()
     }
 }
 
-impl Nat {
-    /// What the device shows after a round of `plan` (the plan as made, with every punch
-    /// peer) and `applied` (as the punches made it): the fresh punch peers and the dial-in
-    /// peers' endpoints.
-    fn read(&mut self, plan: &Plan, applied: &Plan, device: Option<&DeviceState>, now: SystemTime) {
-        let (Some(gw), Some(dev)) = (&plan.gateway, device) else {
-            self.fresh.clear();
-            self.lives = Lives::default();
-            self.observed = None;
-            return;
-        };
-        let state = |key: &PublicKey| dev.peers.iter().find(|s| s.public_key == *key);
-        let punching = sticky_sites::punch::punching(plan);
-        self.lives.keep(&punching);
-        let mut keepalive = None;
-        for p in gw.peers.iter().filter(|p| punching.contains(&p.site)) {
-            keepalive = keepalive.or(p.config.keepalive_secs);
-            if let Some(st) = state(&p.config.public_key) {
-                self.lives.saw(&p.site, st.rx_bytes, st.last_handshake, now);
-            }
-        }
-        let within = keepalive.map_or(UP_WITHIN, sticky_sites::punch::dead_after);
-        self.fresh = self.lives.alive(now, within);
-        let dial_in = applied.gateway.iter().flat_map(|g| &g.peers);
-        self.observed = Some(
-            dial_in
-                .filter(|p| p.config.endpoint.is_none())
-                .filter_map(|p| {
-                    let ep = state(&p.config.public_key)?.endpoint?;
-                    Some((p.gateway.clone(), ep))
-                })
-                .collect(),
-        );
-    }
-
-    /// The log lines for refused discovery annotations, new or gone.
-    fn refusals(&mut self, now: &BTreeMap<String, String>) -> Vec<String> {
-        let mut lines: Vec<String> = now
-            .iter()
-            .filter(|(n, e)| self.refused.get(*n) != Some(*e))
-            .map(|(n, e)| format!("sites: node {n}: {e}; its NAT observations are not used"))
-            .collect();
-        lines.extend(
-            self.refused
-                .keys()
-                .filter(|n| !now.contains_key(*n))
-                .map(|n| format!("sites: node {n}: its NAT observations are used again")),
-        );
-        self.refused = now.clone();
-        lines
-    }
-}
-
-/// Where to send a datagram through the tunnel to candidate `g` of `site`: the first address
-/// of its first IPv4 pod subnet (its bridge), the discard port.
-fn nudge_address(model: &Model, site: &SiteName, g: &str) -> Option<std::net::SocketAddr> {
-    let member = model.sites.get(site)?.members.get(g)?;
-    member.pod_cidrs.iter().find_map(|n| match n {
-        ipnet::IpNet::V4(v4) => Some(std::net::SocketAddr::from((
-            std::net::Ipv4Addr::from(u32::from(v4.network()).saturating_add(1)),
-            9,
-        ))),
-        ipnet::IpNet::V6(_) => None,
-    })
-}
-
-/// A peer's last sign of life (see [`Side`]'s `signs`).
-#[derive(Debug, Default, Clone, Copy)]
-struct Sign {
-    /// Its received bytes at the last round.
-    rx: u64,
-    at: Option<SystemTime>,
-}
-
-/// Each remote site's candidate taken as active, from the last signs of life seen
-/// ([`remote::remote_active`]; logged by the status's tunnel lines).
-fn take_remote_actives(
-    gw: &GatewayPlan,
-    model: &Model,
-    seen: &BTreeMap<PublicKey, SystemTime>,
-    taken: &BTreeMap<SiteName, String>,
-    now: SystemTime,
-) -> BTreeMap<SiteName, String> {
-    let mut out = BTreeMap::new();
-    for p in &gw.peers {
-        let Some(site) = model.sites.get(&p.site) else {
-            continue;
-        };
-        let handshakes: BTreeMap<String, SystemTime> = site
-            .candidates
-            .iter()
-            .filter_map(|c| Some((c.name.clone(), *seen.get(&c.public_key)?)))
-            .collect();
-        let current = taken.get(&p.site).map(String::as_str);
-        let chosen = remote::remote_active(&handshakes, current, &p.gateway, now, UP_WITHIN);
-        out.insert(p.site.clone(), chosen.to_string());
-    }
-    out
+/// The log lines for what is new or changed in `now` against `was` (`said`), and for what is
+/// gone (`gone`).
+fn changed_lines(
+    was: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+    said: impl Fn(&str, &str) -> String,
+    gone: impl Fn(&str) -> String,
+) -> Vec<String> {
+    let mut lines: Vec<String> = now
+        .iter()
+        .filter(|(n, e)| was.get(*n) != Some(*e))
+        .map(|(n, e)| said(n, e))
+        .collect();
+    lines.extend(
+        was.keys()
+            .filter(|n| !now.contains_key(*n))
+            .map(|n| gone(n)),
+    );
+    lines
 }
 
 fn unix(t: SystemTime) -> Option<u64> {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .ok()
         .map(|d| d.as_secs())
-}
-
-/// What a path says in the status.
-fn path_text(p: &Path) -> String {
-    match p {
-        Path::Direct { .. } => "direct".into(),
-        Path::Punch { up: true, .. } => "direct (punched)".into(),
-        Path::Punch { relay, .. } => match relay {
-            Some(r) => format!("relayed via {r} (punching)"),
-            None => "punching".into(),
-        },
-        Path::Relayed { via } => format!("relayed via {via}"),
-        Path::Unreachable { why } => format!("unreachable: {why}"),
-    }
 }
 
 /// The role of a gateway that stepped down (`sticky_sites::heal`).
@@ -518,30 +302,14 @@ fn role(s: &Shaped) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::RefCell;
-
     use super::*;
-    use crate::sites::device::Error as DeviceError;
+    use crate::sites::device::fake::{Call, Fake};
     use crate::sites::shape::tests::shaper;
-    use ipnet::IpNet;
     use sticky_overlay::sites::{
         DEFAULT_GATEWAY_LABEL as GATEWAY_LABEL, DEFAULT_SITE_LABEL as SITE_LABEL,
     };
     use sticky_sites::keys::PrivateKey;
     use sticky_sites::model::{ENDPOINT_ANNOTATION, NodeInput, PUBLIC_KEY_ANNOTATION};
-    use sticky_sites::tunnel::fake::{Call, FakeTunnel};
-
-    #[derive(Default)]
-    struct FakeRoutes {
-        held: RefCell<Vec<IpNet>>,
-    }
-
-    impl Routes for FakeRoutes {
-        fn sync(&self, _: &str, want: &[IpNet]) -> Result<(usize, usize), DeviceError> {
-            *self.held.borrow_mut() = want.to_vec();
-            Ok((want.len(), 0))
-        }
-    }
 
     fn input(
         name: &str,
@@ -605,17 +373,11 @@ mod tests {
         shaper(me).compute(inputs).unwrap()
     }
 
-    fn side(dir: &std::path::Path) -> Side<FakeTunnel, FakeRoutes> {
+    fn side(dir: &std::path::Path) -> Side<Fake> {
         std::fs::create_dir_all(dir).unwrap();
         let owner = nix::unistd::geteuid().as_raw();
         let keys = KeyDir::new(dir, owner);
-        Side::new(
-            "stickywg0".into(),
-            1440,
-            keys,
-            FakeTunnel::default(),
-            FakeRoutes::default(),
-        )
+        Side::new("stickywg0".into(), 1440, keys, Fake::default())
     }
 
     #[test]
@@ -634,7 +396,7 @@ mod tests {
         let (_, status) = s.round(SystemTime::now());
         let status = status.unwrap();
         assert_eq!(status.error, None);
-        let calls = s.tunnel.calls();
+        let calls = s.device.calls();
         assert!(
             calls
                 .iter()
@@ -651,9 +413,10 @@ mod tests {
         );
         // The cloud directly, site B through it: one peer, both sites' subnets routed into the device.
         let held: Vec<String> = s
+            .device
+            .held("stickywg0")
+            .unwrap()
             .routes
-            .held
-            .borrow()
             .iter()
             .map(ToString::to_string)
             .collect();
@@ -669,23 +432,24 @@ mod tests {
         // A second round changes nothing: only reads.
         let after = calls_of_a_round(&mut s);
         assert!(
-            after
-                .iter()
-                .all(|c| matches!(c, Call::EnsureDevice { .. } | Call::Get { .. })),
+            after.iter().all(|c| matches!(
+                c,
+                Call::Ensure { .. } | Call::Get { .. } | Call::Routes { .. }
+            )),
             "{after:?}"
         );
     }
 
     /// The calls one round makes.
-    fn calls_of_a_round(s: &mut Side<FakeTunnel, FakeRoutes>) -> Vec<Call> {
-        let before = s.tunnel.calls().len();
+    fn calls_of_a_round(s: &mut Side<Fake>) -> Vec<Call> {
+        let before = s.device.calls().len();
         s.round(SystemTime::now());
-        s.tunnel.calls()[before..].to_vec()
+        s.device.calls()[before..].to_vec()
     }
 
     /// The side of a1, site A's active gateway, with its key made: (its key dir, the side,
     /// its public key).
-    fn gateway_a1() -> (tempfile::TempDir, Side<FakeTunnel, FakeRoutes>, PublicKey) {
+    fn gateway_a1() -> (tempfile::TempDir, Side<Fake>, PublicKey) {
         let dir = tempfile::tempdir().unwrap();
         let mut s = side(&dir.path().join("keys"));
         let pk = s.public_key().unwrap();
@@ -698,7 +462,7 @@ mod tests {
         let (_dir, mut s, _) = gateway_a1();
         s.round(SystemTime::now());
         // sticky-wg made the device again: no key, no peers.
-        s.tunnel.devices.lock().unwrap().clear();
+        s.device.devices.borrow_mut().clear();
         let after = calls_of_a_round(&mut s);
         assert!(
             after
@@ -712,15 +476,15 @@ mod tests {
     fn a_member_configures_no_tunnel_and_a_former_gateway_clears_its_own() {
         let (_dir, mut s, pk) = gateway_a1();
         s.round(SystemTime::now());
-        assert!(!s.routes.held.borrow().is_empty());
+        assert!(!s.device.held("stickywg0").unwrap().routes.is_empty());
         // Now a2's view: not the gateway.
         s.adopt(shaped("a2", pk));
         let (_, status) = s.round(SystemTime::now());
         assert!(
-            s.routes.held.borrow().is_empty(),
+            s.device.held("stickywg0").unwrap().routes.is_empty(),
             "routes into the tunnel removed"
         );
-        let dev = s.tunnel.devices.lock().unwrap()["stickywg0"].1.clone();
+        let dev = s.device.held("stickywg0").unwrap().state;
         assert!(dev.peers.is_empty(), "peers removed: {dev:?}");
         let status = status.unwrap();
         assert_eq!(status.role, "member, through gateway a1");
@@ -739,11 +503,10 @@ mod tests {
         s
     }
 
-    fn allowed_of(s: &Side<FakeTunnel, FakeRoutes>, key: u8) -> Vec<String> {
+    fn allowed_of(s: &Side<Fake>, key: u8) -> Vec<String> {
         let pk = PrivateKey::from_bytes([key; 32]).public_key();
-        let d = s.tunnel.devices.lock().unwrap();
-        d["stickywg0"]
-            .1
+        let d = s.device.held("stickywg0").unwrap();
+        d.state
             .peers
             .iter()
             .find(|p| p.public_key == pk)
@@ -776,9 +539,9 @@ mod tests {
             "the punch peer carries nothing yet"
         );
         let b1 = PrivateKey::from_bytes([3; 32]).public_key();
-        let handshake = |s: &Side<FakeTunnel, FakeRoutes>, t: Option<SystemTime>| {
-            let mut d = s.tunnel.devices.lock().unwrap();
-            for p in &mut d.get_mut("stickywg0").unwrap().1.peers {
+        let handshake = |s: &Side<Fake>, t: Option<SystemTime>| {
+            let mut d = s.device.devices.borrow_mut();
+            for p in &mut d.get_mut("stickywg0").unwrap().state.peers {
                 if p.public_key == b1 {
                     p.last_handshake = t;
                 }
@@ -816,8 +579,8 @@ mod tests {
         s.round(SystemTime::now());
         assert_eq!(s.observed_endpoints(), Some(&BTreeMap::new()));
         {
-            let mut d = s.tunnel.devices.lock().unwrap();
-            for p in &mut d.get_mut("stickywg0").unwrap().1.peers {
+            let mut d = s.device.devices.borrow_mut();
+            for p in &mut d.get_mut("stickywg0").unwrap().state.peers {
                 p.endpoint = Some("203.0.113.10:40000".parse().unwrap());
             }
         }
@@ -849,8 +612,8 @@ mod tests {
         assert!(!lines.iter().any(|l| l.contains("is up")), "{lines:?}");
         // A handshake with the cloud's gateway.
         {
-            let mut d = s.tunnel.devices.lock().unwrap();
-            for p in &mut d.get_mut("stickywg0").unwrap().1.peers {
+            let mut d = s.device.devices.borrow_mut();
+            for p in &mut d.get_mut("stickywg0").unwrap().state.peers {
                 p.last_handshake = Some(t0);
             }
         }

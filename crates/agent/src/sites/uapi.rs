@@ -3,23 +3,21 @@
 //! is `get=1` or `set=1` followed by `key=value` lines and an empty line; the answer to `get`
 //! is the device's `key=value` lines, and every answer ends with `errno=N` and an empty line.
 //! Keys are lowercase hex; endpoints `a.b.c.d:port` or `[v6]:port`; `allowed_ip=` lines are
-//! CIDRs. Encoding and decoding are pure functions; [`UapiTunnel`] is the small client over the
+//! CIDRs. Encoding and decoding are pure functions; [`Uapi`] is the small client over the
 //! socket (no dependency on the tunnel implementation: the agent links no tunnel code).
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use ipnet::IpNet;
 use zeroize::Zeroizing;
 
-use crate::keys::{PrivateKey, PublicKey};
-use crate::tunnel::{self, DeviceState, PeerChange, PeerState, Tunnel};
+use sticky_sites::keys::{PrivateKey, PublicKey};
+use sticky_sites::tunnel::{DeviceState, PeerChange, PeerState};
 
-/// Where userspace WireGuard implementations put their sockets.
-pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
 /// The most an answer may hold (a device with thousands of peers stays far below).
 const MAX_ANSWER: usize = 16 << 20;
 
@@ -47,12 +45,6 @@ pub enum Error {
     TooLong,
     #[error("the tunnel refused the request: errno={0}")]
     Errno(i64),
-}
-
-impl From<Error> for tunnel::Error {
-    fn from(e: Error) -> Self {
-        tunnel::Error::Backend(Box::new(e))
-    }
 }
 
 /// True when `answer` ends with its `errno=N` line and the empty line (checks only the tail,
@@ -237,29 +229,19 @@ pub fn decode_get(answer: &str) -> Result<DeviceState, Error> {
     Ok(dev)
 }
 
-/// How the device itself (the TUN and the daemon serving its socket, or a kernel link) is made
-/// and removed: netlink and process supervision live in the agent, not in this crate.
-pub trait Link {
-    /// The device exists and is up with this MTU, and its daemon is started. Idempotent.
-    fn ensure(&self, ifname: &str, mtu: u32) -> Result<(), String>;
-    /// The device is gone. Absent is fine.
-    fn remove(&self, ifname: &str) -> Result<(), String>;
-}
-
-/// A [`Tunnel`] over the UAPI socket `<socket_dir>/<ifname>.sock`.
-pub struct UapiTunnel<L> {
+/// A client of the UAPI socket `<socket_dir>/<ifname>.sock`.
+#[derive(Debug, Clone)]
+pub struct Uapi {
     socket_dir: PathBuf,
-    link: L,
     timeout: Duration,
 }
 
-impl<L: Link> UapiTunnel<L> {
+impl Uapi {
     /// A client for sockets under `socket_dir` ([`DEFAULT_SOCKET_DIR`] on a node), each
     /// exchange bounded by `timeout`.
-    pub fn new(socket_dir: impl Into<PathBuf>, link: L, timeout: Duration) -> Self {
+    pub fn new(socket_dir: impl Into<PathBuf>, timeout: Duration) -> Self {
         Self {
             socket_dir: socket_dir.into(),
-            link,
             timeout,
         }
     }
@@ -317,62 +299,46 @@ impl<L: Link> UapiTunnel<L> {
         Ok(Zeroizing::new(text))
     }
 
-    fn send_set(&self, ifname: &str, request: &str) -> Result<(), tunnel::Error> {
-        Ok(decode_errno(&self.exchange(ifname, request)?)?)
-    }
-}
-
-impl<L: Link> Tunnel for UapiTunnel<L> {
-    /// The link makes the device; then the daemon must answer `get` on its socket.
-    fn ensure_device(&self, ifname: &str, mtu: u32) -> Result<(), tunnel::Error> {
-        self.link
-            .ensure(ifname, mtu)
-            .map_err(|message| tunnel::Error::Link {
-                ifname: ifname.into(),
-                message,
-            })?;
-        self.get(ifname).map(|_| ())
+    /// The device's state.
+    pub fn get(&self, ifname: &str) -> Result<DeviceState, Error> {
+        decode_get(&self.exchange(ifname, GET)?)
     }
 
-    fn get(&self, ifname: &str) -> Result<DeviceState, tunnel::Error> {
-        Ok(decode_get(&self.exchange(ifname, GET)?)?)
-    }
-
-    fn set(
+    /// One transaction: the private key and the listen port (each when given) and the peer
+    /// changes. Nothing given: no request at all.
+    pub fn set(
         &self,
         ifname: &str,
         key: Option<&PrivateKey>,
         port: Option<u16>,
         changes: &[PeerChange],
-    ) -> Result<(), tunnel::Error> {
+    ) -> Result<(), Error> {
         if key.is_none() && port.is_none() && changes.is_empty() {
             return Ok(());
         }
-        self.send_set(ifname, &encode_set(key, port, changes))
+        decode_errno(&self.exchange(ifname, &encode_set(key, port, changes))?)
     }
-
-    fn remove_device(&self, ifname: &str) -> Result<(), tunnel::Error> {
-        self.link
-            .remove(ifname)
-            .map_err(|message| tunnel::Error::Link {
-                ifname: ifname.into(),
-                message,
-            })
-    }
-}
-
-/// How long ago the last handshake was at `now` (for `show` and metrics); None: never, or in
-/// the future (a clock step).
-pub fn handshake_age(last: Option<SystemTime>, now: SystemTime) -> Option<Duration> {
-    last.and_then(|t| now.duration_since(t).ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tunnel::fake::apply_to;
-    use crate::tunnel::tests::{net, want as peer};
-    use crate::tunnel::{PeerConfig, diff};
+    use sticky_sites::tunnel::{PeerConfig, apply as apply_to, diff};
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// A desired peer: key bytes all `k`.
+    fn peer(k: u8, ep: Option<&str>, ips: &[&str], ka: Option<u16>) -> PeerConfig {
+        PeerConfig {
+            public_key: PublicKey([k; 32]),
+            endpoint: ep.map(|e| e.parse().unwrap()),
+            allowed_ips: ips.iter().map(|s| net(s)).collect(),
+            keepalive_secs: ka,
+            last_seen: None,
+        }
+    }
     use std::os::unix::net::UnixListener;
     use std::sync::{Arc, Mutex};
 
@@ -521,17 +487,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn handshake_age_is_now_minus_then() {
-        let t = UNIX_EPOCH + Duration::from_secs(100);
-        assert_eq!(
-            handshake_age(Some(t), t + Duration::from_secs(7)),
-            Some(Duration::from_secs(7))
-        );
-        assert_eq!(handshake_age(None, t), None);
-        assert_eq!(handshake_age(Some(t + Duration::from_secs(1)), t), None);
-    }
-
     /// A small UAPI server: a device in memory, answering `get` and applying `set` as the
     /// protocol says; a request with an unknown key is refused with errno=22.
     struct FakeServer {
@@ -647,34 +602,11 @@ mod tests {
         }
     }
 
-    #[derive(Default)]
-    struct RecordingLink(Mutex<Vec<String>>);
-
-    impl Link for &RecordingLink {
-        fn ensure(&self, ifname: &str, mtu: u32) -> Result<(), String> {
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("ensure {ifname} {mtu}"));
-            Ok(())
-        }
-        fn remove(&self, ifname: &str) -> Result<(), String> {
-            self.0.lock().unwrap().push(format!("remove {ifname}"));
-            Ok(())
-        }
-    }
-
     #[test]
     fn client_converges_a_device_over_the_socket() {
         let dir = tempfile::tempdir().unwrap();
         let server = FakeServer::start(&dir.path().join("wgs0.sock"));
-        let link = RecordingLink::default();
-        let t = UapiTunnel::new(dir.path(), &link, Duration::from_secs(60));
-        t.ensure_device("wgs0", 1440).unwrap();
-        assert_eq!(
-            *link.0.lock().unwrap(),
-            vec!["ensure wgs0 1440".to_string()]
-        );
+        let t = Uapi::new(dir.path(), Duration::from_secs(60));
         let key = PrivateKey::from_bytes([0x42; 32]);
         let desired = vec![
             peer(1, Some("203.0.113.1:51820"), &["10.0.1.0/24"], Some(25)),
@@ -716,29 +648,20 @@ mod tests {
             )
         );
         assert!(diff(&desired2, &t.get("wgs0").unwrap()).is_empty());
-        t.remove_device("wgs0").unwrap();
-        assert_eq!(link.0.lock().unwrap().last().unwrap(), "remove wgs0");
     }
 
     #[test]
     fn client_errors_name_the_problem() {
         let dir = tempfile::tempdir().unwrap();
         let _server = FakeServer::start(&dir.path().join("wgs1.sock"));
-        let link = RecordingLink::default();
-        let t = UapiTunnel::new(dir.path(), &link, Duration::from_secs(60));
+        let t = Uapi::new(dir.path(), Duration::from_secs(60));
         let e = t.get("absent0").unwrap_err().to_string();
         assert!(e.contains("absent0.sock") && e.contains("daemon"), "{e}");
         for bad in ["", "../x", "a b", "sixteen-chars-xx"] {
-            assert!(
-                matches!(t.get(bad), Err(tunnel::Error::Backend(b)) if matches!(b.downcast_ref::<Error>(), Some(Error::BadIfname(_)))),
-                "{bad:?}"
-            );
+            assert!(matches!(t.get(bad), Err(Error::BadIfname(_))), "{bad:?}");
         }
         // The server refuses a request it does not know: errno surfaces.
-        let e = t.send_set("wgs1", "set=1\nbogus=1\n\n").unwrap_err();
-        assert!(
-            matches!(&e, tunnel::Error::Backend(b) if matches!(b.downcast_ref::<Error>(), Some(Error::Errno(22)))),
-            "{e}"
-        );
+        let e = decode_errno(&t.exchange("wgs1", "set=1\nbogus=1\n\n").unwrap()).unwrap_err();
+        assert!(matches!(&e, Error::Errno(22)), "{e}");
     }
 }

@@ -1,0 +1,402 @@
+//! One round of the active gateway's tunnel, decided (issue 33, "decide, then act"): from the
+//! plan, what the device showed at the start of the round and the time, the [`Action`]s that
+//! bring the device to the plan, the lines to log and what each tunnel shows. No I/O: the agent
+//! reads the device, calls [`Memory::decide`], and carries the actions out through its one
+//! device seam. Every rule that learns from the tunnel across rounds lives here, in [`Memory`]:
+//!
+//! - the punches ([`crate::punch`]), stepped with what the last round's device showed;
+//! - each peer's last sign of life (its newest handshake, or the round its received bytes
+//!   grew: the data path makes a peer anew, with no handshake and no bytes, when its allowed
+//!   IPs change, and that must not read as silence);
+//! - the candidate taken as each remote site's active one ([`crate::remote`]): when it moves, a
+//!   datagram through the tunnel to the new one makes this side handshake at once, as does a
+//!   dial-in peer given back where it was last seen (a device made anew);
+//! - the tunnels seen up, for one log line when one comes up or goes down;
+//! - whether this node configured the tunnel (a node that stops being the active gateway
+//!   removes its peers and routes; a restarted agent does not know, so it clears once).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, SystemTime};
+
+use ipnet::IpNet;
+
+use crate::keys::PublicKey;
+use crate::model::{Model, SiteName};
+use crate::paths::Path;
+use crate::plan::{GatewayPlan, Plan};
+use crate::punch::{self, Lives, Punches};
+use crate::remote;
+use crate::tunnel::{DeviceState, PeerChange, PeerConfig, PeerState, diff};
+
+/// A tunnel whose latest handshake is older than this is down (WireGuard's reject-after time:
+/// sessions rekey every 120 s while traffic flows).
+pub const UP_WITHIN: Duration = Duration::from_secs(180);
+
+/// The port a handshake-starting datagram goes to: discard.
+const NUDGE_PORT: u16 = 9;
+
+/// What the gateway's device is to do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Key (the gateway's, when `with_key`), listen port and peer changes, in one transaction.
+    Set {
+        with_key: bool,
+        port: Option<u16>,
+        changes: Vec<PeerChange>,
+    },
+    /// The device's routes of ours become exactly these (none: a device that is not there has
+    /// none, which is no error).
+    Routes(Vec<IpNet>),
+    /// One datagram to this address through the tunnel: it makes this side handshake at once.
+    Nudge(SocketAddr),
+}
+
+/// What the tunnel that carries one remote site's traffic shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carrier {
+    /// The carrier's gateway (the peer).
+    pub peer: String,
+    pub last_handshake: Option<SystemTime>,
+    pub up: bool,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+/// A round's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The plan as the punches made it (the paths the status shows).
+    pub applied: Plan,
+    pub actions: Vec<Action>,
+    /// Tunnels moved, up or down, as log lines.
+    pub lines: Vec<String>,
+    /// The tunnel carrying each remote site's traffic, by the site of its peer (on the active
+    /// gateway only).
+    pub carriers: BTreeMap<SiteName, Carrier>,
+}
+
+/// What a round remembers for the next (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Memory {
+    punches: Punches,
+    /// The remote sites whose punch peer was alive at the last round ([`Lives::alive`]).
+    fresh: BTreeSet<SiteName>,
+    lives: Lives,
+    signs: BTreeMap<PublicKey, Sign>,
+    taken: BTreeMap<SiteName, String>,
+    up: BTreeMap<SiteName, bool>,
+    configured: bool,
+    /// The current endpoints of the peers that dial in (gateways behind NAT), by gateway name:
+    /// what a reachable gateway publishes. None when this node is not the active gateway.
+    observed: Option<BTreeMap<String, SocketAddr>>,
+}
+
+/// A peer's last sign of life.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Sign {
+    /// Its received bytes at the last round.
+    rx: u64,
+    at: Option<SystemTime>,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory {
+            punches: Punches::default(),
+            fresh: BTreeSet::new(),
+            lives: Lives::default(),
+            signs: BTreeMap::new(),
+            taken: BTreeMap::new(),
+            up: BTreeMap::new(),
+            // A restarted agent does not know whether it configured the device before.
+            configured: true,
+            observed: None,
+        }
+    }
+}
+
+impl Memory {
+    /// Whether the round needs the device read: on the active gateway, and on a node that
+    /// may still hold peers and routes to clear.
+    pub fn wants_device(&self, plan: &Plan) -> bool {
+        plan.gateway.is_some() || self.configured
+    }
+
+    /// Clearing the device failed: it is tried again next round.
+    pub fn clear_failed(&mut self) {
+        self.configured = true;
+    }
+
+    /// The current endpoints of the gateways behind NAT that dial in, when this node is an
+    /// active gateway.
+    pub fn observed_endpoints(&self) -> Option<&BTreeMap<String, SocketAddr>> {
+        self.observed.as_ref()
+    }
+
+    /// How a punch path reads in the status: `None` for a site with no punch.
+    pub fn describe_punch(&self, site: &SiteName, now: SystemTime) -> Option<String> {
+        self.punches.describe(site, now)
+    }
+
+    /// The round at `now` for `plan` over `model`: `device` is what the device showed at the
+    /// start of the round (None: not read, or it could not be, which the caller reports),
+    /// `key` the gateway's public key.
+    pub fn decide(
+        &mut self,
+        plan: &Plan,
+        model: &Model,
+        device: Option<&DeviceState>,
+        key: Option<PublicKey>,
+        now: SystemTime,
+    ) -> Decision {
+        self.punches.step(plan, now, &self.fresh);
+        let applied = self.punches.apply(plan);
+        let mut actions = Vec::new();
+        let mut lines = Vec::new();
+        let mut carriers = BTreeMap::new();
+        match (&applied.gateway, device) {
+            (Some(gw), Some(dev)) => {
+                self.configured = true;
+                actions = self.configure(gw, model, dev, key, now, &mut lines);
+                carriers = self.carriers(gw, model, dev, now, &mut lines);
+            }
+            (Some(_), None) => self.configured = true,
+            (None, Some(dev)) if self.configured => {
+                self.configured = false;
+                actions.push(Action::Set {
+                    with_key: false,
+                    port: None,
+                    changes: diff(&[], dev),
+                });
+                actions.push(Action::Routes(Vec::new()));
+            }
+            (None, _) => self.configured = false,
+        }
+        if applied.gateway.is_none() {
+            self.up.clear();
+            self.taken.clear();
+            self.signs.clear();
+        }
+        self.read(plan, &applied, device, now);
+        Decision {
+            applied,
+            actions,
+            lines,
+            carriers,
+        }
+    }
+
+    /// The actions that bring the device to `gw`: a peer for every candidate of each remote
+    /// site (`remote::expand`), the site's subnets on the candidate taken as its active one.
+    fn configure(
+        &mut self,
+        gw: &GatewayPlan,
+        model: &Model,
+        dev: &DeviceState,
+        key: Option<PublicKey>,
+        now: SystemTime,
+        lines: &mut Vec<String>,
+    ) -> Vec<Action> {
+        self.saw_signs(&dev.peers, now);
+        let taken = self.take_remote_actives(gw, model, now);
+        let mut nudges = Vec::new();
+        for (site, g) in &taken {
+            if self.taken.get(site).is_some_and(|was| was != g) {
+                nudges.extend(nudge_address(model, site, g));
+                lines.push(format!(
+                    "sites: site {site}'s traffic goes to its gateway {g} now (its newest handshake)"
+                ));
+            }
+        }
+        self.taken = taken;
+        let expanded = remote::expand(&gw.peers, model, &self.taken);
+        let desired: Vec<PeerConfig> = expanded.iter().map(|p| p.config.clone()).collect();
+        let changes = diff(&desired, dev);
+        // A dial-in peer given where it was last seen (the device was made anew) is dialed at
+        // once, through the mapping its keepalives hold open.
+        for c in &changes {
+            if let PeerChange::Upsert { peer, .. } = c
+                && peer.endpoint.is_some()
+                && let Some(p) = expanded
+                    .iter()
+                    .find(|p| p.config.public_key == peer.public_key && p.config.endpoint.is_none())
+            {
+                nudges.extend(nudge_address(model, &p.site, &p.gateway));
+            }
+        }
+        let mut actions = Vec::new();
+        // Key and port go with every change (one transaction).
+        if dev.public_key != key || dev.listen_port != gw.listen_port || !changes.is_empty() {
+            actions.push(Action::Set {
+                with_key: true,
+                port: Some(gw.listen_port),
+                changes,
+            });
+        }
+        let routes = desired
+            .iter()
+            .flat_map(|p| p.allowed_ips.iter().copied())
+            .collect();
+        actions.push(Action::Routes(routes));
+        actions.extend(nudges.into_iter().map(Action::Nudge));
+        actions
+    }
+
+    /// Keeps each peer's last sign of life from what the device shows.
+    fn saw_signs(&mut self, peers: &[PeerState], now: SystemTime) {
+        for p in peers {
+            let sign = self.signs.entry(p.public_key).or_default();
+            if p.rx_bytes > sign.rx {
+                sign.at = Some(now);
+            }
+            sign.rx = p.rx_bytes;
+            sign.at = sign.at.max(p.last_handshake);
+        }
+    }
+
+    /// Each remote site's candidate taken as active, from the last signs of life.
+    fn take_remote_actives(
+        &self,
+        gw: &GatewayPlan,
+        model: &Model,
+        now: SystemTime,
+    ) -> BTreeMap<SiteName, String> {
+        let mut out = BTreeMap::new();
+        for p in &gw.peers {
+            let Some(site) = model.sites.get(&p.site) else {
+                continue;
+            };
+            let signs: BTreeMap<String, SystemTime> = site
+                .candidates
+                .iter()
+                .filter_map(|c| Some((c.name.clone(), self.signs.get(&c.public_key)?.at?)))
+                .collect();
+            let current = self.taken.get(&p.site).map(String::as_str);
+            let chosen = remote::remote_active(&signs, current, &p.gateway, now, UP_WITHIN);
+            out.insert(p.site.clone(), chosen.to_string());
+        }
+        out
+    }
+
+    /// The tunnel of each peer of `gw`, by the site of its peer; a line when one comes up or
+    /// goes down.
+    fn carriers(
+        &mut self,
+        gw: &GatewayPlan,
+        model: &Model,
+        dev: &DeviceState,
+        now: SystemTime,
+        lines: &mut Vec<String>,
+    ) -> BTreeMap<SiteName, Carrier> {
+        let mut out = BTreeMap::new();
+        for p in &gw.peers {
+            // The candidate taken as that site's active one carries its traffic.
+            let key = self
+                .taken
+                .get(&p.site)
+                .and_then(|t| model.sites.get(&p.site)?.candidate(t))
+                .map_or(p.config.public_key, |c| c.public_key);
+            let state = dev.peers.iter().find(|s| s.public_key == key);
+            let handshake = state.and_then(|s| s.last_handshake);
+            let up = handshake.is_some_and(|t| age(now, t) <= UP_WITHIN);
+            let was = self.up.insert(p.site.clone(), up).unwrap_or(false);
+            if up != was {
+                lines.push(up_or_down(&p.site, &p.gateway, up, handshake, now));
+            }
+            let carrier = Carrier {
+                peer: p.gateway.clone(),
+                last_handshake: handshake,
+                up,
+                rx_bytes: state.map_or(0, |s| s.rx_bytes),
+                tx_bytes: state.map_or(0, |s| s.tx_bytes),
+            };
+            out.insert(p.site.clone(), carrier);
+        }
+        out
+    }
+
+    /// What the device shows after a round of `plan` (the plan as made, with every punch
+    /// peer) and `applied` (as the punches made it): the fresh punch peers and the dial-in
+    /// peers' endpoints.
+    fn read(&mut self, plan: &Plan, applied: &Plan, dev: Option<&DeviceState>, now: SystemTime) {
+        let (Some(gw), Some(dev)) = (&plan.gateway, dev) else {
+            self.fresh.clear();
+            self.lives = Lives::default();
+            self.observed = None;
+            return;
+        };
+        let state = |key: &PublicKey| dev.peers.iter().find(|s| s.public_key == *key);
+        let punching = punch::punching(plan);
+        self.lives.keep(&punching);
+        let mut keepalive = None;
+        for p in gw.peers.iter().filter(|p| punching.contains(&p.site)) {
+            keepalive = keepalive.or(p.config.keepalive_secs);
+            if let Some(st) = state(&p.config.public_key) {
+                self.lives.saw(&p.site, st.rx_bytes, st.last_handshake, now);
+            }
+        }
+        let within = keepalive.map_or(UP_WITHIN, punch::dead_after);
+        self.fresh = self.lives.alive(now, within);
+        let dial_in = applied.gateway.iter().flat_map(|g| &g.peers);
+        self.observed = Some(
+            dial_in
+                .filter(|p| p.config.endpoint.is_none())
+                .filter_map(|p| {
+                    let ep = state(&p.config.public_key)?.endpoint?;
+                    Some((p.gateway.clone(), ep))
+                })
+                .collect(),
+        );
+    }
+}
+
+/// How old `t` is at `now` (a time in the future is no age).
+fn age(now: SystemTime, t: SystemTime) -> Duration {
+    now.duration_since(t).unwrap_or_default()
+}
+
+/// The line for a tunnel that came up or went down.
+fn up_or_down(
+    site: &SiteName,
+    gateway: &str,
+    up: bool,
+    handshake: Option<SystemTime>,
+    now: SystemTime,
+) -> String {
+    if up {
+        return format!("sites: tunnel to site {site} (gateway {gateway}) is up");
+    }
+    let why = match handshake {
+        None => "no handshake yet".to_string(),
+        Some(t) => format!("no handshake for {} s", age(now, t).as_secs()),
+    };
+    format!("sites: tunnel to site {site} (gateway {gateway}) is DOWN: {why}")
+}
+
+/// Where to send a datagram through the tunnel to candidate `g` of `site`: the first address
+/// of its first IPv4 pod subnet (its bridge), the discard port.
+fn nudge_address(model: &Model, site: &SiteName, g: &str) -> Option<SocketAddr> {
+    let member = model.sites.get(site)?.members.get(g)?;
+    member.pod_cidrs.iter().find_map(|n| match n {
+        IpNet::V4(v4) => Some(SocketAddr::from((
+            Ipv4Addr::from(u32::from(v4.network()).saturating_add(1)),
+            NUDGE_PORT,
+        ))),
+        IpNet::V6(_) => None,
+    })
+}
+
+/// What a path says in the status.
+pub fn path_text(p: &Path) -> String {
+    match p {
+        Path::Direct { .. } => "direct".into(),
+        Path::Punch { up: true, .. } => "direct (punched)".into(),
+        Path::Punch { relay, .. } => match relay {
+            Some(r) => format!("relayed via {r} (punching)"),
+            None => "punching".into(),
+        },
+        Path::Relayed { via } => format!("relayed via {via}"),
+        Path::Unreachable { why } => format!("unreachable: {why}"),
+    }
+}
