@@ -563,7 +563,7 @@ fn observe(run: &mut sites::run::SitesRun, api: Option<&mut ApiSide>) {
             api.observed = true;
         }
         _ => {
-            for l in run.recompute(&seen) {
+            for l in run.recompute() {
                 log(&l);
             }
         }

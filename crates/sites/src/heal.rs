@@ -87,6 +87,33 @@ pub fn step(
     }
 }
 
+/// Rule 4, in the normal stance, for every node of the site (members too): it **follows its
+/// site**. Its own current active gateway (`current`) and those named by the members it sees
+/// alive (`choices`) vote ([`majority`]); a winner other than `current` is taken when it is
+/// alive in this node's view (or is this node). Without it, one node that missed a few probes
+/// in a row (loss, a busy second) moves to the next candidate while the rest of the site stays,
+/// and no preemption would ever bring it back: its pods' traffic goes to a node that is not the
+/// gateway (the simulation found it: `simulation_api_away_for_an_hour`).
+pub fn follow(
+    me: &str,
+    current: Option<&str>,
+    liveness: &Liveness,
+    choices: &BTreeMap<String, String>,
+) -> Option<String> {
+    let seen = |n: &str| liveness.get(n).copied().unwrap_or(Seen::Unknown);
+    let mut votes: BTreeMap<String, String> = choices
+        .iter()
+        .filter(|(m, _)| m.as_str() != me && seen(m) == Seen::Alive)
+        .map(|(m, c)| (m.clone(), c.clone()))
+        .collect();
+    if let Some(c) = current {
+        votes.insert(me.to_string(), c.to_string());
+    }
+    let winner = majority(&votes)?;
+    let take = Some(winner) != current && (winner == me || seen(winner) == Seen::Alive);
+    take.then(|| winner.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +127,35 @@ mod tests {
         e.iter()
             .map(|(m, c)| ((*m).to_string(), (*c).to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_node_that_moved_alone_follows_its_site_back() {
+        // a2 missed a1's probes, moved to a3; a1 answers again, and a1 and a3 both name a1.
+        let live = view(&[("a1", Alive), ("a3", Alive)]);
+        let named = choices(&[("a1", "a1"), ("a3", "a1")]);
+        assert_eq!(follow("a2", Some("a3"), &live, &named), Some("a1".into()));
+        // Agreeing with the site: nothing to take.
+        assert_eq!(follow("a2", Some("a1"), &live, &named), None);
+        // The winner is dead in this node's view: it keeps its own.
+        let a1_dead = view(&[("a1", Dead), ("a3", Alive)]);
+        assert_eq!(
+            follow("a2", Some("a3"), &a1_dead, &choices(&[("a3", "a1")])),
+            None
+        );
+        // One against one: the first by name wins the tie, if alive.
+        let named = choices(&[("a3", "a3")]);
+        assert_eq!(follow("a1", Some("a1"), &live, &named), None);
+        assert_eq!(
+            follow("a3", Some("a3"), &live, &choices(&[("a1", "a1")])),
+            Some("a1".into())
+        );
+        // Votes of members not seen alive do not count.
+        let a1_unknown = view(&[("a1", Unknown), ("a3", Alive)]);
+        assert_eq!(
+            follow("a2", Some("a3"), &a1_unknown, &choices(&[("a1", "a1")])),
+            None
+        );
     }
 
     #[test]

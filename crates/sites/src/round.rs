@@ -299,10 +299,13 @@ impl Memory {
                 .map_or(p.config.public_key, |c| c.public_key);
             let state = dev.peers.iter().find(|s| s.public_key == key);
             let handshake = state.and_then(|s| s.last_handshake);
-            let up = handshake.is_some_and(|t| age(now, t) <= UP_WITHIN);
+            // Up by the last sign of life kept across rounds: a peer the data path made anew
+            // (its allowed IPs moved) shows no handshake for a moment, and is not down.
+            let life = self.signs.get(&key).and_then(|s| s.at).max(handshake);
+            let up = life.is_some_and(|t| age(now, t) <= UP_WITHIN);
             let was = self.up.insert(p.site.clone(), up).unwrap_or(false);
             if up != was {
-                lines.push(up_or_down(&p.site, &p.gateway, up, handshake, now));
+                lines.push(up_or_down(&p.site, &p.gateway, up, life, now));
             }
             let carrier = Carrier {
                 peer: p.gateway.clone(),
@@ -361,15 +364,15 @@ fn up_or_down(
     site: &SiteName,
     gateway: &str,
     up: bool,
-    handshake: Option<SystemTime>,
+    life: Option<SystemTime>,
     now: SystemTime,
 ) -> String {
     if up {
         return format!("sites: tunnel to site {site} (gateway {gateway}) is up");
     }
-    let why = match handshake {
+    let why = match life {
         None => "no handshake yet".to_string(),
-        Some(t) => format!("no handshake for {} s", age(now, t).as_secs()),
+        Some(t) => format!("nothing heard for {} s", age(now, t).as_secs()),
     };
     format!("sites: tunnel to site {site} (gateway {gateway}) is DOWN: {why}")
 }

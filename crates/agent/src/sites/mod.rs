@@ -16,10 +16,13 @@
 //!   diff, routes), the per-site status, and the log lines for tunnels up and down.
 
 pub mod cache;
+pub mod core;
 pub mod device;
 pub mod facts;
 pub mod probe;
 pub mod run;
 pub mod shape;
 pub mod side;
+#[cfg(test)]
+mod simulation;
 pub mod uapi;

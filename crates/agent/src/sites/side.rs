@@ -635,7 +635,7 @@ mod tests {
         let (lines, _) = s.round(t0 + Duration::from_secs(181));
         assert_eq!(
             lines,
-            ["sites: tunnel to site cloud (gateway c1) is DOWN: no handshake for 181 s"]
+            ["sites: tunnel to site cloud (gateway c1) is DOWN: nothing heard for 181 s"]
         );
     }
 }
