@@ -58,6 +58,8 @@ struct SimNode {
     probed: Option<Duration>,
     /// The status of its last round.
     status: Option<sticky_vxlan::status::SitesStatus>,
+    /// When its agent started (drawn from the seed: the nodes' loops are not in step).
+    started: Duration,
 }
 
 /// The cluster: nodes, network, clock, API, seed.
@@ -183,6 +185,7 @@ impl World {
             api_seen: 0,
             probed: None,
             status: None,
+            started: TICK * self.rng.random_range(0..4u32),
         };
         self.nodes.insert(name.into(), node);
     }
@@ -222,10 +225,8 @@ impl World {
 
     fn tick(&mut self) {
         let names: Vec<String> = self.nodes.keys().cloned().collect();
-        if self.t.subsec_millis() == 0 {
-            for n in &names {
-                self.probe(n);
-            }
+        for n in &names {
+            self.probe(n);
         }
         if self.api_up {
             self.publish();
@@ -244,7 +245,7 @@ impl World {
         let Some(node) = self.nodes.get_mut(n).filter(|x| x.running) else {
             return;
         };
-        if node.probed.is_some_and(|t| self.t - t < probe::INTERVAL) {
+        if self.t < node.started || node.probed.is_some_and(|t| self.t - t < probe::INTERVAL) {
             return;
         }
         node.probed = Some(self.t);
@@ -316,7 +317,11 @@ impl World {
         let now = self.now();
         let (api_up, version, t) = (self.api_up, self.api_version, self.t);
         let api = &self.api;
-        let Some(node) = self.nodes.get_mut(n).filter(|x| x.running) else {
+        let Some(node) = self
+            .nodes
+            .get_mut(n)
+            .filter(|x| x.running && t >= x.started)
+        else {
             return;
         };
         let (seen, mut lines) = node

@@ -60,10 +60,7 @@ impl Router {
         let port = match self.out.get(&key) {
             Some(p) => *p,
             None => {
-                let mut port = match self.nat {
-                    Nat::Cone => from.port(),
-                    Nat::Symmetric => self.base,
-                };
+                let mut port = self.base;
                 while self.into.contains_key(&port) {
                     port = port.wrapping_add(1).max(1024);
                 }
@@ -102,9 +99,25 @@ pub struct Net {
     pub routers: BTreeMap<String, Router>,
     /// The chance that any one datagram is lost.
     pub loss: f64,
+    /// Pairs of nodes that cannot reach each other (a fault between two hosts of a LAN).
+    blocked: BTreeSet<(String, String)>,
 }
 
 impl Net {
+    /// Blocks (or unblocks) everything between nodes `a` and `b`.
+    pub fn block(&mut self, a: &str, b: &str, blocked: bool) {
+        for pair in [
+            (a.to_string(), b.to_string()),
+            (b.to_string(), a.to_string()),
+        ] {
+            if blocked {
+                self.blocked.insert(pair);
+            } else {
+                self.blocked.remove(&pair);
+            }
+        }
+    }
+
     /// Sends a datagram from `from` (a host's address and port) to `to`: the node that
     /// receives it and the address it appears to come from, or None (lost, filtered, down).
     pub fn send(
@@ -120,7 +133,8 @@ impl Net {
         if let Some(h) = self.hosts.get(&to.ip())
             && h.site == sender.site
         {
-            return h.up.then(|| (h.node.clone(), from));
+            let pair = (sender.node.clone(), h.node.clone());
+            return (h.up && !self.blocked.contains(&pair)).then(|| (h.node.clone(), from));
         }
         let src = match self.routers.get_mut(&sender.site) {
             None => from,
@@ -184,7 +198,7 @@ mod tests {
             let mut n = net(nat);
             let (_, a_seen) = n.send(&mut rng, a1, c1).unwrap();
             let (_, b_seen) = n.send(&mut rng, b1, c1).unwrap();
-            assert_eq!(a_seen, addr("203.0.113.1:51820"));
+            assert_eq!(a_seen, addr("203.0.113.1:40000"));
             // Nobody answers what it never sent to.
             assert_eq!(n.send(&mut rng, c1, addr("203.0.113.1:51821")), None);
             // A's first datagram opens A's filter for B's mapping; B's then passes.
