@@ -8,6 +8,7 @@ mod conf_examples;
 mod conf_examples_e2e;
 mod crate_graph;
 mod demo;
+mod design_names;
 mod e2e_cnitool;
 mod file_circles;
 mod fresh_machine;
