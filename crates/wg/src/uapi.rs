@@ -521,10 +521,10 @@ mod tests {
         assert_eq!(s.peers[0].preshared_key, Some([0; 32]));
     }
 
-    #[test]
-    fn every_malformed_input_is_refused_with_its_errno_and_the_bad_part_quoted() {
+    /// (request body, errno, what the error says) for every malformed value.
+    fn malformed_values() -> Vec<(String, i32, &'static str)> {
         let bad_hex = "zz".repeat(32);
-        let cases: Vec<(String, i32, &str)> = vec![
+        vec![
             (
                 format!("private_key={bad_hex}"),
                 22,
@@ -562,6 +562,12 @@ mod tests {
                 "address/prefix",
             ),
             (format!("public_key={K1}\nallowed_ip=192.0.2.0/x"), 22, "/x"),
+        ]
+    }
+
+    /// Malformed requests as a whole: versions, repeats, keys in the wrong place, lines.
+    fn malformed_requests() -> Vec<(String, i32, &'static str)> {
+        vec![
             ("protocol_version=2".into(), 22, "protocol_version=\"2\""),
             (
                 format!("public_key={K1}\nprotocol_version=2"),
@@ -607,8 +613,12 @@ mod tests {
             ),
             ("listen_port".into(), 71, "not key=value"),
             ("x".repeat(MAX_LINE + 1), 7, "longer than 1024"),
-        ];
-        for (body, errno, says) in &cases {
+        ]
+    }
+
+    #[test]
+    fn every_malformed_input_is_refused_with_its_errno_and_the_bad_part_quoted() {
+        for (body, errno, says) in &[malformed_values(), malformed_requests()].concat() {
             let err = set(body).unwrap_err();
             assert_eq!(err.errno(), *errno, "{body:?}: {err}");
             assert!(err.to_string().contains(says), "{body:?}: {err}");
