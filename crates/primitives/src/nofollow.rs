@@ -124,6 +124,34 @@ pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
+/// As [`read`], at most `max` bytes (more is an error of kind `FileTooLarge`): for a file in
+/// a directory others could write to, which could have been made to fill the memory.
+pub fn read_bounded(path: &Path, max: u64) -> io::Result<Option<Vec<u8>>> {
+    match open(path, OpenOptions::new().read(true)) {
+        Ok(file) => {
+            let mut bytes = Vec::new();
+            read_limited(file, max, &mut bytes)?;
+            Ok(Some(bytes))
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads `file` to its end into `into`, at most `max` bytes (more is an error of kind
+/// `FileTooLarge`); for a file opened here first, whose metadata the caller checks.
+pub fn read_limited(file: impl Read, max: u64, into: &mut Vec<u8>) -> io::Result<()> {
+    let start = into.len();
+    file.take(max + 1).read_to_end(into)?;
+    if (into.len() - start) as u64 > max {
+        return Err(io::Error::new(
+            ErrorKind::FileTooLarge,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// Opens (creating with `mode` if absent) a regular file for writing in place, never
 /// truncating it first. A file with another hard link is refused: writing in place would
 /// write the other name's file too.
@@ -203,13 +231,7 @@ pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
         return Err(io::Error::other("not a regular file"));
     }
     let mut bytes = Vec::new();
-    file.take(max + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(io::Error::new(
-            ErrorKind::FileTooLarge,
-            format!("larger than {max} bytes"),
-        ));
-    }
+    read_limited(file, max, &mut bytes)?;
     Ok(bytes)
 }
 
@@ -381,6 +403,21 @@ mod tests {
         assert!(ensure_real_dir(&link).is_err());
         assert!(ensure_real_dir(tmp.path()).is_ok());
         assert_eq!(read(&tmp.path().join("absent")).unwrap(), None);
+    }
+
+    #[test]
+    fn a_bounded_read_refuses_links_and_files_over_the_bound() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"four").unwrap();
+        let link = tmp.path().join("link");
+        symlink(&victim, &link).unwrap();
+        let e = read_bounded(&link, 100).unwrap_err();
+        assert!(matches!(refusal(&e), Some(Refused::Link)), "{e}");
+        assert_eq!(read_bounded(&victim, 4).unwrap(), Some(b"four".to_vec()));
+        let e = read_bounded(&victim, 3).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::FileTooLarge);
+        assert_eq!(read_bounded(&tmp.path().join("absent"), 3).unwrap(), None);
     }
 
     #[test]
