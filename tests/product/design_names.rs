@@ -97,7 +97,11 @@ fn rust_names(span: &str) -> Vec<String> {
         }
     }
     // The last segment of a path with `::` is an item (a module, a function, a field).
-    if span.contains("::") && last.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit()) {
+    if span.contains("::")
+        && last
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit())
+    {
         out.push((*last).to_string());
     }
     out
@@ -156,7 +160,10 @@ fn the_files_types_and_functions_design_md_names_exist() {
 
 #[test]
 fn names_are_read_from_paths_and_calls() {
-    assert_eq!(rust_names("sticky_sites::round::Memory"), ["Memory", "Memory"][..1].to_vec());
+    assert_eq!(
+        rust_names("sticky_sites::round::Memory"),
+        ["Memory", "Memory"][..1].to_vec()
+    );
     assert_eq!(rust_names("plan"), Vec::<String>::new());
     assert_eq!(rust_names("heal::follow"), ["follow"]);
     assert_eq!(rust_names("Side<D>"), ["Side"]);

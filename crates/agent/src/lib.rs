@@ -78,7 +78,7 @@ pub enum Error {
     #[error("{path}: rotate-key needs a network with \"sites\" (docs/sites.md)")]
     NoSites { path: PathBuf },
     #[error(transparent)]
-    Keys(#[from] sticky_sites::keys::Error),
+    Keys(#[from] sites::keys::Error),
     #[error("--metrics-addr {addr}: {source}")]
     Metrics {
         addr: std::net::SocketAddr,
@@ -138,7 +138,7 @@ fn rotate_key(r: &flags::RotateKey) -> Result<String, Error> {
             path: r.config.clone(),
         });
     };
-    let keys = sticky_sites::keys::KeyDir::new(&r.key_dir, nix::unistd::geteuid().as_raw());
+    let keys = sites::keys::KeyDir::new(&r.key_dir, nix::unistd::geteuid().as_raw());
     let rotated = keys.rotate(&sites::side::key_name(&sites.interface))?;
     Ok(format!(
         "new WireGuard key for {} in {}/{}: public key {} (was {}); the running agent uses and publishes it within seconds, and other sites take it from the API (until they do, their tunnels to this gateway are down)",

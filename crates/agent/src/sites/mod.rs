@@ -6,6 +6,8 @@
 //!   placed Nodes, the inputs of `sticky_sites::model::build`;
 //! - [`shape`]: the plan of this node from those inputs, and the peers file it calls for (its
 //!   site's members only; the remote sites' pod subnets carried by its active gateway's entry);
+//! - [`keys`]: the gateway's WireGuard key file (made once, rotated, never followed through a
+//!   link);
 //! - [`cache`]: the inputs and the current active gateways kept on the node, so a restart with
 //!   the API away brings the tunnel and routes back;
 //! - [`device`]: the tunnel device as the kernel holds it (netlink: link MTU and up, the routes
@@ -19,6 +21,7 @@ pub mod cache;
 pub mod core;
 pub mod device;
 pub mod facts;
+pub mod keys;
 pub mod probe;
 pub mod run;
 pub mod shape;

@@ -8,12 +8,13 @@ use std::time::Duration;
 use sticky_overlay::config::Config;
 use sticky_overlay::peers::Peer;
 use sticky_overlay::sites::{RESTRICTED_PREFIX, Sites};
-use sticky_sites::keys::{KeyDir, PublicKey};
+use sticky_sites::keys::PublicKey;
 use sticky_sites::model::PUBLIC_KEY_ANNOTATION;
 
 use super::cache::{self, Cache};
 use super::core::{Core, Now};
 use super::device::Live;
+use super::keys::KeyDir;
 use super::probe::Probes;
 use super::shape::{Observation, Shaped, Shaper};
 use super::side::Side;

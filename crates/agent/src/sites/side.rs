@@ -17,13 +17,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-use sticky_sites::keys::{KeyDir, PrivateKey, PublicKey};
+use sticky_sites::keys::{PrivateKey, PublicKey};
 use sticky_sites::paths::Path;
 use sticky_sites::round::{Action, Decision, Memory, path_text};
 use sticky_sites::tunnel::DeviceState;
 use sticky_vxlan::status::{RemoteSite, SitesStatus, TunnelStatus};
 
 use super::device::{self, Device};
+use super::keys::KeyDir;
 use super::shape::Shaped;
 
 /// How often a round runs when nothing changed: a tunnel device made again is configured
@@ -39,7 +40,7 @@ pub fn key_name(ifname: &str) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Key(#[from] sticky_sites::keys::Error),
+    Key(#[from] super::keys::Error),
     #[error(transparent)]
     Device(#[from] device::Error),
 }

@@ -26,12 +26,12 @@ use ipnet::IpNet;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sticky_overlay::sites::{DEFAULT_GATEWAY_LABEL, DEFAULT_SITE_LABEL, Sites};
-use sticky_sites::keys::KeyDir;
 use sticky_sites::model::{ENDPOINT_ANNOTATION, NodeInput, PUBLIC_KEY_ANNOTATION};
 use sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION;
 use sticky_sites::probe::{self, Message, Tracker};
 
 use super::core::{Core, Now};
+use super::keys::KeyDir;
 use super::shape::Shaper;
 use super::side::Side;
 pub use net::{Host, Nat, Net, Router};
