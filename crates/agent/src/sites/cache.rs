@@ -13,12 +13,17 @@ use std::path::{Path, PathBuf};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use sticky_overlay::config::Config;
+use sticky_primitives::nofollow;
 use sticky_sites::model::{NodeInput, SiteName};
 
 use crate::files;
 
 /// The cache file's format version.
 const VERSION: u32 = 1;
+
+/// The largest cache read back: as large as the peers file may be, a few hundred bytes per Node
+/// for far more Nodes than a cluster has.
+const MAX_FILE: u64 = 256 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -73,16 +78,16 @@ pub fn path(cfg: &Config) -> PathBuf {
 }
 
 /// The cache at `path`; `None` when there is none yet.
+/// A link at `path` is refused, never followed, and so is a FIFO or a file over [`MAX_FILE`]
+/// ([`nofollow::read_bounded`]): the state directory is root's, but what the agent reads back
+/// from it must be what it wrote.
 pub fn load(path: &Path) -> Result<Option<Cache>, Error> {
-    let text = match std::fs::read(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(Error::Read {
-                path: path.into(),
-                source,
-            });
-        }
+    let read = nofollow::read_bounded(path, MAX_FILE).map_err(|source| Error::Read {
+        path: path.into(),
+        source,
+    })?;
+    let Some(text) = read else {
+        return Ok(None);
     };
     let file: File = serde_json::from_slice(&text).map_err(|source| Error::Format {
         path: path.into(),
@@ -114,7 +119,9 @@ pub fn load(path: &Path) -> Result<Option<Cache>, Error> {
     Ok(Some(Cache { inputs, current }))
 }
 
-/// Writes `cache` to `path` (atomically, 0644: it holds no secret).
+/// Writes `cache` to `path` (atomically, 0644: it holds no secret), through
+/// [`files::write_atomic`] ([`nofollow::replace_through`]: a link planted at `path` is replaced,
+/// never written through).
 pub fn save(path: &Path, cache: &Cache) -> Result<(), Error> {
     let file = File {
         version: VERSION,
@@ -169,5 +176,32 @@ mod tests {
         assert!(load(&p).unwrap_err().to_string().contains("version 9"));
         std::fs::write(&p, b"[").unwrap();
         assert!(matches!(load(&p), Err(Error::Format { .. })));
+    }
+
+    /// A link planted at the cache's name is refused on reading (not followed, even to a good
+    /// cache), and replaced on writing: what it points to is never read nor written.
+    #[test]
+    fn a_link_at_the_cache_path_is_refused_and_not_followed() {
+        use sticky_primitives::nofollow::{Refused, refusal};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("net.sites.json");
+        let elsewhere = dir.path().join("elsewhere.json");
+        let cache = Cache {
+            inputs: Vec::new(),
+            current: BTreeMap::from([(SiteName::parse("site", "site-a").unwrap(), "a1".into())]),
+        };
+        save(&elsewhere, &cache).unwrap();
+        let kept = std::fs::read(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &p).unwrap();
+        let err = load(&p).unwrap_err();
+        assert!(
+            matches!(&err, Error::Read { source, .. } if matches!(refusal(source), Some(Refused::Link))),
+            "{err}"
+        );
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        save(&p, &Cache::default()).unwrap();
+        assert!(!std::fs::symlink_metadata(&p).unwrap().is_symlink());
+        assert_eq!(std::fs::read(&elsewhere).unwrap(), kept);
+        assert_eq!(load(&p).unwrap(), Some(Cache::default()));
     }
 }
