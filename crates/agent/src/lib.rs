@@ -18,11 +18,13 @@
 //! places the Nodes by the plugin's whole-list rules (one bad Node is left out alone, no
 //! takeover), [`guard`] refuses changes that would stop traffic on many peers at once,
 //! [`sync`] carries the Nodes from the reflector to the peers file (one write per burst),
-//! [`files`] the files it writes,
+//! [`api_side`] is the API's half of the main loop (the keeper, the publisher, the operator's
+//! `accept-changes` file), [`files`] the files it writes, [`sites`] the sites room,
 //! [`reconcile`] programs the node, [`state`] and [`serve`] are the metrics, `/healthz` and the
 //! status file, and [`publish`] sets flannel's annotations on the agent's own Node.
 
 mod api;
+mod api_side;
 mod clock;
 mod doctor;
 mod endpoint;
@@ -49,6 +51,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use api_side::{ApiSide, RETRY};
 use flags::{Options, Source};
 use state::Shared;
 use sticky_overlay::config::Config;
@@ -276,37 +279,11 @@ fn run(opts: Options) -> Result<(), Error> {
                 keeper.sites = Some(run.shaper());
                 keeper.start_from(run.cached_peers());
             }
-            Some(ApiSide {
-                keeper,
-                own: None,
-                publisher,
-                refused_at: None,
-                last_good: files::PeersCache::default(),
-                observed: false,
-                key_error: None,
-            })
+            Some(ApiSide::new(keeper, publisher))
         }
     };
     main_loop(&opts, &cfg, &peers_file, &shared, &rx, api, sites.as_mut());
     Ok(())
-}
-
-/// The API's half of the main loop: the Nodes as the reflector sends them, turned into the
-/// peers file; and the publisher of this node's flannel annotations.
-struct ApiSide {
-    keeper: sync::Keeper,
-    /// This node's own Node as last seen (for what it publishes).
-    own: Option<objects::Node>,
-    publisher: Option<(publish::Publishing, kube::Kube)>,
-    /// When the guard last refused (the change is tried again every [`RETRY`]).
-    refused_at: Option<Instant>,
-    /// The plugin's last-good copy of the peers file, read again only when it changed.
-    last_good: files::PeersCache,
-    /// What this node observes of its site changed: the plan is made again.
-    observed: bool,
-    /// Why this node's gateway key cannot be used, as last logged (a standing error is logged
-    /// once, and again when it changes or clears).
-    key_error: Option<String>,
 }
 
 /// How long the main loop keeps collecting a burst of updates once the first arrived.
@@ -332,251 +309,6 @@ fn take_burst(rx: &mpsc::Receiver<sync::Update>, poll: Duration) -> Vec<sync::Up
         }
     }
 }
-
-/// This node's plugin's own check of a peer list ([`sticky_overlay::node::accepts_here`]).
-fn plugin_accepts(
-    cfg: &Config,
-    list: &[sticky_overlay::peers::Peer],
-) -> Result<(), table::Refusal> {
-    sticky_overlay::node::accepts_here(cfg, list).map_err(|e| match e {
-        sticky_overlay::Error::Peers(p) => table::Refusal::Peers(p),
-        sticky_overlay::Error::Socket(e) => table::Refusal::Other(format!("netlink: {e}")),
-        other => table::Refusal::Other(other.to_string()),
-    })
-}
-
-impl ApiSide {
-    /// Applies a burst of updates; writes the peers file when the peers changed (or a
-    /// refused change is due to be tried again). True when the file was written.
-    fn apply(&mut self, updates: Vec<sync::Update>, cfg: &Config, shared: &Shared) -> bool {
-        let mut dirty = false;
-        let mut own = None;
-        for u in updates {
-            match u {
-                sync::Update::State(s) => {
-                    if let Some(line) = sync::record_state(shared, &s) {
-                        log(&line);
-                    }
-                }
-                sync::Update::Own(n) => own = Some(n),
-                u => dirty |= self.keeper.apply(u),
-            }
-        }
-        if let Some(n) = &own {
-            self.own = Some((**n).clone());
-        }
-        if let Some((p, kube)) = &mut self.publisher {
-            if let Some(n) = own {
-                p.offer(*n);
-            }
-            let attempt = p.run(kube, Instant::now());
-            let node = &p.publisher.node_name;
-            match attempt {
-                publish::Attempt::Idle => {}
-                publish::Attempt::Published => {
-                    log(&format!("published flannel annotations on Node {node}"));
-                }
-                publish::Attempt::Unknown(e) => {
-                    log(&format!(
-                        "publishing flannel annotations: {e}; tried again when the Node changes"
-                    ));
-                }
-                publish::Attempt::Failed { error, retry_in } => {
-                    shared.lock().counters.publish_failures += 1;
-                    log(&format!(
-                        "publishing flannel annotations on Node {node}: {error}; trying again in {:.1} s",
-                        retry_in.as_secs_f64()
-                    ));
-                }
-            }
-        }
-        let accepted = self.take_accept_file(cfg, shared);
-        let retry = self.refused_at.is_some_and(|t| t.elapsed() >= RETRY);
-        dirty |= std::mem::take(&mut self.observed);
-        if !dirty && !retry && !accepted {
-            return false;
-        }
-        let copy = self
-            .last_good
-            .get(&cfg.last_good_peers_path(), |p| {
-                Some(sticky_overlay::peers::last_good(p))
-            })
-            .unwrap_or_default()
-            .to_vec();
-        let held = if copy.is_empty() {
-            files::current_peers(&self.keeper.peers_file).unwrap_or_default()
-        } else {
-            copy
-        };
-        let (outcome, lines) = self
-            .keeper
-            .write(Instant::now(), &held, |list| plugin_accepts(cfg, list));
-        for l in lines {
-            log(&l);
-        }
-        let mut s = shared.lock();
-        s.status.left_out = self.keeper.left_out().len();
-        let refused = match outcome {
-            sync::Outcome::Written { lines, peers } => {
-                for l in lines {
-                    log(&l);
-                }
-                s.status.peers = peers;
-                s.counters.file_writes += 1;
-                s.own_write = files::fingerprint(&self.keeper.peers_file);
-                self.refused_at = None;
-                s.status.refused = None;
-                return true;
-            }
-            sync::Outcome::Unchanged => None,
-            sync::Outcome::Refused(r) => {
-                s.counters.removals_refused += 1;
-                Some(r)
-            }
-            sync::Outcome::Unusable(why) => Some(format!(
-                "no peer list this node's plugin accepts can be made from the Nodes: {why}; keeping the peers file as it is"
-            )),
-            sync::Outcome::Failed(why) => {
-                log(&why);
-                None
-            }
-        };
-        self.refused_at = refused.as_ref().map(|_| Instant::now());
-        if refused != s.status.refused {
-            if let Some(r) = &refused {
-                log(&format!("REFUSED: {r}"));
-            }
-            s.status.refused = refused;
-        }
-        false
-    }
-}
-
-impl ApiSide {
-    /// The operator's `accept-changes` file, if it appeared: removed, and the change the
-    /// guard refuses now accepted (said in the log and the status); with no refusal of the
-    /// guard standing it accepts nothing, and the log says so. True when a change was
-    /// accepted.
-    fn take_accept_file(&mut self, cfg: &Config, shared: &Shared) -> bool {
-        let path = accept_changes_path(cfg);
-        if std::fs::symlink_metadata(&path).is_err() {
-            return false;
-        }
-        if let Err(e) = std::fs::remove_file(&path) {
-            log(&format!("{}: {e}; it is not taken", path.display()));
-            return false;
-        }
-        let Some(refused) = self.keeper.guard.accept(Instant::now()) else {
-            log(&format!(
-                "{}: the guard refuses no change, so the file accepts nothing; removed",
-                path.display()
-            ));
-            return false;
-        };
-        let what = refused.what();
-        log(&format!(
-            "{}: the operator accepts the change the guard refused: {what}; it is written once if it comes within {} minutes",
-            path.display(),
-            guard::ACCEPT_FOR.as_secs() / 60
-        ));
-        let mut s = shared.lock();
-        s.status.accepted = Some(status::Accepted {
-            at: status::now_unix(),
-            change: what,
-        });
-        true
-    }
-}
-
-impl ApiSide {
-    /// Keeps the key this node publishes as its gateway key file says (made when its Node is
-    /// first labelled a gateway; a rotated one is taken here): when it changes, the own Node
-    /// is offered to the publisher again.
-    fn publish_key(&mut self, run: &mut sites::run::SitesRun) {
-        let (Some(own), Some((p, _))) = (&self.own, &mut self.publisher) else {
-            return;
-        };
-        let key = match run.public_key(own) {
-            None => None,
-            Some(Ok(k)) => Some(k),
-            Some(Err(e)) => {
-                if self.key_error.as_ref() != Some(&e) {
-                    log(&format!("sites: this node's gateway key: {e}"));
-                    self.key_error = Some(e);
-                }
-                return;
-            }
-        };
-        if self.key_error.take().is_some() {
-            log("sites: this node's gateway key is usable again");
-        }
-        if p.publisher.public_key != key {
-            if let Some(k) = &key {
-                log(&format!(
-                    "sites: this node's gateway public key is {}",
-                    k.to_base64()
-                ));
-            }
-            p.publisher.public_key = key;
-            p.offer(own.clone());
-            run.key_changed();
-        } else if let Some(line) = key.and_then(|k| run.confirm_published(own, &k)) {
-            log(&line);
-        }
-    }
-}
-
-impl ApiSide {
-    /// Keeps the NAT discovery annotation this node publishes as its tunnel shows it: when it
-    /// changes, the own Node is offered to the publisher again (patched only if it differs).
-    fn publish_observed(&mut self, run: &sites::run::SitesRun) {
-        let (Some(own), Some((p, _))) = (&self.own, &mut self.publisher) else {
-            return;
-        };
-        let now = run.observed_endpoints();
-        if now.is_some() && p.publisher.observed_endpoints != now {
-            log(&format!(
-                "sites: peers behind NAT come from {}",
-                now.as_deref().unwrap_or_default()
-            ));
-            p.publisher.observed_endpoints = now;
-            p.offer(own.clone());
-        }
-    }
-}
-
-/// Takes what the probes saw: when it changed, the plan is made again in one place, the
-/// keeper's (with the Nodes it holds, API or not), or from the cache when it has none yet.
-fn observe(run: &mut sites::run::SitesRun, api: Option<&mut ApiSide>) {
-    let (seen, lines) = run.observe();
-    for l in lines {
-        log(&l);
-    }
-    let Some(seen) = seen else {
-        return;
-    };
-    match api {
-        Some(api) if api.keeper.listed() => {
-            if let Some(shaper) = &mut api.keeper.sites {
-                shaper.observation = seen;
-            }
-            api.observed = true;
-        }
-        _ => {
-            for l in run.recompute() {
-                log(&l);
-            }
-        }
-    }
-}
-
-/// The file whose existence accepts the change the guard refuses, once.
-fn accept_changes_path(cfg: &Config) -> PathBuf {
-    cfg.state_dir.join(format!("{}.accept-changes", cfg.name))
-}
-
-/// A refused change is tried again this often (the window may have passed).
-const RETRY: Duration = Duration::from_secs(5);
 
 /// Reconciles at once (from the file as it is: offline, that is the last good one), then
 /// after every change of the peers file and every `--resync`: the main network, then each
@@ -653,10 +385,15 @@ fn main_loop(
             // What this node publishes reads the key file and the tunnel: once a round, not on
             // every pass of the loop.
             if let Some(api) = api.as_mut().filter(|_| run.round_due()) {
-                api.publish_key(run);
-                api.publish_observed(run);
+                api.publish_sites(run);
             }
-            observe(run, api.as_mut());
+            let (lines, replan) = sites::publish::observe(run, api.as_mut().map(|a| &mut a.keeper));
+            for l in lines {
+                log(&l);
+            }
+            if let Some(api) = api.as_mut().filter(|_| replan) {
+                api.observed = true;
+            }
             for line in run.round_if_due(shared) {
                 log(&line);
             }

@@ -14,6 +14,9 @@
 //!   into it), behind a small trait;
 //! - [`probe`]: the probes inside the site (a thread on the underlay address answering and
 //!   probing), read by [`run`] for the liveness view and the step-down rule;
+//! - [`publish`]: this node's sites annotations (its gateway public key, where its peers
+//!   behind NAT come from) kept as the key file and the tunnel say, and what the probes saw
+//!   handed to the one place that makes the plan again;
 //! - [`side`]: each round on the node: the tunnel of the active gateway (key, port, peers as a
 //!   diff, routes), the per-site status, and the log lines for tunnels up and down.
 
@@ -23,6 +26,7 @@ pub mod device;
 pub mod facts;
 pub mod keys;
 pub mod probe;
+pub mod publish;
 pub mod run;
 pub mod shape;
 pub mod side;

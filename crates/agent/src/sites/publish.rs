@@ -1,0 +1,102 @@
+//! The sites part of what the main loop carries between the API and the sites run: this node's
+//! sites annotations on its own Node ([`Annotations`]: the gateway's public key as its key file
+//! says, where its peers behind NAT come from as its tunnel shows), and what the probes saw
+//! handed to the one place that makes the plan again ([`observe`]). The annotations go out in
+//! the flannel publisher's one PATCH (`crate::publish`); each function returns its log lines.
+
+use crate::objects::Node;
+use crate::publish::Publishing;
+use crate::sync::Keeper;
+
+use super::run::SitesRun;
+
+/// This node's sites annotations, kept as the key file and the tunnel say.
+#[derive(Debug, Default)]
+pub struct Annotations {
+    /// Why this node's gateway key cannot be used, as last logged (a standing error is logged
+    /// once, and again when it changes or clears).
+    key_error: Option<String>,
+}
+
+impl Annotations {
+    /// Both annotations, once a round (they read the key file and the tunnel): when one
+    /// changes, the own Node `own` is offered to the publisher `p` again (patched only if it
+    /// differs).
+    pub fn keep(&mut self, p: &mut Publishing, own: &Node, run: &mut SitesRun) -> Vec<String> {
+        let mut lines = self.keep_key(p, own, run);
+        lines.extend(keep_observed(p, own, run));
+        lines
+    }
+
+    /// Keeps the key this node publishes as its gateway key file says (made when its Node is
+    /// first labelled a gateway; a rotated one is taken here).
+    fn keep_key(&mut self, p: &mut Publishing, own: &Node, run: &mut SitesRun) -> Vec<String> {
+        let mut lines = Vec::new();
+        let key = match run.public_key(own) {
+            None => None,
+            Some(Ok(k)) => Some(k),
+            Some(Err(e)) => {
+                if self.key_error.as_ref() != Some(&e) {
+                    lines.push(format!("sites: this node's gateway key: {e}"));
+                    self.key_error = Some(e);
+                }
+                return lines;
+            }
+        };
+        if self.key_error.take().is_some() {
+            lines.push("sites: this node's gateway key is usable again".into());
+        }
+        if p.publisher.public_key != key {
+            if let Some(k) = &key {
+                lines.push(format!(
+                    "sites: this node's gateway public key is {}",
+                    k.to_base64()
+                ));
+            }
+            p.publisher.public_key = key;
+            p.offer(own.clone());
+            run.key_changed();
+        } else if let Some(line) = key.and_then(|k| run.confirm_published(own, &k)) {
+            lines.push(line);
+        }
+        lines
+    }
+}
+
+/// Keeps the NAT discovery annotation this node publishes as its tunnel shows it.
+fn keep_observed(p: &mut Publishing, own: &Node, run: &SitesRun) -> Vec<String> {
+    let now = run.observed_endpoints();
+    if now.is_none() || p.publisher.observed_endpoints == now {
+        return Vec::new();
+    }
+    let line = format!(
+        "sites: peers behind NAT come from {}",
+        now.as_deref().unwrap_or_default()
+    );
+    p.publisher.observed_endpoints = now;
+    p.offer(own.clone());
+    vec![line]
+}
+
+/// Takes what the probes saw: when it changed, the plan is made again in one place, the
+/// keeper's (with the Nodes it holds, API or not), or from the cache when it has none yet.
+/// Returns the log lines, and true when the keeper took it: its next write makes the plan
+/// again.
+pub fn observe(run: &mut SitesRun, keeper: Option<&mut Keeper>) -> (Vec<String>, bool) {
+    let (seen, mut lines) = run.observe();
+    let Some(seen) = seen else {
+        return (lines, false);
+    };
+    match keeper {
+        Some(keeper) if keeper.listed() => {
+            if let Some(shaper) = &mut keeper.sites {
+                shaper.observation = seen;
+            }
+            (lines, true)
+        }
+        _ => {
+            lines.extend(run.recompute());
+            (lines, false)
+        }
+    }
+}
