@@ -160,64 +160,9 @@ fn run(opts: Options) -> Result<(), Error> {
     })?;
     let (family, decided_by) = family::decide(cfg.local_ip, &cfg.peers, opts.underlay_family)
         .map_err(|e| Error::Usage(e.into()))?;
-    let endpoint = match &opts.source {
-        Source::None => None,
-        Source::Kubeconfig(p) => Some(endpoint::from_kubeconfig(p)?),
-        Source::Server {
-            url,
-            ca_file,
-            token_file,
-        } => Some(endpoint::from_server(
-            url,
-            ca_file.as_deref(),
-            token_file.as_deref(),
-        )?),
-        Source::InCluster { host, port } => Some(endpoint::in_cluster(host, port)?),
-    };
-    let shared = Shared::new(Status {
-        network: cfg.name.clone(),
-        peers_file: peers_file.clone(),
-        source: match &endpoint {
-            None => "the peers file only (--no-api)".into(),
-            Some(e) => format!("the Kubernetes API at {}", e.url),
-        },
-        peers: files::current_peers(&peers_file).map_or(0, |p| p.len()),
-        pid: std::process::id(),
-        ..Status::default()
-    });
-    if let Some(addr) = opts.metrics_addr {
-        let bound =
-            serve::start(addr, shared.clone()).map_err(|source| Error::Metrics { addr, source })?;
-        log(&format!("serving /metrics and /healthz on {bound}"));
-    }
-    if let Some(every) = opts.doctor_every {
-        let keep = shared.clone();
-        doctor::start(opts.config.clone(), every, move |paths| {
-            keep.lock().paths = Some(paths);
-        });
-    }
-    let mut sites = match &cfg.sites {
-        None => None,
-        Some(s) => {
-            let Some(me) = opts.node_name.as_deref() else {
-                return Err(Error::SitesNeedNodeName {
-                    path: opts.config.clone(),
-                });
-            };
-            let (run, lines) = sites::run::SitesRun::start(
-                &cfg,
-                s,
-                me,
-                family,
-                opts.key_dir.clone(),
-                opts.wg_socket_dir.clone(),
-            );
-            for l in lines {
-                log(&l);
-            }
-            Some(run)
-        }
-    };
+    let endpoint = find_endpoint(&opts.source)?;
+    let shared = start_status(&opts, &cfg, &peers_file, endpoint.as_ref())?;
+    let mut sites = start_sites(&opts, &cfg, family)?;
     let (tx, rx) = mpsc::channel();
     files::remove_stale_temps(&peers_file);
     files::remove_stale_temps(&status::status_path(&cfg.state_dir, &cfg.name));
@@ -239,51 +184,161 @@ fn run(opts: Options) -> Result<(), Error> {
                 )),
                 peers_file.display()
             ));
-            let publisher = match (&opts.node_name, opts.publish || sites.is_some()) {
-                (Some(name), true) => Some((
-                    publish::Publishing::new(
-                        publish::Publisher {
-                            node_name: name.clone(),
-                            vni: cfg.vni,
-                            family,
-                            flannel: opts.publish,
-                            public_key: None,
-                            observed_endpoints: None,
-                        },
-                        clock::Backoff::new(),
-                    ),
-                    kube::Kube::new(e.clone()),
-                )),
-                _ => None,
-            };
-            let feed = sync::Feed::new(tx, opts.node_name.clone(), family);
-            let feed = match sites {
-                Some(_) => feed.with_sites(),
-                None => feed,
-            };
-            let reflector = reflector::Reflector::new(
-                kube::Kube::new(e),
-                clock::SystemClock,
-                feed,
-                clock::Backoff::new(),
-            )
-            .with_watch_timeout(opts.watch_timeout);
-            std::thread::spawn(move || reflector.run());
-            let mut keeper = sync::Keeper::new(
-                peers_file.clone(),
-                opts.node_name.clone(),
-                cfg.vni,
-                guard::Guard::new(opts.max_remove_fraction),
-            );
-            if let Some(run) = &sites {
-                keeper.sites = Some(run.shaper());
-                keeper.start_from(run.cached_peers());
-            }
+            let publisher = publisher(&opts, &cfg, family, sites.is_some(), &e);
+            start_reflector(&opts, family, sites.is_some(), e, tx);
+            let keeper = keeper(&opts, &cfg, &peers_file, sites.as_ref());
             Some(ApiSide::new(keeper, publisher))
         }
     };
     main_loop(&opts, &cfg, &peers_file, &shared, &rx, api, sites.as_mut());
     Ok(())
+}
+
+/// The API server the options name, with its credentials; `None` with `--no-api`.
+fn find_endpoint(source: &Source) -> Result<Option<endpoint::Endpoint>, Error> {
+    Ok(match source {
+        Source::None => None,
+        Source::Kubeconfig(p) => Some(endpoint::from_kubeconfig(p)?),
+        Source::Server {
+            url,
+            ca_file,
+            token_file,
+        } => Some(endpoint::from_server(
+            url,
+            ca_file.as_deref(),
+            token_file.as_deref(),
+        )?),
+        Source::InCluster { host, port } => Some(endpoint::in_cluster(host, port)?),
+    })
+}
+
+/// The status the metrics, `/healthz` and the status file show, and the threads that serve
+/// and fill it: the metrics server (`--metrics-addr`) and the doctor (`--doctor-every`).
+fn start_status(
+    opts: &Options,
+    cfg: &Config,
+    peers_file: &Path,
+    endpoint: Option<&endpoint::Endpoint>,
+) -> Result<Shared, Error> {
+    let shared = Shared::new(Status {
+        network: cfg.name.clone(),
+        peers_file: peers_file.to_path_buf(),
+        source: match endpoint {
+            None => "the peers file only (--no-api)".into(),
+            Some(e) => format!("the Kubernetes API at {}", e.url),
+        },
+        peers: files::current_peers(peers_file).map_or(0, |p| p.len()),
+        pid: std::process::id(),
+        ..Status::default()
+    });
+    if let Some(addr) = opts.metrics_addr {
+        let bound =
+            serve::start(addr, shared.clone()).map_err(|source| Error::Metrics { addr, source })?;
+        log(&format!("serving /metrics and /healthz on {bound}"));
+    }
+    if let Some(every) = opts.doctor_every {
+        let keep = shared.clone();
+        doctor::start(opts.config.clone(), every, move |paths| {
+            keep.lock().paths = Some(paths);
+        });
+    }
+    Ok(shared)
+}
+
+/// The sites run when the network has `"sites"` (from its cache, if any); it needs this
+/// node's Node name.
+fn start_sites(
+    opts: &Options,
+    cfg: &Config,
+    family: family::Family,
+) -> Result<Option<sites::run::SitesRun>, Error> {
+    let Some(s) = &cfg.sites else {
+        return Ok(None);
+    };
+    let Some(me) = opts.node_name.as_deref() else {
+        return Err(Error::SitesNeedNodeName {
+            path: opts.config.clone(),
+        });
+    };
+    let (run, lines) = sites::run::SitesRun::start(
+        cfg,
+        s,
+        me,
+        family,
+        opts.key_dir.clone(),
+        opts.wg_socket_dir.clone(),
+    );
+    for l in lines {
+        log(&l);
+    }
+    Ok(Some(run))
+}
+
+/// The publisher of this node's annotations on its own Node: with its Node name, when it
+/// publishes flannel's (`--publish-flannel-annotations`) or the network has sites.
+fn publisher(
+    opts: &Options,
+    cfg: &Config,
+    family: family::Family,
+    sites: bool,
+    e: &endpoint::Endpoint,
+) -> Option<(publish::Publishing, kube::Kube)> {
+    let name = opts.node_name.as_ref().filter(|_| opts.publish || sites)?;
+    Some((
+        publish::Publishing::new(
+            publish::Publisher {
+                node_name: name.clone(),
+                vni: cfg.vni,
+                family,
+                flannel: opts.publish,
+                public_key: None,
+                observed_endpoints: None,
+            },
+            clock::Backoff::new(),
+        ),
+        kube::Kube::new(e.clone()),
+    ))
+}
+
+/// The reflector's thread: it lists and watches the Nodes at `e` and sends them on `tx`.
+fn start_reflector(
+    opts: &Options,
+    family: family::Family,
+    sites: bool,
+    e: endpoint::Endpoint,
+    tx: mpsc::Sender<sync::Update>,
+) {
+    let feed = sync::Feed::new(tx, opts.node_name.clone(), family);
+    let feed = if sites { feed.with_sites() } else { feed };
+    let reflector = reflector::Reflector::new(
+        kube::Kube::new(e),
+        clock::SystemClock,
+        feed,
+        clock::Backoff::new(),
+    )
+    .with_watch_timeout(opts.watch_timeout);
+    std::thread::spawn(move || reflector.run());
+}
+
+/// The keeper of the peers file, behind the guard; with sites, it plans as the sites run
+/// does and starts from the peers the cache gives.
+fn keeper(
+    opts: &Options,
+    cfg: &Config,
+    peers_file: &Path,
+    sites: Option<&sites::run::SitesRun>,
+) -> sync::Keeper {
+    let mut keeper = sync::Keeper::new(
+        peers_file.to_path_buf(),
+        opts.node_name.clone(),
+        cfg.vni,
+        guard::Guard::new(opts.max_remove_fraction),
+    );
+    if let Some(run) = sites {
+        keeper.sites = Some(run.shaper());
+        keeper.start_from(run.cached_peers());
+    }
+    keeper
 }
 
 /// How long the main loop keeps collecting a burst of updates once the first arrived.
@@ -310,6 +365,9 @@ fn take_burst(rx: &mpsc::Receiver<sync::Update>, poll: Duration) -> Vec<sync::Up
     }
 }
 
+/// How long the main loop waits for the reflector's updates before it looks again.
+const POLL: Duration = Duration::from_millis(500);
+
 /// Reconciles at once (from the file as it is: offline, that is the last good one), then
 /// after every change of the peers file and every `--resync`: the main network, then each
 /// `--segment-config`. A network whose reconcile failed is retried alone every 5 s (or every
@@ -323,43 +381,121 @@ fn main_loop(
     mut api: Option<ApiSide>,
     mut sites: Option<&mut sites::run::SitesRun>,
 ) {
-    let state_dir = &cfg.state_dir;
-    const POLL: Duration = Duration::from_millis(500);
-    let retry = RETRY.min(opts.resync);
-    let mut seen = files::fingerprint(peers_file);
-    // Segments with a peers file of their own are reconciled when it changes, too.
-    let segment_files: Vec<PathBuf> = opts
-        .segment_configs
-        .iter()
-        .filter_map(|c| sticky_vxlan::networks::segment_peers_file(c))
-        .filter(|f| f != peers_file)
-        .collect();
-    let fingerprints = |files: &[PathBuf]| files.iter().map(|f| files::fingerprint(f)).collect();
-    let mut segments_seen: Vec<_> = fingerprints(&segment_files);
-    // The last round of every network, and the last round of any kind.
-    let mut last_full: Option<Instant> = None;
-    let mut last_try: Option<Instant> = None;
-    let mut outcomes = reconcile::Outcomes::new(opts.segment_configs.len());
-    let mut written_status = None;
-    let mut why = "start";
+    let mut rounds = Rounds::new(opts, peers_file);
     loop {
-        let full_due = last_full.is_none_or(|t| t.elapsed() >= opts.resync);
-        let retry_due = outcomes.failing() && last_try.is_none_or(|t| t.elapsed() >= retry);
-        if seen.is_none() && (!why.is_empty() || full_due) {
+        rounds.reconcile_if_due(opts, peers_file, shared);
+        if let Some(run) = sites.as_deref_mut() {
+            sites_pass(run, api.as_mut(), shared);
+        }
+        rounds.write_status(&cfg.state_dir, shared);
+        let burst = take_burst(rx, POLL);
+        let told = match &mut api {
+            Some(api) => apply_burst(api, sites.as_deref_mut(), burst, cfg, shared),
+            None => false,
+        };
+        rounds.note_changes(peers_file, told, shared);
+    }
+}
+
+/// The sites part of a pass: once a round, what this node publishes (it reads the key file
+/// and the tunnel: not on every pass); what the probes saw; the round when due.
+fn sites_pass(run: &mut sites::run::SitesRun, mut api: Option<&mut ApiSide>, shared: &Shared) {
+    if let Some(api) = api.as_deref_mut().filter(|_| run.round_due()) {
+        api.publish_sites(run);
+    }
+    let keeper = api.as_deref_mut().map(|a| &mut a.keeper);
+    let (lines, replan) = sites::publish::observe(run, keeper);
+    for l in lines {
+        log(&l);
+    }
+    if let Some(api) = api.filter(|_| replan) {
+        api.observed = true;
+    }
+    for line in run.round_if_due(shared) {
+        log(&line);
+    }
+}
+
+/// Applies a burst of the reflector's updates (the peers file written when its peers
+/// changed), then hands the plan the keeper made to the sites run. True when the file was
+/// written.
+fn apply_burst(
+    api: &mut ApiSide,
+    sites: Option<&mut sites::run::SitesRun>,
+    burst: Vec<sync::Update>,
+    cfg: &Config,
+    shared: &Shared,
+) -> bool {
+    let told = api.apply(burst, cfg, shared);
+    if let (Some(run), Some(shaped)) = (sites, api.keeper.take_shaped()) {
+        for line in run.adopt(shaped) {
+            log(&line);
+        }
+    }
+    told
+}
+
+/// What the main loop keeps between passes: the peers files as last seen, when the networks
+/// were last reconciled and how that went, the status last written, and why the next round
+/// is due (empty: only if the resync or a retry is).
+struct Rounds {
+    retry: Duration,
+    resync: Duration,
+    seen: Option<files::Fingerprint>,
+    /// Segments with a peers file of their own are reconciled when it changes, too.
+    segment_files: Vec<PathBuf>,
+    segments_seen: Vec<Option<files::Fingerprint>>,
+    /// The last round of every network, and the last round of any kind.
+    last_full: Option<Instant>,
+    last_try: Option<Instant>,
+    outcomes: reconcile::Outcomes,
+    written_status: Option<Status>,
+    why: &'static str,
+}
+
+impl Rounds {
+    fn new(opts: &Options, peers_file: &Path) -> Self {
+        let segment_files: Vec<PathBuf> = opts
+            .segment_configs
+            .iter()
+            .filter_map(|c| sticky_vxlan::networks::segment_peers_file(c))
+            .filter(|f| f != peers_file)
+            .collect();
+        Self {
+            retry: RETRY.min(opts.resync),
+            resync: opts.resync,
+            seen: files::fingerprint(peers_file),
+            segments_seen: fingerprints(&segment_files),
+            segment_files,
+            last_full: None,
+            last_try: None,
+            outcomes: reconcile::Outcomes::new(opts.segment_configs.len()),
+            written_status: None,
+            why: "start",
+        }
+    }
+
+    /// A round when one is due: for a reason, the periodic resync, or a retry of the networks
+    /// that failed; none while there is no peers file to program from.
+    fn reconcile_if_due(&mut self, opts: &Options, peers_file: &Path, shared: &Shared) {
+        let full_due = self.last_full.is_none_or(|t| t.elapsed() >= self.resync);
+        let retry_due =
+            self.outcomes.failing() && self.last_try.is_none_or(|t| t.elapsed() >= self.retry);
+        if self.seen.is_none() && (!self.why.is_empty() || full_due) {
             // Nothing to program from yet (a first start with the API away): wait for the
             // agent's first write or an operator's file.
-            if last_full.is_none() {
+            if self.last_full.is_none() {
                 log(&format!(
                     "{} does not exist yet: waiting for the API or a hand-written file",
                     peers_file.display()
                 ));
             }
-            last_full = Some(Instant::now());
-            last_try = last_full;
-        } else if !why.is_empty() || full_due || retry_due {
-            let only_failed = why.is_empty() && !full_due;
-            if why.is_empty() {
-                why = if only_failed {
+            self.last_full = Some(Instant::now());
+            self.last_try = self.last_full;
+        } else if !self.why.is_empty() || full_due || retry_due {
+            let only_failed = self.why.is_empty() && !full_due;
+            if self.why.is_empty() {
+                self.why = if only_failed {
                     "retry"
                 } else {
                     "periodic resync"
@@ -370,65 +506,43 @@ fn main_loop(
                 &opts.config,
                 &opts.segment_configs,
                 only_failed,
-                why,
-                &mut outcomes,
+                self.why,
+                &mut self.outcomes,
                 shared,
             ) {
                 log(&line);
             }
-            last_try = Some(Instant::now());
+            self.last_try = Some(Instant::now());
             if !only_failed {
-                last_full = last_try;
+                self.last_full = self.last_try;
             }
         }
-        if let Some(run) = sites.as_deref_mut() {
-            // What this node publishes reads the key file and the tunnel: once a round, not on
-            // every pass of the loop.
-            if let Some(api) = api.as_mut().filter(|_| run.round_due()) {
-                api.publish_sites(run);
-            }
-            let (lines, replan) = sites::publish::observe(run, api.as_mut().map(|a| &mut a.keeper));
-            for l in lines {
-                log(&l);
-            }
-            if let Some(api) = api.as_mut().filter(|_| replan) {
-                api.observed = true;
-            }
-            for line in run.round_if_due(shared) {
-                log(&line);
-            }
-        }
+    }
+
+    /// Marks the loop alive and writes the status file when the status changed.
+    fn write_status(&mut self, state_dir: &Path, shared: &Shared) {
         let status = {
             let mut s = shared.lock();
             s.alive = Instant::now();
             s.status.clone()
         };
-        if written_status.as_ref() != Some(&status) {
+        if self.written_status.as_ref() != Some(&status) {
             if let Err(e) = files::write_status(state_dir, &status) {
                 log(&format!("status file: {e}"));
             }
-            written_status = Some(status);
+            self.written_status = Some(status);
         }
-        why = "";
-        let burst = take_burst(rx, POLL);
-        let told = match &mut api {
-            Some(api) => {
-                let told = api.apply(burst, cfg, shared);
-                if let (Some(run), Some(shaped)) = (sites.as_deref_mut(), api.keeper.take_shaped())
-                {
-                    for line in run.adopt(shaped) {
-                        log(&line);
-                    }
-                }
-                told
-            }
-            None => false,
-        };
+    }
+
+    /// Why the next round is due: the agent wrote the peers file (`told`), someone changed
+    /// it by hand, or a segment's peers file changed; none of those, no reason.
+    fn note_changes(&mut self, peers_file: &Path, told: bool, shared: &Shared) {
+        self.why = "";
         let now = files::fingerprint(peers_file);
-        if now != seen || told {
-            seen = now;
+        if now != self.seen || told {
+            self.seen = now;
             let own = shared.lock().own_write == now;
-            why = if own {
+            self.why = if own {
                 "the agent wrote the peers file"
             } else {
                 "the peers file was changed by hand"
@@ -438,12 +552,16 @@ fn main_loop(
                     files::current_peers(peers_file).map_or(0, |p| p.len());
             }
         }
-        let segments_now: Vec<_> = fingerprints(&segment_files);
-        if segments_now != segments_seen {
-            segments_seen = segments_now;
-            if why.is_empty() {
-                why = "a segment's peers file changed";
+        let segments_now = fingerprints(&self.segment_files);
+        if segments_now != self.segments_seen {
+            self.segments_seen = segments_now;
+            if self.why.is_empty() {
+                self.why = "a segment's peers file changed";
             }
         }
     }
+}
+
+fn fingerprints(files: &[PathBuf]) -> Vec<Option<files::Fingerprint>> {
+    files.iter().map(|f| files::fingerprint(f)).collect()
 }
