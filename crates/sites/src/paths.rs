@@ -161,14 +161,31 @@ mod tests {
         }
     }
 
-    #[test]
-    fn path_table() {
-        let cloud = gw("cloud-gw", Some("203.0.113.1:51820"));
-        let cloud2 = gw("b-cloud-gw", Some("203.0.113.2:51820"));
-        let a = gw("a-gw", None);
-        let b = gw("b-gw", None);
-        let fwd = gw("f-gw", Some("198.51.100.7:40000"));
-        let ep = |s: &str| s.parse::<SocketAddr>().unwrap();
+    /// The gateways of the path table: two clouds (relays), two NATed edges, one edge with
+    /// a forwarded port.
+    fn table_gateways() -> [(SiteName, Candidate); 5] {
+        [
+            (site("cloud"), gw("cloud-gw", Some("203.0.113.1:51820"))),
+            (site("edge-a"), gw("a-gw", None)),
+            (site("edge-b"), gw("b-gw", None)),
+            (site("fwd"), gw("f-gw", Some("198.51.100.7:40000"))),
+            (
+                site("zz-cloud"),
+                gw("b-cloud-gw", Some("203.0.113.2:51820")),
+            ),
+        ]
+    }
+
+    fn table_actives(gateways: &[(SiteName, Candidate)]) -> BTreeMap<SiteName, &Candidate> {
+        gateways.iter().map(|(s, c)| (s.clone(), c)).collect()
+    }
+
+    fn ep(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// Both NATed edges seen by the relay (NAT discovery).
+    fn edges_mapped() -> Observed {
         let mut observed = Observed::default();
         observed
             .nat_mapped
@@ -176,41 +193,23 @@ mod tests {
         observed
             .nat_mapped
             .insert("b-gw".into(), ep("198.51.100.11:51820"));
-        let actives: BTreeMap<SiteName, &Candidate> = [
-            (site("cloud"), &cloud),
-            (site("edge-a"), &a),
-            (site("edge-b"), &b),
-            (site("fwd"), &fwd),
-            (site("zz-cloud"), &cloud2),
-        ]
-        .into_iter()
-        .collect();
+        observed
+    }
+
+    #[test]
+    fn path_table() {
+        let gateways = table_gateways();
+        let actives = table_actives(&gateways);
+        let observed = edges_mapped();
         let relays = [site("cloud"), site("zz-cloud")];
         let r = Router::new(&actives, &observed, &relays);
         assert_eq!(r.relay(), Some(&site("cloud")));
+        let direct = |to: &str| Path::Direct { dial: Some(ep(to)) };
         let cases: Vec<(&str, &str, Path)> = vec![
-            (
-                "edge-a",
-                "cloud",
-                Path::Direct {
-                    dial: Some(ep("203.0.113.1:51820")),
-                },
-            ),
+            ("edge-a", "cloud", direct("203.0.113.1:51820")),
             ("cloud", "edge-a", Path::Direct { dial: None }),
-            (
-                "cloud",
-                "zz-cloud",
-                Path::Direct {
-                    dial: Some(ep("203.0.113.2:51820")),
-                },
-            ),
-            (
-                "edge-a",
-                "fwd",
-                Path::Direct {
-                    dial: Some(ep("198.51.100.7:40000")),
-                },
-            ),
+            ("cloud", "zz-cloud", direct("203.0.113.2:51820")),
+            ("edge-a", "fwd", direct("198.51.100.7:40000")),
             (
                 "edge-a",
                 "edge-b",
@@ -234,23 +233,33 @@ mod tests {
         for (l, rm, want) in cases {
             assert_eq!(r.path(&site(l), &site(rm)), want, "{l} -> {rm}");
         }
-        // Without NAT mappings: relayed; punched and up: the remote carries it.
+    }
+
+    /// Without NAT mappings: relayed; while punching, the relay carries it; punched and up:
+    /// the remote carries it.
+    #[test]
+    fn between_nated_edges_the_carrier_follows_the_punch() {
+        let gateways = table_gateways();
+        let actives = table_actives(&gateways);
+        let relays = [site("cloud"), site("zz-cloud")];
         let none = Observed::default();
         let r2 = Router::new(&actives, &none, &relays);
         assert_eq!(
             r2.path(&site("edge-a"), &site("edge-b")),
             Path::Relayed { via: site("cloud") }
         );
-        let mut up = observed.clone();
-        up.punched.insert(site("edge-b"));
-        let r3 = Router::new(&actives, &up, &relays);
-        let p = r3.path(&site("edge-a"), &site("edge-b"));
-        assert_eq!(p.carrier(&site("edge-b")), Some(&site("edge-b")));
+        let observed = edges_mapped();
+        let r = Router::new(&actives, &observed, &relays);
         assert_eq!(
             r.path(&site("edge-a"), &site("edge-b"))
                 .carrier(&site("edge-b")),
             Some(&site("cloud"))
         );
+        let mut up = observed.clone();
+        up.punched.insert(site("edge-b"));
+        let r3 = Router::new(&actives, &up, &relays);
+        let p = r3.path(&site("edge-a"), &site("edge-b"));
+        assert_eq!(p.carrier(&site("edge-b")), Some(&site("edge-b")));
     }
 
     #[test]

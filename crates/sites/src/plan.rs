@@ -222,29 +222,7 @@ fn gateway_plan(
     router: &Router<'_>,
     settings: &Settings,
 ) -> GatewayPlan {
-    // Peer site → allowed IPs; every site we hold a tunnel with gets an entry.
-    let mut allowed: BTreeMap<&SiteName, BTreeSet<IpNet>> = BTreeMap::new();
-    let mut dial: BTreeMap<&SiteName, (Option<std::net::SocketAddr>, bool)> = BTreeMap::new();
-    for r in remotes {
-        match &r.path {
-            Path::Direct { dial: d } => {
-                dial.insert(&r.site, (*d, false));
-            }
-            Path::Punch { dial: d, .. } => {
-                dial.insert(&r.site, (Some(*d), true));
-            }
-            Path::Relayed { .. } | Path::Unreachable { .. } => {}
-        }
-        if dial.contains_key(&r.site) {
-            allowed.entry(&r.site).or_default();
-        }
-        if let Some(carrier) = r.path.carrier(&r.site) {
-            allowed
-                .entry(carrier)
-                .or_default()
-                .extend(r.subnets.iter().copied());
-        }
-    }
+    let (allowed, dial) = tunnels(remotes);
     let behind_nat = me.endpoint.is_none();
     let peers = allowed
         .into_iter()
@@ -273,28 +251,77 @@ fn gateway_plan(
             })
         })
         .collect();
-    let my_site_is_relay = router
-        .relay()
-        .and_then(|s| actives.get(s))
-        .is_some_and(|c| c.name == me.name);
-    let mut relays_between: BTreeMap<SiteName, Vec<IpNet>> = BTreeMap::new();
-    if my_site_is_relay {
-        relays_between = remotes
-            .iter()
-            .filter(|r| actives.get(&r.site).is_some_and(|c| c.endpoint.is_none()))
-            .map(|r| (r.site.clone(), r.subnets.clone()))
-            .collect();
-        // Forwarding between sites needs two of them.
-        if relays_between.len() < 2 {
-            relays_between.clear();
-        }
-    }
     GatewayPlan {
         public_key: me.public_key,
         listen_port: settings.listen_port,
         peers,
-        relays_between,
+        relays_between: relays_between(me, remotes, actives, router),
     }
+}
+
+/// How this gateway dials a peer site: the endpoint (none: the peer dials in) and whether it
+/// is a hole punch.
+type Dial = (Option<std::net::SocketAddr>, bool);
+
+/// The sites this gateway holds a tunnel with, each with the subnets it carries (its own
+/// when the path is direct or punched, and those of the sites it relays to us), and how each
+/// is dialled.
+fn tunnels(
+    remotes: &[Remote],
+) -> (
+    BTreeMap<&SiteName, BTreeSet<IpNet>>,
+    BTreeMap<&SiteName, Dial>,
+) {
+    let mut allowed: BTreeMap<&SiteName, BTreeSet<IpNet>> = BTreeMap::new();
+    let mut dial: BTreeMap<&SiteName, Dial> = BTreeMap::new();
+    for r in remotes {
+        match &r.path {
+            Path::Direct { dial: d } => {
+                dial.insert(&r.site, (*d, false));
+            }
+            Path::Punch { dial: d, .. } => {
+                dial.insert(&r.site, (Some(*d), true));
+            }
+            Path::Relayed { .. } | Path::Unreachable { .. } => {}
+        }
+        if dial.contains_key(&r.site) {
+            allowed.entry(&r.site).or_default();
+        }
+        if let Some(carrier) = r.path.carrier(&r.site) {
+            allowed
+                .entry(carrier)
+                .or_default()
+                .extend(r.subnets.iter().copied());
+        }
+    }
+    (allowed, dial)
+}
+
+/// On the relay site's active gateway: the sites behind NAT it forwards between (two at
+/// least), with their subnets; empty elsewhere.
+fn relays_between(
+    me: &Candidate,
+    remotes: &[Remote],
+    actives: &BTreeMap<SiteName, &Candidate>,
+    router: &Router<'_>,
+) -> BTreeMap<SiteName, Vec<IpNet>> {
+    let my_site_is_relay = router
+        .relay()
+        .and_then(|s| actives.get(s))
+        .is_some_and(|c| c.name == me.name);
+    if !my_site_is_relay {
+        return BTreeMap::new();
+    }
+    let between: BTreeMap<SiteName, Vec<IpNet>> = remotes
+        .iter()
+        .filter(|r| actives.get(&r.site).is_some_and(|c| c.endpoint.is_none()))
+        .map(|r| (r.site.clone(), r.subnets.clone()))
+        .collect();
+    // Forwarding between sites needs two of them.
+    if between.len() < 2 {
+        return BTreeMap::new();
+    }
+    between
 }
 
 #[cfg(test)]
