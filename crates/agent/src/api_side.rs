@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use sticky_overlay::config::Config;
+use sticky_overlay::peers::Peer;
 use sticky_vxlan::status;
 
 use crate::files;
@@ -15,6 +16,7 @@ use crate::log;
 use crate::objects::Node;
 use crate::publish::{self, Publishing};
 use crate::sites;
+use crate::sites::shape::Shaper;
 use crate::state::Shared;
 use crate::sync::{self, Keeper};
 use crate::table;
@@ -56,7 +58,14 @@ impl ApiSide {
 
     /// Applies a burst of updates; writes the peers file when the peers changed (or a
     /// refused change is due to be tried again). True when the file was written.
-    pub fn apply(&mut self, updates: Vec<sync::Update>, cfg: &Config, shared: &Shared) -> bool {
+    /// With sites, `shaper` is the sites run's (see [`sync::Keeper::write`]).
+    pub fn apply(
+        &mut self,
+        updates: Vec<sync::Update>,
+        cfg: &Config,
+        shared: &Shared,
+        shaper: Option<&Shaper>,
+    ) -> bool {
         let (dirty, own) = self.take_updates(updates, shared);
         self.publish(own, shared);
         let accepted = self.take_accept_file(cfg, shared);
@@ -65,7 +74,7 @@ impl ApiSide {
         if !dirty && !retry && !accepted {
             return false;
         }
-        self.write(cfg, shared)
+        self.write(cfg, shared, shaper)
     }
 
     /// Hands the Nodes of `updates` to the keeper and records the API's state; keeps the own
@@ -137,11 +146,10 @@ impl ApiSide {
 
     /// Writes the peers file from the keeper's Nodes (checked against the peers the plugin
     /// holds now), and records the outcome. True when the file was written.
-    fn write(&mut self, cfg: &Config, shared: &Shared) -> bool {
+    fn write(&mut self, cfg: &Config, shared: &Shared, shaper: Option<&Shaper>) -> bool {
         let held = self.held_peers(cfg);
-        let (outcome, lines) = self
-            .keeper
-            .write(Instant::now(), &held, |list| plugin_accepts(cfg, list));
+        let accepts = |list: &[Peer]| plugin_accepts(cfg, list);
+        let (outcome, lines) = self.keeper.write(Instant::now(), &held, accepts, shaper);
         for l in lines {
             log(&l);
         }

@@ -335,7 +335,7 @@ fn keeper(
         guard::Guard::new(opts.max_remove_fraction),
     );
     if let Some(run) = sites {
-        keeper.sites = Some(run.shaper());
+        keeper.sites = true;
         keeper.start_from(run.cached_peers());
     }
     keeper
@@ -426,7 +426,8 @@ fn apply_burst(
     cfg: &Config,
     shared: &Shared,
 ) -> bool {
-    let told = api.apply(burst, cfg, shared);
+    let shaper = sites.as_deref().map(sites::run::SitesRun::shaper);
+    let told = api.apply(burst, cfg, shared, shaper);
     if let (Some(run), Some(shaped)) = (sites, api.keeper.take_shaped()) {
         for line in run.adopt(shaped) {
             log(&line);

@@ -196,9 +196,9 @@ pub struct Keeper {
     listed: bool,
     /// The peers file as last read or written.
     current: files::PeersCache,
-    /// With sites: how the peers file is shaped to this node's site, and what sites read of
-    /// each Node.
-    pub sites: Option<Shaper>,
+    /// With sites: the peers file is shaped to this node's site (by the sites run's
+    /// [`Shaper`], given to each write), from what sites read of each Node.
+    pub sites: bool,
     facts: BTreeMap<String, Facts>,
     /// With sites: every Node placed at the last write that was not refused, of every site
     /// (the peers file holds only this node's site; the others' subnets are carried). A
@@ -221,7 +221,7 @@ impl Keeper {
             left_out: BTreeMap::new(),
             listed: false,
             current: files::PeersCache::default(),
-            sites: None,
+            sites: false,
             facts: BTreeMap::new(),
             placed_before: Vec::new(),
             shaped: None,
@@ -275,11 +275,14 @@ impl Keeper {
     /// Places the Nodes against `held` (the last peers the plugin accepted), settles them
     /// with the plugin's own check `accepts`, and writes the file if the guard admits the
     /// change. Returns the outcome and the log lines for Nodes newly left out.
+    /// With sites, `shaper` is the sites run's: it holds the plan in force and what this node
+    /// observes (one owner; the run adopts the plan this write makes, [`Keeper::take_shaped`]).
     pub fn write(
         &mut self,
         now: Instant,
         held: &[Peer],
         accepts: impl FnMut(&[Peer]) -> Result<(), Refusal>,
+        shaper: Option<&Shaper>,
     ) -> (Outcome, Vec<String>) {
         if !self.listed {
             return (Outcome::Unchanged, Vec::new());
@@ -311,7 +314,7 @@ impl Keeper {
         }
         self.left_out.clone_from(&placed.left_out);
         let placed_now = placed.list();
-        let (new, shaped) = match &self.sites {
+        let (new, shaped) = match shaper.filter(|_| self.sites) {
             None => (placed.list(), None),
             Some(shaper) => match shaper.shape(&placed, &self.facts) {
                 Ok((list, shaped)) => (list, Some(shaped)),
@@ -384,14 +387,11 @@ impl Keeper {
         all.into_values().collect()
     }
 
-    /// Keeps `shaped` for the sites side, and its active gateways as current (kept while
-    /// they are not seen dead: no preemption), and with sites the Nodes `placed`.
+    /// Keeps `shaped` for the sites run (which adopts its active gateways as current: kept
+    /// while they are not seen dead, no preemption), and with sites the Nodes `placed`.
     fn adopt(&mut self, shaped: Option<Shaped>, placed: Vec<Peer>) {
-        if self.sites.is_some() {
+        if self.sites {
             self.placed_before = placed;
-        }
-        if let (Some(shaper), Some(s)) = (&mut self.sites, &shaped) {
-            shaper.adopt(&s.inputs, &s.plan.actives);
         }
         if let Some(s) = shaped {
             self.adopted_inputs = Some(s.inputs.clone());
@@ -512,7 +512,7 @@ mod tests {
             mapped("192.0.2.1", "10.244.1.0/24")
         )));
         assert_eq!(
-            k.write(Instant::now(), &[], |_| Ok(())).0,
+            k.write(Instant::now(), &[], |_| Ok(()), None).0,
             Outcome::Unchanged
         );
         assert!(!dir.path().join("peers.json").exists());
@@ -529,10 +529,15 @@ mod tests {
             ));
         }
         let mut checks = 0;
-        let (out, _) = k.write(Instant::now(), &[], |_| {
-            checks += 1;
-            Ok(())
-        });
+        let (out, _) = k.write(
+            Instant::now(),
+            &[],
+            |_| {
+                checks += 1;
+                Ok(())
+            },
+            None,
+        );
         assert!(
             matches!(out, Outcome::Written { ref lines, peers: 200 } if lines.len() == 200),
             "{out:?}"
@@ -546,9 +551,19 @@ mod tests {
         // The same again: nothing to write.
         let held = written.clone();
         assert_eq!(
-            k.write(Instant::now(), &held, |_| Ok(())).0,
+            k.write(Instant::now(), &held, |_| Ok(()), None).0,
             Outcome::Unchanged
         );
+    }
+
+    /// A write with sites through `shaper` (the sites run's), which then adopts the plan it
+    /// made, as the run does.
+    fn write_sites(k: &mut Keeper, shaper: &mut Shaper, held: &[Peer]) -> (Outcome, Vec<String>) {
+        let out = k.write(Instant::now(), held, |_| Ok(()), Some(shaper));
+        if let Some(s) = k.take_shaped() {
+            shaper.adopt(&s.inputs, &s.plan.actives);
+        }
+        out
     }
 
     /// Site A (a1, a2, a3; a1 and a3 gateways) and the cloud (c1 with an endpoint, c2..c6),
@@ -564,7 +579,7 @@ mod tests {
             1,
             Guard::new(0.2),
         );
-        k.sites = Some(crate::sites::shape::tests::shaper("a2"));
+        k.sites = true;
         let mut nodes = BTreeMap::new();
         let mut facts = BTreeMap::new();
         let rows = [
@@ -610,22 +625,22 @@ mod tests {
         use sticky_sites::gateway::Seen;
         let dir = tempfile::tempdir().unwrap();
         let mut k = site_keeper(dir.path());
-        let (out, _) = k.write(Instant::now(), &[], |_| Ok(()));
+        let mut shaper = crate::sites::shape::tests::shaper("a2");
+        let (out, _) = write_sites(&mut k, &mut shaper, &[]);
         assert!(matches!(out, Outcome::Written { .. }), "{out:?}");
         let held = files::current_peers(&dir.path().join("peers.json")).unwrap();
         let carrier = |l: &[Peer]| l.iter().find(|p| !p.carries.is_empty()).map(|p| p.ip);
         assert_eq!(carrier(&held), Some("192.0.2.1".parse().unwrap()));
         // The probes see a1 dead: every cloud subnet moves to a3's entry; no Node changed.
-        let shaper = k.sites.as_mut().unwrap();
         shaper.observation.liveness.insert("a1".into(), Seen::Dead);
-        let (out, _) = k.write(Instant::now(), &held, |_| Ok(()));
+        let (out, _) = write_sites(&mut k, &mut shaper, &held);
         assert!(matches!(out, Outcome::Written { .. }), "{out:?}");
         let now = files::current_peers(&dir.path().join("peers.json")).unwrap();
         assert_eq!(carrier(&now), Some("192.0.2.3".parse().unwrap()));
         // The API takes two cloud nodes away: the guard still judges that.
         k.apply(Update::Delete("c5".into()));
         k.apply(Update::Delete("c6".into()));
-        let (out, _) = k.write(Instant::now(), &now, |_| Ok(()));
+        let (out, _) = write_sites(&mut k, &mut shaper, &now);
         assert!(matches!(out, Outcome::Refused(_)), "{out:?}");
     }
 
@@ -637,7 +652,8 @@ mod tests {
     fn a_newcomer_overlapping_a_remote_node_is_left_out_and_the_remote_node_stays() {
         let dir = tempfile::tempdir().unwrap();
         let mut k = site_keeper(dir.path());
-        let (out, _) = k.write(Instant::now(), &[], |_| Ok(()));
+        let mut shaper = crate::sites::shape::tests::shaper("a2");
+        let (out, _) = write_sites(&mut k, &mut shaper, &[]);
         assert!(matches!(out, Outcome::Written { .. }), "{out:?}");
         let held = files::current_peers(&dir.path().join("peers.json")).unwrap();
         let c2_subnet: ipnet::IpNet = "198.18.2.0/24".parse().unwrap();
@@ -657,7 +673,7 @@ mod tests {
             k.apply(Update::Facts("a9".into(), f));
         };
         newcomer(&mut k);
-        let (out, log) = k.write(Instant::now(), &held, |_| Ok(()));
+        let (out, log) = write_sites(&mut k, &mut shaper, &held);
         assert!(matches!(out, Outcome::Unchanged), "{out:?} {log:?}");
         assert!(k.left_out().contains_key("a9"), "{:?}", k.left_out());
         assert!(!k.left_out().contains_key("c2"), "{:?}", k.left_out());
@@ -668,7 +684,7 @@ mod tests {
         let mut k = site_keeper(dir.path());
         k.start_from(placed_then);
         newcomer(&mut k);
-        k.write(Instant::now(), &held, |_| Ok(()));
+        write_sites(&mut k, &mut shaper, &held);
         assert!(k.left_out().contains_key("a9") && !k.left_out().contains_key("c2"));
     }
 
@@ -679,9 +695,12 @@ mod tests {
         let mut all = BTreeMap::new();
         all.insert("a".to_string(), mapped("192.0.2.1", "10.244.1.0/24"));
         k.apply(Update::Replace(all));
-        let (out, _) = k.write(Instant::now(), &[], |_| {
-            Err(Refusal::Other("no entry names this node".into()))
-        });
+        let (out, _) = k.write(
+            Instant::now(),
+            &[],
+            |_| Err(Refusal::Other("no entry names this node".into())),
+            None,
+        );
         assert!(matches!(out, Outcome::Unusable(_)));
         assert!(!dir.path().join("peers.json").exists());
     }
@@ -701,7 +720,7 @@ mod tests {
         // The file itself is unreadable (a hand edit): the guard still has the accepted list.
         std::fs::write(dir.path().join("peers.json"), "[{").unwrap();
         k.apply(Update::Replace(BTreeMap::new()));
-        let (out, _) = k.write(Instant::now(), &held, |_| Ok(()));
+        let (out, _) = k.write(Instant::now(), &held, |_| Ok(()), None);
         assert!(
             matches!(out, Outcome::Refused(ref r) if r.contains("4 of the 4")),
             "{out:?}"

@@ -11,8 +11,7 @@ use std::fmt;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-/// Re-exported so that a reader of key files zeroes its buffer without a dependency of its own.
-pub use zeroize::Zeroizing;
+use zeroize::Zeroizing;
 
 /// Length of a key in `wg genkey`'s base64 (32 bytes, padded).
 pub const BASE64_LEN: usize = 44;

@@ -107,7 +107,6 @@ impl<D: Device> Core<D> {
     /// The plan again from `inputs` (the Nodes as the API has them now, or as kept), with
     /// what this node observes; the log lines.
     pub fn recompute(&mut self, inputs: Vec<NodeInput>) -> Vec<String> {
-        self.shaper.observation = self.observation.clone();
         match self.shaper.compute(inputs) {
             Ok(shaped) => self.adopt(shaped),
             Err(e) => vec![format!("sites: no plan: {e}")],
@@ -215,6 +214,7 @@ impl<D: Device> Core<D> {
             return (None, lines);
         }
         self.observation = next.clone();
+        self.shaper.observation = next.clone();
         (Some(next), lines)
     }
 

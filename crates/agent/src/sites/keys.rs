@@ -19,7 +19,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use sticky_primitives::nofollow::{self, Durability};
-use sticky_sites::keys::{BASE64_LEN, PrivateKey, PublicKey, Zeroizing};
+use sticky_sites::keys::{BASE64_LEN, PrivateKey, PublicKey};
+use zeroize::Zeroizing;
 
 /// The most a key file holds: one base64 key and a newline.
 const FILE_LEN: usize = BASE64_LEN + 1;

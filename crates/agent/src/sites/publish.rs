@@ -84,16 +84,12 @@ fn keep_observed(p: &mut Publishing, own: &Node, run: &SitesRun) -> Vec<String> 
 /// again.
 pub fn observe(run: &mut SitesRun, keeper: Option<&mut Keeper>) -> (Vec<String>, bool) {
     let (seen, mut lines) = run.observe();
-    let Some(seen) = seen else {
+    if seen.is_none() {
         return (lines, false);
-    };
+    }
     match keeper {
-        Some(keeper) if keeper.listed() => {
-            if let Some(shaper) = &mut keeper.sites {
-                shaper.observation = seen;
-            }
-            (lines, true)
-        }
+        // The run's shaper has the observation: the keeper's next write makes the plan with it.
+        Some(keeper) if keeper.listed() => (lines, true),
         _ => {
             lines.extend(run.recompute());
             (lines, false)

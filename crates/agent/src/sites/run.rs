@@ -124,10 +124,10 @@ impl SitesRun {
         lines
     }
 
-    /// How the plan is made, with the plan in force (from the cache at start): the keeper
-    /// starts from it.
-    pub fn shaper(&self) -> Shaper {
-        self.core.shaper.clone()
+    /// How the plan is made, with the plan in force and what this node observes: the keeper
+    /// makes the plan with it (the one owner of both is [`Core`]).
+    pub fn shaper(&self) -> &Shaper {
+        &self.core.shaper
     }
 
     /// Every Node of every site the cache holds, as the peer entry it was placed with: the

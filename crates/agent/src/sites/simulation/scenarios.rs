@@ -127,6 +127,30 @@ fn simulation_failover_and_return() {
     );
 }
 
+/// Site A's active gateway cut off while A↔B is punched, the API away (issue 36): A's pods
+/// reach the cloud and B again within 10 s, B through the relay until A's standby punches.
+#[test]
+fn simulation_failover_with_a_punched_path() {
+    each_seed(
+        |w| {
+            heals(w, "A and B punch a direct tunnel", secs(180), |w| {
+                w.path("a1", "edge-b").as_deref() == Some("direct (punched)")
+            })?;
+            w.api_up = false;
+            w.link("a1", false);
+            heals(w, "a2 reaches c2 after a1 is cut", secs(10), |w| {
+                w.ping("a2", "c2")
+            })?;
+            heals(w, "a2 reaches b2 after a1 is cut", secs(10), |w| {
+                w.ping("a2", "b2")
+            })?;
+            holds(w, "after the failover", secs(60), all_talk)
+        },
+        Nat::Cone,
+        Nat::Cone,
+    );
+}
+
 /// With the API away, member a2 loses a1 alone for 5 s (a LAN fault between the two): it
 /// moves to the standby while the rest of the site stays; when the fault is gone it follows
 /// its site back to a1 within 10 s, and pods talk.
