@@ -27,7 +27,7 @@ pub enum Stance {
 
 /// What one healing step decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step {
+pub struct Healing {
     pub stance: Stance,
     /// The site's choice to take as this node's current active gateway.
     pub adopt: Option<String>,
@@ -55,17 +55,17 @@ pub fn step(
     others: &[&str],
     liveness: &Liveness,
     choices: &BTreeMap<String, String>,
-) -> Step {
+) -> Healing {
     let seen = |n: &str| liveness.get(n).copied().unwrap_or(Seen::Unknown);
     let cut_off = !others.is_empty() && others.iter().all(|n| seen(n) == Seen::Dead);
     if cut_off {
-        return Step {
+        return Healing {
             stance: Stance::SteppedDown,
             adopt: None,
         };
     }
     if *stance == Stance::Normal {
-        return Step {
+        return Healing {
             stance: Stance::Normal,
             adopt: None,
         };
@@ -76,11 +76,11 @@ pub fn step(
         .map(|(m, c)| (m.clone(), c.clone()))
         .collect();
     match majority(&alive) {
-        Some(c) if c == me || seen(c) == Seen::Alive => Step {
+        Some(c) if c == me || seen(c) == Seen::Alive => Healing {
             stance: Stance::Normal,
             adopt: Some(c.to_string()),
         },
-        _ => Step {
+        _ => Healing {
             stance: Stance::SteppedDown,
             adopt: None,
         },

@@ -2,7 +2,7 @@
 //! and port each gateway behind NAT comes from (WireGuard's roaming) and publishes them on its
 //! own Node as annotation [`OBSERVED_ENDPOINTS_ANNOTATION`], a JSON object
 //! `{"<gateway Node name>": "ip:port", ...}`. Every node keeps it (objects, facts, the sites
-//! cache), so [`crate::paths::Observed::nat_mapped`] is known offline too.
+//! cache), so [`crate::paths::Discovery::nat_mapped`] is known offline too.
 //!
 //! Only the annotations of gateways with an endpoint count (a NATed gateway sees nobody's
 //! mapping); of two that name one gateway, the first by Node name wins. A bad annotation (not

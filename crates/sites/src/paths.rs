@@ -68,7 +68,7 @@ impl Path {
 
 /// What this node's gateway has observed for NAT traversal.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Observed {
+pub struct Discovery {
     /// A gateway's address as a reachable gateway saw it, by gateway name.
     pub nat_mapped: BTreeMap<String, SocketAddr>,
     /// Remote sites with which a direct (punched) handshake is up.
@@ -79,7 +79,7 @@ pub struct Observed {
 #[derive(Debug, Clone)]
 pub struct Router<'a> {
     actives: &'a BTreeMap<SiteName, &'a Candidate>,
-    observed: &'a Observed,
+    observed: &'a Discovery,
     relay: Option<&'a SiteName>,
 }
 
@@ -88,7 +88,7 @@ impl<'a> Router<'a> {
     /// the relay sites the config names in order of preference.
     pub fn new(
         actives: &'a BTreeMap<SiteName, &'a Candidate>,
-        observed: &'a Observed,
+        observed: &'a Discovery,
         relays: &'a [SiteName],
     ) -> Self {
         let relay = relays
@@ -185,8 +185,8 @@ mod tests {
     }
 
     /// Both NATed edges seen by the relay (NAT discovery).
-    fn edges_mapped() -> Observed {
-        let mut observed = Observed::default();
+    fn edges_mapped() -> Discovery {
+        let mut observed = Discovery::default();
         observed
             .nat_mapped
             .insert("a-gw".into(), ep("198.51.100.10:51820"));
@@ -242,7 +242,7 @@ mod tests {
         let gateways = table_gateways();
         let actives = table_actives(&gateways);
         let relays = [site("cloud"), site("zz-cloud")];
-        let none = Observed::default();
+        let none = Discovery::default();
         let r2 = Router::new(&actives, &none, &relays);
         assert_eq!(
             r2.path(&site("edge-a"), &site("edge-b")),
@@ -268,7 +268,7 @@ mod tests {
         let b = gw("b-gw", None);
         let actives: BTreeMap<SiteName, &Candidate> =
             [(site("a"), &a), (site("b"), &b)].into_iter().collect();
-        let obs = Observed::default();
+        let obs = Discovery::default();
         let relays = [site("a"), site("b")];
         let r = Router::new(&actives, &obs, &relays);
         assert_eq!(r.relay(), None);
@@ -277,7 +277,7 @@ mod tests {
             unreachable(Unreachable::NoRelay)
         );
         // One side mapped only: still no punch.
-        let mut one = Observed::default();
+        let mut one = Discovery::default();
         one.nat_mapped
             .insert("a-gw".into(), "198.51.100.1:1".parse().unwrap());
         let r = Router::new(&actives, &one, &relays);
@@ -303,7 +303,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let obs = Observed::default();
+        let obs = Discovery::default();
         let named = [site("cloud")];
         let r = Router::new(&actives, &obs, &named);
         assert_eq!(
@@ -332,7 +332,7 @@ mod tests {
         for (i, g) in n.iter().enumerate() {
             actives.insert(site(&format!("s{i}")), g);
         }
-        let obs = Observed::default();
+        let obs = Discovery::default();
         let relays = [site("m-cloud"), site("k-cloud")];
         let r = Router::new(&actives, &obs, &relays);
         for i in 0..4 {

@@ -33,7 +33,7 @@ use sticky_overlay::sites::{DEFAULT_KEEPALIVE_SECS, DEFAULT_LISTEN_PORT, Sites};
 use crate::gateway::{self, Liveness};
 use crate::keys::PublicKey;
 use crate::model::{Candidate, Model, SiteName};
-use crate::paths::{Observed, Path, Router};
+use crate::paths::{Discovery, Path, Router};
 use crate::tunnel::PeerConfig;
 
 /// Why no plan could be made.
@@ -53,7 +53,7 @@ pub struct View {
     /// The active gateway per site as last decided (kept in the last-good file).
     pub current: BTreeMap<SiteName, String>,
     /// NAT-mapped addresses and punched tunnels.
-    pub observed: Observed,
+    pub observed: Discovery,
 }
 
 /// What the plan reads of the config's `sites` object.
@@ -138,7 +138,7 @@ pub struct Remote {
 
 /// Everything this node does about sites.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct SitePlan {
     pub site: SiteName,
     /// This site's members (the VXLAN peers), sorted.
     pub local_members: Vec<String>,
@@ -153,7 +153,7 @@ pub struct Plan {
 }
 
 /// The plan of node `me` (see the module's rules).
-pub fn plan(model: &Model, me: &str, view: &View, settings: &Settings) -> Result<Plan, Error> {
+pub fn plan(model: &Model, me: &str, view: &View, settings: &Settings) -> Result<SitePlan, Error> {
     let Some(my_site) = model.site_of.get(me) else {
         return Err(Error::NotInModel(me.to_string()));
     };
@@ -182,7 +182,7 @@ pub fn plan(model: &Model, me: &str, view: &View, settings: &Settings) -> Result
         .get(my_site)
         .map(|s| s.members.keys().cloned().collect())
         .unwrap_or_default();
-    let mut out = Plan {
+    let mut out = SitePlan {
         site: my_site.clone(),
         local_members,
         actives: actives
@@ -377,7 +377,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn plan_of(nodes: &[NodeInput], me: &str, view: &View) -> Plan {
+    fn plan_of(nodes: &[NodeInput], me: &str, view: &View) -> SitePlan {
         plan(
             &build(nodes, &SiteConfig::default(), &Holders::default()),
             me,

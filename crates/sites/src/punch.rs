@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::SiteName;
 use crate::paths::Path;
-use crate::plan::Plan;
+use crate::plan::SitePlan;
 
 /// WireGuard's rekey timeout: how long a handshake waits for its answer.
 pub const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -95,7 +95,7 @@ impl Punch {
 }
 
 /// The remote sites `plan` punches towards.
-pub fn punching(plan: &Plan) -> BTreeSet<&SiteName> {
+pub fn punching(plan: &SitePlan) -> BTreeSet<&SiteName> {
     plan.remotes
         .iter()
         .filter(|r| matches!(r.path, Path::Punch { .. }))
@@ -111,7 +111,7 @@ impl Punches {
     /// Steps every punch path of `plan` at `now`; `fresh`: the sites whose punch peer is
     /// alive ([`Lives::alive`]). A site that is no punch path any more is forgotten; a new one
     /// starts trying.
-    pub fn step(&mut self, plan: &Plan, now: SystemTime, fresh: &BTreeSet<SiteName>) {
+    pub fn step(&mut self, plan: &SitePlan, now: SystemTime, fresh: &BTreeSet<SiteName>) {
         let punching = punching(plan);
         self.0.retain(|s, _| punching.contains(s));
         for site in punching {
@@ -125,7 +125,7 @@ impl Punches {
     /// `plan` as these punches make it: a punch that is up is marked `up` and the remote
     /// site's subnets move from the relay's peer to the direct one; a paused punch has no
     /// peer. Other paths are untouched.
-    pub fn apply(&self, plan: &Plan) -> Plan {
+    pub fn apply(&self, plan: &SitePlan) -> SitePlan {
         let mut out = plan.clone();
         for r in &mut out.remotes {
             let Path::Punch { up, relay, .. } = &mut r.path else {
@@ -285,7 +285,7 @@ mod tests {
         SiteName::parse(SITE_LABEL, s).unwrap()
     }
 
-    fn a_gateway_plan() -> Plan {
+    fn a_gateway_plan() -> SitePlan {
         let nodes = vec![
             node(
                 "c1",
@@ -306,7 +306,7 @@ mod tests {
         plan(&m, "a1", &view, &crate::plan::tests::cloud_relays()).unwrap()
     }
 
-    fn allowed(p: &Plan) -> Vec<(String, Vec<String>)> {
+    fn allowed(p: &SitePlan) -> Vec<(String, Vec<String>)> {
         p.gateway
             .as_ref()
             .unwrap()

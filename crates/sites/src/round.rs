@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use crate::keys::PublicKey;
 use crate::model::{Model, SiteName};
 use crate::paths::Path;
-use crate::plan::{GatewayPlan, Plan};
+use crate::plan::{GatewayPlan, SitePlan};
 use crate::punch::{self, Lives, Punches};
 use crate::remote;
 use crate::tunnel::{DeviceState, PeerChange, PeerConfig, PeerState, diff};
@@ -67,7 +67,7 @@ pub struct Carrier {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     /// The plan as the punches made it (the paths the status shows).
-    pub applied: Plan,
+    pub applied: SitePlan,
     pub actions: Vec<Action>,
     /// Tunnels moved, up or down, as log lines.
     pub lines: Vec<String>,
@@ -119,7 +119,7 @@ impl Default for Memory {
 impl Memory {
     /// Whether the round needs the device read: on the active gateway, and on a node that
     /// may still hold peers and routes to clear.
-    pub fn wants_device(&self, plan: &Plan) -> bool {
+    pub fn wants_device(&self, plan: &SitePlan) -> bool {
         plan.gateway.is_some() || self.configured
     }
 
@@ -144,7 +144,7 @@ impl Memory {
     /// `key` the gateway's public key.
     pub fn decide(
         &mut self,
-        plan: &Plan,
+        plan: &SitePlan,
         model: &Model,
         device: Option<&DeviceState>,
         key: Option<PublicKey>,
@@ -322,7 +322,13 @@ impl Memory {
     /// What the device shows after a round of `plan` (the plan as made, with every punch
     /// peer) and `applied` (as the punches made it): the fresh punch peers and the dial-in
     /// peers' endpoints.
-    fn read(&mut self, plan: &Plan, applied: &Plan, dev: Option<&DeviceState>, now: SystemTime) {
+    fn read(
+        &mut self,
+        plan: &SitePlan,
+        applied: &SitePlan,
+        dev: Option<&DeviceState>,
+        now: SystemTime,
+    ) {
         let (Some(gw), Some(dev)) = (&plan.gateway, dev) else {
             self.fresh.clear();
             self.lives = Lives::default();

@@ -1,7 +1,7 @@
 //! Everything sites keeps on this node, in one place, and how it moves (issue 33, "one owner,
 //! one clock"): the plan in force and what it was made from, how plans are made (the current
 //! active gateways, the key and endpoint holders: [`Shaper`]), the step-down stance and what
-//! the probes saw ([`Observation`]), and the gateway's round ([`Side`]: the punches, the signs
+//! the probes saw ([`SiteView`]), and the gateway's round ([`Side`]: the punches, the signs
 //! of life, the remote choices). Nothing here reads a file, a socket or the clock: the caller
 //! passes the time ([`Now`]), what the probes saw, and the device through its seam. The agent
 //! wraps it with its files and threads ([`super::run::SitesRun`]); the simulation
@@ -17,7 +17,7 @@ use sticky_sites::model::{NodeInput, SiteName};
 use sticky_vxlan::status::SitesStatus;
 
 use super::device::Device;
-use super::shape::{Observation, Shaped, Shaper};
+use super::shape::{Shaped, Shaper, SiteView};
 use super::side::{ROUND, Side};
 
 /// The agent's clock, read once by the caller and passed to everything that waits or times
@@ -57,7 +57,7 @@ pub struct Core<D> {
     /// What the plan in force was made from (the Nodes' site inputs).
     inputs: Option<Vec<NodeInput>>,
     stance: Stance,
-    observation: Observation,
+    observation: SiteView,
     probe_port: u16,
     last_round: Option<Instant>,
     /// A new plan came since the last round.
@@ -71,7 +71,7 @@ impl<D: Device> Core<D> {
             side,
             inputs: None,
             stance: Stance::Normal,
-            observation: Observation::default(),
+            observation: SiteView::default(),
             probe_port,
             last_round: None,
             pending: false,
@@ -161,10 +161,10 @@ impl<D: Device> Core<D> {
         &mut self,
         liveness: Liveness,
         choices: &BTreeMap<String, String>,
-    ) -> (Option<Observation>, Vec<String>) {
+    ) -> (Option<SiteView>, Vec<String>) {
         let mut lines = Vec::new();
         let me = self.shaper.me.clone();
-        let mut next = Observation {
+        let mut next = SiteView {
             liveness,
             stepped_down: false,
             adopt: None,

@@ -16,7 +16,7 @@ use super::core::{Core, Now};
 use super::device::Live;
 use super::keys::KeyDir;
 use super::probe::Probes;
-use super::shape::{Observation, Shaped, Shaper};
+use super::shape::{Shaped, Shaper, SiteView};
 use super::side::Side;
 use crate::family::Family;
 use crate::objects::Node;
@@ -241,7 +241,7 @@ impl SitesRun {
     /// Reads the probes and takes one healing step; the new observation when it changed (the
     /// caller recomputes the plan with it: [`SitesRun::recompute`] or the keeper), and the log
     /// lines.
-    pub fn observe(&mut self) -> (Option<Observation>, Vec<String>) {
+    pub fn observe(&mut self) -> (Option<SiteView>, Vec<String>) {
         let mut lines = Vec::new();
         let failed = self.probes.failed();
         if failed != self.probes_failed {

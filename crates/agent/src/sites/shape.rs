@@ -15,7 +15,7 @@ use sticky_overlay::sites::Sites;
 use sticky_sites::gateway::Liveness;
 use sticky_sites::model::{self, Holders, Model, NodeInput, SiteConfig, SiteName};
 use sticky_sites::observed;
-use sticky_sites::plan::{self, Plan, Settings, View};
+use sticky_sites::plan::{self, Settings, SitePlan, View};
 
 use super::facts::{self, Facts};
 use crate::table::Placed;
@@ -25,7 +25,7 @@ use crate::table::Placed;
 pub struct Shaped {
     pub inputs: Vec<NodeInput>,
     pub model: Model,
-    pub plan: Plan,
+    pub plan: SitePlan,
     /// Reachable gateways whose NAT discovery annotation was refused, with why.
     pub observed_refused: BTreeMap<String, String>,
 }
@@ -33,7 +33,7 @@ pub struct Shaped {
 /// What this node observes of its site (issue 29): the probes' liveness view and its
 /// step-down stance ([`sticky_sites::heal`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Observation {
+pub struct SiteView {
     /// By candidate name; this node itself is added as alive.
     pub liveness: Liveness,
     /// Cut off from its site: not the active gateway, whatever the rule says.
@@ -82,7 +82,7 @@ pub struct Shaper {
     pub current: BTreeMap<SiteName, String>,
     pub holders: Holders,
     /// What this node observes of its site (the sites side keeps it current).
-    pub observation: Observation,
+    pub observation: SiteView,
 }
 
 impl Shaper {
@@ -94,7 +94,7 @@ impl Shaper {
             settings: Settings::of(sites),
             current: BTreeMap::new(),
             holders: Holders::default(),
-            observation: Observation::default(),
+            observation: SiteView::default(),
         }
     }
 

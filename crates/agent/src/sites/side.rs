@@ -179,7 +179,7 @@ impl<D: Device> Side<D> {
     /// state on the gateway; the state alone where peers and routes may be left to clear.
     fn read(
         &self,
-        plan: &sticky_sites::plan::Plan,
+        plan: &sticky_sites::plan::SitePlan,
     ) -> Result<(Option<PrivateKey>, Option<DeviceState>), Error> {
         if plan.gateway.is_some() {
             let key = self.key()?;
