@@ -318,7 +318,7 @@ mod tests {
             FLANNEL_PUBLIC_IP,
             FLANNEL_PUBLIC_IPV6,
             FLANNEL_KUBE_MANAGED,
-            sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION,
+            sticky_sites::discovery::OBSERVED_ENDPOINTS_ANNOTATION,
             sticky_sites::model::ENDPOINT_ANNOTATION,
             sticky_sites::model::PUBLIC_KEY_ANNOTATION,
         ] {

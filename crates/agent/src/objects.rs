@@ -61,8 +61,8 @@ pub const MAX_NAME: usize = 253;
 /// An annotation value longer than this is kept as a short marker that no rule accepts.
 pub const MAX_ANNOTATION: usize = 256;
 /// The bound of the sites' NAT discovery annotation (a reachable gateway's observations).
-pub const MAX_OBSERVED_BYTES: usize = sticky_sites::observed::MAX_BYTES;
-use sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION;
+pub const MAX_OBSERVED_BYTES: usize = sticky_sites::discovery::MAX_BYTES;
+use sticky_sites::discovery::OBSERVED_ENDPOINTS_ANNOTATION;
 /// An address, a CIDR or a resourceVersion longer than this is kept as a marker.
 pub const MAX_SHORT: usize = 64;
 pub const MAX_KEPT_ADDRESSES: usize = 8;

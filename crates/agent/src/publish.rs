@@ -18,9 +18,9 @@ use super::mapping::{self, FLANNEL_BACKEND_TYPE, FLANNEL_KUBE_MANAGED, KEPT_MAC_
 use super::objects::Node;
 use sticky_netlink::link::format_mac;
 use sticky_overlay::mac::vtep_mac;
+use sticky_sites::discovery::OBSERVED_ENDPOINTS_ANNOTATION;
 use sticky_sites::keys::PublicKey;
 use sticky_sites::model::PUBLIC_KEY_ANNOTATION;
-use sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -45,7 +45,7 @@ pub struct Publisher {
     /// The site gateway's public key, when this node is one.
     pub public_key: Option<PublicKey>,
     /// On a reachable site gateway: the NAT discovery annotation's value (the endpoints its
-    /// peers behind NAT come from, `sticky_sites::observed`).
+    /// peers behind NAT come from, `sticky_sites::discovery`).
     pub observed_endpoints: Option<String>,
 }
 

@@ -6,7 +6,7 @@
 //! same answers from the same cached Node objects, with no API and no election:
 //! [`model`] (Nodes to sites and gateway candidates), [`gateway`] (the active gateway, no
 //! flapping), [`paths`] (direct, hole-punched, relayed, unreachable), [`plan`] (what this node
-//! routes and, on the active gateway, the WireGuard peers), [`observed`] (NAT discovery: where
+//! routes and, on the active gateway, the WireGuard peers), [`discovery`] (NAT discovery: where
 //! the reachable gateways see the NATed ones come from), [`punch`] (hole punching: when to try,
 //! the backoff, the peers meanwhile), [`heal`] and [`probe`] (liveness and step-down inside a
 //! site), [`remote`] (which candidate of a remote site to send to), [`tunnel`] (what a
@@ -15,11 +15,11 @@
 //! It does no I/O and links no async runtime, HTTP or netlink: every function takes the time
 //! it needs, and the agent reads, decides with this crate, and acts.
 
+pub mod discovery;
 pub mod gateway;
 pub mod heal;
 pub mod keys;
 pub mod model;
-pub mod observed;
 pub mod paths;
 pub mod punch;
 

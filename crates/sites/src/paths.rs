@@ -79,7 +79,7 @@ pub struct Discovery {
 #[derive(Debug, Clone)]
 pub struct Router<'a> {
     actives: &'a BTreeMap<SiteName, &'a Candidate>,
-    observed: &'a Discovery,
+    discovery: &'a Discovery,
     relay: Option<&'a SiteName>,
 }
 
@@ -88,7 +88,7 @@ impl<'a> Router<'a> {
     /// the relay sites the config names in order of preference.
     pub fn new(
         actives: &'a BTreeMap<SiteName, &'a Candidate>,
-        observed: &'a Discovery,
+        discovery: &'a Discovery,
         relays: &'a [SiteName],
     ) -> Self {
         let relay = relays
@@ -96,14 +96,14 @@ impl<'a> Router<'a> {
             .find(|s| actives.get(*s).is_some_and(|g| g.endpoint.is_some()));
         Self {
             actives,
-            observed,
+            discovery,
             relay,
         }
     }
 
     /// Where gateway `name` was seen coming from by a reachable gateway (NAT discovery).
     pub fn nat_mapped(&self, name: &str) -> Option<SocketAddr> {
-        self.observed.nat_mapped.get(name).copied()
+        self.discovery.nat_mapped.get(name).copied()
     }
 
     /// The relay site (see the module's rule 4).
@@ -123,12 +123,12 @@ impl<'a> Router<'a> {
             return Path::Direct { dial: gr.endpoint };
         }
         let relay = self.relay.cloned();
-        let mapped = |g: &Candidate| self.observed.nat_mapped.get(&g.name).copied();
+        let mapped = |g: &Candidate| self.discovery.nat_mapped.get(&g.name).copied();
         if let (Some(_), Some(dial)) = (mapped(gl), mapped(gr)) {
             return Path::Punch {
                 dial,
                 relay,
-                up: self.observed.punched.contains(remote),
+                up: self.discovery.punched.contains(remote),
             };
         }
         match relay {

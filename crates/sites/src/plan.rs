@@ -53,7 +53,7 @@ pub struct View {
     /// The active gateway per site as last decided (kept in the last-good file).
     pub current: BTreeMap<SiteName, String>,
     /// NAT-mapped addresses and punched tunnels.
-    pub observed: Discovery,
+    pub discovery: Discovery,
 }
 
 /// What the plan reads of the config's `sites` object.
@@ -164,7 +164,7 @@ pub fn plan(model: &Model, me: &str, view: &View, settings: &Settings) -> Result
             actives.insert(name.clone(), c);
         }
     }
-    let router = Router::new(&actives, &view.observed, &settings.relays);
+    let router = Router::new(&actives, &view.discovery, &settings.relays);
     let remotes: Vec<Remote> = model
         .sites
         .iter()
@@ -507,10 +507,10 @@ pub(crate) mod tests {
     #[test]
     fn punch_peer_carries_nothing_until_up_then_everything() {
         let mut view = View::default();
-        view.observed
+        view.discovery
             .nat_mapped
             .insert("a-gw1".into(), "198.51.100.10:51820".parse().unwrap());
-        view.observed
+        view.discovery
             .nat_mapped
             .insert("b-gw".into(), "198.51.100.11:40001".parse().unwrap());
         let g = plan_of(&cluster(), "a-gw1", &view).gateway.unwrap();
@@ -526,7 +526,7 @@ pub(crate) mod tests {
                 .allowed_ips
                 .contains(&"10.2.0.0/24".parse().unwrap())
         );
-        view.observed.punched.insert(site("edge-b"));
+        view.discovery.punched.insert(site("edge-b"));
         let g = plan_of(&cluster(), "a-gw1", &view).gateway.unwrap();
         let by = by_site(&g);
         assert_eq!(

@@ -298,7 +298,7 @@ mod tests {
         ];
         let mut view = View::default();
         for (g, ep) in [("a1", "203.0.113.10:51820"), ("b1", "203.0.113.20:51820")] {
-            view.observed
+            view.discovery
                 .nat_mapped
                 .insert(g.into(), ep.parse().unwrap());
         }

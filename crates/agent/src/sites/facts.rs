@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use sticky_sites::discovery::OBSERVED_ENDPOINTS_ANNOTATION;
 use sticky_sites::model::{ENDPOINT_ANNOTATION, NodeInput, PUBLIC_KEY_ANNOTATION};
-use sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION;
 
 use crate::objects::Node;
 use crate::table::Placed;

@@ -194,7 +194,7 @@ impl SitesRun {
             .side
             .observed_endpoints()
             .filter(|m| !m.is_empty())
-            .map(sticky_sites::observed::format)
+            .map(sticky_sites::discovery::format)
     }
 
     /// The own Node shows `key` as published: a rotated key's `.previous` is deleted then

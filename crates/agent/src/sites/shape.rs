@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 
 use sticky_overlay::peers::Peer;
 use sticky_overlay::sites::Sites;
+use sticky_sites::discovery;
 use sticky_sites::gateway::Liveness;
 use sticky_sites::model::{self, Holders, Model, NodeInput, SiteConfig, SiteName};
-use sticky_sites::observed;
 use sticky_sites::plan::{self, Settings, SitePlan, View};
 
 use super::facts::{self, Facts};
@@ -107,7 +107,7 @@ impl Shaper {
 
     /// Builds the model of `inputs` and this node's plan, keeping each site's current active
     /// gateway while it is not seen dead (no preemption; `sticky_sites::gateway`), with the
-    /// NAT-mapped addresses the reachable gateways published (`sticky_sites::observed`) and
+    /// NAT-mapped addresses the reachable gateways published (`sticky_sites::discovery`) and
     /// what this node observes: the adopted choice replaces this site's current active
     /// gateway, the liveness view feeds the rule, and a stepped-down node plans no tunnel.
     pub fn compute(&self, inputs: Vec<NodeInput>) -> Result<Shaped, plan::Error> {
@@ -119,8 +119,8 @@ impl Shaper {
             liveness: seen.liveness.clone(),
             ..View::default()
         };
-        let (nat_mapped, refused) = observed::nat_mapped(&model, &inputs);
-        view.observed.nat_mapped = nat_mapped;
+        let (nat_mapped, refused) = discovery::nat_mapped(&model, &inputs);
+        view.discovery.nat_mapped = nat_mapped;
         view.liveness
             .insert(me.to_string(), sticky_sites::gateway::Seen::Alive);
         if let (Some(site), Some(choice)) = (model.site_of.get(me), &seen.adopt) {

@@ -497,7 +497,7 @@ mod tests {
         let mut s = shaped(me, my_key);
         let mut inputs = s.inputs.clone();
         inputs[0].annotations.insert(
-            sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION.into(),
+            sticky_sites::discovery::OBSERVED_ENDPOINTS_ANNOTATION.into(),
             r#"{"a1":"203.0.113.10:51820","b1":"203.0.113.20:51820"}"#.into(),
         );
         s = shaper(me).compute(inputs).unwrap();

@@ -26,8 +26,8 @@ use ipnet::IpNet;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sticky_overlay::sites::{DEFAULT_GATEWAY_LABEL, DEFAULT_SITE_LABEL, Sites};
+use sticky_sites::discovery::OBSERVED_ENDPOINTS_ANNOTATION;
 use sticky_sites::model::{ENDPOINT_ANNOTATION, NodeInput, PUBLIC_KEY_ANNOTATION};
-use sticky_sites::observed::OBSERVED_ENDPOINTS_ANNOTATION;
 use sticky_sites::probe::{self, Message, Tracker};
 
 use super::core::{Core, Now};
@@ -295,7 +295,7 @@ impl World {
                 .side
                 .observed_endpoints()
                 .filter(|m| !m.is_empty())
-                .map(sticky_sites::observed::format);
+                .map(sticky_sites::discovery::format);
             let Some(input) = self.api.iter_mut().find(|i| &i.name == name) else {
                 continue;
             };
