@@ -220,7 +220,7 @@ impl Lives {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::tests::SITE_LABEL;
     use crate::model::tests::node;
@@ -285,7 +285,7 @@ mod tests {
         SiteName::parse(SITE_LABEL, s).unwrap()
     }
 
-    fn a_gateway_plan() -> SitePlan {
+    pub(crate) fn a_gateway_plan() -> SitePlan {
         let nodes = vec![
             node(
                 "c1",

@@ -150,7 +150,12 @@ impl Memory {
         key: Option<PublicKey>,
         now: SystemTime,
     ) -> Decision {
-        self.punches.step(plan, now, &self.fresh);
+        // Only the active gateway punches: a plain node keeps no punch of its own (it would
+        // say a punch is paused that is not its to know).
+        match plan.gateway {
+            Some(_) => self.punches.step(plan, now, &self.fresh),
+            None => self.punches = Punches::default(),
+        }
         let applied = self.punches.apply(plan);
         let mut actions = Vec::new();
         let mut lines = Vec::new();
@@ -407,5 +412,48 @@ pub fn path_text(p: &Path) -> String {
         },
         Path::Relayed { via } => format!("relayed via {via}"),
         Path::Unreachable { why } => format!("unreachable: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Holders, SiteConfig, build};
+    use crate::punch::tests::a_gateway_plan;
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
+    }
+
+    /// A plain node of a site that punches does not punch itself: it never says a punch is
+    /// paused (it cannot know the gateway's), only that the relay carries while the gateway
+    /// punches (docs/sites.md, "Observing").
+    #[test]
+    fn a_plain_node_keeps_no_punch_of_its_own() {
+        let mut plan = a_gateway_plan();
+        plan.gateway = None;
+        let model = build(&[], &SiteConfig::default(), &Holders::default());
+        let mut m = Memory::default();
+        for s in [0, 2, 40, 100] {
+            m.decide(&plan, &model, None, None, t(s));
+        }
+        let b = SiteName::parse("site", "edge-b").unwrap();
+        assert_eq!(m.describe_punch(&b, t(100)), None);
+    }
+
+    /// The active gateway of the same plan punches, and after 30 s without a handshake the
+    /// punch pauses.
+    #[test]
+    fn the_gateway_punches_and_pauses() {
+        let plan = a_gateway_plan();
+        let model = build(&[], &SiteConfig::default(), &Holders::default());
+        let mut m = Memory::default();
+        let dev = DeviceState::default();
+        for s in [0, 2, 40] {
+            m.decide(&plan, &model, Some(&dev), None, t(s));
+        }
+        let b = SiteName::parse("site", "edge-b").unwrap();
+        let said = m.describe_punch(&b, t(40)).unwrap_or_default();
+        assert!(said.starts_with("punch paused"), "{said}");
     }
 }
