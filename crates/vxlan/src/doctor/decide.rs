@@ -9,6 +9,9 @@
 //! overlay (a counter that moved during the probes tells `checksum` and `rp-filter` from a plain
 //! `vxlan-blocked`), then the probe of the pod MTU (`mtu`).
 
+#[path = "decide_sites.rs"]
+pub mod sites;
+
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::Ipv4Net;
@@ -38,6 +41,16 @@ pub enum Cause {
     ForwardingOff,
     /// The bridge is missing or lacks its gateway address while pods use it.
     BridgeAddress,
+    /// Sites: the tunnel carrying a remote site is down, or nothing crosses it.
+    TunnelDown,
+    /// Sites: small packets cross the tunnel, packets of `wanMtu` less WireGuard's do not.
+    WanMtu,
+    /// Sites: a relayed site's relay does not carry (the tunnel to the relay is down).
+    RelayUnreachable,
+    /// Sites: the direct tunnel to a site behind NAT could not be punched (relayed instead).
+    PunchFailing,
+    /// Sites: the plan has no path to a remote site (no active gateway, no relay).
+    SiteUnreachable,
 }
 
 impl Cause {
@@ -54,6 +67,11 @@ impl Cause {
             Cause::NoVtep => "no-vtep",
             Cause::ForwardingOff => "forwarding-off",
             Cause::BridgeAddress => "bridge-address",
+            Cause::TunnelDown => "tunnel-down",
+            Cause::WanMtu => "wan-mtu",
+            Cause::RelayUnreachable => "relay-unreachable",
+            Cause::PunchFailing => "punch-failing",
+            Cause::SiteUnreachable => "site-unreachable",
         }
     }
 }
@@ -62,8 +80,11 @@ impl Cause {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
     pub cause: Cause,
-    /// The peer's underlay address; `None` for a finding about this node.
+    /// The peer's underlay address; `None` for a finding about this node or a site.
     pub peer: Option<IpAddr>,
+    /// The remote site a sites finding concerns (absent from the others' JSON).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
     pub detail: String,
     pub fix: String,
 }
@@ -169,6 +190,7 @@ fn node_finding(cause: Cause, detail: String, fix: String) -> Finding {
     Finding {
         cause,
         peer: None,
+        site: None,
         detail,
         fix,
     }
@@ -282,6 +304,7 @@ fn peer_finding(node: &NodeFacts, p: &PeerFacts, overlay_usable: bool) -> Option
         Some(Finding {
             cause,
             peer: Some(p.peer),
+            site: None,
             detail,
             fix,
         })
@@ -345,6 +368,7 @@ fn peer_down(p: &PeerFacts) -> Option<Finding> {
     Some(Finding {
         cause: Cause::PeerDown,
         peer: Some(p.peer),
+        site: None,
         detail: format!(
             "{} does not answer on the underlay, nor through the overlay",
             p.peer
@@ -389,6 +413,7 @@ fn rp_filter(node: &NodeFacts, p: &PeerFacts) -> Option<Finding> {
     Some(Finding {
         cause: Cause::RpFilter,
         peer: Some(p.peer),
+        site: None,
         detail: why,
         fix: format!("sysctl -w {}", keys.join(" ")),
     })

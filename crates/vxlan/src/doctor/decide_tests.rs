@@ -300,3 +300,244 @@ fn codes_serialize_as_printed() {
         assert_eq!(serde_json::to_value(c).unwrap(), c.code());
     }
 }
+
+/// The sites facts of gateway a1 (site-a) with one remote site, site-b, `path`, carried by
+/// `tunnel`, probed with `probe`.
+fn sites(
+    path: &str,
+    tunnel: Option<(bool, Option<u64>)>,
+    probe: Option<(bool, bool)>,
+) -> sites::SitesFacts {
+    sites::SitesFacts {
+        site: "site-a".into(),
+        role: "active gateway".into(),
+        gateway: true,
+        interface: "stickywg0".into(),
+        listen_port: 51820,
+        wan_mtu: 1500,
+        overhead: 60,
+        config: "/etc/cni/net.d/10-edge.conflist".into(),
+        remotes: vec![sites::RemoteFacts {
+            site: "site-b".into(),
+            gateway: Some("b1".into()),
+            path: path.into(),
+            tunnel: tunnel.map(|(up, age)| sites::TunnelFacts {
+                peer: if path.starts_with("relayed") {
+                    "c1"
+                } else {
+                    "b1"
+                }
+                .into(),
+                up,
+                handshake_age: age,
+            }),
+            probe: probe.map(|(small, full)| sites::WanProbe {
+                target: Ipv4Addr::new(198, 18, 21, 0),
+                small,
+                full,
+                largest: None,
+            }),
+            nat: vec![],
+        }],
+    }
+}
+
+fn site_causes(s: &sites::SitesFacts) -> Vec<(&'static str, Option<String>)> {
+    sites::decide(s)
+        .into_iter()
+        .map(|f| (f.cause.code(), f.site))
+        .collect()
+}
+
+const B: Option<&str> = Some("site-b");
+
+/// One row per sites rule: the remote's path, its tunnel (up, handshake age), its probes
+/// (small, full), the causes.
+#[test]
+fn each_sites_fact_names_its_cause() {
+    type Tunnel = Option<(bool, Option<u64>)>;
+    type Probes = Option<(bool, bool)>;
+    type Want = &'static [(&'static str, Option<&'static str>)];
+    let up: Tunnel = Some((true, Some(5)));
+    let ok: Probes = Some((true, true));
+    let rows: &[(&str, &str, Tunnel, Probes, Want)] = &[
+        ("healthy direct", "direct", up, ok, &[]),
+        ("healthy punched", "direct (punched)", up, ok, &[]),
+        (
+            "relayed, punching",
+            "relayed via cloud (punching)",
+            up,
+            ok,
+            &[],
+        ),
+        ("a member sees no tunnel", "direct", None, ok, &[]),
+        ("not probed, tunnel up", "direct", up, None, &[]),
+        (
+            "no path",
+            "unreachable: site site-b has no active gateway",
+            None,
+            None,
+            &[("site-unreachable", B)],
+        ),
+        (
+            "tunnel down by status",
+            "direct",
+            Some((false, Some(400))),
+            ok,
+            &[("tunnel-down", B)],
+        ),
+        (
+            "tunnel never up",
+            "direct (punched)",
+            Some((false, None)),
+            None,
+            &[("tunnel-down", B)],
+        ),
+        (
+            "up by status, nothing crosses",
+            "direct",
+            up,
+            Some((false, false)),
+            &[("tunnel-down", B)],
+        ),
+        (
+            "relay tunnel down by status",
+            "relayed via cloud",
+            Some((false, Some(200))),
+            ok,
+            &[("relay-unreachable", B)],
+        ),
+        (
+            "relay answers, the far leg does not",
+            "relayed via cloud",
+            up,
+            Some((false, false)),
+            &[("tunnel-down", B)],
+        ),
+        (
+            "full size lost",
+            "direct (punched)",
+            up,
+            Some((true, false)),
+            &[("wan-mtu", B)],
+        ),
+        (
+            "full size lost while punch paused: the MTU first",
+            "relayed via cloud (punch paused: next try in 60 s)",
+            up,
+            Some((true, false)),
+            &[("wan-mtu", B)],
+        ),
+        (
+            "punch paused, relay carries",
+            "relayed via cloud (punch paused: next try in 60 s)",
+            up,
+            ok,
+            &[("punch-failing", B)],
+        ),
+        (
+            "punch paused, seen from a member",
+            "relayed via cloud (punch paused: next try in 120 s)",
+            None,
+            ok,
+            &[("punch-failing", B)],
+        ),
+    ];
+    for (name, path, tunnel, probe, want) in rows {
+        let want: Vec<(&str, Option<String>)> = want
+            .iter()
+            .map(|(c, s)| (*c, s.map(str::to_string)))
+            .collect();
+        assert_eq!(site_causes(&sites(path, *tunnel, *probe)), want, "{name}");
+    }
+}
+
+/// Relayed, with nothing crossing to the relay's own gateway either: the relay is named.
+#[test]
+fn a_relay_that_answers_nothing_is_named_before_the_site() {
+    let mut s = sites(
+        "relayed via cloud",
+        Some((true, Some(5))),
+        Some((false, false)),
+    );
+    let mut cloud = s.remotes[0].clone();
+    cloud.site = "cloud".into();
+    cloud.gateway = Some("c1".into());
+    cloud.path = "direct".into();
+    cloud.tunnel = None;
+    s.remotes.push(cloud);
+    assert_eq!(
+        site_causes(&s),
+        [
+            ("relay-unreachable", Some("site-b".into())),
+            ("tunnel-down", Some("cloud".into())),
+        ]
+    );
+    let f = &sites::decide(&s)[0];
+    assert!(f.detail.contains("relayed via cloud"), "{f:?}");
+}
+
+#[test]
+fn sites_fixes_name_the_age_the_port_the_path_mtu_and_the_nat_kind() {
+    let f = &sites::decide(&sites("direct", Some((false, Some(400))), None))[0];
+    assert!(f.detail.contains("last handshake 400 s ago"), "{f:?}");
+    assert!(
+        f.fix.contains("UDP 51820") && f.fix.contains("wg show stickywg0"),
+        "{f:?}"
+    );
+    let mut s = sites("direct", Some((true, Some(3))), Some((true, false)));
+    if let Some(p) = s.remotes[0].probe.as_mut() {
+        p.largest = Some(1340);
+    }
+    let f = &sites::decide(&s)[0];
+    assert!(
+        f.detail.contains("1440") && f.detail.contains("1340"),
+        "{f:?}"
+    );
+    assert!(f.fix.starts_with("set \"wanMtu\": 1400 in "), "{f:?}");
+    let paused = "relayed via cloud (punch paused: next try in 60 s)";
+    let f = &sites::decide(&sites(paused, None, None))[0];
+    assert!(f.detail.contains("symmetric) NAT likely"), "{f:?}");
+    assert!(f.fix.contains("forward a UDP port"), "{f:?}");
+    let mut s = sites(paused, None, None);
+    s.remotes[0].nat = vec![
+        sites::Mapped {
+            gateway: "a1".into(),
+            seen: "203.0.113.10:51820".parse().unwrap(),
+        },
+        sites::Mapped {
+            gateway: "b1".into(),
+            seen: "203.0.113.20:40123".parse().unwrap(),
+        },
+    ];
+    let f = &sites::decide(&s)[0];
+    assert!(
+        f.detail
+            .contains("b1's NAT maps UDP 51820 to 203.0.113.20:40123: a port-changing NAT"),
+        "{f:?}"
+    );
+    s.remotes[0].nat.truncate(1);
+    let f = &sites::decide(&s)[0];
+    assert!(f.detail.contains("port-preserving NAT seen"), "{f:?}");
+}
+
+#[test]
+fn sites_codes_serialize_as_printed_and_findings_name_the_site() {
+    for c in [
+        Cause::TunnelDown,
+        Cause::WanMtu,
+        Cause::RelayUnreachable,
+        Cause::PunchFailing,
+        Cause::SiteUnreachable,
+    ] {
+        assert_eq!(serde_json::to_value(c).unwrap(), c.code());
+    }
+    let f = &sites::decide(&sites("direct", Some((false, None)), None))[0];
+    let v = serde_json::to_value(f).unwrap();
+    assert_eq!(
+        (v["site"].as_str(), &v["peer"]),
+        (Some("site-b"), &serde_json::Value::Null)
+    );
+    let node = serde_json::to_value(&decide(&node(), &[peer(true, false, false)])[0]).unwrap();
+    assert!(node.get("site").is_none(), "{node}");
+}

@@ -2,6 +2,9 @@
 //! sysctls: reads only), the counters and firewall through [`Host`], the probes through
 //! [`Prober`]; the result is the facts [`super::decide`] reads. Nothing here writes.
 
+#[path = "measure_sites.rs"]
+pub mod sites;
+
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::Ipv4Net;
@@ -52,6 +55,8 @@ pub struct Measured {
     pub peers: Vec<PeerFacts>,
     pub local_ip: IpAddr,
     pub unchecked: Vec<String>,
+    /// With sites: this node's site, its remote sites and what was found of each.
+    pub sites: Option<super::decide::sites::SitesFacts>,
 }
 
 /// The smaller sizes tried when the pod MTU does not cross: steps of 50 bytes (one VXLAN
@@ -94,6 +99,7 @@ pub fn measure(
         peers,
         local_ip: local.local_ip,
         unchecked,
+        sites: None,
     })
 }
 

@@ -6,7 +6,9 @@
 //! forward-hook chains) and sends the [`probe`]s; [`decide`] turns those facts into findings
 //! and knows nothing of sockets; [`render`] prints them for people or as JSON. It runs on one
 //! node and needs nothing on the peer but its kernel: every probe is an ICMP echo the peer's
-//! kernel answers. It writes nothing (no sysctl, no rule, no route) and its probes are a few
+//! kernel answers. With sites, it also reads the agent's status and sites cache and sends
+//! echoes through the tunnel to each remote site's active gateway (from this node's VTEP
+//! address), so the sites causes need no agent answering either. It writes nothing (no sysctl, no rule, no route) and its probes are a few
 //! echoes per peer, so it is safe while pods run.
 
 pub mod decide;
@@ -48,14 +50,33 @@ pub fn run(path: &Path) -> Result<Report, Error> {
     let started = Instant::now();
     let cfg = crate::networks::load(path)?;
     let mut sock = Socket::open()?;
-    let measured = measure::measure(
+    let shown = path.display().to_string();
+    let mut measured = measure::measure(
         &mut Live { sock: &mut sock },
         &mut measure::LiveHost,
         &mut probe::Icmp::default(),
         &cfg,
-        &path.display().to_string(),
+        &shown,
     )?;
-    let findings = decide::decide(&measured.node, &measured.peers);
+    if let Some(sites) = &cfg.sites {
+        let vtep = measured.node.pod_subnet.map(|n| n.network());
+        measured.sites = measure::sites::measure(
+            &cfg,
+            sites,
+            measured.local_ip,
+            vtep,
+            &mut probe::Icmp {
+                source: vtep,
+                ..probe::Icmp::default()
+            },
+            &shown,
+            &mut measured.unchecked,
+        )?;
+    }
+    let mut findings = decide::decide(&measured.node, &measured.peers);
+    if let Some(s) = &measured.sites {
+        findings.extend(decide::sites::decide(s));
+    }
     Ok(Report {
         network: cfg.name,
         measured,

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{
-    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, recv, sendto, socket,
+    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, bind, recv, sendto,
+    socket,
 };
 
 /// One echo to send: where, and how large the IP packet is (header included).
@@ -31,6 +32,8 @@ pub enum Error {
     Socket(Errno),
     #[error("setting DF on the probe socket: {0}")]
     Df(Errno),
+    #[error("binding the probe socket to {0}: {1}")]
+    Bind(Ipv4Addr, Errno),
     #[error("waiting for answers: {0}")]
     Poll(Errno),
     #[error("{0} probes are more than one round can tell apart (at most 65536)")]
@@ -49,6 +52,10 @@ pub struct Icmp {
     pub window: Duration,
     /// Unanswered probes are sent again this often within the window.
     pub resend: Duration,
+    /// The source address of the echoes; `None`: the route's. The sites probes leave from the
+    /// node's VTEP address, which remote sites route back through their tunnels (the route into
+    /// the tunnel device has no source of its own).
+    pub source: Option<Ipv4Addr>,
 }
 
 impl Default for Icmp {
@@ -56,6 +63,7 @@ impl Default for Icmp {
         Icmp {
             window: Duration::from_millis(2500),
             resend: Duration::from_millis(600),
+            source: None,
         }
     }
 }
@@ -68,7 +76,7 @@ impl Prober for Icmp {
         if probes.len() > usize::from(u16::MAX) + 1 {
             return Err(Error::TooMany(probes.len()));
         }
-        let fd = open()?;
+        let fd = open(self.source)?;
         // The low bits of the pid tell this run's answers from another ping's.
         let id = (std::process::id() & 0xffff) as u16;
         let mut answered = vec![false; probes.len()];
@@ -94,7 +102,7 @@ impl Prober for Icmp {
     }
 }
 
-fn open() -> Result<OwnedFd, Error> {
+fn open(source: Option<Ipv4Addr>) -> Result<OwnedFd, Error> {
     let fd = socket(
         AddressFamily::Inet,
         SockType::Raw,
@@ -118,6 +126,10 @@ fn open() -> Result<OwnedFd, Error> {
     };
     if rc != 0 {
         return Err(Error::Df(Errno::last()));
+    }
+    if let Some(src) = source {
+        let at = SockaddrIn::from(SocketAddrV4::new(src, 0));
+        bind(fd.as_raw_fd(), &at).map_err(|e| Error::Bind(src, e))?;
     }
     Ok(fd)
 }

@@ -1,5 +1,5 @@
-//! A [`Report`] for people (one line a peer, then one a node finding) or as JSON (an object
-//! whose `findings` carry `cause`, `peer`, `detail` and `fix`).
+//! A [`Report`] for people (one line a node finding, one a peer, one a remote site) or as JSON
+//! (an object whose `findings` carry `cause`, `peer` or `site`, `detail` and `fix`).
 
 use std::fmt::Write as _;
 
@@ -7,8 +7,9 @@ use serde_json::{Value, json};
 
 use super::{Finding, Report};
 
-/// The text output: a heading, one line a peer (`ok` or its cause), one line a node finding,
-/// and what could not be checked.
+/// The text output: a heading, one line a node finding, one line a peer (`ok` or its cause),
+/// with sites this node's site and role and one line a remote site, and what could not be
+/// checked.
 pub fn text(r: &Report) -> String {
     let m = &r.measured;
     let mut out = format!(
@@ -19,7 +20,11 @@ pub fn text(r: &Report) -> String {
         r.took.as_secs_f64(),
         m.node.pod_mtu
     );
-    for f in r.findings.iter().filter(|f| f.peer.is_none()) {
+    for f in r
+        .findings
+        .iter()
+        .filter(|f| f.peer.is_none() && f.site.is_none())
+    {
         let _ = writeln!(out, "node: {}", line(f));
     }
     for p in &m.peers {
@@ -27,6 +32,15 @@ pub fn text(r: &Report) -> String {
             Some(f) => writeln!(out, "peer {}: {}", p.peer, line(f)),
             None => writeln!(out, "peer {}: ok", p.peer),
         };
+    }
+    if let Some(s) = &m.sites {
+        let _ = writeln!(out, "site {}: {}", s.site, s.role);
+        for remote in &s.remotes {
+            let _ = match site_finding(r, &remote.site) {
+                Some(f) => writeln!(out, "site {}: {}", remote.site, line(f)),
+                None => writeln!(out, "site {}: ok ({})", remote.site, remote.path),
+            };
+        }
     }
     for u in &m.unchecked {
         let _ = writeln!(out, "not checked: {u}");
@@ -36,6 +50,10 @@ pub fn text(r: &Report) -> String {
         n => writeln!(out, "{n} cause(s) found"),
     };
     out
+}
+
+fn site_finding<'a>(r: &'a Report, site: &str) -> Option<&'a Finding> {
+    r.findings.iter().find(|f| f.site.as_deref() == Some(site))
 }
 
 fn line(f: &Finding) -> String {
@@ -57,12 +75,24 @@ pub fn json(r: &Report) -> Value {
             json!({"peer": p.peer, "state": state})
         })
         .collect();
+    let sites = m.sites.as_ref().map(|s| {
+        let remotes: Vec<Value> = s
+            .remotes
+            .iter()
+            .map(|remote| {
+                let state = site_finding(r, &remote.site).map_or("ok", |f| f.cause.code());
+                json!({"site": remote.site, "path": remote.path, "state": state})
+            })
+            .collect();
+        json!({"site": s.site, "role": s.role, "remotes": remotes})
+    });
     json!({
         "network": r.network,
         "node": m.local_ip,
         "podMtu": m.node.pod_mtu,
         "tookMs": r.took.as_millis() as u64,
         "peers": peers,
+        "sites": sites,
         "findings": r.findings,
         "unchecked": m.unchecked,
     })
@@ -111,6 +141,7 @@ mod tests {
                 peers,
                 local_ip: "192.0.2.1".parse().unwrap(),
                 unchecked: vec!["forward chains: no nf_tables".into()],
+                sites: None,
             },
             findings,
             took: std::time::Duration::from_millis(2512),
@@ -134,6 +165,56 @@ mod tests {
         assert!(lines[3].contains(" | fix: allow UDP 8472"), "{out}");
         assert_eq!(lines[4], "not checked: forward chains: no nf_tables");
         assert_eq!(lines[5], "2 cause(s) found");
+    }
+
+    /// With sites: the node's site and role, then one line a remote site.
+    #[test]
+    fn text_and_json_have_one_entry_a_remote_site() {
+        use super::super::decide::sites::{RemoteFacts, SitesFacts, WanProbe};
+        let mut r = report();
+        let remote = |site: &str, path: &str, full: bool| RemoteFacts {
+            site: site.into(),
+            gateway: Some(format!("{site}-gw")),
+            path: path.into(),
+            tunnel: None,
+            probe: Some(WanProbe {
+                target: "198.18.21.0".parse().unwrap(),
+                small: true,
+                full,
+                largest: None,
+            }),
+            nat: vec![],
+        };
+        let sites = SitesFacts {
+            site: "site-a".into(),
+            role: "member, through gateway a1".into(),
+            gateway: false,
+            interface: "stickywg0".into(),
+            listen_port: 51820,
+            wan_mtu: 1500,
+            overhead: 60,
+            config: "/c".into(),
+            remotes: vec![
+                remote("cloud", "direct", true),
+                remote("site-b", "direct (punched)", false),
+            ],
+        };
+        r.findings
+            .extend(super::super::decide::sites::decide(&sites));
+        r.measured.sites = Some(sites);
+        let out = text(&r);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[4], "site site-a: member, through gateway a1", "{out}");
+        assert_eq!(lines[5], "site cloud: ok (direct)", "{out}");
+        assert!(lines[6].starts_with("site site-b: wan-mtu: "), "{out}");
+        assert_eq!(lines[8], "3 cause(s) found", "{out}");
+        let v = json(&r);
+        assert_eq!(
+            v["sites"]["remotes"][1],
+            json!({"site": "site-b", "path": "direct (punched)", "state": "wan-mtu"})
+        );
+        assert_eq!(v["findings"][2]["site"], "site-b");
+        assert_eq!(v["findings"][2]["cause"], "wan-mtu");
     }
 
     #[test]
