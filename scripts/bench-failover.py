@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Sites failover (issue 29): how long pods of site A are cut off from the cloud and from site B
-when A's active gateway loses its link with the API away, over several runs, and the median.
+"""Sites healing with the shipped settings (issues 29 and 36): how long pods are cut off after
+each event an edge uplink meets, over several runs: the median and the spread.
 
-Each run is the netns test `sites_failover::sites_failover_within_15s_with_the_api_away`
-(crates/agent/tests/agent/sites_failover.rs, on crates/testkit/src/sites_support.rs with a3 as
-site A's standby): the API server stopped, a1's underlay link cut, the time until a2's pod
-answers pings to c2's and b2's pods again (the test prints it). Every namespace is
-removed by the test's drop guards, also on failure. Needs root and wireguard-tools (`wg`).
-The time is protocol-bound (probes every 1 s, dead after 3 missed, the 2 s round), not
-crypto-bound, so the debug build is used unless --release is given.
+Each event is a netns test of crates/agent/tests/agent/ (on crates/testkit/src/sites_support.rs)
+that prints what it measured; this script runs it --runs times and reads the figure back:
+- failover: `sites_failover::sites_failover_within_15s_with_the_api_away`: the API server
+  stopped, site A's active gateway a1 loses its underlay link; the time until a2's pod answers
+  pings to c2's and b2's pods again (through the standby a3);
+- path death: `sites_nat::sites_nat_a_new_wan_address_heals_within_30s_with_the_shipped_settings`,
+  A and B punched, the API away, router B's WAN address changed (every mapping gone): the time
+  until a2 reaches b2 again (the punched path declared dead, back on the relay);
+- renumbering: the same run, the time until b2 reaches c2 again (the cloud roams to B's new
+  address at B's next packet).
+Every namespace is removed by the tests' drop guards, also on failure. Needs root and
+wireguard-tools (`wg`). The times are protocol-bound (probes every 1 s, dead after 3 missed,
+the 2 s round, keepalives every 10 s), not crypto-bound, so the debug build is used unless
+--release is given.
 
-    scripts/bench-failover.py [--runs 5] [--release]
+    scripts/bench-failover.py [--runs 5] [--release] [--events failover,path-death,renumbering]
 """
 
 import argparse
@@ -21,39 +28,70 @@ import subprocess
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-TEST = "sites_failover::sites_failover_within_15s_with_the_api_away"
-LINE = re.compile(r"^failover: .* again ([0-9.]+)(m?s) after a1's cut")
+FAILOVER = "sites_failover::sites_failover_within_15s_with_the_api_away"
+RENUMBER = "sites_nat::sites_nat_a_new_wan_address_heals_within_30s_with_the_shipped_settings"
+DURATION = r"([0-9.]+)(ms|s|µs)"
+# event -> (test, the line it prints, the group of the duration in it)
+EVENTS = {
+    "failover": (FAILOVER, re.compile(r"^failover: .* again " + DURATION + r" after a1's cut"), 1),
+    "path-death": (RENUMBER, re.compile(r"^new WAN address on B: b2 -> c2 after " + DURATION
+                                        + r", a2 -> b2 after " + DURATION), 3),
+    "renumbering": (RENUMBER, re.compile(r"^new WAN address on B: b2 -> c2 after " + DURATION), 1),
+}
 
 
-def one_run(profile):
+def seconds(value, unit):
+    return float(value) / {"s": 1, "ms": 1000, "µs": 1_000_000}[unit]
+
+
+def run_test(test, profile):
     out = subprocess.run(
         ["cargo", "test", "--locked", *profile, "-p", "sticky-vxlan-agent", "--test", "agent",
-         "--", "--ignored", "--nocapture", "--exact", TEST],
+         "--", "--ignored", "--nocapture", "--exact", test],
         cwd=ROOT, capture_output=True, text=True)
-    for line in (out.stdout + out.stderr).splitlines():
-        m = LINE.match(line)
+    if out.returncode != 0:
+        sys.exit(f"bench-failover: {test} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return (out.stdout + out.stderr).splitlines()
+
+
+def figure(event, lines):
+    _, line, group = EVENTS[event]
+    for text in lines:
+        m = line.match(text)
         if m:
-            value = float(m.group(1))
-            return value / 1000 if m.group(2) == "ms" else value
-    sys.exit(f"bench-failover: the test printed no failover time:\n{out.stdout}\n{out.stderr}")
+            return seconds(m.group(group), m.group(group + 1))
+    sys.exit(f"bench-failover: the test printed no figure for {event}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--release", action="store_true")
+    ap.add_argument("--events", default=",".join(EVENTS))
     args = ap.parse_args()
+    events = [e for e in args.events.split(",") if e]
+    for e in events:
+        if e not in EVENTS:
+            sys.exit(f"bench-failover: unknown event {e!r} (known: {', '.join(EVENTS)})")
     profile = ["--release"] if args.release else []
     build = ["cargo", "build", "--locked", *profile, "-p", "sticky-vxlan", "-p",
              "sticky-vxlan-agent", "-p", "sticky-wg"]
     subprocess.run(build, cwd=ROOT, check=True)
-    runs = []
+    figures = {e: [] for e in events}
+    tests = sorted({EVENTS[e][0] for e in events})
     for i in range(args.runs):
-        t = one_run(profile)
-        runs.append(t)
-        print(f"run {i + 1}: failover {t:.2f} s", flush=True)
-    print(f"failover over {len(runs)} runs: median {statistics.median(runs):.2f} s "
-          f"(min {min(runs):.2f}, max {max(runs):.2f})")
+        for test in tests:
+            lines = run_test(test, profile)
+            for e in events:
+                if EVENTS[e][0] == test:
+                    figures[e].append(figure(e, lines))
+        print(f"run {i + 1}: " + ", ".join(f"{e} {figures[e][-1]:.2f} s" for e in events),
+              flush=True)
+    for e in events:
+        runs = figures[e]
+        print(f"{e} over {len(runs)} runs: median {statistics.median(runs):.2f} s "
+              f"(min {min(runs):.2f}, max {max(runs):.2f}; runs "
+              + ", ".join(f"{r:.2f}" for r in runs) + ")")
 
 
 if __name__ == "__main__":

@@ -24,15 +24,10 @@ const A_WAN: &str = "203.0.113.10";
 const B_WAN: &str = "203.0.113.20";
 const CLOUD_GW: &str = "198.51.100.1";
 
-/// The keepalive the tests configure (`sites.keepaliveSecs`): short, so that 5 minutes are
-/// 60 keepalive periods.
-const KEEPALIVE: u64 = 5;
-
-/// Sites with this NAT flavour, keepalive [`KEEPALIVE`], every daemon running, pods on a2, b2
+/// Sites with this NAT flavour and the shipped settings, every daemon running, pods on a2, b2
 /// and c2; a2 and b2 answering each other (120 s each way).
 fn nat_running(nat: Nat) -> (Sites, [(Pod, String); 3]) {
     let mut s = Sites::new(nat);
-    s.set_sites_setting("keepaliveSecs", json!(KEEPALIVE));
     s.start_all();
     let pods = [s.pod("a2", "pa2"), s.pod("b2", "pb2"), s.pod("c2", "pc2")];
     for (from, to) in [(0, 1), (1, 0)] {
@@ -281,11 +276,10 @@ fn sites_nat_direct_survives_the_cloud_away() {
     assert_eq!(path_to(&s, "a1", "site-b").unwrap(), "direct (punched)");
 }
 
-/// Sites with keepalive [`KEEPALIVE`], the direct path between A's and B's routers blocked
-/// on the internet's bridge (until [`unblock`]), every daemon running, pods on a2 and b2.
+/// Sites with the shipped settings, the direct path between A's and B's routers blocked on
+/// the internet's bridge (until [`unblock`]), every daemon running, pods on a2 and b2.
 fn blocked_running() -> (Sites, [(Pod, String); 2]) {
     let mut s = Sites::new(Nat::Masquerade);
-    s.set_sites_setting("keepaliveSecs", json!(KEEPALIVE));
     s.topo.load_nft(
         s.internet(),
         "block-a-b.nft",
