@@ -9,6 +9,7 @@ mod hostile;
 mod kubectl;
 mod proxy;
 mod sites;
+mod sites_doctor;
 mod sites_failover;
 mod sites_nat;
 mod sites_trust;
