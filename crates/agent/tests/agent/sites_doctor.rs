@@ -258,3 +258,80 @@ fn sites_doctor_wan_mtu_below_wan_mtu_setting() {
     );
     doctor_until(&s, "a1", &[], Duration::from_secs(60));
 }
+
+/// Router B maps each destination to a random port, so a2 <-> b2 is relayed through the cloud
+/// gateway c1. sticky-wg stops on c1: a2 no longer reaches b2 (nor c2), and doctor on a1 names
+/// `tunnel-down` for the cloud site (c1 does not answer through the tunnel) and
+/// `relay-unreachable` for site B (relayed via the cloud, whose gateway answers nothing either),
+/// and exits 1. The fix (sticky-wg running on c1) applied: a2 reaches b2 again and doctor names
+/// neither; what may remain is `punch-failing` for site B, which is this NAT's, not the relay's.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn sites_doctor_relay_unreachable() {
+    let (mut s, pods) = Sites::running(Nat::RandomOnB, |_| {});
+    let (a2, _) = pod_of(&pods, "a2");
+    let (_, b2_ip) = pod_of(&pods, "b2");
+    // As in the field, the relay has seen where both edge gateways come from (what it dials
+    // when it comes back: docs/sites.md, "What survives the cloud").
+    let cache = s
+        .topo
+        .state_dir(site_node("c1").k)
+        .join(format!("{}.sites.json", s.topo.net));
+    sticky_testkit::kube_support::wait_for(
+        "c1 to cache where a1 and b1 dial in from",
+        Duration::from_secs(120),
+        || {
+            let text = std::fs::read_to_string(&cache).unwrap_or_default();
+            text.contains("observed-endpoints")
+                && text.contains(r#"\"a1\""#)
+                && text.contains(r#"\"b1\""#)
+        },
+    );
+    s.stop_wg("c1");
+    assert!(
+        !any_reply(&a2.ns, b2_ip, 56, 10),
+        "a2 still reaches b2 with the relay's sticky-wg stopped"
+    );
+    let report = doctor_until(
+        &s,
+        "a1",
+        &[("tunnel-down", "cloud"), ("relay-unreachable", "site-b")],
+        Duration::from_secs(120),
+    );
+    let relay = &report["findings"][1];
+    assert!(
+        relay["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("relayed via cloud")),
+        "{report:#}"
+    );
+    assert!(
+        relay["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("sticky-wg runs on c1")),
+        "{report:#}"
+    );
+
+    s.start_wg("c1");
+    assert!(
+        first_reply(&a2.ns, b2_ip, Duration::from_secs(120)).is_some(),
+        "a2 does not reach b2 again within 120 s of c1's sticky-wg start: {:#?}",
+        s.logs()
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (code, report) = doctor(&s, "a1");
+        let left = causes(&report);
+        let punch_only = left
+            .iter()
+            .all(|(c, site)| c == "punch-failing" && site.as_deref() == Some("site-b"));
+        if punch_only {
+            assert_eq!(code, i32::from(!left.is_empty()), "{report:#}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "doctor on a1 still says {left:?} after the relay came back: {report:#}"
+        );
+    }
+}

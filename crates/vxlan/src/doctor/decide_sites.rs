@@ -185,12 +185,13 @@ fn nothing_crosses(s: &SitesFacts, r: &RemoteFacts, p: &WanProbe) -> Option<Find
         ),
     };
     if let Some(relay) = relay_of(&r.path) {
-        let relay_dead = s
-            .remotes
-            .iter()
-            .find(|o| o.site == relay)
+        let relay_site = s.remotes.iter().find(|o| o.site == relay);
+        let relay_dead = relay_site
             .and_then(|o| o.probe.as_ref())
             .is_some_and(|o| !o.small);
+        let relay_gateway = relay_site
+            .and_then(|o| o.gateway.clone())
+            .unwrap_or_else(|| format!("{relay}'s gateway"));
         if relay_dead {
             return finding(
                 r,
@@ -199,7 +200,7 @@ fn nothing_crosses(s: &SitesFacts, r: &RemoteFacts, p: &WanProbe) -> Option<Find
                     "site {} is relayed via {relay}, and nothing crosses the tunnel to {relay}'s gateway either{seen}",
                     r.site
                 ),
-                tunnel_fix(s, &format!("{relay}'s gateway")),
+                tunnel_fix(s, &relay_gateway),
             );
         }
         return finding(

@@ -475,6 +475,7 @@ fn a_relay_that_answers_nothing_is_named_before_the_site() {
     );
     let f = &sites::decide(&s)[0];
     assert!(f.detail.contains("relayed via cloud"), "{f:?}");
+    assert!(f.fix.contains("sticky-wg runs on c1"), "{f:?}");
 }
 
 #[test]
