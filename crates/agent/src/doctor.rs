@@ -1,6 +1,6 @@
 //! `--doctor-every`: the agent runs `sticky-vxlan doctor`'s checks ([`sticky_vxlan::doctor`])
-//! on a thread of its own now and then, and `/metrics` says per peer what the path to it is
-//! (`ok` or the cause), so a dashboard shows "node-17 → node-42: mtu" before anyone asks.
+//! on a thread of its own now and then, and `/metrics` says per peer and per remote site what
+//! the path to it is (`ok` or the cause), so a dashboard shows "node-17 → node-42: mtu" before anyone asks.
 //! The checks write nothing; a run takes the probes' window (2.5 s) whatever the peers.
 
 use std::fmt::Write as _;
@@ -17,6 +17,8 @@ pub struct Paths {
     pub at: u64,
     /// Per peer (its underlay address): `ok` or the cause found on the path to it.
     pub peers: Vec<(String, String)>,
+    /// Per remote site (with sites): `ok` or the cause found on the path to it.
+    pub sites: Vec<(String, String)>,
     /// The causes found on this node itself.
     pub node: Vec<String>,
     /// Why the last run could not check anything.
@@ -42,13 +44,22 @@ impl Paths {
                 .find(|f| f.peer == Some(peer))
                 .map_or("ok", |f| f.cause.code())
         };
+        let site_cause = |site: &str| {
+            r.findings
+                .iter()
+                .find(|f| f.site.as_deref() == Some(site))
+                .map_or("ok", |f| f.cause.code())
+        };
         Paths {
             at,
             peers: (r.measured.peers.iter())
                 .map(|p| (p.peer.to_string(), cause_of(p.peer).to_string()))
                 .collect(),
+            sites: (r.measured.sites.iter().flat_map(|s| &s.remotes))
+                .map(|s| (s.site.clone(), site_cause(&s.site).to_string()))
+                .collect(),
             node: (r.findings.iter())
-                .filter(|f| f.peer.is_none())
+                .filter(|f| f.peer.is_none() && f.site.is_none())
                 .map(|f| f.cause.code().to_string())
                 .collect(),
             error: None,
@@ -97,6 +108,17 @@ pub fn metrics(out: &mut String, p: &Paths) {
     }
     head(
         out,
+        "site_path_cause",
+        "Per remote site: 1 with the cause the last periodic doctor run found on the path to it (cause=\"ok\" when it passes).",
+    );
+    for (site, cause) in &p.sites {
+        let _ = writeln!(
+            out,
+            "sticky_vxlan_agent_site_path_cause{{site=\"{site}\",cause=\"{cause}\"}} 1"
+        );
+    }
+    head(
+        out,
         "node_cause",
         "1 for each cause the last periodic doctor run found on this node itself.",
     );
@@ -140,6 +162,7 @@ mod tests {
                     ("192.0.2.2".into(), "ok".into()),
                     ("192.0.2.3".into(), "mtu".into()),
                 ],
+                sites: vec![("site-b".into(), "wan-mtu".into())],
                 node: vec!["forward-drop".into()],
                 error: None,
             },
@@ -147,6 +170,7 @@ mod tests {
         for line in [
             "sticky_vxlan_agent_path_cause{peer=\"192.0.2.2\",cause=\"ok\"} 1",
             "sticky_vxlan_agent_path_cause{peer=\"192.0.2.3\",cause=\"mtu\"} 1",
+            "sticky_vxlan_agent_site_path_cause{site=\"site-b\",cause=\"wan-mtu\"} 1",
             "sticky_vxlan_agent_node_cause{cause=\"forward-drop\"} 1",
             "sticky_vxlan_agent_doctor_ok 1",
             "sticky_vxlan_agent_doctor_last_run_timestamp_seconds 7",
