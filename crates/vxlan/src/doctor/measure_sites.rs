@@ -53,7 +53,8 @@ pub fn measure(
             return Ok(None);
         }
     };
-    let cache = read_cache(cfg).unwrap_or_else(|why| {
+    let cache_path = cfg.state_dir.join(format!("{}.sites.json", cfg.name));
+    let cache = read_cache(&cache_path).unwrap_or_else(|why| {
         unchecked.push(format!("sites cache: {why}"));
         Cache::default()
     });
@@ -102,11 +103,11 @@ fn read_status(cfg: &Config) -> Result<SitesStatus, String> {
     })
 }
 
-/// The sites cache, read as plain JSON (its owner is the agent: docs/sites.md, "Offline").
-fn read_cache(cfg: &Config) -> Result<Cache, String> {
-    let path = cfg.state_dir.join(format!("{}.sites.json", cfg.name));
+/// The sites cache at `path`, read as plain JSON (its owner is the agent: docs/sites.md,
+/// "Offline").
+fn read_cache(path: &Path) -> Result<Cache, String> {
     let shown = path.display();
-    let bytes = sticky_primitives::nofollow::read_bounded(&path, MAX_FILE)
+    let bytes = sticky_primitives::nofollow::read_bounded(path, MAX_FILE)
         .map_err(|e| format!("reading {shown}: {e}"))?
         .ok_or_else(|| format!("no {shown} yet"))?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("reading {shown}: {e}"))?;
@@ -234,4 +235,65 @@ fn probe(prober: &mut impl Prober, facts: &mut SitesFacts, cache: &Cache) -> Res
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::RemoteSite;
+    use serde_json::json;
+
+    /// The cache as the agent writes it: each Node's pod subnets, underlay and annotations; the
+    /// cloud gateway's observations of the gateways behind NAT.
+    #[test]
+    fn the_cache_gives_each_gateways_address_and_the_pairs_nat_mappings() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("net.sites.json");
+        let observed = json!({"a1": "203.0.113.10:51820", "b1": "203.0.113.20:40123"});
+        let cache = json!({"version": 1, "current": {}, "nodes": [
+            {"name": "a1", "pod_cidrs": ["fd00::/64", "198.18.11.0/24"], "underlay": "192.0.2.1"},
+            {"name": "b1", "pod_cidrs": ["198.18.21.0/24"], "underlay": "192.0.2.129"},
+            {"name": "c1", "pod_cidrs": ["198.18.1.0/24"], "underlay": "198.51.100.1",
+             "annotations": {OBSERVED: observed.to_string()}},
+        ]});
+        std::fs::write(&path, cache.to_string()).unwrap();
+        let cache = read_cache(&path).unwrap();
+        assert_eq!(
+            cache.vtep["a1"],
+            Ipv4Addr::new(198, 18, 11, 0),
+            "the first IPv4 subnet"
+        );
+        assert_eq!(cache.vtep["b1"], Ipv4Addr::new(198, 18, 21, 0));
+        let status = SitesStatus {
+            site: "site-a".into(),
+            role: "active gateway".into(),
+            remotes: ["b1", "c1"]
+                .iter()
+                .map(|g| RemoteSite {
+                    site: format!("site-of-{g}"),
+                    gateway: Some(g.to_string()),
+                    path: "relayed via cloud (punch paused: next try in 60 s)".into(),
+                    tunnel: None,
+                })
+                .collect(),
+            ..SitesStatus::default()
+        };
+        let remotes = remotes(&status, &cache, "192.0.2.1".parse().unwrap());
+        let seen: Vec<(&str, u16)> = remotes[0]
+            .nat
+            .iter()
+            .map(|m| (m.gateway.as_str(), m.seen.port()))
+            .collect();
+        assert_eq!(
+            seen,
+            [("a1", 51820), ("b1", 40123)],
+            "this gateway's and b1's"
+        );
+        assert_eq!(
+            remotes[1].nat.len(),
+            1,
+            "c1 has an endpoint: only a1's mapping"
+        );
+        assert!(read_cache(&dir.path().join("none.json")).is_err());
+    }
 }
