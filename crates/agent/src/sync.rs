@@ -194,6 +194,9 @@ pub struct Keeper {
     /// A complete list was seen: before it, no file is written (an empty start must not
     /// count as "every node is gone").
     listed: bool,
+    /// With sites, a list came and its facts (sent right after it) not yet: until they do, a
+    /// write would put every Node in one site and take the other sites' away.
+    awaiting_facts: bool,
     /// The peers file as last read or written.
     current: files::PeersCache,
     /// With sites: the peers file is shaped to this node's site (by the sites run's
@@ -220,6 +223,7 @@ impl Keeper {
             nodes: BTreeMap::new(),
             left_out: BTreeMap::new(),
             listed: false,
+            awaiting_facts: false,
             current: files::PeersCache::default(),
             sites: false,
             facts: BTreeMap::new(),
@@ -240,8 +244,9 @@ impl Keeper {
         match u {
             Update::Replace(all) => {
                 self.listed = true;
+                self.awaiting_facts = self.sites;
                 self.nodes = all;
-                true
+                !self.awaiting_facts
             }
             Update::Upsert(name, m) => {
                 self.nodes.insert(name, m);
@@ -253,6 +258,7 @@ impl Keeper {
             }
             Update::ReplaceFacts(all) => {
                 self.facts = all;
+                self.awaiting_facts = false;
                 self.listed
             }
             Update::Facts(name, f) => {
@@ -263,9 +269,10 @@ impl Keeper {
         }
     }
 
-    /// A complete list of Nodes was seen: the keeper can make the plan.
+    /// A complete list of Nodes was seen (with sites, and what sites read of them): the keeper
+    /// can make the plan.
     pub fn listed(&self) -> bool {
-        self.listed
+        self.listed && !self.awaiting_facts
     }
 
     pub fn left_out(&self) -> &BTreeMap<String, String> {
@@ -284,7 +291,7 @@ impl Keeper {
         accepts: impl FnMut(&[Peer]) -> Result<(), Refusal>,
         shaper: Option<&Shaper>,
     ) -> (Outcome, Vec<String>) {
-        if !self.listed {
+        if !self.listed() {
             return (Outcome::Unchanged, Vec::new());
         }
         let placed = table::place(&self.nodes, &self.held_for_placing(held), self.vni);
@@ -618,6 +625,34 @@ mod tests {
         k.apply(Update::Replace(nodes));
         k.apply(Update::ReplaceFacts(facts));
         k
+    }
+
+    /// With sites, a list whose facts have not come yet writes nothing: it would put every
+    /// Node in one site (seen once under load: b1 wrote its whole cluster as "the only site",
+    /// then the guard refused the real plan).
+    #[test]
+    fn with_sites_a_list_waits_for_its_facts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Keeper::new(
+            dir.path().join("peers.json"),
+            Some("a2".into()),
+            1,
+            Guard::new(0.2),
+        );
+        k.sites = true;
+        let mut shaper = crate::sites::shape::tests::shaper("a2");
+        let mut nodes = BTreeMap::new();
+        nodes.insert("a2".to_string(), mapped("192.0.2.2", "198.18.12.0/24"));
+        assert!(
+            !k.apply(Update::Replace(nodes)),
+            "nothing to write before the facts"
+        );
+        assert!(!k.listed());
+        let (out, _) = write_sites(&mut k, &mut shaper, &[]);
+        assert_eq!(out, Outcome::Unchanged);
+        assert!(!dir.path().join("peers.json").exists());
+        assert!(k.apply(Update::ReplaceFacts(BTreeMap::new())));
+        assert!(k.listed());
     }
 
     #[test]
