@@ -31,21 +31,11 @@ impl Annotations {
     /// Keeps the key this node publishes as its gateway key file says (made when its Node is
     /// first labelled a gateway; a rotated one is taken here).
     fn keep_key(&mut self, p: &mut Publishing, own: &Node, run: &mut SitesRun) -> Vec<String> {
-        let mut lines = Vec::new();
-        let key = match run.public_key(own) {
-            None => None,
-            Some(Ok(k)) => Some(k),
-            Some(Err(e)) => {
-                if self.key_error.as_ref() != Some(&e) {
-                    lines.push(format!("sites: this node's gateway key: {e}"));
-                    self.key_error = Some(e);
-                }
-                return lines;
-            }
+        let read = run.public_key(own).transpose();
+        let mut lines: Vec<String> = self.key_said(read.as_ref().err()).into_iter().collect();
+        let Ok(key) = read else {
+            return lines;
         };
-        if self.key_error.take().is_some() {
-            lines.push("sites: this node's gateway key is usable again".into());
-        }
         if p.publisher.public_key != key {
             if let Some(k) = &key {
                 lines.push(format!(
@@ -60,6 +50,24 @@ impl Annotations {
             lines.push(line);
         }
         lines
+    }
+}
+
+impl Annotations {
+    /// The line to log for the key as last read (`error`: why it cannot be used, None: it can):
+    /// a standing error once, and again when it changes; its end once.
+    fn key_said(&mut self, error: Option<&String>) -> Option<String> {
+        match error {
+            Some(e) if self.key_error.as_ref() == Some(e) => None,
+            Some(e) => {
+                self.key_error = Some(e.clone());
+                Some(format!("sites: this node's gateway key: {e}"))
+            }
+            None => self
+                .key_error
+                .take()
+                .map(|_| "sites: this node's gateway key is usable again".into()),
+        }
     }
 }
 
@@ -94,5 +102,34 @@ pub fn observe(run: &mut SitesRun, keeper: Option<&mut Keeper>) -> (Vec<String>,
             lines.extend(run.recompute());
             (lines, false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 36: a key that cannot be used is said once, not every round; a new reason and
+    /// its end are said once each.
+    #[test]
+    fn a_key_error_is_logged_once_and_its_end_once() {
+        let mut a = Annotations::default();
+        let denied = "key dir: permission denied".to_string();
+        let said = a.key_said(Some(&denied)).unwrap_or_default();
+        assert!(said.contains("permission denied"), "{said}");
+        for _ in 0..5 {
+            assert_eq!(
+                a.key_said(Some(&denied)),
+                None,
+                "every round after the first"
+            );
+        }
+        let other = "key file: not 44 bytes".to_string();
+        assert!(a.key_said(Some(&other)).is_some(), "a new reason");
+        assert_eq!(
+            a.key_said(None).as_deref(),
+            Some("sites: this node's gateway key is usable again")
+        );
+        assert_eq!(a.key_said(None), None);
     }
 }

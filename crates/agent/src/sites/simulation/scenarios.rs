@@ -258,6 +258,31 @@ fn simulation_wan_renumbering() {
     );
 }
 
+/// Router A gets a new public address while A↔B is punched and the API is up (issue 36): A
+/// reaches the cloud within 15 s and B within 30 s (through the relay, then punched again
+/// from the new mappings the cloud publishes).
+#[test]
+fn simulation_wan_renumbering_with_the_api_up() {
+    each_seed(
+        |w| {
+            punched(w)?;
+            let r = w.net.routers.get_mut("edge-a").ok_or("no router A")?;
+            r.public = "203.0.113.11".parse().map_err(|_| "address")?;
+            r.forget();
+            heals(w, "a2 reaches c2 (API up)", secs(15), |w| {
+                w.ping("a2", "c2")
+            })?;
+            heals(w, "a2 reaches b2 (API up)", secs(30), |w| {
+                w.ping("a2", "b2")
+            })?;
+            holds(w, "after the renumbering (API up)", secs(60), all_talk)?;
+            punched(w).map(|_| ())
+        },
+        Nat::Cone,
+        Nat::Cone,
+    );
+}
+
 /// The relay's gateway restarts with the API away (its agent from the cache, `sticky-wg` with
 /// an empty device): the relayed pair talks again within 10 s.
 #[test]
