@@ -470,6 +470,26 @@ impl Sites {
         self.stop(name, "agent");
     }
 
+    /// Waits until the relay gateway c1's sites cache holds where a1 and b1 dial in from (its
+    /// own NAT discovery annotation): what it dials first when it comes back, as in the field
+    /// once the relay has run a while (docs/sites.md, "What survives the cloud").
+    pub fn wait_relay_observed(&self) {
+        let cache = self
+            .topo
+            .state_dir(site_node("c1").k)
+            .join(format!("{}.sites.json", self.topo.net));
+        wait_for(
+            "c1 to cache where a1 and b1 dial in from",
+            Duration::from_secs(120),
+            || {
+                let text = std::fs::read_to_string(&cache).unwrap_or_default();
+                text.contains("observed-endpoints")
+                    && text.contains(r#"\"a1\""#)
+                    && text.contains(r#"\"b1\""#)
+            },
+        );
+    }
+
     /// Kills node `name`'s sticky-wg.
     pub fn stop_wg(&mut self, name: &str) {
         self.stop(name, "wg");

@@ -273,20 +273,7 @@ fn sites_doctor_relay_unreachable() {
     let (_, b2_ip) = pod_of(&pods, "b2");
     // As in the field, the relay has seen where both edge gateways come from (what it dials
     // when it comes back: docs/sites.md, "What survives the cloud").
-    let cache = s
-        .topo
-        .state_dir(site_node("c1").k)
-        .join(format!("{}.sites.json", s.topo.net));
-    sticky_testkit::kube_support::wait_for(
-        "c1 to cache where a1 and b1 dial in from",
-        Duration::from_secs(120),
-        || {
-            let text = std::fs::read_to_string(&cache).unwrap_or_default();
-            text.contains("observed-endpoints")
-                && text.contains(r#"\"a1\""#)
-                && text.contains(r#"\"b1\""#)
-        },
-    );
+    s.wait_relay_observed();
     s.stop_wg("c1");
     assert!(
         !any_reply(&a2.ns, b2_ip, 56, 10),

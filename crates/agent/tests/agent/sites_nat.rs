@@ -432,20 +432,7 @@ fn sites_nat_a_relay_restarted_with_the_api_away_relays_again_within_10s() {
     let (mut s, pods) = Sites::running(Nat::RandomOnB, |_| {});
     let (a2, _) = pod_of(&pods, "a2");
     let (_, b2_ip) = pod_of(&pods, "b2");
-    let cache = s
-        .topo
-        .state_dir(site_node("c1").k)
-        .join(format!("{}.sites.json", s.topo.net));
-    sticky_testkit::kube_support::wait_for(
-        "c1 to cache where a1 and b1 dial in from",
-        Duration::from_secs(60),
-        || {
-            let text = std::fs::read_to_string(&cache).unwrap_or_default();
-            text.contains("observed-endpoints")
-                && text.contains(r#"\"a1\""#)
-                && text.contains(r#"\"b1\""#)
-        },
-    );
+    s.wait_relay_observed();
     s.api.stop();
     s.stop_agent("c1");
     s.stop_wg("c1");
