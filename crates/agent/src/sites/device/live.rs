@@ -91,7 +91,7 @@ impl Device for Live {
         if !dev.up {
             link::set_up(&mut sock, &dev).map_err(failed)?;
         }
-        self.get(ifname).map(|_| ())
+        Ok(())
     }
 
     fn get(&self, ifname: &str) -> Result<DeviceState, Error> {

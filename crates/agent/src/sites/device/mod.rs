@@ -52,7 +52,8 @@ pub enum Error {
 /// The gateway's device (see the module doc). Every method names the device; none keeps
 /// anything between calls but what the device itself holds.
 pub trait Device {
-    /// The device exists (`sticky-wg` made it), is up with this MTU, and its daemon answers.
+    /// The device exists (`sticky-wg` made it) and is up with this MTU. Whether its daemon
+    /// answers is the next `get`'s to say (the round reads the device right after).
     fn ensure(&self, ifname: &str, mtu: u32) -> Result<(), Error>;
     /// The device's state.
     fn get(&self, ifname: &str) -> Result<DeviceState, Error>;
