@@ -132,6 +132,16 @@ impl World {
         world
     }
 
+    /// Node `name`'s agent as it starts: the shipped settings, its key dir, `device`.
+    fn fresh_core(&self, name: &str, device: &SimDevice) -> Core<SimDevice> {
+        let keys = KeyDir::new(
+            self._keys.path().join(name),
+            nix::unistd::geteuid().as_raw(),
+        );
+        let side = Side::new(self.sites.interface.clone(), 1420, keys, device.clone());
+        Core::new(Shaper::new(name, &self.sites), side, self.sites.probe_port)
+    }
+
     fn add(&mut self, &(name, site, underlay, pod, gateway): &Spec<'_>) {
         let dir = self._keys.path().join(name);
         let _ = std::fs::create_dir_all(&dir);
@@ -171,8 +181,7 @@ impl World {
         self.net.hosts.insert(ip(underlay), host);
         let device = SimDevice::default();
         device.wg.borrow_mut().running = gateway;
-        let side = Side::new(self.sites.interface.clone(), 1420, keys, device.clone());
-        let core = Core::new(Shaper::new(name, &self.sites), side, self.sites.probe_port);
+        let core = self.fresh_core(name, &device);
         let node = SimNode {
             site: site.into(),
             underlay: ip(underlay),
@@ -451,7 +460,7 @@ impl World {
         }
         self.next_session += 1;
         let id = Some((self.next_session, self.t));
-        let at = wg::wall(self.wall, self.t);
+        let at = self.wall + self.t;
         if let Some((q, s)) = other.borrow_mut().peer(&mine) {
             q.last_handshake = Some(at);
             q.endpoint = Some(seen);
@@ -620,14 +629,12 @@ impl World {
             node.device.wg.borrow_mut().restart();
         }
         let kept = node.core.kept().map(|(i, c)| (i.to_vec(), c.clone()));
-        let keys = KeyDir::new(self._keys.path().join(n), nix::unistd::geteuid().as_raw());
-        let side = Side::new(
-            self.sites.interface.clone(),
-            1420,
-            keys,
-            node.device.clone(),
-        );
-        node.core = Core::new(Shaper::new(n, &self.sites), side, self.sites.probe_port);
+        let device = node.device.clone();
+        let core = self.fresh_core(n, &device);
+        let Some(node) = self.nodes.get_mut(n) else {
+            return;
+        };
+        node.core = core;
         node.tracker = Tracker::new();
         node.probed = None;
         node.api_seen = 0;

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use ipnet::IpNet;
 use sticky_sites::keys::{PrivateKey, PublicKey};
@@ -170,9 +170,4 @@ impl Device for SimDevice {
         self.nudges.borrow_mut().push(to);
         Ok(())
     }
-}
-
-/// A handshake time on the wall clock of the simulation.
-pub fn wall(start: SystemTime, at: Duration) -> SystemTime {
-    start + at
 }
