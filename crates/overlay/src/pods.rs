@@ -162,6 +162,7 @@ impl Pods for Live<'_> {
                     gateway: r.gw,
                     oif: Some(link.index),
                     onlink: false,
+                    nexthop: None,
                     protocol: RTPROT_BOOT,
                 },
             )?;
