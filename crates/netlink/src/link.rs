@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use netlink_packet_core::{
-    NLM_F_CREATE, NLM_F_EXCL, parse_string, parse_u8, parse_u16_be, parse_u32,
+    NLM_F_CREATE, NLM_F_EXCL, NlasIterator, parse_string, parse_u8, parse_u16_be, parse_u32,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
@@ -14,7 +14,7 @@ use netlink_packet_route::link::{
 };
 use nix::errno::Errno;
 
-use super::decode::{self, attributes};
+use super::decode;
 use super::socket::{self, Socket};
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +99,17 @@ const IFLA_VXLAN_LOCAL6: u16 = 17;
 const RTM_NEWLINK: u16 = 16;
 /// `struct ifinfomsg`: family, pad, type, index, flags, change.
 const IFINFOMSG_LEN: usize = 16;
+
+/// The attributes of a netlink attribute block, as (type, value).
+fn attributes(block: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), decode::Error>> {
+    NlasIterator::new(block).map(|nla| {
+        let nla = nla.map_err(decode::Error::Attribute)?;
+        let (kind, end) = (nla.kind(), usize::from(nla.length()));
+        // `new_checked` made sure that 4 <= length <= the buffer's length.
+        let value = nla.into_inner().get(4..end).unwrap_or_default();
+        Ok((kind, value))
+    })
+}
 
 impl Link {
     /// A [`Link`] straight from an `RTM_NEWLINK` payload: only the attributes a
@@ -342,7 +353,7 @@ pub fn add_veth(sock: &mut Socket, spec: &VethSpec<'_>) -> Result<(), Error> {
 
 /// The link called `name`, or `None` if there is none.
 pub fn get(sock: &mut Socket, name: &str) -> Result<Option<Link>, Error> {
-    match sock.request_with("get link", query(named(name)).into(), 0, &mut links_of) {
+    match sock.request_with("get link", query(named(name)), 0, &mut links_of) {
         Ok(found) => Ok(found.into_iter().next()),
         Err(e) if e.is(Errno::ENODEV) => Ok(None),
         Err(e) => Err(ctx(name)(e)),
@@ -355,12 +366,8 @@ pub fn require(sock: &mut Socket, name: &str) -> Result<Link, Error> {
 }
 
 pub fn list(sock: &mut Socket) -> Result<Vec<Link>, Error> {
-    sock.dump_with(
-        "list links",
-        query(LinkMessage::default()).into(),
-        &mut links_of,
-    )
-    .map_err(ctx("*"))
+    sock.dump_with("list links", query(LinkMessage::default()), &mut links_of)
+        .map_err(ctx("*"))
 }
 
 /// The links of one kind (`vxlan`, `bridge`): the kernel leaves the others out of the dump
@@ -371,7 +378,7 @@ pub fn list_kind(sock: &mut Socket, kind: InfoKind) -> Result<Vec<Link>, Error> 
     msg.attributes
         .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(kind)]));
     let found = sock
-        .dump_with("list links", query(msg).into(), &mut links_of)
+        .dump_with("list links", query(msg), &mut links_of)
         .map_err(ctx("*"))?;
     Ok(found
         .into_iter()
@@ -381,7 +388,7 @@ pub fn list_kind(sock: &mut Socket, kind: InfoKind) -> Result<Vec<Link>, Error> 
 
 /// The link of index `index`, or `None` if there is none.
 pub fn get_at(sock: &mut Socket, index: u32) -> Result<Option<Link>, Error> {
-    match sock.request_with("get link", query(indexed(index)).into(), 0, &mut links_of) {
+    match sock.request_with("get link", query(indexed(index)), 0, &mut links_of) {
         Ok(found) => Ok(found.into_iter().next()),
         Err(e) if e.is(Errno::ENODEV) => Ok(None),
         Err(e) => Err(ctx(&format!("#{index}"))(e)),

@@ -135,7 +135,7 @@ impl Write<'_> {
         };
         socket::Request {
             what,
-            message: message.into(),
+            message,
             flags,
         }
     }

@@ -29,10 +29,6 @@ pub struct Route {
     pub oif: Option<u32>,
     /// `onlink`: the gateway is reachable on `oif` whatever the interface's addresses.
     pub onlink: bool,
-    /// `nhid`: the nexthop object ([`super::nexthop`]) the route goes through. Written, it
-    /// stands for the gateway, device and `onlink` (leave those out); read, the kernel shows
-    /// them as well (`net.ipv4.nexthop_compat_mode`, on by default).
-    pub nexthop: Option<u32>,
     /// The route protocol number (`proto` in `ip route`); 0 means unspecified.
     pub protocol: u8,
 }
@@ -40,9 +36,6 @@ pub struct Route {
 impl std::fmt::Display for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.dst)?;
-        if let Some(id) = self.nexthop {
-            write!(f, " nhid {id}")?;
-        }
         if let Some(gw) = self.gateway {
             write!(f, " via {gw}")?;
         }
@@ -86,7 +79,7 @@ pub fn message(route: &Route) -> RouteMessage {
     msg.header.table = RouteHeader::RT_TABLE_MAIN;
     msg.header.protocol = RouteProtocol::from(route.protocol);
     msg.header.kind = RouteType::Unicast;
-    msg.header.scope = if route.gateway.is_some() || route.nexthop.is_some() {
+    msg.header.scope = if route.gateway.is_some() {
         RouteScope::Universe
     } else {
         RouteScope::Link
@@ -102,9 +95,6 @@ pub fn message(route: &Route) -> RouteMessage {
     if let Some(oif) = route.oif {
         msg.attributes.push(RouteAttribute::Oif(oif));
     }
-    if let Some(id) = route.nexthop {
-        msg.attributes.push(RouteAttribute::NhId(id));
-    }
     msg
 }
 
@@ -115,20 +105,13 @@ fn parse(msg: &RouteMessage) -> Option<Route> {
     let mut dst = None;
     let mut gateway = None;
     let mut oif = None;
-    let mut nexthop = None;
     for attr in &msg.attributes {
         match attr {
             RouteAttribute::Destination(a) => dst = from_address(a),
             RouteAttribute::Gateway(a) => gateway = from_address(a),
             RouteAttribute::Oif(i) => oif = Some(*i),
-            RouteAttribute::NhId(id) => nexthop = Some(*id),
             _ => {}
         }
-    }
-    // Through a nexthop object the route is its id, as it was written: the gateway and device
-    // the kernel shows beside it (`nexthop_compat_mode`) are the object's.
-    if nexthop.is_some() {
-        (gateway, oif) = (None, None);
     }
     let dst = match dst {
         Some(ip) => IpNet::new(ip, msg.header.destination_prefix_length).ok()?,
@@ -141,8 +124,7 @@ fn parse(msg: &RouteMessage) -> Option<Route> {
         dst,
         gateway,
         oif,
-        onlink: nexthop.is_none() && msg.header.flags.contains(RouteFlags::Onlink),
-        nexthop,
+        onlink: msg.header.flags.contains(RouteFlags::Onlink),
         protocol: u8::from(msg.header.protocol),
     })
 }
@@ -171,12 +153,12 @@ impl Write<'_> {
         match self {
             Write::Replace(route) => socket::Request {
                 what: "replace route",
-                message: RouteNetlinkMessage::NewRoute(message(route)).into(),
+                message: RouteNetlinkMessage::NewRoute(message(route)),
                 flags: NLM_F_CREATE | NLM_F_REPLACE,
             },
             Write::Delete(route) => socket::Request {
                 what: "delete route",
-                message: RouteNetlinkMessage::DelRoute(message(route)).into(),
+                message: RouteNetlinkMessage::DelRoute(message(route)),
                 flags: 0,
             },
         }
@@ -272,7 +254,6 @@ mod tests {
             gateway: Some("10.244.2.0".parse().unwrap()),
             oif: Some(9),
             onlink: true,
-            nexthop: None,
             protocol: 77,
         };
         let msg = message(&route);
@@ -281,22 +262,6 @@ mod tests {
         msg.emit(&mut buf);
         let back = RouteMessage::parse(buf.as_slice()).unwrap();
         assert_eq!(parse(&back), Some(route));
-    }
-
-    #[test]
-    fn a_route_through_a_nexthop_object_names_it_and_nothing_else() {
-        let route = Route {
-            dst: "10.244.2.0/24".parse().unwrap(),
-            gateway: None,
-            oif: None,
-            onlink: false,
-            nexthop: Some(0x0af4_0200),
-            protocol: 118,
-        };
-        let msg = message(&route);
-        assert_eq!(msg.header.scope, RouteScope::Universe);
-        assert!(msg.header.flags.is_empty());
-        assert_eq!(parse(&msg), Some(route));
     }
 
     #[test]
@@ -316,7 +281,6 @@ mod tests {
             gateway: None,
             oif: Some(3),
             onlink: false,
-            nexthop: None,
             protocol: 0,
         };
         let msg = message(&route);

@@ -22,9 +22,6 @@ use netlink_sys::{SocketAddr, protocols::NETLINK_ROUTE};
 
 use super::decode;
 
-/// `struct nlmsghdr`: length, type, flags, sequence number, port.
-const NETLINK_HEADER_LEN: usize = 16;
-
 /// How many times an interrupted dump is started again before giving up.
 const DUMP_ATTEMPTS: u32 = 5;
 
@@ -100,22 +97,8 @@ const BATCH_MESSAGES: usize = 128;
 #[derive(Debug, Clone)]
 pub struct Request {
     pub what: &'static str,
-    pub message: Body,
+    pub message: RouteNetlinkMessage,
     pub flags: u16,
-}
-
-/// What a request carries after its netlink header: a message `netlink-packet-route` knows,
-/// or one it does not (nexthop objects, [`super::nexthop`]) as its type and encoded bytes.
-#[derive(Debug, Clone)]
-pub enum Body {
-    Route(RouteNetlinkMessage),
-    Raw { message_type: u16, payload: Vec<u8> },
-}
-
-impl From<RouteNetlinkMessage> for Body {
-    fn from(message: RouteNetlinkMessage) -> Body {
-        Body::Route(message)
-    }
 }
 
 /// How one message of a reply reads, as far as the reply loop is concerned.
@@ -185,7 +168,7 @@ impl Socket {
         message: RouteNetlinkMessage,
         flags: u16,
     ) -> Result<Vec<RouteNetlinkMessage>, Error> {
-        self.request_with(what, message.into(), flags, &mut typed)
+        self.request_with(what, message, flags, &mut typed)
     }
 
     /// [`Socket::request`], with each reply message's payload read by `parse` (a caller that
@@ -193,7 +176,7 @@ impl Socket {
     pub(crate) fn request_with<T>(
         &mut self,
         what: &'static str,
-        message: Body,
+        message: RouteNetlinkMessage,
         flags: u16,
         parse: &mut Parse<'_, T>,
     ) -> Result<Vec<T>, Error> {
@@ -211,8 +194,7 @@ impl Socket {
 
     /// Sends one [`Request`] and waits for its ACK.
     pub fn write(&mut self, request: Request) -> Result<(), Error> {
-        let skip = &mut |_: u16, _: &[u8]| Ok(None::<()>);
-        self.request_with(request.what, request.message, request.flags, skip)
+        self.request(request.what, request.message, request.flags)
             .map(drop)
     }
 
@@ -263,14 +245,14 @@ impl Socket {
         what: &'static str,
         message: RouteNetlinkMessage,
     ) -> Result<Vec<RouteNetlinkMessage>, Error> {
-        self.dump_with(what, message.into(), &mut typed)
+        self.dump_with(what, message, &mut typed)
     }
 
     /// [`Socket::dump`], with each entry's payload read by `parse`.
     pub(crate) fn dump_with<T>(
         &mut self,
         what: &'static str,
-        message: Body,
+        message: RouteNetlinkMessage,
         parse: &mut Parse<'_, T>,
     ) -> Result<Vec<T>, Error> {
         for _ in 0..DUMP_ATTEMPTS {
@@ -285,7 +267,7 @@ impl Socket {
     fn exchange<T>(
         &mut self,
         what: &'static str,
-        message: &Body,
+        message: &RouteNetlinkMessage,
         flags: u16,
         dump: bool,
         parse: &mut Parse<'_, T>,
@@ -488,30 +470,15 @@ impl<'a> Acks<'a> {
 }
 
 /// Serializes one request with the given flags and sequence number.
-pub fn encode(message: Body, flags: u16, seq: u32) -> Vec<u8> {
+pub fn encode(message: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
     let mut header = NetlinkHeader::default();
     header.flags = flags;
     header.sequence_number = seq;
-    match message {
-        Body::Route(message) => {
-            let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(message));
-            packet.finalize();
-            let mut bytes = vec![0; packet.buffer_len()];
-            packet.serialize(&mut bytes);
-            bytes
-        }
-        Body::Raw {
-            message_type,
-            payload,
-        } => {
-            header.message_type = message_type;
-            header.length = (NETLINK_HEADER_LEN + payload.len()) as u32;
-            let mut bytes = vec![0; NETLINK_HEADER_LEN];
-            netlink_packet_core::Emitable::emit(&header, &mut bytes);
-            bytes.extend_from_slice(&payload);
-            bytes
-        }
-    }
+    let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(message));
+    packet.finalize();
+    let mut bytes = vec![0; packet.buffer_len()];
+    packet.serialize(&mut bytes);
+    bytes
 }
 
 /// Splits one datagram into its netlink messages, each inner one read by `parse`.
@@ -564,7 +531,7 @@ mod tests {
     fn encode_sets_header_fields_and_length() {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName("eth0".into()));
-        let bytes = encode(RouteNetlinkMessage::GetLink(msg).into(), NLM_F_REQUEST, 42);
+        let bytes = encode(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST, 42);
         let buf = NetlinkBuffer::new_checked(&bytes).unwrap();
         assert_eq!(buf.sequence_number(), 42);
         assert_eq!(buf.length() as usize, bytes.len());
@@ -577,25 +544,9 @@ mod tests {
     }
 
     #[test]
-    fn a_raw_body_gets_the_same_header() {
-        let payload = vec![1, 2, 3, 4, 5, 6, 7, 8];
-        let raw = Body::Raw {
-            message_type: 104,
-            payload: payload.clone(),
-        };
-        let bytes = encode(raw, NLM_F_REQUEST | NLM_F_ACK, 9);
-        let buf = NetlinkBuffer::new_checked(&bytes).unwrap();
-        assert_eq!(buf.length() as usize, bytes.len());
-        assert_eq!(buf.message_type(), 104);
-        assert_eq!(buf.flags(), NLM_F_REQUEST | NLM_F_ACK);
-        assert_eq!(buf.sequence_number(), 9);
-        assert_eq!(buf.payload(), &payload[..]);
-    }
-
-    #[test]
     fn decode_splits_a_multipart_datagram() {
         let mut bytes = encode(
-            RouteNetlinkMessage::NewLink(LinkMessage::default()).into(),
+            RouteNetlinkMessage::NewLink(LinkMessage::default()),
             NLM_F_REQUEST,
             7,
         );
@@ -701,7 +652,7 @@ mod tests {
         msg.header.ifindex = i;
         Request {
             what: if i.is_multiple_of(2) { "even" } else { "odd" },
-            message: RouteNetlinkMessage::NewNeighbour(msg).into(),
+            message: RouteNetlinkMessage::NewNeighbour(msg),
             flags: netlink_packet_core::NLM_F_CREATE,
         }
     }
@@ -754,7 +705,7 @@ mod tests {
         let requests = (0..100)
             .map(|_| Request {
                 what: "big",
-                message: RouteNetlinkMessage::SetLink(big.clone()).into(),
+                message: RouteNetlinkMessage::SetLink(big.clone()),
                 flags: 0,
             })
             .collect();
@@ -836,7 +787,6 @@ mod tests {
                         gateway: Some(IpAddr::V4(ip)),
                         oif: Some(vt0),
                         onlink: true,
-                        nexthop: None,
                         protocol: 118,
                     });
                 }

@@ -53,14 +53,12 @@ impl From<crate::Error> for CniError {
             | E::NotOurs { .. }
             | E::OtherNetwork { .. }
             | E::UnderlayBridge { .. }
-            | E::ForeignRoute { .. }
-            | E::ForeignNexthop { .. } => IN_THE_WAY,
+            | E::ForeignRoute { .. } => IN_THE_WAY,
             E::Socket(_)
             | E::Link(_)
             | E::Addr(_)
             | E::Route(_)
             | E::Neigh(_)
-            | E::Nexthop(_)
             | E::Sysctl(_)
             | E::Vanished { .. } => NETLINK,
             E::Netns(_) => NETNS,

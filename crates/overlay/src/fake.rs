@@ -15,7 +15,6 @@ use super::node::{LocalNode, Observed};
 use super::peers::Peer;
 use sticky_netlink::link::{Link, VxlanInfo, VxlanSpec};
 use sticky_netlink::neigh::{Fdb, Neighbour};
-use sticky_netlink::nexthop::Nexthop;
 use sticky_netlink::route::Route;
 use sticky_netlink::socket;
 
@@ -146,10 +145,6 @@ impl Kernel for Fake {
         self.queries.push("dump routes".into());
         Ok(self.seen.routes.clone())
     }
-    fn nexthops(&mut self) -> Result<Vec<Nexthop>, Error> {
-        self.queries.push("dump nexthops".into());
-        Ok(self.seen.nexthops.clone())
-    }
     fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>, Error> {
         self.queries.push("dump neighbours".into());
         Ok(self
@@ -211,17 +206,6 @@ impl Kernel for Fake {
             self.seen.links.retain(|l| l.index != index);
             self.seen.addresses.retain(|(i, _)| *i != index);
             self.seen.routes.retain(|r| r.oif != Some(index));
-            let gone: Vec<u32> = self
-                .seen
-                .nexthops
-                .iter()
-                .filter(|n| n.oif == Some(index))
-                .map(|n| n.id)
-                .collect();
-            self.seen.nexthops.retain(|n| n.oif != Some(index));
-            self.seen
-                .routes
-                .retain(|r| !r.nexthop.is_some_and(|id| gone.contains(&id)));
             self.fdb.retain(|f| f.index != index);
             self.neighbours.retain(|n| n.index != index);
         }
@@ -279,29 +263,8 @@ impl Kernel for Fake {
         self.neighbours.retain(|x| x != n);
         Ok(())
     }
-    fn replace_nexthop(&mut self, n: &Nexthop) -> Result<(), Error> {
-        self.write(format!("replace nexthop {n}"))?;
-        self.seen.nexthops.retain(|x| x.id != n.id);
-        self.seen.nexthops.push(n.clone());
-        Ok(())
-    }
-    fn delete_nexthop(&mut self, n: &Nexthop) -> Result<(), Error> {
-        self.write(format!("delete nexthop {n}"))?;
-        self.seen.nexthops.retain(|x| x.id != n.id);
-        self.seen.routes.retain(|r| r.nexthop != Some(n.id));
-        Ok(())
-    }
     fn replace_route(&mut self, r: &Route) -> Result<(), Error> {
         self.write(format!("replace route {r}"))?;
-        // The kernel refuses a route naming a nexthop object that is not there.
-        if let Some(id) = r.nexthop
-            && !self.seen.nexthops.iter().any(|n| n.id == id)
-        {
-            return Err(Error::Socket(socket::Error::Kernel {
-                what: "replace route",
-                errno: nix::errno::Errno::EINVAL as i32,
-            }));
-        }
         self.seen.routes.retain(|x| x.dst != r.dst);
         self.seen.routes.push(r.clone());
         Ok(())

@@ -14,7 +14,6 @@ use netlink_packet_route::link::InfoKind;
 
 use sticky_netlink::link::{self, Link, VxlanSpec};
 use sticky_netlink::neigh::{self, Fdb, Neighbour};
-use sticky_netlink::nexthop::{self, Nexthop};
 use sticky_netlink::route::{self, Route};
 use sticky_netlink::{Socket, addr, socket, sysctl};
 
@@ -36,8 +35,6 @@ pub enum EntryWrite {
     DeleteFdb(Fdb),
     ReplaceNeighbour(Neighbour),
     DeleteNeighbour(Neighbour),
-    ReplaceNexthop(Nexthop),
-    DeleteNexthop(Nexthop),
     ReplaceRoute(Route),
     DeleteRoute(Route),
 }
@@ -49,8 +46,6 @@ impl EntryWrite {
             EntryWrite::DeleteFdb(f) => neigh::Write::DeleteFdb(f).request(),
             EntryWrite::ReplaceNeighbour(n) => neigh::Write::ReplaceNeighbour(n).request(),
             EntryWrite::DeleteNeighbour(n) => neigh::Write::DeleteNeighbour(n).request(),
-            EntryWrite::ReplaceNexthop(n) => nexthop::Write::Replace(n).request(),
-            EntryWrite::DeleteNexthop(n) => nexthop::Write::Delete(n).request(),
             EntryWrite::ReplaceRoute(r) => route::Write::Replace(r).request(),
             EntryWrite::DeleteRoute(r) => route::Write::Delete(r).request(),
         }
@@ -63,8 +58,6 @@ impl EntryWrite {
             EntryWrite::DeleteFdb(f) => neigh::Write::DeleteFdb(f).answer(answer)?,
             EntryWrite::ReplaceNeighbour(n) => neigh::Write::ReplaceNeighbour(n).answer(answer)?,
             EntryWrite::DeleteNeighbour(n) => neigh::Write::DeleteNeighbour(n).answer(answer)?,
-            EntryWrite::ReplaceNexthop(n) => nexthop::Write::Replace(n).answer(answer)?,
-            EntryWrite::DeleteNexthop(n) => nexthop::Write::Delete(n).answer(answer)?,
             EntryWrite::ReplaceRoute(r) => route::Write::Replace(r).answer(answer)?,
             EntryWrite::DeleteRoute(r) => route::Write::Delete(r).answer(answer)?,
         }
@@ -84,8 +77,6 @@ pub(crate) fn write_each<K: Kernel + ?Sized>(
             EntryWrite::DeleteFdb(f) => k.delete_fdb(f)?,
             EntryWrite::ReplaceNeighbour(n) => k.replace_neighbour(n)?,
             EntryWrite::DeleteNeighbour(n) => k.delete_neighbour(n)?,
-            EntryWrite::ReplaceNexthop(n) => k.replace_nexthop(n)?,
-            EntryWrite::DeleteNexthop(n) => k.delete_nexthop(n)?,
             EntryWrite::ReplaceRoute(r) => k.replace_route(r)?,
             EntryWrite::DeleteRoute(r) => k.delete_route(r)?,
         }
@@ -108,8 +99,6 @@ pub trait Kernel {
     fn addresses_of(&mut self, index: u32) -> Result<Vec<IpNet>, Error>;
     /// Every unicast route of the main table.
     fn routes(&mut self) -> Result<Vec<Route>, Error>;
-    /// Every nexthop object of the namespace.
-    fn nexthops(&mut self) -> Result<Vec<Nexthop>, Error>;
     fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>, Error>;
     fn fdb(&mut self, index: u32) -> Result<Vec<Fdb>, Error>;
     /// `ip route get`: the outgoing interface and source address towards `ip`.
@@ -125,9 +114,6 @@ pub trait Kernel {
     fn delete_fdb(&mut self, fdb: &Fdb) -> Result<(), Error>;
     fn replace_neighbour(&mut self, n: &Neighbour) -> Result<(), Error>;
     fn delete_neighbour(&mut self, n: &Neighbour) -> Result<(), Error>;
-    fn replace_nexthop(&mut self, n: &Nexthop) -> Result<(), Error>;
-    /// Deletes the nexthop object and, as the kernel does, every route naming it.
-    fn delete_nexthop(&mut self, n: &Nexthop) -> Result<(), Error>;
     fn replace_route(&mut self, r: &Route) -> Result<(), Error>;
     fn delete_route(&mut self, r: &Route) -> Result<(), Error>;
     /// The writes, in order, each as its own method would do it; the error is the first
@@ -180,9 +166,6 @@ impl Kernel for Live<'_> {
     fn routes(&mut self) -> Result<Vec<Route>, Error> {
         Ok(route::list(self.sock)?)
     }
-    fn nexthops(&mut self) -> Result<Vec<Nexthop>, Error> {
-        Ok(nexthop::list(self.sock)?)
-    }
     fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>, Error> {
         Ok(neigh::list(self.sock, index)?)
     }
@@ -228,12 +211,6 @@ impl Kernel for Live<'_> {
     }
     fn delete_neighbour(&mut self, n: &Neighbour) -> Result<(), Error> {
         Ok(neigh::delete(self.sock, n)?)
-    }
-    fn replace_nexthop(&mut self, n: &Nexthop) -> Result<(), Error> {
-        Ok(nexthop::replace(self.sock, n)?)
-    }
-    fn delete_nexthop(&mut self, n: &Nexthop) -> Result<(), Error> {
-        Ok(nexthop::delete(self.sock, n)?)
     }
     fn replace_route(&mut self, r: &Route) -> Result<(), Error> {
         Ok(route::replace(self.sock, r)?)

@@ -123,13 +123,6 @@ pub enum Error {
         route: netlink::route::Route,
         device: Option<String>,
     },
-    #[error(
-        "nexthop object {nexthop} is not sticky-vxlan's and the route to a peer's subnet {dst} needs its id (sticky-vxlan numbers the nexthop of a route via {dst}'s network address by that address): it is left as it is; remove it or renumber it"
-    )]
-    ForeignNexthop {
-        nexthop: netlink::nexthop::Nexthop,
-        dst: ipnet::IpNet,
-    },
     #[error("device {device:?} disappeared while the node was being reconciled")]
     Vanished { device: String },
     #[error(
@@ -176,8 +169,6 @@ pub enum Error {
     Route(#[from] netlink::route::Error),
     #[error(transparent)]
     Neigh(#[from] netlink::neigh::Error),
-    #[error(transparent)]
-    Nexthop(#[from] netlink::nexthop::Error),
     #[error(transparent)]
     Netns(#[from] netlink::netns::Error),
     #[error(transparent)]

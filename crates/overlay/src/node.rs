@@ -12,18 +12,15 @@ use super::kernel::Kernel;
 use super::peers::{self, Gathered, Peer};
 use sticky_netlink::link::Link;
 use sticky_netlink::neigh::{Fdb, Neighbour};
-use sticky_netlink::nexthop::Nexthop;
 use sticky_netlink::route::Route;
 
-/// What the node's kernel holds, read once: links (see [`Observed::read`]), every address,
-/// main-table route and nexthop object, and the entries on the VTEP (when a link of its name
-/// exists).
+/// What the node's kernel holds, read once: links (see [`Observed::read`]), every address and
+/// main-table route, and the entries on the VTEP (when a link of its name exists).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
     pub links: Vec<Link>,
     pub addresses: Vec<(u32, IpNet)>,
     pub routes: Vec<Route>,
-    pub nexthops: Vec<Nexthop>,
     pub vtep_fdb: Vec<Fdb>,
     pub vtep_neighbours: Vec<Neighbour>,
     /// The host ends of this network's pods ([`super::pod::host_ends`]), on the bridge or not.
@@ -57,7 +54,6 @@ impl Observed {
         Ok(Observed {
             addresses: k.addresses()?,
             routes: k.routes()?,
-            nexthops: k.nexthops()?,
             links,
             vtep_fdb,
             vtep_neighbours,

@@ -162,7 +162,6 @@ impl Pods for Live<'_> {
                     gateway: r.gw,
                     oif: Some(link.index),
                     onlink: false,
-                    nexthop: None,
                     protocol: RTPROT_BOOT,
                 },
             )?;

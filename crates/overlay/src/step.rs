@@ -6,7 +6,6 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use sticky_netlink::link::{Link, VxlanSpec};
-use sticky_netlink::nexthop::Nexthop;
 use sticky_netlink::route::Route;
 
 use crate::kernel::LinkChange;
@@ -60,22 +59,12 @@ pub enum Step {
         ip: IpAddr,
         mac: [u8; 6],
     },
-    /// `ip nexthop replace id <via as a number> via <via> dev <VTEP> onlink proto 118`: the
-    /// object the IPv4 routes via `via` name.
-    ReplaceNexthop {
-        via: std::net::Ipv4Addr,
-    },
-    /// Deletes our nexthop object (its routes are deleted before it, see [`Step::DeleteRoute`]).
-    DeleteNexthop(Nexthop),
     /// `<dst> via <via> dev <VTEP> onlink proto 118`: `via` is the network address of the
-    /// peer's own subnet of `dst`'s family (`dst`'s own for a peer's own subnet). An IPv4
-    /// route names the nexthop object of `via` instead (`<dst> nhid <id> proto 118`).
+    /// peer's own subnet of `dst`'s family (`dst`'s own for a peer's own subnet).
     ReplaceRoute {
         dst: IpNet,
         via: std::net::IpAddr,
     },
-    /// Deletes a route. Before a nexthop object: deleting an object that routes still name
-    /// makes the kernel walk the whole routing table, once per object.
     DeleteRoute(Route),
     /// A pod's host end of this network back on the bridge (made again: deleting a bridge
     /// releases its ports, and the pods behind them are still there), hairpin mode on when
@@ -108,8 +97,6 @@ impl Step {
                 | Step::DeleteFdb { .. }
                 | Step::ReplaceNeighbour { .. }
                 | Step::DeleteNeighbour { .. }
-                | Step::ReplaceNexthop { .. }
-                | Step::DeleteNexthop(_)
                 | Step::ReplaceRoute { .. }
                 | Step::DeleteRoute(_)
         )

@@ -5,7 +5,6 @@
 //! take, one conflist loader, this module's own [`CliError`], and the exit codes in
 //! [`EXIT_CODES`].
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
 use std::net::IpAddr;
@@ -15,7 +14,7 @@ use std::process::ExitCode;
 
 use crate::{networks, node_ranges};
 use sticky_netlink::link::format_mac;
-use sticky_netlink::{Socket, addr, link, neigh, nexthop, route};
+use sticky_netlink::{Socket, addr, link, neigh, route};
 use sticky_overlay::config;
 use sticky_overlay::mac::vtep_mac;
 use sticky_overlay::{Error, ROUTE_PROTOCOL, pod};
@@ -370,10 +369,6 @@ fn show(state_dir: &Path) -> Result<String, Error> {
             .unwrap_or_else(|| "-".into())
     };
     let routes = route::list(&mut sock)?;
-    let nexthops: HashMap<u32, nexthop::Nexthop> = nexthop::list(&mut sock)?
-        .into_iter()
-        .map(|n| (n.id, n))
-        .collect();
     for vtep in links.iter().filter(|l| l.vxlan.is_some()) {
         let Some(v) = &vtep.vxlan else { continue };
         let mac = vtep
@@ -403,29 +398,16 @@ fn show(state_dir: &Path) -> Result<String, Error> {
         for a in addr::list(&mut sock, vtep.index)? {
             let _ = writeln!(out, "  own address {a}");
         }
-        // A peer's subnets: our routes on this VTEP via a gateway (their own, or their nexthop
-        // object's) whose neighbour entry is the peer's MAC.
-        let mut via: HashMap<IpAddr, Vec<String>> = HashMap::new();
-        for r in routes.iter().filter(|r| r.protocol == ROUTE_PROTOCOL) {
-            let object = r.nexthop.and_then(|id| nexthops.get(&id));
-            let (gateway, oif) = match object {
-                Some(n) => (n.gateway, n.oif),
-                None => (r.gateway, r.oif),
-            };
-            if let Some(gw) = gateway.filter(|_| oif == Some(vtep.index)) {
-                via.entry(gw).or_default().push(r.dst.to_string());
-            }
-        }
-        let mut by_mac: HashMap<[u8; 6], Vec<IpAddr>> = HashMap::new();
-        for n in neigh::list(&mut sock, vtep.index)? {
-            by_mac.entry(n.mac).or_default().push(n.ip);
-        }
+        let neighbours = neigh::list(&mut sock, vtep.index)?;
         for f in neigh::list_fdb(&mut sock, vtep.index)? {
-            let subnets: Vec<String> = by_mac
-                .get(&f.mac)
-                .into_iter()
-                .flatten()
-                .flat_map(|ip| via.get(ip).into_iter().flatten().cloned())
+            let subnets: Vec<String> = routes
+                .iter()
+                .filter(|r| r.oif == Some(vtep.index) && r.protocol == ROUTE_PROTOCOL)
+                .filter(|r| {
+                    r.gateway
+                        .is_some_and(|gw| neighbours.iter().any(|n| n.ip == gw && n.mac == f.mac))
+                })
+                .map(|r| r.dst.to_string())
                 .collect();
             let _ = writeln!(
                 out,

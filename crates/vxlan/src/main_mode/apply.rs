@@ -3,7 +3,7 @@
 //! No decision is made here: the indexes of the two devices are the only thing it works out
 //! (from what was observed, or by looking the device up once it was created).
 
-use super::plan::{Plan, nexthop_for, route_for};
+use super::plan::{Plan, route_for};
 use sticky_netlink::link::Link;
 use sticky_netlink::neigh::{Fdb, Neighbour};
 use sticky_overlay::Error;
@@ -129,11 +129,6 @@ pub fn apply(
                 let index = r.vtep_index(k)?;
                 entries.push(EntryWrite::DeleteNeighbour(neighbour(index, *ip, *mac)));
             }
-            Step::ReplaceNexthop { via } => {
-                let index = r.vtep_index(k)?;
-                entries.push(EntryWrite::ReplaceNexthop(nexthop_for(*via, index)));
-            }
-            Step::DeleteNexthop(n) => entries.push(EntryWrite::DeleteNexthop(n.clone())),
             Step::ReplaceRoute { dst, via } => {
                 let index = r.vtep_index(k)?;
                 entries.push(EntryWrite::ReplaceRoute(route_for(*dst, *via, index)));

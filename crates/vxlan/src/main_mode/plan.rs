@@ -17,8 +17,8 @@
 //! wanted entries; then sysctls and nftables. While the peers file cannot be used nothing is
 //! removed.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 
@@ -32,7 +32,6 @@ use sticky_overlay::step::Dev;
 pub use sticky_overlay::step::Step;
 use sticky_overlay::{Error, ROUTE_PROTOCOL};
 
-use sticky_netlink::nexthop::Nexthop;
 use sticky_netlink::route::Route;
 
 pub use sticky_overlay::devices::marker;
@@ -99,47 +98,10 @@ pub(crate) fn local_addresses(node: &LocalNode) -> (Vec<IpNet>, Vec<IpNet>) {
 }
 
 /// The route [`Step::ReplaceRoute`] installs for `dst` via `via` through the VTEP `vtep`.
-///
-/// IPv4: through the nexthop object of `via` ([`nexthop_for`]). The kernel keeps one
-/// `fib_info` per IPv4 gateway and hashes them without it, so routes that each carry their own
-/// gateway all land in one bucket and programming N peers walks it N times (19 minutes at
-/// 100,000 peers); a route naming an object is hashed by its id (docs/vxlan.md, issue 37).
-/// IPv6 routes keep their gateway: the IPv6 table has no such bucket, and an id could not
-/// be the address.
 pub(crate) fn route_for(dst: IpNet, via: IpAddr, vtep: u32) -> Route {
-    match via {
-        IpAddr::V4(v4) => Route {
-            dst,
-            gateway: None,
-            oif: None,
-            onlink: false,
-            nexthop: Some(nexthop_id(v4)),
-            protocol: ROUTE_PROTOCOL,
-        },
-        IpAddr::V6(_) => Route {
-            dst,
-            gateway: Some(via),
-            oif: Some(vtep),
-            onlink: true,
-            nexthop: None,
-            protocol: ROUTE_PROTOCOL,
-        },
-    }
-}
-
-/// The id of `via`'s nexthop object: the address as a number, so every program (the CLI,
-/// an ADD, the agent) names the same object without keeping a table, and the peers' pod
-/// subnets (10/8, 172.16/12, 100.64/10, …) keep it far from the small ids routing daemons
-/// hand out. An object of that id that is not ours is refused ([`Error::ForeignNexthop`]).
-pub(crate) fn nexthop_id(via: Ipv4Addr) -> u32 {
-    u32::from(via)
-}
-
-/// The nexthop object [`Step::ReplaceNexthop`] installs for `via` on the VTEP `vtep`.
-pub(crate) fn nexthop_for(via: Ipv4Addr, vtep: u32) -> Nexthop {
-    Nexthop {
-        id: nexthop_id(via),
-        gateway: Some(IpAddr::V4(via)),
+    Route {
+        dst,
+        gateway: Some(via),
         oif: Some(vtep),
         onlink: true,
         protocol: ROUTE_PROTOCOL,
@@ -217,26 +179,6 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
         routes_by_dst.entry(r.dst).or_default().push(r);
     }
     let seen_routes: HashSet<&Route> = seen.routes.iter().collect();
-    let nexthops_by_id: HashMap<u32, &Nexthop> = seen.nexthops.iter().map(|n| (n.id, n)).collect();
-    // A route's device: its own, or its nexthop object's.
-    let oif_of = |r: &Route| {
-        r.oif
-            .or_else(|| r.nexthop.and_then(|id| nexthops_by_id.get(&id)?.oif))
-    };
-    // The nexthop objects on the VTEP (gone with a VTEP that is made again).
-    let have_nexthops: Vec<&Nexthop> = seen
-        .nexthops
-        .iter()
-        .filter(|n| vtep_index.is_some() && n.oif == vtep_index)
-        .collect();
-    let want_nexthops: BTreeSet<Ipv4Addr> = want
-        .routes
-        .iter()
-        .filter_map(|(_, via)| match via {
-            IpAddr::V4(v4) => Some(*v4),
-            IpAddr::V6(_) => None,
-        })
-        .collect();
     let want_routes: HashMap<IpNet, IpAddr> = want.routes.iter().copied().collect();
     let want_neighbours: HashSet<(IpAddr, [u8; 6])> = want.neighbours.iter().copied().collect();
     let have_fdb_set: HashSet<([u8; 6], IpAddr)> =
@@ -253,7 +195,7 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
             .get(dst)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        if let Some(&r) = on_dst.iter().find(|r| !ours(oif_of(r))) {
+        if let Some(&r) = on_dst.iter().find(|r| !ours(r.oif)) {
             let device = r
                 .oif
                 .and_then(|i| seen.link_index(i))
@@ -261,19 +203,6 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
             return Err(Error::ForeignRoute {
                 route: r.clone(),
                 device,
-            });
-        }
-    }
-
-    // An object that has the id of a wanted one and is not ours (another program's).
-    for (dst, via) in &want.routes {
-        let IpAddr::V4(v4) = via else { continue };
-        if let Some(n) = nexthops_by_id.get(&nexthop_id(*v4))
-            && !(n.protocol == ROUTE_PROTOCOL && ours(n.oif))
-        {
-            return Err(Error::ForeignNexthop {
-                nexthop: (*n).clone(),
-                dst: *dst,
             });
         }
     }
@@ -307,26 +236,15 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
                 });
             }
         }
-        // A route of a subnet still wanted is replaced in place below, never deleted first
-        // (a route of today's shape, a gateway of its own, becomes one through its nexthop
-        // object with no moment without a route).
         for r in &seen.routes {
             if r.protocol == ROUTE_PROTOCOL
                 && vtep_index.is_some()
-                && oif_of(r) == vtep_index
-                && !want_routes.contains_key(&r.dst)
+                && r.oif == vtep_index
+                && !want_routes
+                    .get(&r.dst)
+                    .is_some_and(|&via| vtep_index.is_some_and(|i| route_for(r.dst, via, i) == *r))
             {
                 steps.push(Step::DeleteRoute(r.clone()));
-            }
-        }
-        // After the routes naming them ([`Step::DeleteRoute`] says why).
-        for n in &have_nexthops {
-            let wanted = match n.gateway {
-                Some(IpAddr::V4(v4)) => want_nexthops.contains(&v4) && n.id == nexthop_id(v4),
-                _ => false,
-            };
-            if n.protocol == ROUTE_PROTOCOL && !wanted {
-                steps.push(Step::DeleteNexthop((*n).clone()));
             }
         }
         for n in have_neigh {
@@ -364,12 +282,6 @@ pub fn plan(cfg: &Config, node: &LocalNode, seen: &Observed) -> Result<Plan, Err
     for &(ip, mac) in &want.neighbours {
         if !have_neigh_set.contains(&(ip, mac)) {
             steps.push(Step::ReplaceNeighbour { ip, mac });
-        }
-    }
-    for &via in &want_nexthops {
-        let there = vtep_index.is_some_and(|i| have_nexthops.contains(&&nexthop_for(via, i)));
-        if !there {
-            steps.push(Step::ReplaceNexthop { via });
         }
     }
     for &(dst, via) in &want.routes {
@@ -484,19 +396,9 @@ mod tests {
         assert_eq!(d.fdb[0].0, [0x0a, 1, 192, 0, 2, 2]);
         assert_eq!(d.fdb[1].0, [2, 0x42, 0, 0, 0, 4], "explicit mac wins");
         assert_eq!(d.routes.len(), 3);
-        // IPv4 through the nexthop object numbered after its gateway (10.244.2.0), IPv6 with
-        // its gateway on the route.
         assert_eq!(
             route_for(d.routes[0].0, d.routes[0].1, 9).to_string(),
-            "10.244.2.0/24 nhid 183763456 proto 118"
-        );
-        assert_eq!(
-            nexthop_for("10.244.2.0".parse().unwrap(), 9).to_string(),
-            "id 183763456 via 10.244.2.0 dev #9 onlink proto 118"
-        );
-        assert_eq!(
-            route_for(d.routes[1].0, d.routes[1].1, 9).to_string(),
-            "fd00:2::/64 via fd00:2:: dev #9 onlink proto 118"
+            "10.244.2.0/24 via 10.244.2.0 dev #9 onlink proto 118"
         );
         assert_eq!(d.neighbours[1].0, "fd00:2::".parse::<IpAddr>().unwrap());
     }
@@ -732,27 +634,18 @@ mod tests {
         let (cfg, mut node, mut k) = setup();
         node.remote.push(peer("192.0.2.3", "10.244.3.0/24"));
         let first = reconcile(&cfg, &node, &mut k).unwrap();
-        assert_eq!(entry_runs(&first), [8], "{first:?}");
-        assert_eq!(k.batches, [8]);
+        assert_eq!(entry_runs(&first), [6], "{first:?}");
+        assert_eq!(k.batches, [6]);
         let fdb = k
             .writes
             .iter()
             .position(|w| w.starts_with("add fdb"))
             .unwrap();
-        let kinds: Vec<&str> = k.writes[fdb..fdb + 8]
+        let kinds: Vec<&str> = k.writes[fdb..fdb + 6]
             .iter()
             .filter_map(|w| w.split(' ').nth(1))
             .collect();
-        let plan_order = [
-            "fdb",
-            "fdb",
-            "neighbour",
-            "neighbour",
-            "nexthop",
-            "nexthop",
-            "route",
-            "route",
-        ];
+        let plan_order = ["fdb", "fdb", "neighbour", "neighbour", "route", "route"];
         assert_eq!(kinds, plan_order, "{:?}", k.writes);
         // This node's subnet moves, a peer goes, another comes: deletions, the new gateway,
         // then additions; each run of entries is one batch, never across an address step.
@@ -761,8 +654,8 @@ mod tests {
         node.remote.pop();
         node.remote.push(peer("192.0.2.4", "10.244.4.0/24"));
         let moved = reconcile(&cfg, &node, &mut k).unwrap();
-        assert_eq!(entry_runs(&moved), [4, 4], "{moved:?}");
-        assert_eq!(k.batches, [4, 4]);
+        assert_eq!(entry_runs(&moved), [3, 3], "{moved:?}");
+        assert_eq!(k.batches, [3, 3]);
     }
 
     #[test]
@@ -780,121 +673,15 @@ mod tests {
             &p,
             |s| matches!(s, Step::DeleteNeighbour { ip, .. } if ip.to_string() == "10.244.3.0")
         ));
-        let route = position(
+        assert!(has(
             &p,
-            |s| matches!(s, Step::DeleteRoute(r) if r.dst == net("10.244.3.0/24")),
-        );
-        let nexthop = position(
-            &p,
-            |s| matches!(s, Step::DeleteNexthop(n) if n.gateway == Some("10.244.3.0".parse().unwrap())),
-        );
-        assert!(
-            route < nexthop,
-            "the route goes before its object (else the kernel walks every route): {p:?}"
-        );
-        assert!(!has(
-            &p,
-            |s| matches!(s, Step::DeleteNexthop(n) if n.gateway == Some("10.244.2.0".parse().unwrap()))
+            |s| matches!(s, Step::DeleteRoute(r) if r.dst == net("10.244.3.0/24"))
         ));
         assert!(!has(
             &p,
             |s| matches!(s, Step::DeleteFdb { dst, .. } if dst.to_string() == "192.0.2.2")
         ));
         assert!(only_always_steps(&reconcile(&cfg, &node, &mut k).unwrap()));
-    }
-
-    /// A node programmed by an earlier release: each IPv4 route carries its own gateway.
-    fn programmed_the_old_way(cfg: &Config, node: &LocalNode, k: &mut Fake) {
-        reconcile(cfg, node, k).unwrap();
-        let vt = k.seen.link(&cfg.vtep_name).unwrap().index;
-        k.seen.nexthops.clear();
-        for r in &mut k.seen.routes {
-            if r.nexthop.is_some() {
-                let via = r.dst.network();
-                *r = Route {
-                    gateway: Some(via),
-                    oif: Some(vt),
-                    onlink: true,
-                    nexthop: None,
-                    ..r.clone()
-                };
-            }
-        }
-    }
-
-    #[test]
-    fn routes_of_the_old_shape_are_replaced_in_place_never_deleted_first() {
-        let (cfg, mut node, mut k) = setup();
-        node.remote.push(peer("192.0.2.3", "10.244.3.0/24"));
-        programmed_the_old_way(&cfg, &node, &mut k);
-        k.writes.clear();
-        let p = reconcile(&cfg, &node, &mut k).unwrap();
-        assert!(
-            !has(&p, |s| matches!(s, Step::DeleteRoute(_))),
-            "a peer would have no route for a moment: {p:?}"
-        );
-        for (via, dst) in [
-            ("10.244.2.0", "10.244.2.0/24"),
-            ("10.244.3.0", "10.244.3.0/24"),
-        ] {
-            let object = position(&p, |s| {
-                *s == Step::ReplaceNexthop {
-                    via: via.parse().unwrap(),
-                }
-            });
-            let route = position(
-                &p,
-                |s| matches!(s, Step::ReplaceRoute { dst: d, .. } if *d == net(dst)),
-            );
-            assert!(
-                object < route,
-                "the object is there before the route names it: {p:?}"
-            );
-        }
-        assert!(
-            k.seen
-                .routes
-                .iter()
-                .all(|r| r.protocol != 118 || r.nexthop.is_some())
-        );
-        assert!(only_always_steps(&reconcile(&cfg, &node, &mut k).unwrap()));
-    }
-
-    #[test]
-    fn a_nexthop_object_deleted_by_hand_is_made_again_with_its_routes() {
-        let (cfg, node, mut k) = setup();
-        reconcile(&cfg, &node, &mut k).unwrap();
-        let object = k.seen.nexthops[0].clone();
-        k.delete_nexthop(&object).unwrap();
-        assert!(
-            k.seen.routes.iter().all(|r| r.nexthop != Some(object.id)),
-            "the kernel takes its routes"
-        );
-        let p = reconcile(&cfg, &node, &mut k).unwrap();
-        assert!(has(&p, |s| matches!(s, Step::ReplaceNexthop { .. })));
-        assert!(has(&p, |s| matches!(s, Step::ReplaceRoute { .. })));
-        assert!(only_always_steps(&reconcile(&cfg, &node, &mut k).unwrap()));
-    }
-
-    #[test]
-    fn an_object_of_another_program_with_a_wanted_id_is_refused_and_left_alone() {
-        let (cfg, node, mut k) = setup();
-        let eth0 = k.seen.link("eth0").unwrap().index;
-        let theirs = Nexthop {
-            id: nexthop_id("10.244.2.0".parse().unwrap()),
-            gateway: Some("192.0.2.254".parse().unwrap()),
-            oif: Some(eth0),
-            onlink: false,
-            protocol: 186,
-        };
-        k.seen.nexthops.push(theirs.clone());
-        let err = reconcile(&cfg, &node, &mut k).unwrap_err();
-        assert!(
-            matches!(&err, Error::ForeignNexthop { nexthop, dst } if *nexthop == theirs && *dst == net("10.244.2.0/24")),
-            "{err}"
-        );
-        assert!(err.to_string().contains("is not sticky-vxlan's"), "{err}");
-        assert_eq!(k.seen.nexthops, vec![theirs]);
     }
 
     #[test]
@@ -989,7 +776,6 @@ mod tests {
             gateway: None,
             oif: Some(bridge),
             onlink: false,
-            nexthop: None,
             protocol: 2,
         });
         let moved = node_with(
@@ -1182,7 +968,6 @@ mod tests {
             gateway: Some("192.0.2.254".parse().unwrap()),
             oif: Some(2),
             onlink: false,
-            nexthop: None,
             protocol: 3,
         });
         let err = reconcile(&cfg, &node, &mut k).unwrap_err();

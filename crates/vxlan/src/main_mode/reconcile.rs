@@ -266,8 +266,13 @@ mod tests {
         assert_eq!(again.ready, first.ready);
         assert_eq!(again.bridge.index, first.bridge.index);
         // The VTEP deleted (a reboot, `ip link del`): the next ADD reconciles in full.
-        // (The fake takes the device's routes, nexthop objects and entries with it.)
-        k.delete_link("sticky.1").unwrap();
+        let gone = k.seen.link("sticky.1").unwrap().index;
+        // The kernel takes the device's routes and entries with it.
+        k.seen.links.retain(|l| l.index != gone);
+        k.seen.routes.retain(|r| r.oif != Some(gone));
+        k.seen.addresses.retain(|(i, _)| *i != gone);
+        k.fdb.retain(|f| f.index != gone);
+        k.neighbours.retain(|n| n.index != gone);
         k.queries.clear();
         for_pod(&mut k, &cfg).unwrap();
         assert!(dumps(&k) > 0);
@@ -438,7 +443,6 @@ mod tests {
             gateway: Some("198.51.100.254".parse().unwrap()),
             oif: Some(eth1),
             onlink: false,
-            nexthop: None,
             protocol: 3,
         });
         let seen = Observed::read(&mut k, &cfg).unwrap();

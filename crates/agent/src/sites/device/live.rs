@@ -25,7 +25,6 @@ fn into_device(dst: IpNet, index: u32) -> Route {
         gateway: None,
         oif: Some(index),
         onlink: false,
-        nexthop: None,
         protocol: ROUTE_PROTOCOL,
     }
 }
