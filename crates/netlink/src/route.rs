@@ -29,6 +29,9 @@ pub struct Route {
     pub oif: Option<u32>,
     /// `onlink`: the gateway is reachable on `oif` whatever the interface's addresses.
     pub onlink: bool,
+    /// Its priority (`metric` in `ip route`). 0 is the family's default: the kernel makes an
+    /// IPv6 route's 0 into 1024, which reads back as 0 here, so a route reads as written.
+    pub metric: u32,
     /// The route protocol number (`proto` in `ip route`); 0 means unspecified.
     pub protocol: u8,
 }
@@ -45,7 +48,11 @@ impl std::fmt::Display for Route {
         if self.onlink {
             f.write_str(" onlink")?;
         }
-        write!(f, " proto {}", self.protocol)
+        write!(f, " proto {}", self.protocol)?;
+        if self.metric != 0 {
+            write!(f, " metric {}", self.metric)?;
+        }
+        Ok(())
     }
 }
 
@@ -95,8 +102,14 @@ pub fn message(route: &Route) -> RouteMessage {
     if let Some(oif) = route.oif {
         msg.attributes.push(RouteAttribute::Oif(oif));
     }
+    if route.metric != 0 {
+        msg.attributes.push(RouteAttribute::Priority(route.metric));
+    }
     msg
 }
+
+/// IPv6's default metric: the kernel's for a route written with none.
+const IPV6_DEFAULT_METRIC: u32 = 1024;
 
 fn parse(msg: &RouteMessage) -> Option<Route> {
     if msg.header.table != RouteHeader::RT_TABLE_MAIN || msg.header.kind != RouteType::Unicast {
@@ -105,11 +118,13 @@ fn parse(msg: &RouteMessage) -> Option<Route> {
     let mut dst = None;
     let mut gateway = None;
     let mut oif = None;
+    let mut metric = 0;
     for attr in &msg.attributes {
         match attr {
             RouteAttribute::Destination(a) => dst = from_address(a),
             RouteAttribute::Gateway(a) => gateway = from_address(a),
             RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Priority(p) => metric = *p,
             _ => {}
         }
     }
@@ -125,6 +140,10 @@ fn parse(msg: &RouteMessage) -> Option<Route> {
         gateway,
         oif,
         onlink: msg.header.flags.contains(RouteFlags::Onlink),
+        metric: match msg.header.address_family {
+            AddressFamily::Inet6 if metric == IPV6_DEFAULT_METRIC => 0,
+            _ => metric,
+        },
         protocol: u8::from(msg.header.protocol),
     })
 }
@@ -254,6 +273,7 @@ mod tests {
             gateway: Some("10.244.2.0".parse().unwrap()),
             oif: Some(9),
             onlink: true,
+            metric: 0x00f4_0200,
             protocol: 77,
         };
         let msg = message(&route);
@@ -281,11 +301,15 @@ mod tests {
             gateway: None,
             oif: Some(3),
             onlink: false,
+            metric: 0,
             protocol: 0,
         };
-        let msg = message(&route);
+        let mut msg = message(&route);
         assert_eq!(msg.header.address_family, AddressFamily::Inet6);
         assert_eq!(msg.header.scope, RouteScope::Link);
+        assert_eq!(parse(&msg), Some(route.clone()));
+        // As the kernel shows it: its default metric, which reads as the 0 written.
+        msg.attributes.push(RouteAttribute::Priority(1024));
         assert_eq!(parse(&msg), Some(route));
     }
 }

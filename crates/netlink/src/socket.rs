@@ -787,6 +787,7 @@ mod tests {
                         gateway: Some(IpAddr::V4(ip)),
                         oif: Some(vt0),
                         onlink: true,
+                        metric: 0,
                         protocol: 118,
                     });
                 }

@@ -265,7 +265,11 @@ impl Kernel for Fake {
     }
     fn replace_route(&mut self, r: &Route) -> Result<(), Error> {
         self.write(format!("replace route {r}"))?;
-        self.seen.routes.retain(|x| x.dst != r.dst);
+        // The kernel replaces the route of the same destination and metric; one of another
+        // metric is another route.
+        self.seen
+            .routes
+            .retain(|x| !(x.dst == r.dst && x.metric == r.metric));
         self.seen.routes.push(r.clone());
         Ok(())
     }

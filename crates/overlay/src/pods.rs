@@ -162,6 +162,7 @@ impl Pods for Live<'_> {
                     gateway: r.gw,
                     oif: Some(link.index),
                     onlink: false,
+                    metric: 0,
                     protocol: RTPROT_BOOT,
                 },
             )?;

@@ -5,6 +5,7 @@
 //! take, one conflist loader, this module's own [`CliError`], and the exit codes in
 //! [`EXIT_CODES`].
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
 use std::net::IpAddr;
@@ -398,16 +399,27 @@ fn show(state_dir: &Path) -> Result<String, Error> {
         for a in addr::list(&mut sock, vtep.index)? {
             let _ = writeln!(out, "  own address {a}");
         }
-        let neighbours = neigh::list(&mut sock, vtep.index)?;
+        // A peer's subnets: our routes on this VTEP via a gateway whose neighbour entry is the
+        // peer's MAC (looked up, so `show` stays linear in the peers).
+        let mut via: HashMap<IpAddr, Vec<String>> = HashMap::new();
+        for r in &routes {
+            if let Some(gw) = r.gateway
+                && r.oif == Some(vtep.index)
+                && r.protocol == ROUTE_PROTOCOL
+            {
+                via.entry(gw).or_default().push(r.dst.to_string());
+            }
+        }
+        let mut by_mac: HashMap<[u8; 6], Vec<IpAddr>> = HashMap::new();
+        for n in neigh::list(&mut sock, vtep.index)? {
+            by_mac.entry(n.mac).or_default().push(n.ip);
+        }
         for f in neigh::list_fdb(&mut sock, vtep.index)? {
-            let subnets: Vec<String> = routes
-                .iter()
-                .filter(|r| r.oif == Some(vtep.index) && r.protocol == ROUTE_PROTOCOL)
-                .filter(|r| {
-                    r.gateway
-                        .is_some_and(|gw| neighbours.iter().any(|n| n.ip == gw && n.mac == f.mac))
-                })
-                .map(|r| r.dst.to_string())
+            let subnets: Vec<String> = by_mac
+                .get(&f.mac)
+                .into_iter()
+                .flatten()
+                .flat_map(|ip| via.get(ip).into_iter().flatten().cloned())
                 .collect();
             let _ = writeln!(
                 out,

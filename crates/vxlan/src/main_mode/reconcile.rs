@@ -443,6 +443,7 @@ mod tests {
             gateway: Some("198.51.100.254".parse().unwrap()),
             oif: Some(eth1),
             onlink: false,
+            metric: 0,
             protocol: 3,
         });
         let seen = Observed::read(&mut k, &cfg).unwrap();

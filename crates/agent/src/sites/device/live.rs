@@ -25,6 +25,7 @@ fn into_device(dst: IpNet, index: u32) -> Route {
         gateway: None,
         oif: Some(index),
         onlink: false,
+        metric: 0,
         protocol: ROUTE_PROTOCOL,
     }
 }
