@@ -11,7 +11,8 @@ no-change reconcile is that command again; a one-peer change rewrites the peers 
 peer's subnet moved (a segment: its address; turn and turn about, so every round changes
 something) and reconciles; pod ADD and DEL are timed with sticky-ipam (a segment's cut to the
 node's slice, `nodeSlice`). Prints medians and the ratios to 10 peers, checks
-issue 20's targets, and draws docs/bench-cluster.svg. Then (unless --no-agent) it runs the
+the targets of the sizes measured (`TARGETS`: issue 20's at 5,000, issue 37's at 100,000), and
+draws docs/bench-cluster.svg (issue 37's run: docs/bench-cluster-100k.svg). Then (unless --no-agent) it runs the
 agent's bench at 5,000 Nodes (crates/agent/tests/agent/cluster.rs `bench_5000_nodes`, release build) and prints
 its line. Needs root, python3 and cargo.
 
@@ -20,6 +21,11 @@ its line. Needs root, python3 and cargo.
                              [--bin target/release/sticky-vxlan]
                              [--ipam target/release/sticky-ipam]
                              [--plot docs/bench-cluster.svg]
+
+Issue 37's run (main mode to 100,000 peers; segment mode's node slices stop at 8,192 nodes):
+
+    scripts/bench-cluster.py --sizes 10,5000,20000,100000 --modes main --runs 5 --no-agent \
+                             --plot docs/bench-cluster-100k.svg
 
 Every namespace and temp file it makes is removed at the end, also on failure.
 """
@@ -39,25 +45,37 @@ from benchnode import clean_up, cni_bin_dir, cni_env, make_node, sh  # noqa: E40
 
 UNDERLAY = ipaddress.ip_address("198.18.0.1")
 
+# The targets at a size (when it is measured): the pod ADD's cost as a multiple of the smallest
+# size's, a no-change and a one-peer-change reconcile, and a node's first programming (main
+# mode), in ms. 5,000: issue 20's. 100,000: issue 37's (a one-peer change is the agent's to
+# meet there, through a path of its own: not this command's full reconcile).
+TARGETS = {5000: (1.2, 60, 60, 500), 100000: (1.3, 1000, None, 5000)}
+
+
+def subnet(i):
+    """The i-th /24 from 10.0.0.0 (past 65,535 they go on into 11.0.0.0/8: routes inside the
+    node's namespace only, which nothing is ever sent to)."""
+    return str(ipaddress.ip_network((int(ipaddress.ip_address("10.0.0.0")) + (i << 8), 24)))
+
 
 def peer(i):
-    """Peer i (1-based): underlay 198.18.0.1 + i, pod subnet the i-th /24 of 10.0.0.0/8."""
-    ip = UNDERLAY + i
-    subnet = ipaddress.ip_network((int(ipaddress.ip_address("10.0.0.0")) + (i << 8), 24))
-    return {"ip": str(ip), "subnets": [str(subnet)]}
+    """Peer i (1-based): underlay 198.18.0.1 + i (198.18.0.0/15 holds 131,072), pod subnet
+    the i-th /24."""
+    return {"ip": str(UNDERLAY + i), "subnets": [subnet(i)]}
 
 
 def peers_file(path, n, moved=None, segment=False):
-    """This node (the 8,000th /24) and n peers; `moved`: a peer that moves (turn about), its
-    subnet in the main mode, its underlay address in a segment (whose nodes are addresses)."""
-    entries = [{"ip": str(UNDERLAY), "subnets": ["10.31.64.0/24"]}]
+    """This node (the 0th /24) and n peers; `moved`: a peer that moves (turn about), its
+    subnet in the main mode (to the (n+1)-th /24), its underlay address in a segment (whose
+    nodes are addresses)."""
+    entries = [{"ip": str(UNDERLAY), "subnets": [subnet(0)]}]
     for i in range(1, n + 1):
         e = peer(i)
         if moved is not None and i == moved[0] and moved[1]:
             if segment:
-                e["ip"] = "198.19.200.1"
+                e["ip"] = str(UNDERLAY + n + 1)
             else:
-                e["subnets"] = ["10.32.0.0/24"]
+                e["subnets"] = [subnet(n + 1)]
         entries.append(e)
     tmp = path + ".new"
     with open(tmp, "w") as f:
@@ -193,14 +211,20 @@ def main():
         for label, key in rows:
             vals = [ms(results[mode, s][key]) for s in sizes]
             print("%-30s" % label + "".join("%11.1f ms" % v for v in vals) + "   %6.2f" % (vals[-1] / vals[0]))
-        r = {key: ms(results[mode, big][key]) for _, key in rows}
-        targets += [
-            ("%s: pod ADD at %d peers <= 1.2x at %d" % (mode, big, base), r["add"] <= 1.2 * ms(results[mode, base]["add"])),
-            ("%s: no-change reconcile at %d <= 60 ms" % (mode, big), r["nochange"] <= 60),
-            ("%s: one-peer-change reconcile at %d <= 60 ms" % (mode, big), r["onechange"] <= 60),
-        ]
-        if mode == "main":
-            targets.append(("main: first programming of %d <= 500 ms" % big, r["first"] <= 500))
+        base_add = ms(results[mode, base]["add"])
+        for size, (add_ratio, nochange, onechange, first) in TARGETS.items():
+            if size not in sizes:
+                continue
+            r = {key: ms(results[mode, size][key]) for _, key in rows}
+            targets.append(("%s: pod ADD at %d peers <= %.1fx at %d" % (mode, size, add_ratio, base),
+                            r["add"] <= add_ratio * base_add))
+            targets.append(("%s: no-change reconcile at %d <= %d ms" % (mode, size, nochange),
+                            r["nochange"] <= nochange))
+            if onechange is not None:
+                targets.append(("%s: one-peer-change reconcile at %d <= %d ms" % (mode, size, onechange),
+                                r["onechange"] <= onechange))
+            if mode == "main":
+                targets.append(("main: first programming of %d <= %d ms" % (size, first), r["first"] <= first))
     for what, ok in targets:
         print(("PASS " if ok else "MISS ") + what)
     if not args.no_agent:
