@@ -413,6 +413,24 @@ impl Topo {
             .collect()
     }
 
+    /// [`Topo::three_nodes`] with `per_node` pods added on each (`p<node><i>`): the configs,
+    /// the pods and their IPv4 addresses, node by node.
+    pub fn three_nodes_with_pods(
+        &mut self,
+        per_node: usize,
+    ) -> (Vec<Value>, Vec<Pod>, Vec<String>) {
+        let confs = self.three_nodes();
+        let (mut pods, mut ips) = (Vec::new(), Vec::new());
+        for n in 1..=3u8 {
+            for i in 0..per_node {
+                let pod = self.new_pod(n, &format!("p{n}{i}"));
+                ips.push(ip_of(&self.add(&pod, &confs[usize::from(n) - 1]), false));
+                pods.push(pod);
+            }
+        }
+        (confs, pods, ips)
+    }
+
     /// The network's nftables table on node `n`, as `nft list` prints it.
     pub fn nft_table(&self, n: u8) -> String {
         self.nft_table_of_family(n, "ip")

@@ -11,17 +11,7 @@ use vxlan_support::*;
 fn three_nodes_two_pods_each_all_to_all_and_vtep_recreated_keeps_its_mac() {
     assert_can_run();
     let mut topo = Topo::new(1500);
-    let confs = topo.three_nodes();
-    let mut pods = Vec::new();
-    let mut ips = Vec::new();
-    for n in 1..=3u8 {
-        for p in 0..2 {
-            let pod = topo.new_pod(n, &format!("p{n}{p}"));
-            let result = topo.add(&pod, &confs[usize::from(n) - 1]);
-            ips.push(ip_of(&result, false));
-            pods.push(pod);
-        }
-    }
+    let (confs, pods, ips) = topo.three_nodes_with_pods(2);
     for (i, from) in pods.iter().enumerate() {
         for (j, to) in ips.iter().enumerate() {
             if i != j {

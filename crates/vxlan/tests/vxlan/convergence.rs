@@ -275,14 +275,7 @@ fn route_events(topo: &Topo, during: impl FnOnce()) -> Vec<String> {
 fn routes_of_an_earlier_release_take_their_metric_with_no_moment_without_a_route() {
     assert_can_run();
     let mut topo = Topo::new(1500);
-    let confs = topo.three_nodes();
-    let mut pods = Vec::new();
-    let mut ips = Vec::new();
-    for n in 1..=3u8 {
-        let pod = topo.new_pod(n, &format!("p{n}"));
-        ips.push(ip_of(&topo.add(&pod, &confs[usize::from(n) - 1]), false));
-        pods.push(pod);
-    }
+    let (confs, pods, ips) = topo.three_nodes_with_pods(1);
     programmed_the_old_way(&topo, &[2, 3]);
     assert!(topo.reaches(&pods[0], &ips[1]), "the old shape carries too");
 
