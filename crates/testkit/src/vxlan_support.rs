@@ -431,6 +431,72 @@ impl Topo {
         (confs, pods, ips)
     }
 
+    /// `ip -o monitor route` in node `n` while `during` runs: every line it printed between a
+    /// marker route it showed before and another added after (so no line is missed or waited
+    /// for).
+    pub fn route_events(&self, n: u8, during: impl FnOnce()) -> Vec<String> {
+        use std::io::BufRead as _;
+        let marker = "203.0.113.0/24";
+        /// Ends the monitor however the test ends.
+        struct Monitor(std::process::Child);
+        impl Drop for Monitor {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut monitor = Monitor(
+            std::process::Command::new("ip")
+                .args(["-n", &self.node_ns(n), "-o", "monitor", "route"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("ip monitor"),
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = monitor.0.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = std::time::Duration::from_secs(60);
+        // The monitor listens once it prints a change: the marker comes and goes (each a change
+        // the kernel reports) until the monitor shows one.
+        let start = std::time::Instant::now();
+        let mut present = false;
+        loop {
+            let verb = if present { "del" } else { "add" };
+            self.ip(n, &["route", verb, marker, "dev", "lo"]);
+            present = !present;
+            match rx.recv_timeout(std::time::Duration::from_millis(200)) {
+                Ok(line) if line.contains(marker) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("ip monitor ended"),
+                _ => assert!(start.elapsed() < deadline, "ip monitor printed nothing"),
+            }
+        }
+        if !present {
+            self.ip(n, &["route", "add", marker, "dev", "lo"]);
+        }
+        during();
+        // A second marker ends the record: every change before it has been printed by then.
+        let end = "198.51.100.0/24";
+        self.ip(n, &["route", "add", end, "dev", "lo"]);
+        let mut lines = Vec::new();
+        loop {
+            let line = rx
+                .recv_timeout(deadline)
+                .expect("ip monitor printed the end marker");
+            if line.starts_with(end) {
+                break;
+            }
+            lines.push(line);
+        }
+        for route in [marker, end] {
+            self.ip(n, &["route", "del", route, "dev", "lo"]);
+        }
+        lines
+    }
+
     /// The network's nftables table on node `n`, as `nft list` prints it.
     pub fn nft_table(&self, n: u8) -> String {
         self.nft_table_of_family(n, "ip")

@@ -361,7 +361,9 @@ mod tests {
     use super::*;
     use crate::main_mode::apply::apply;
     use serde_json::json;
+    use std::net::Ipv4Addr;
     use sticky_netlink::link::Link;
+    use sticky_netlink::neigh::{Fdb, Neighbour};
     use sticky_overlay::devices::{compatible, vtep_spec};
     use sticky_overlay::fake::{Fake, conf, node_with, peer};
     use sticky_overlay::kernel::Kernel;
@@ -782,6 +784,70 @@ mod tests {
         let p = reconcile(&cfg, &node, &mut k).unwrap();
         assert!(has(&p, |s| matches!(s, Step::ReplaceRoute { .. })));
         assert!(!has(&p, |s| matches!(s, Step::DeleteRoute(_))), "{p:?}");
+    }
+
+    /// Issue 37: one peer moved among 100,000 plans that peer's entries and nothing else (each
+    /// entry step is one netlink request): what a change costs the kernel grows with the
+    /// change, not with the cluster.
+    #[test]
+    fn one_peer_moved_among_100000_plans_only_its_own_entries() {
+        let cfg = conf(json!({}));
+        let mut k = Fake::node("192.0.2.1/24");
+        let mut node = node_with("192.0.2.1", "10.244.1.0/24", &[]);
+        reconcile(&cfg, &node, &mut k).unwrap();
+        let first = u32::from(Ipv4Addr::new(198, 18, 0, 1));
+        let pods = u32::from(Ipv4Addr::new(10, 0, 0, 0));
+        node.remote = (1..=100_000u32)
+            .map(|i| Peer {
+                ip: IpAddr::V4(Ipv4Addr::from(first + i)),
+                subnets: vec![IpNet::new(Ipv4Addr::from(pods + (i << 6)).into(), 26).unwrap()],
+                mac: None,
+                carries: Vec::new(),
+            })
+            .collect();
+        // The node as a full reconcile leaves it, written straight into the fake (which keeps
+        // its entries in lists: one write costs it all the others).
+        let vtep = k.seen.link(&cfg.vtep_name).unwrap().index;
+        let want = desired(cfg.vni, &node);
+        k.fdb.extend(want.fdb.iter().map(|&(mac, dst)| Fdb {
+            index: vtep,
+            mac,
+            dst,
+            permanent: true,
+        }));
+        k.neighbours
+            .extend(want.neighbours.iter().map(|&(ip, mac)| Neighbour {
+                index: vtep,
+                ip,
+                mac,
+                permanent: true,
+            }));
+        k.seen.routes.extend(
+            want.routes
+                .iter()
+                .map(|&(dst, via)| route_for(dst, via, vtep)),
+        );
+        let seen = Observed::read(&mut k, &cfg).unwrap();
+        assert!(only_always_steps(&plan(&cfg, &node, &seen).unwrap()));
+
+        let moved = &mut node.remote[49_999];
+        let old = moved.subnets[0];
+        moved.subnets = vec![net("10.200.0.0/26")];
+        let p = plan(&cfg, &node, &seen).unwrap();
+        let entries: Vec<&Step> = p.steps.iter().filter(|s| s.is_entry()).collect();
+        let new = net("10.200.0.0/26");
+        assert!(
+            matches!(
+                entries[..],
+                [
+                    Step::DeleteRoute(r),
+                    Step::DeleteNeighbour { ip: gone, .. },
+                    Step::ReplaceNeighbour { ip: came, .. },
+                    Step::ReplaceRoute { dst, .. },
+                ] if r.dst == old && *gone == old.network() && *came == new.network() && *dst == new
+            ),
+            "{entries:?}"
+        );
     }
 
     #[test]

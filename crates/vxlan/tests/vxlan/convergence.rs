@@ -201,71 +201,6 @@ fn programmed_the_old_way(topo: &Topo, peers: &[u8]) {
     assert!(!routes.contains("metric"), "{routes}");
 }
 
-/// `ip -o monitor route` in node 1 while `during` runs: every line it printed between a marker
-/// route it showed before and another added after (so no line is missed or waited for).
-fn route_events(topo: &Topo, during: impl FnOnce()) -> Vec<String> {
-    use std::io::BufRead as _;
-    let marker = "203.0.113.0/24";
-    /// Ends the monitor however the test ends.
-    struct Monitor(std::process::Child);
-    impl Drop for Monitor {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut monitor = Monitor(
-        std::process::Command::new("ip")
-            .args(["-n", &topo.node_ns(1), "-o", "monitor", "route"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("ip monitor"),
-    );
-    let (tx, rx) = std::sync::mpsc::channel();
-    let out = monitor.0.stdout.take().expect("piped");
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = std::time::Duration::from_secs(60);
-    // The monitor listens once it prints a change: the marker comes and goes (each a change
-    // the kernel reports) until the monitor shows one.
-    let start = std::time::Instant::now();
-    let mut present = false;
-    loop {
-        let verb = if present { "del" } else { "add" };
-        topo.ip(1, &["route", verb, marker, "dev", "lo"]);
-        present = !present;
-        match rx.recv_timeout(std::time::Duration::from_millis(200)) {
-            Ok(line) if line.contains(marker) => break,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("ip monitor ended"),
-            _ => assert!(start.elapsed() < deadline, "ip monitor printed nothing"),
-        }
-    }
-    if !present {
-        topo.ip(1, &["route", "add", marker, "dev", "lo"]);
-    }
-    during();
-    // A second marker ends the record: every change before it has been printed by then.
-    let end = "198.51.100.0/24";
-    topo.ip(1, &["route", "add", end, "dev", "lo"]);
-    let mut lines = Vec::new();
-    loop {
-        let line = rx
-            .recv_timeout(deadline)
-            .expect("ip monitor printed the end marker");
-        if line.starts_with(end) {
-            break;
-        }
-        lines.push(line);
-    }
-    for route in [marker, end] {
-        topo.ip(1, &["route", "del", route, "dev", "lo"]);
-    }
-    lines
-}
-
 /// Issue 37: IPv4 peer routes carry a metric of their own now (plan.rs `metric_for`). A node
 /// an earlier release programmed takes them at its next reconcile with no moment without a
 /// route: the kernel reports each new route added before the old one is deleted, and the
@@ -279,7 +214,7 @@ fn routes_of_an_earlier_release_take_their_metric_with_no_moment_without_a_route
     programmed_the_old_way(&topo, &[2, 3]);
     assert!(topo.reaches(&pods[0], &ips[1]), "the old shape carries too");
 
-    let events = route_events(&topo, || topo.reconciled(1, &confs[0]));
+    let events = topo.route_events(1, || topo.reconciled(1, &confs[0]));
     for n in [2u8, 3] {
         let subnet = Topo::subnet(n);
         let added = events

@@ -16,5 +16,6 @@ mod mtu;
 mod netns;
 mod ownership;
 mod peers;
+mod scale;
 mod segment;
 mod sticky;
