@@ -726,7 +726,7 @@ mod tests {
     #[test]
     fn no_two_peers_routes_share_a_metric_within_a_slash_8() {
         let metrics: HashSet<u32> = (0..=255u8)
-            .flat_map(|a| (0..=255u8).map(move |b| std::net::Ipv4Addr::new(10, a, b, 0)))
+            .flat_map(|a| (0..=255u8).map(move |b| Ipv4Addr::new(10, a, b, 0)))
             .map(|via| metric_for(IpAddr::V4(via)))
             .collect();
         assert_eq!(metrics.len(), 65536);

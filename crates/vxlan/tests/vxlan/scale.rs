@@ -6,6 +6,8 @@ use sticky_testkit::vxlan_support;
 use std::net::Ipv4Addr;
 
 use serde_json::{Value, json};
+use sticky_netlink::link::format_mac;
+use sticky_overlay::mac::vtep_mac;
 use vxlan_support::*;
 
 const PEERS: u32 = 100_000;
@@ -17,12 +19,6 @@ fn peer(i: u32) -> (Ipv4Addr, String) {
     let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 1)) + i);
     let subnet = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 0)) + (i << 6));
     (ip, format!("{subnet}/26"))
-}
-
-/// The MAC sticky-vxlan gives the VTEP at `ip` on VNI 1 (`sticky-vxlan mac`).
-fn vtep_mac(ip: Ipv4Addr) -> String {
-    let [a, b, c, d] = ip.octets();
-    format!("0a:01:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 #[test]
@@ -47,26 +43,24 @@ fn at_100000_peers_entries_deleted_by_hand_are_repaired_and_nothing_else_is_writ
     let (_, neigh_subnet) = peer(60_000);
     let neigh_ip = neigh_subnet.trim_end_matches("/26").to_string();
     let (fdb_ip, _) = peer(PEERS);
-    let fdb_mac = vtep_mac(fdb_ip);
+    let fdb_mac = format_mac(&vtep_mac(fdb_ip.into(), 1));
     topo.ip(1, &["route", "del", &route_subnet, "dev", "sticky.1"]);
     topo.ip(1, &["neigh", "del", &neigh_ip, "dev", "sticky.1"]);
     let ns = topo.node_ns(1);
-    let fdb = |verb: &str| {
-        sh(&[
-            "bridge",
-            "-n",
-            &ns,
-            "fdb",
-            verb,
-            &fdb_mac,
-            "dev",
-            "sticky.1",
-            "dst",
-            &fdb_ip.to_string(),
-            "self",
-        ])
-    };
-    assert!(fdb("del").status.success());
+    let deleted = sh(&[
+        "bridge",
+        "-n",
+        &ns,
+        "fdb",
+        "del",
+        &fdb_mac,
+        "dev",
+        "sticky.1",
+        "dst",
+        &fdb_ip.to_string(),
+        "self",
+    ]);
+    assert!(deleted.status.success());
     let fdb_there = || {
         let out = sh(&[
             "bridge", "-n", &ns, "fdb", "get", &fdb_mac, "dev", "sticky.1", "self",
