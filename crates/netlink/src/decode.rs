@@ -2,7 +2,7 @@
 //! netlink header of a datagram ([`super::socket`]) to the few fields of a link read straight
 //! from its bytes ([`super::link`]).
 
-use netlink_packet_core::DecodeError;
+use netlink_packet_core::{DecodeError, NlasIterator};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -21,6 +21,12 @@ pub enum Error {
     /// An `RTM_NEWLINK` payload cut before the field read.
     #[error("link message of {0} bytes")]
     ShortLink(usize),
+    /// An `RTM_NEWROUTE` payload shorter than its header.
+    #[error("route message of {0} bytes")]
+    ShortRoute(usize),
+    /// An `RTM_NEWNEIGH` payload shorter than its header.
+    #[error("neighbour message of {0} bytes")]
+    ShortNeighbour(usize),
     /// A netlink attribute (its header, or a value of the wrong size or not text).
     #[error("{0}")]
     Attribute(#[source] DecodeError),
@@ -30,4 +36,15 @@ pub enum Error {
         #[source]
         source: DecodeError,
     },
+}
+
+/// The attributes of a netlink attribute block, as (type, value).
+pub(crate) fn attributes(block: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), Error>> {
+    NlasIterator::new(block).map(|nla| {
+        let nla = nla.map_err(Error::Attribute)?;
+        let (kind, end) = (nla.kind(), usize::from(nla.length()));
+        // `new_checked` made sure that 4 <= length <= the buffer's length.
+        let value = nla.into_inner().get(4..end).unwrap_or_default();
+        Ok((kind, value))
+    })
 }

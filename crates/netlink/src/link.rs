@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use netlink_packet_core::{
-    NLM_F_CREATE, NLM_F_EXCL, NlasIterator, parse_string, parse_u8, parse_u16_be, parse_u32,
+    NLM_F_CREATE, NLM_F_EXCL, parse_string, parse_u8, parse_u16_be, parse_u32,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
@@ -14,7 +14,7 @@ use netlink_packet_route::link::{
 };
 use nix::errno::Errno;
 
-use super::decode;
+use super::decode::{self, attributes};
 use super::socket::{self, Socket};
 
 #[derive(Debug, thiserror::Error)]
@@ -99,17 +99,6 @@ const IFLA_VXLAN_LOCAL6: u16 = 17;
 const RTM_NEWLINK: u16 = 16;
 /// `struct ifinfomsg`: family, pad, type, index, flags, change.
 const IFINFOMSG_LEN: usize = 16;
-
-/// The attributes of a netlink attribute block, as (type, value).
-fn attributes(block: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), decode::Error>> {
-    NlasIterator::new(block).map(|nla| {
-        let nla = nla.map_err(decode::Error::Attribute)?;
-        let (kind, end) = (nla.kind(), usize::from(nla.length()));
-        // `new_checked` made sure that 4 <= length <= the buffer's length.
-        let value = nla.into_inner().get(4..end).unwrap_or_default();
-        Ok((kind, value))
-    })
-}
 
 impl Link {
     /// A [`Link`] straight from an `RTM_NEWLINK` payload: only the attributes a

@@ -133,7 +133,10 @@ enum Outcome<T> {
 type Parse<'a, T> = dyn FnMut(u16, &[u8]) -> Result<Option<T>, decode::Error> + 'a;
 
 /// Parses every reply as a [`RouteNetlinkMessage`].
-fn typed(message_type: u16, payload: &[u8]) -> Result<Option<RouteNetlinkMessage>, decode::Error> {
+pub(crate) fn typed(
+    message_type: u16,
+    payload: &[u8],
+) -> Result<Option<RouteNetlinkMessage>, decode::Error> {
     RouteNetlinkMessage::parse_with_param(payload, message_type)
         .map(Some)
         .map_err(|source| decode::Error::Message {
@@ -207,15 +210,44 @@ impl Socket {
         &mut self,
         requests: Vec<Request>,
     ) -> Result<Vec<Result<(), Error>>, Error> {
+        let skip = &mut |_: u16, _: &[u8]| Ok(None::<()>);
+        let answers = self.batch_with(requests, true, skip)?;
+        Ok(answers.into_iter().map(|a| a.map(drop)).collect())
+    }
+
+    /// Sends many GETs of one entry each as one batch ([`Socket::request_batch`]), with no
+    /// ACK asked for: each is answered once, by its entry or by the kernel's refusal (`ENOENT`
+    /// for an entry that is not there). Returns each request's answer, in order: its entry
+    /// (read by `parse`; `None` for one `parse` skips) or the refusal.
+    pub(crate) fn get_batch<T>(
+        &mut self,
+        requests: Vec<Request>,
+        parse: &mut Parse<'_, T>,
+    ) -> Result<Vec<Result<Option<T>, Error>>, Error> {
+        self.batch_with(requests, false, parse)
+    }
+
+    /// A batch; `acked`: each request asks for its ACK (a write) or is answered by its one
+    /// reply (a GET).
+    fn batch_with<T>(
+        &mut self,
+        requests: Vec<Request>,
+        acked: bool,
+        parse: &mut Parse<'_, T>,
+    ) -> Result<Vec<Result<Option<T>, Error>>, Error> {
         let mut answers = Vec::with_capacity(requests.len());
-        for chunk in chunks(requests, &mut self.seq) {
-            answers.extend(self.send_chunk(&chunk)?);
+        for chunk in chunks(requests, acked, &mut self.seq) {
+            answers.extend(self.send_chunk(&chunk, parse)?);
         }
         Ok(answers)
     }
 
-    /// Sends one chunk of a batch in one `send` and reads its ACKs.
-    fn send_chunk(&mut self, chunk: &Chunk) -> Result<Vec<Result<(), Error>>, Error> {
+    /// Sends one chunk of a batch in one `send` and reads its answers.
+    fn send_chunk<T>(
+        &mut self,
+        chunk: &Chunk,
+        parse: &mut Parse<'_, T>,
+    ) -> Result<Vec<Result<Option<T>, Error>>, Error> {
         let what = chunk
             .whats
             .first()
@@ -224,15 +256,14 @@ impl Socket {
         self.sock
             .send(&chunk.bytes, 0)
             .map_err(|source| Error::Send { what, source })?;
-        let mut acks = Acks::new(chunk.first, &chunk.whats);
+        let mut acks = Acks::new(chunk.first, &chunk.whats, chunk.acked);
         loop {
             self.receive_small()
                 .map_err(|source| Error::Recv { what, source })?;
-            let skip = &mut |_: u16, _: &[u8]| Ok(None::<()>);
             for reply in
-                decode_with(&self.buf, skip).map_err(|source| Error::Decode { what, source })?
+                decode_with(&self.buf, parse).map_err(|source| Error::Decode { what, source })?
             {
-                if let Some(answers) = acks.feed(&reply) {
+                if let Some(answers) = acks.feed(reply) {
                     return Ok(answers);
                 }
             }
@@ -387,15 +418,19 @@ struct Chunk {
     /// The sequence number of the first; the others follow it.
     first: u32,
     whats: Vec<&'static str>,
+    /// Whether each request asks for its ACK.
+    acked: bool,
 }
 
 /// Encodes a batch, each request with the next sequence number after `seq` (left at the last
-/// one used), cut into chunks of at most [`BATCH_BYTES`] and [`BATCH_MESSAGES`].
-fn chunks(requests: Vec<Request>, seq: &mut u32) -> Vec<Chunk> {
+/// one used), cut into chunks of at most [`BATCH_BYTES`] and [`BATCH_MESSAGES`]; `acked`:
+/// each asks for its ACK.
+fn chunks(requests: Vec<Request>, acked: bool, seq: &mut u32) -> Vec<Chunk> {
+    let ack = if acked { NLM_F_ACK } else { 0 };
     let mut out: Vec<Chunk> = Vec::new();
     for request in requests {
         *seq = seq.wrapping_add(1);
-        let flags = NLM_F_REQUEST | NLM_F_ACK | request.flags;
+        let flags = NLM_F_REQUEST | ack | request.flags;
         let mut bytes = encode(request.message, flags, *seq);
         // The kernel finds the next message at the current one's length rounded up to 4.
         bytes.resize(bytes.len().next_multiple_of(4), 0);
@@ -407,6 +442,7 @@ fn chunks(requests: Vec<Request>, seq: &mut u32) -> Vec<Chunk> {
                 bytes: Vec::new(),
                 first: *seq,
                 whats: Vec::new(),
+                acked,
             });
         }
         if let Some(chunk) = out.last_mut() {
@@ -417,52 +453,60 @@ fn chunks(requests: Vec<Request>, seq: &mut u32) -> Vec<Chunk> {
     out
 }
 
-/// Collects the ACKs of one `send` of a batch; pure, so the matching is unit-tested.
-struct Acks<'a> {
+/// Collects the answers of one `send` of a batch; pure, so the matching is unit-tested.
+struct Acks<'a, T> {
     /// The sequence number of the first request; the others follow it.
     first: u32,
     whats: &'a [&'static str],
-    /// Each request's errno once answered (0: acknowledged).
-    codes: Vec<Option<i32>>,
+    /// Whether the requests asked for their ACK (writes); if not (GETs), a reply that is not
+    /// an error answers its request.
+    acked: bool,
+    /// Each request's answer once it came: its errno (0: acknowledged) or its one reply.
+    answers: Vec<Option<Result<Option<T>, i32>>>,
     waiting: usize,
 }
 
-impl<'a> Acks<'a> {
-    fn new(first: u32, whats: &'a [&'static str]) -> Acks<'a> {
+impl<'a, T> Acks<'a, T> {
+    fn new(first: u32, whats: &'a [&'static str], acked: bool) -> Acks<'a, T> {
         Acks {
             first,
             whats,
-            codes: vec![None; whats.len()],
+            acked,
+            answers: whats.iter().map(|_| None).collect(),
             waiting: whats.len(),
         }
     }
 
     /// Takes one reply; once every request is answered, each one's answer in order.
-    fn feed<T>(&mut self, reply: &Message<T>) -> Option<Vec<Result<(), Error>>> {
-        let Reply::Error(code) = reply.reply else {
-            return None;
-        };
+    fn feed(&mut self, reply: Message<T>) -> Option<Vec<Result<Option<T>, Error>>> {
         // Sequence numbers wrap; one outside this batch is a late answer to something else.
         let index = reply.seq.wrapping_sub(self.first) as usize;
-        let slot = self.codes.get_mut(index)?;
+        let slot = self.answers.get_mut(index)?;
         if slot.is_some() {
             return None;
         }
-        *slot = Some(code);
+        *slot = Some(match reply.reply {
+            Reply::Error(0) => Ok(None),
+            Reply::Error(code) => Err(code),
+            Reply::Inner(inner) if !self.acked => Ok(inner),
+            Reply::Inner(_) | Reply::Done | Reply::Other => return None,
+        });
         self.waiting -= 1;
         if self.waiting > 0 {
             return None;
         }
+        let answers = std::mem::take(&mut self.answers);
         Some(
-            self.codes
-                .iter()
+            answers
+                .into_iter()
                 .zip(self.whats)
-                .map(|(code, what)| match code.unwrap_or(0) {
-                    0 => Ok(()),
-                    code => Err(Error::Kernel {
+                .map(|(answer, what)| match answer {
+                    Some(Err(code)) => Err(Error::Kernel {
                         what,
                         errno: code.saturating_abs(),
                     }),
+                    Some(Ok(inner)) => Ok(inner),
+                    None => Ok(None),
                 })
                 .collect(),
         )
@@ -661,7 +705,7 @@ mod tests {
     fn a_batch_is_cut_into_sends_each_request_with_its_own_sequence_number() {
         let mut seq = u32::MAX - 1;
         let requests: Vec<Request> = (0..300).map(neighbour).collect();
-        let chunks = chunks(requests, &mut seq);
+        let chunks = chunks(requests, true, &mut seq);
         assert_eq!(seq, 298, "300 numbers used, wrapping past u32::MAX");
         let sizes: Vec<usize> = chunks.iter().map(|c| c.whats.len()).collect();
         assert_eq!(
@@ -694,7 +738,7 @@ mod tests {
             }
         }
         assert_eq!(expected, seq.wrapping_add(1));
-        assert!(super::chunks(Vec::new(), &mut seq).is_empty());
+        assert!(super::chunks(Vec::new(), true, &mut seq).is_empty());
     }
 
     #[test]
@@ -709,7 +753,7 @@ mod tests {
                 flags: 0,
             })
             .collect();
-        let chunks = chunks(requests, &mut 0);
+        let chunks = chunks(requests, true, &mut 0);
         assert!(chunks.len() > 1, "100 x 1 KiB is more than one send");
         assert!(chunks.iter().all(|c| c.bytes.len() <= BATCH_BYTES));
         assert_eq!(chunks.iter().map(|c| c.whats.len()).sum::<usize>(), 100);
@@ -719,26 +763,34 @@ mod tests {
     fn acks_are_matched_to_their_requests_by_sequence_number() {
         let whats = ["a", "b", "c"];
         // Sequence numbers u32::MAX, 0, 1: the batch wraps.
-        let mut acks = Acks::new(u32::MAX, &whats);
-        assert!(acks.feed(&reply(0, 0, ack(-17))).is_none(), "b refused");
-        assert!(acks.feed(&reply(7, 0, ack(0))).is_none(), "late: not ours");
-        assert!(acks.feed(&reply(1, 0, ack(0))).is_none());
-        assert!(acks.feed(&reply(0, 0, ack(0))).is_none(), "b answered once");
-        assert!(
-            acks.feed(&reply(u32::MAX, 0, link())).is_none(),
-            "not an ack"
-        );
+        let mut acks = Acks::new(u32::MAX, &whats, false);
+        assert!(acks.feed(reply(0, 0, ack(-17))).is_none(), "b refused");
+        assert!(acks.feed(reply(7, 0, ack(0))).is_none(), "late: not ours");
+        assert!(acks.feed(reply(7, 0, link())).is_none(), "late: not ours");
+        assert!(acks.feed(reply(1, 0, ack(0))).is_none());
+        assert!(acks.feed(reply(0, 0, ack(0))).is_none(), "b answered once");
+        assert!(acks.feed(reply(0, 0, link())).is_none(), "b answered once");
         let answers = acks
-            .feed(&reply(u32::MAX, 0, ack(0)))
-            .expect("all answered");
+            .feed(reply(u32::MAX, 0, link()))
+            .expect("all answered: a by its entry (a GET's one reply)");
         assert_eq!(answers.len(), 3);
-        assert!(answers[0].is_ok() && answers[2].is_ok());
+        let a = answers[0].as_ref().unwrap();
+        assert!(matches!(a, Some(RouteNetlinkMessage::NewLink(_))), "{a:?}");
+        assert!(answers[2].as_ref().unwrap().is_none(), "c acknowledged");
         let err = answers[1].as_ref().unwrap_err();
         assert_eq!(err.errno(), Some(17));
         assert!(
             err.to_string().starts_with("b: the kernel refused it"),
             "{err}"
         );
+        // Writes: only their ACK answers them.
+        let mut acks = Acks::new(5, &whats[..1], true);
+        assert!(
+            acks.feed(reply(5, 0, link())).is_none(),
+            "an echo, not the ack"
+        );
+        let answers = acks.feed(reply(5, 0, ack(0))).expect("answered");
+        assert!(matches!(answers[..], [Ok(None)]), "{answers:?}");
     }
 
     /// The kernel's own answers: 999 entry writes and one bad route in the middle, as one
