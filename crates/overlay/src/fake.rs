@@ -163,6 +163,17 @@ impl Kernel for Fake {
             .cloned()
             .collect())
     }
+    fn fdb_of(&mut self, index: u32, macs: &[[u8; 6]]) -> Result<Vec<Fdb>, Error> {
+        self.queries.push(format!("get {} fdb entries", macs.len()));
+        let asked: std::collections::HashSet<&[u8; 6]> = macs.iter().collect();
+        let mut seen = std::collections::HashSet::new();
+        Ok(self
+            .fdb
+            .iter()
+            .filter(|f| f.index == index && asked.contains(&f.mac) && seen.insert(f.mac))
+            .cloned()
+            .collect())
+    }
     fn route_to(&mut self, ip: IpAddr) -> Result<(Option<u32>, Option<IpAddr>), Error> {
         self.queries.push(format!("route to {ip}"));
         Ok(self

@@ -100,7 +100,12 @@ pub trait Kernel {
     /// Every unicast route of the main table.
     fn routes(&mut self) -> Result<Vec<Route>, Error>;
     fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>, Error>;
+    /// Every FDB entry of the VXLAN device `index` (a dump: the kernel's cost grows with the
+    /// square of the entries).
     fn fdb(&mut self, index: u32) -> Result<Vec<Fdb>, Error>;
+    /// The FDB entries of `macs` on the VXLAN device `index`, one lookup each (a MAC with
+    /// several destinations shows its first).
+    fn fdb_of(&mut self, index: u32, macs: &[[u8; 6]]) -> Result<Vec<Fdb>, Error>;
     /// `ip route get`: the outgoing interface and source address towards `ip`.
     fn route_to(&mut self, ip: IpAddr) -> Result<(Option<u32>, Option<IpAddr>), Error>;
 
@@ -171,6 +176,9 @@ impl Kernel for Live<'_> {
     }
     fn fdb(&mut self, index: u32) -> Result<Vec<Fdb>, Error> {
         Ok(neigh::list_fdb(self.sock, index)?)
+    }
+    fn fdb_of(&mut self, index: u32, macs: &[[u8; 6]]) -> Result<Vec<Fdb>, Error> {
+        Ok(neigh::fdb_of(self.sock, index, macs)?)
     }
     fn route_to(&mut self, ip: IpAddr) -> Result<(Option<u32>, Option<IpAddr>), Error> {
         Ok(route::lookup(self.sock, ip)?)

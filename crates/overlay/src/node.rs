@@ -2,17 +2,22 @@
 //! and the remote peers, worked out from config, the peers file and what the kernel shows
 //! ([`Observed`], read once per call).
 
+use std::collections::HashSet;
 use std::net::IpAddr;
+use std::path::Path;
 
 use ipnet::IpNet;
 
 use super::Error;
 use super::config::{Config, IPV4_OVERHEAD, IPV6_OVERHEAD};
 use super::kernel::Kernel;
+use super::mac::vtep_mac;
 use super::peers::{self, Gathered, Peer};
+use super::stamp::{self, Applied, DeviceId};
 use sticky_netlink::link::Link;
 use sticky_netlink::neigh::{Fdb, Neighbour};
 use sticky_netlink::route::Route;
+use sticky_primitives::nofollow;
 
 /// What the node's kernel holds, read once: links (see [`Observed::read`]), every address and
 /// main-table route, and the entries on the VTEP (when a link of its name exists).
@@ -34,7 +39,9 @@ impl Observed {
     /// dump: O(pods on this node), so that a bridge made again gets them back). Other links
     /// are not read: [`resolve`] asks for the underlay by name or index when it is not among
     /// these.
-    pub fn read(k: &mut impl Kernel, cfg: &Config) -> Result<Observed, Error> {
+    ///
+    /// The VTEP's FDB is read as `fdb` says ([`FdbRead`]).
+    pub fn read(k: &mut impl Kernel, cfg: &Config, fdb: &FdbRead) -> Result<Observed, Error> {
         let (vtep_name, bridge) = (cfg.vtep_name.as_str(), cfg.bridge.as_str());
         let veths = k.veth_links()?;
         let pods = super::pod::host_ends(&cfg.name, &veths).cloned().collect();
@@ -46,9 +53,17 @@ impl Observed {
                 links.push(l);
             }
         }
-        let vtep = links.iter().find(|l| l.name == vtep_name).map(|l| l.index);
+        let vtep = links.iter().find(|l| l.name == vtep_name);
         let (vtep_fdb, vtep_neighbours) = match vtep {
-            Some(i) => (k.fdb(i)?, k.neighbours(i)?),
+            Some(l) => {
+                let entries = match fdb {
+                    FdbRead::Only { vtep, macs } if DeviceId::of(l) == *vtep => {
+                        k.fdb_of(l.index, macs)?
+                    }
+                    _ => k.fdb(l.index)?,
+                };
+                (entries, k.neighbours(l.index)?)
+            }
             None => Default::default(),
         };
         Ok(Observed {
@@ -205,6 +220,62 @@ pub fn peer_list(cfg: &Config) -> Result<Gathered, Error> {
         );
     }
     Ok(gathered)
+}
+
+/// How much of the VTEP's FDB [`Observed::read`] reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum FdbRead {
+    /// Every entry: one dump, whose cost grows in the kernel with the square of the entries
+    /// (1.3 s at 100,000).
+    #[default]
+    Whole,
+    /// The entries of these MACs, one lookup each, when the VTEP is still the device `vtep`;
+    /// every entry otherwise.
+    Only { vtep: DeviceId, macs: Vec<[u8; 6]> },
+}
+
+/// From this many peers on, the FDB entries of known MACs are looked up rather than dumped
+/// ([`fdb_read`]): the dump's cost grows with the square of the entries, the lookups' with
+/// their number, and they meet about here (at 5,000 peers a no-change reconcile took 35 ms
+/// with the dump and 50 ms with lookups; at 100,000, 1.3 s of dump against 0.3 s).
+pub const LOOK_UP_FROM: usize = 20_000;
+
+/// What of the VTEP's FDB a full reconcile reads, given what the last one `applied` (its
+/// stamp: the VTEP it left, the hash of the peers file it applied) and the peers it now
+/// programs. A reconcile writes and deletes entries of the MACs of its peers only. So while
+/// the VTEP is the one the last full reconcile left and the last good copy (`copy`) is the
+/// very file it applied, ours on the VTEP are entries of that file's MACs: looking up those
+/// and the MACs of `peers` finds every entry to delete or repair, for a cost that grows with
+/// the peers, not their square. Without that proof (no stamp: a boot, a first run, a reconcile
+/// that did not finish, other settings; the copy is another file), and below
+/// [`LOOK_UP_FROM`] peers, every entry is read; an entry that someone else adds for a MAC no
+/// peer has is removed then.
+pub fn fdb_read(vni: u32, applied: Option<Applied>, peers: &Gathered, copy: &Path) -> FdbRead {
+    let Some(Applied { vtep, peers_hash }) = applied else {
+        return FdbRead::Whole;
+    };
+    if peers.peers.len() < LOOK_UP_FROM {
+        return FdbRead::Whole;
+    }
+    let mac = |p: &Peer| p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni));
+    let mut macs: HashSet<[u8; 6]> = peers.peers.iter().map(mac).collect();
+    let now = peers.file_text.as_deref().map(stamp::hash);
+    if peers_hash != now {
+        // Another file was applied: its MACs too, if the copy is that file.
+        let Some(text) = nofollow::read(copy).ok().flatten() else {
+            return FdbRead::Whole;
+        };
+        if peers_hash != Some(stamp::hash(&text)) {
+            return FdbRead::Whole;
+        }
+        match peers::parse_file(&text) {
+            Ok(before) => macs.extend(before.iter().map(mac)),
+            Err(_) => return FdbRead::Whole,
+        }
+    }
+    let mut macs: Vec<[u8; 6]> = macs.into_iter().collect();
+    macs.sort_unstable();
+    FdbRead::Only { vtep, macs }
 }
 
 /// [`accepts`] against this node's kernel (the agent's check before it writes a peers file).
@@ -450,8 +521,114 @@ mod tests {
     #[allow(unused_imports)]
     use std::net::{IpAddr, Ipv4Addr};
 
+    /// A peers file of peers `from..=to`: underlay 198.18.0.0 + i, subnet the i-th /24 of
+    /// 10.0.0.0/8.
+    fn file(from: u32, to: u32) -> Vec<u8> {
+        let entries: Vec<serde_json::Value> = (from..=to)
+            .map(|i| {
+                let ip = Ipv4Addr::from(0xc612_0000 + i);
+                let subnet = format!("{}/24", Ipv4Addr::from(0x0a00_0000 + (i << 8)));
+                serde_json::json!({"ip": ip.to_string(), "subnets": [subnet]})
+            })
+            .collect();
+        serde_json::to_vec(&entries).unwrap()
+    }
+
+    fn gathered(text: &[u8]) -> Gathered {
+        Gathered {
+            peers: peers::parse_file(text).unwrap(),
+            file_error: None,
+            file_text: Some(text.to_vec()),
+        }
+    }
+
+    fn vtep() -> DeviceId {
+        DeviceId::of(&Link {
+            index: 4,
+            name: "sticky.1".into(),
+            ..Link::default()
+        })
+    }
+
+    fn applied(text: &[u8]) -> Option<Applied> {
+        Some(Applied {
+            vtep: vtep(),
+            peers_hash: Some(stamp::hash(text)),
+        })
+    }
+
+    fn looked_up(read: FdbRead) -> Vec<[u8; 6]> {
+        match read {
+            FdbRead::Only { vtep: v, macs } if v == vtep() => macs,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn fdb_entries_are_looked_up_only_where_the_last_reconcile_says_what_it_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("edge.peers.json");
+        let n = LOOK_UP_FROM as u32;
+        let now = file(1, n);
+        let g = gathered(&now);
+        assert_eq!(fdb_read(1, None, &g, &copy), FdbRead::Whole, "no stamp");
+        // It applied this very file: this file's MACs.
+        let macs = looked_up(fdb_read(1, applied(&now), &g, &copy));
+        assert_eq!(macs.len(), LOOK_UP_FROM);
+        // It applied the file before, which the copy is: that file's MACs too, so the entry
+        // of a peer gone since is found and deleted.
+        let before = file(2, n + 1);
+        std::fs::write(&copy, &before).unwrap();
+        let macs = looked_up(fdb_read(1, applied(&before), &g, &copy));
+        assert_eq!(macs.len(), LOOK_UP_FROM + 1);
+        let gone = vtep_mac(Ipv4Addr::from(0xc612_0000 + n + 1).into(), 1);
+        assert!(macs.contains(&gone));
+        // The copy is not the file it applied (one that did not finish; the copy is written
+        // first): nothing says what is on the VTEP.
+        let unfinished = file(3, n + 2);
+        assert_eq!(fdb_read(1, applied(&unfinished), &g, &copy), FdbRead::Whole);
+        std::fs::remove_file(&copy).unwrap();
+        assert_eq!(fdb_read(1, applied(&before), &g, &copy), FdbRead::Whole);
+        // Fewer peers: the dump costs less.
+        let few = file(1, n - 1);
+        assert_eq!(
+            fdb_read(1, applied(&few), &gathered(&few), &copy),
+            FdbRead::Whole
+        );
+    }
+
+    #[test]
+    fn fdb_entries_are_looked_up_on_the_vtep_the_stamp_names_only() {
+        let cfg = conf(serde_json::json!({}));
+        let mut k = Fake::node("192.0.2.1/24");
+        k.add_link(&cfg.vtep_name, "vxlan");
+        let link = k.link_mut(&cfg.vtep_name).clone();
+        let macs = vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]];
+        let only = |vtep| FdbRead::Only {
+            vtep,
+            macs: macs.clone(),
+        };
+        Observed::read(&mut k, &cfg, &only(DeviceId::of(&link))).unwrap();
+        assert!(
+            k.queries.contains(&"get 2 fdb entries".to_string()),
+            "{:?}",
+            k.queries
+        );
+        assert!(!k.queries.contains(&"dump fdb".to_string()));
+        // Another device of that name (made again, or changed): every entry.
+        k.queries.clear();
+        let mut other = link.clone();
+        other.mtu = Some(1400);
+        Observed::read(&mut k, &cfg, &only(DeviceId::of(&other))).unwrap();
+        assert!(
+            k.queries.contains(&"dump fdb".to_string()),
+            "{:?}",
+            k.queries
+        );
+    }
+
     fn identify_on(k: &mut Fake, cfg: &Config, all: &[Peer]) -> Result<LocalNode, Error> {
-        let seen = Observed::read(k, cfg).unwrap();
+        let seen = Observed::read(k, cfg, &FdbRead::Whole).unwrap();
         identify(k, cfg, &seen, all, None)
     }
 

@@ -82,7 +82,7 @@ impl FileId {
 
 /// A device as the reconcile left it (its alias is its ownership marker).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct DeviceId {
+pub struct DeviceId {
     pub index: u32,
     pub mac: Option<[u8; 6]>,
     pub mtu: Option<u32>,
@@ -268,6 +268,15 @@ impl<R> Stamp<R> {
     }
 }
 
+/// What a full reconcile left applied, as its stamp says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The VXLAN device it left.
+    pub vtep: DeviceId,
+    /// The content hash of the peers file it applied (`None`: there was none).
+    pub peers_hash: Option<String>,
+}
+
 /// The peers file as a full reconcile found it before reading it: `None` when there is no
 /// peers file; `Some(None)` when it could not be read (then nothing is stamped, and every ADD
 /// looks again).
@@ -349,6 +358,16 @@ impl StampFile<'_> {
         Ok(match (holds, bridge) {
             (true, Some(bridge)) => Some((s.ready, bridge)),
             _ => None,
+        })
+    }
+
+    /// What the last full reconcile left applied, if its stamp is one of this release for
+    /// these settings (whether the devices are still as it left them is not checked here).
+    pub fn applied(&self) -> Option<Applied> {
+        let s = self.read::<serde::de::IgnoredAny>()?;
+        (s.version == VERSION && s.settings == self.settings).then_some(Applied {
+            vtep: s.vtep,
+            peers_hash: s.peers_hash,
         })
     }
 

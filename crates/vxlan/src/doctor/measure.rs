@@ -11,7 +11,7 @@ use ipnet::Ipv4Net;
 use sticky_overlay::config::Config;
 use sticky_overlay::devices::marker;
 use sticky_overlay::kernel::Kernel;
-use sticky_overlay::node::{self, LocalNode, Observed};
+use sticky_overlay::node::{self, FdbRead, LocalNode, Observed};
 use sticky_overlay::step::Dev;
 
 use super::decide::{Bridge, DropChain, NodeFacts, PeerFacts, Vtep};
@@ -74,7 +74,7 @@ pub fn measure(
     cfg: &Config,
     config_path: &str,
 ) -> Result<Measured, Error> {
-    let seen = Observed::read(k, cfg)?;
+    let seen = Observed::read(k, cfg, &FdbRead::Whole)?;
     let gathered = node::peer_list(cfg)?;
     let local = node::resolve(k, cfg, &seen, &gathered)?;
     if local.local_ip.is_ipv6() {

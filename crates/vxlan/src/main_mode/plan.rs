@@ -385,7 +385,7 @@ mod tests {
 
     /// Plans against the fake's state and applies the plan to it; returns the plan.
     fn reconcile(cfg: &Config, node: &LocalNode, k: &mut Fake) -> Result<Plan, Error> {
-        let seen = Observed::read(k, cfg)?;
+        let seen = Observed::read(k, cfg, &sticky_overlay::node::FdbRead::Whole)?;
         let p = plan(cfg, node, &seen)?;
         apply(k, cfg, &p, &seen)?;
         Ok(p)
@@ -827,7 +827,7 @@ mod tests {
                 .iter()
                 .map(|&(dst, via)| route_for(dst, via, vtep)),
         );
-        let seen = Observed::read(&mut k, &cfg).unwrap();
+        let seen = Observed::read(&mut k, &cfg, &sticky_overlay::node::FdbRead::Whole).unwrap();
         assert!(only_always_steps(&plan(&cfg, &node, &seen).unwrap()));
 
         let moved = &mut node.remote[49_999];

@@ -137,11 +137,14 @@ fn stamp_file(cfg: &Config) -> stamp::StampFile<'_> {
 fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let stamp_file = stamp_file(cfg);
     let before = stamp_file.before();
-    let seen = Observed::read(k, cfg)?;
     let peers = node::peer_list(cfg)?;
+    let copy = cfg.last_good_peers_path();
+    // Read before the copy is replaced: it may be the file the last reconcile applied.
+    let fdb = node::fdb_read(cfg.vni, stamp_file.applied(), &peers, &copy);
     // The file that was used is kept for when it cannot be: here, under the lock, in the
     // open (working the node out only reads).
-    peers.keep_last_good(&cfg.last_good_peers_path());
+    peers.keep_last_good(&copy);
+    let seen = Observed::read(k, cfg, &fdb)?;
     let node = node::resolve(k, cfg, &seen, &peers)?;
     node.check(cfg.vni)?;
     let plan = plan::plan(cfg, &node, &seen).map_err(|e| name_device(k, e))?;
@@ -446,7 +449,7 @@ mod tests {
             metric: 0,
             protocol: 3,
         });
-        let seen = Observed::read(&mut k, &cfg).unwrap();
+        let seen = Observed::read(&mut k, &cfg, &sticky_overlay::node::FdbRead::Whole).unwrap();
         assert!(seen.link("eth1").is_none(), "a plain link is not read");
         let err = run_with(&mut k, &cfg).unwrap_err();
         assert!(
