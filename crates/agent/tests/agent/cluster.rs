@@ -417,30 +417,55 @@ fn bench_node_change_to_programmed_peers() {
 #[test]
 #[ignore = "benchmark: scripts/bench-agent.sh"]
 fn bench_5000_nodes() {
+    bench_nodes(5000);
+}
+
+/// [`bench_5000_nodes`] at 100,000 Nodes (issue 37; 11 GB for the test API server's
+/// objects): `cargo test --release -p sticky-vxlan-agent --test agent -- --ignored
+/// --nocapture bench_100000_nodes`, as root. Today the agent refuses the list (more than
+/// `MAX_NODES`, 10,000: the bound on its memory) and this waits out its budget and fails; it
+/// is the measure for when that bound becomes one of bytes kept (docs/benchmarks.md).
+#[test]
+#[ignore = "benchmark: run on its own (docs/benchmarks.md)"]
+fn bench_100000_nodes() {
+    bench_nodes(100_000);
+}
+
+/// `n` Nodes in the API (node 1 and `n - 1` others), then the measures of
+/// [`bench_5000_nodes`].
+fn bench_nodes(n: usize) {
     assert_can_run();
     let mut c = Cluster::new();
     c.api.stop();
     c.api.bookmark_every = Duration::from_secs(60);
     c.api.start();
-    // Underlays in 198.18.0.0/15 (the range for large simulated underlays); nothing is sent
-    // there: no pod talks to these peers.
+    // Underlays in 198.18.0.0/15 (the range for large simulated underlays; nothing is sent
+    // there: no pod talks to these peers), a /26 each from 10.64.0.0 (to 10.164.x at 103,000:
+    // clear of node 1's 10.244.1.0/24).
     let fake = |i: usize| {
-        let underlay = format!("198.18.{}.{}", i / 250, i % 250 + 1);
-        let cidr = format!("10.{}.{}.0/24", 64 + i / 256, i % 256);
+        let i = u32::try_from(i).unwrap();
+        let underlay = std::net::Ipv4Addr::from(0xc612_0002 + i);
+        let cidr = format!("{}/26", std::net::Ipv4Addr::from(0x0a40_0000 + (i << 6)));
         with_images(
-            node_json(&format!("edge-{i:05}"), &underlay, &[&cidr], json!({})),
+            node_json(
+                &format!("edge-{i:06}"),
+                &underlay.to_string(),
+                &[&cidr],
+                json!({}),
+            ),
             40,
         )
     };
     c.api.put_node(with_images(Cluster::node(1), 40));
     let sample = fake(0).to_string().len();
-    for i in 1..5000usize {
+    for i in 1..n {
         c.api.put_node(fake(i));
     }
     let start = std::time::Instant::now();
     let agent = c.agent(1, &[]);
-    wait_for("4,999 peers programmed", Duration::from_secs(120), || {
-        c.peer_routes(1) >= 4999
+    let budget = Duration::from_secs(120 + n as u64 / 200);
+    wait_for("every peer programmed", budget, || {
+        c.peer_routes(1) >= n - 1
     });
     let first = start.elapsed();
     let pid = agent.pid();
@@ -450,21 +475,22 @@ fn bench_5000_nodes() {
     // A Node change programmed on node 1: a new Node, then its deletion, 20 times.
     let mut took = Vec::new();
     for k in 0..20usize {
-        let n = fake(6000 + k);
-        let cidr = n["spec"]["podCIDR"].as_str().unwrap().to_string();
+        let node = fake(n + 1000 + k);
+        let name = node["metadata"]["name"].as_str().unwrap().to_string();
+        let cidr = node["spec"]["podCIDR"].as_str().unwrap().to_string();
         let t = std::time::Instant::now();
-        c.api.put_node(n);
+        c.api.put_node(node);
         // Polled every 2 ms (wait_for's 50 ms would dominate what is measured).
         while !c.routes(1, &cidr) {
             assert!(
-                t.elapsed() < Duration::from_secs(10),
+                t.elapsed() < Duration::from_secs(30),
                 "change {k} not programmed"
             );
             std::thread::sleep(Duration::from_millis(2));
         }
         took.push(t.elapsed());
-        c.api.delete_node(&format!("edge-{:05}", 6000 + k));
-        wait_for("its deletion programmed", Duration::from_secs(10), || {
+        c.api.delete_node(&name);
+        wait_for("its deletion programmed", Duration::from_secs(30), || {
             !c.routes(1, &cidr)
         });
     }
@@ -472,41 +498,43 @@ fn bench_5000_nodes() {
     let change = took[took.len() / 2];
 
     // 1,000 Nodes in one burst.
-    for i in 7000..8000usize {
+    for i in n + 2000..n + 3000 {
         c.api.put_node(fake(i));
     }
     let last = std::time::Instant::now();
-    wait_for("the burst programmed", Duration::from_secs(60), || {
-        c.peer_routes(1) >= 5999
+    wait_for("the burst programmed", Duration::from_secs(120), || {
+        c.peer_routes(1) >= n + 999
     });
     let burst = last.elapsed();
     let peak = rss();
 
-    // Idle: heartbeats as 6,000 kubelets send them (one status update each per 300 s: 20 a
-    // second), for 60 s.
+    // Idle: heartbeats as the kubelets send them (one status update each per 300 s), for 60 s.
     let ticks = || cpu_ticks(pid);
     let (t0, idle_start, bytes0) = (ticks(), std::time::Instant::now(), c.api.watch_bytes());
+    let every = Duration::from_secs_f64(300.0 / (n + 1000) as f64);
     let mut beats = 0usize;
     while idle_start.elapsed() < Duration::from_secs(60) {
-        let i = 1 + beats % 4999;
-        let mut n = fake(i);
-        n["status"]["conditions"][3]["lastHeartbeatTime"] = json!(format!(
+        let i = 1 + beats % (n - 1);
+        let mut node = fake(i);
+        node["status"]["conditions"][3]["lastHeartbeatTime"] = json!(format!(
             "2026-11-25T03:{:02}:{:02}Z",
             beats / 60 % 60,
             beats % 60
         ));
-        c.api.put_node(n);
+        c.api.put_node(node);
         beats += 1;
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(every);
     }
     let idle = idle_start.elapsed().as_secs_f64();
     let cpu = (ticks() - t0) as f64 / 100.0 / idle * 100.0;
     let bytes_per_s = (c.api.watch_bytes() - bytes0) as f64 / idle;
     println!(
-        "BENCH 5000 nodes ({sample} bytes each): first list to 4,999 peers programmed {:.2} s; resident {} KiB after it, {} KiB after 6,000; a Node change programmed on another node {:.0} ms (median of 20); 1,000 Nodes in one burst programmed {:.2} s after the last event; idle CPU {cpu:.2}% of one core over {idle:.0} s ({beats} heartbeats, {:.0} watch bytes/s); lists made {}",
+        "BENCH {n} nodes ({sample} bytes each): first list to {} peers programmed {:.2} s; resident {} KiB after it, {} KiB after {} more; a Node change programmed on another node {:.0} ms (median of 20); 1,000 Nodes in one burst programmed {:.2} s after the last event; idle CPU {cpu:.2}% of one core over {idle:.0} s ({beats} heartbeats, {:.0} watch bytes/s); lists made {}",
+        n - 1,
         first.as_secs_f64(),
         after_list,
         peak,
+        1000,
         change.as_secs_f64() * 1000.0,
         burst.as_secs_f64(),
         bytes_per_s,
