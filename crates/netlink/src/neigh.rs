@@ -283,7 +283,8 @@ pub fn list_fdb(sock: &mut Socket, index: u32) -> Result<Vec<Fdb>, Error> {
 /// The FDB entries of `macs` on interface `index` (a VTEP), one GET each (`bridge fdb get
 /// <mac> dev <vtep> self`, Linux 5.0+), sent as batches: a MAC with no entry is left out. The
 /// kernel answers a GET with the entry's first destination only; a MAC with several is seen
-/// with one.
+/// with one. Where the kernel or the device has no FDB GET (`EOPNOTSUPP`: Linux before 5.0),
+/// every entry, as [`list_fdb`] reads them.
 pub fn fdb_of(sock: &mut Socket, index: u32, macs: &[[u8; 6]]) -> Result<Vec<Fdb>, Error> {
     let error = |source| Error {
         entry: "fdb entries".into(),
@@ -305,6 +306,7 @@ pub fn fdb_of(sock: &mut Socket, index: u32, macs: &[[u8; 6]]) -> Result<Vec<Fdb
             Ok(Some(e)) if e.index == index => found.extend(fdb_of_entry(index, e)),
             Ok(_) => {}
             Err(e) if e.is(Errno::ENOENT) => {}
+            Err(e) if e.is(Errno::EOPNOTSUPP) => return list_fdb(sock, index),
             Err(e) => return Err(error(e)),
         }
     }
@@ -438,6 +440,52 @@ mod tests {
             ip,
             mac,
         }
+    }
+
+    /// The kernel's answers to FDB GETs: the entries of the MACs asked for, none for a MAC
+    /// with no entry, and on a device without FDB GETs (a veth has no `ndo_fdb_get`, as no
+    /// device has before Linux 5.0) every entry, as the dump reads them.
+    #[test]
+    #[ignore = "needs root: a network namespace"]
+    fn fdb_entries_are_looked_up_by_mac_and_dumped_where_they_cannot_be() {
+        crate::in_own_netns(
+            &[
+                &[
+                    "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
+                ][..],
+                &["address", "add", "192.0.2.1/24", "dev", "eth0"],
+                crate::TEST_VTEP,
+            ],
+            || {
+                let mut sock = Socket::open().unwrap();
+                let vt0 = crate::link::get(&mut sock, "vt0").unwrap().unwrap().index;
+                let eth0 = crate::link::get(&mut sock, "eth0").unwrap().unwrap().index;
+                let entries: Vec<Fdb> = (1..=250u8)
+                    .map(|i| Fdb {
+                        index: vt0,
+                        mac: [0x0a, 1, 198, 18, 1, i],
+                        dst: IpAddr::V4(Ipv4Addr::new(198, 18, 1, i)),
+                        permanent: true,
+                    })
+                    .collect();
+                for f in &entries {
+                    add_fdb(&mut sock, f).unwrap();
+                }
+                // Every other one, and MACs with no entry.
+                let mut macs: Vec<[u8; 6]> = entries.iter().step_by(2).map(|f| f.mac).collect();
+                macs.extend((1..=50u8).map(|i| [0x0a, 1, 198, 18, 2, i]));
+                let found = fdb_of(&mut sock, vt0, &macs).unwrap();
+                let wanted: Vec<Fdb> = entries.iter().step_by(2).cloned().collect();
+                assert_eq!(found, wanted);
+                let whole = list_fdb(&mut sock, vt0).unwrap();
+                assert_eq!(whole.len(), 250);
+                assert_eq!(
+                    fdb_of(&mut sock, eth0, &macs).unwrap(),
+                    list_fdb(&mut sock, eth0).unwrap(),
+                    "no FDB GET on a veth: the dump's entries"
+                );
+            },
+        )
     }
 
     #[test]
