@@ -40,6 +40,11 @@ Options:
                                 fraction of the peers the plugin accepted within 10 minutes
                                 (default 0.5; 1 turns it off). Accept a refused change once:
                                 touch <stateDir>/<network>.accept-changes
+  --max-nodes <n>               the most Nodes a list or the watch may bring (default 10000,
+                                up to 1000000): more is refused (a list) or ignored until the
+                                next list (new Nodes of a watch). The Nodes of a list cost the
+                                agent up to 3.5 KB each while it is read (docs/agent.md):
+                                above the default, raise its memory limit with this
   --watch-timeout <seconds>     how long the API server keeps one watch open (its
                                 timeoutSeconds; default 300 to 600, spread); a watch with no
                                 end 30 s past it is dropped and the Nodes listed again
@@ -84,6 +89,8 @@ pub enum Error {
     DoctorEvery(String),
     #[error("--resync {0:?}: expected seconds from 0.1 to 86400")]
     Resync(String),
+    #[error("--max-nodes {0:?}: expected a whole number from 1000 to 1000000")]
+    MaxNodes(String),
     #[error("--watch-timeout {0:?}: expected whole seconds from 1 to 3600")]
     WatchTimeout(String),
     #[error("--max-remove-fraction {0:?}: expected a number from 0 to 1")]
@@ -174,6 +181,8 @@ pub struct Options {
     pub max_remove_fraction: f64,
     /// `--watch-timeout`: `None` for the default, 5 to 10 minutes spread over the fleet.
     pub watch_timeout: Option<Duration>,
+    /// `--max-nodes`: the most Nodes a list or the watch may bring.
+    pub max_nodes: usize,
     pub metrics_addr: Option<SocketAddr>,
     /// `--doctor-every`: how often the doctor's checks run; `None`: never.
     pub doctor_every: Option<Duration>,
@@ -208,6 +217,7 @@ const SPEC: Spec = Spec {
         "--resync",
         "--max-remove-fraction",
         "--watch-timeout",
+        "--max-nodes",
         "--metrics-addr",
         "--doctor-every",
         "--segment-config",
@@ -270,6 +280,14 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
                 .ok_or_else(|| Error::WatchTimeout(v.to_string()))
         })
         .transpose()?;
+    let max_nodes = match p.value("--max-nodes") {
+        None => super::kube::DEFAULT_MAX_NODES,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1_000..=1_000_000).contains(n))
+            .ok_or_else(|| Error::MaxNodes(v.to_string()))?,
+    };
     let underlay_family = p
         .value("--underlay-family")
         .map(Family::parse_flag)
@@ -329,6 +347,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Op
         resync,
         max_remove_fraction,
         watch_timeout,
+        max_nodes,
         metrics_addr,
         doctor_every,
         publish,
@@ -359,6 +378,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(o.watch_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(o.max_nodes, 5_000 * 2, "the default bound");
+        let o = parse(
+            &args(&["--config", "/c", "--no-api", "--max-nodes", "120000"]),
+            none,
+        )
+        .unwrap();
+        assert_eq!(o.max_nodes, 120_000);
         let pod = |k: &str| match k {
             "KUBERNETES_SERVICE_HOST" => Some("10.96.0.1".to_string()),
             "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
@@ -471,6 +497,10 @@ mod tests {
             (
                 &["--config", "/c", "--no-api", "--watch-timeout", "0.5"],
                 r#"--watch-timeout "0.5": expected whole seconds from 1 to 3600"#,
+            ),
+            (
+                &["--config", "/c", "--no-api", "--max-nodes", "999"],
+                r#"--max-nodes "999": expected a whole number from 1000 to 1000000"#,
             ),
             (
                 &["--config", "/c", "--no-api", "--max-remove-fraction", "2"],

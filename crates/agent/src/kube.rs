@@ -4,8 +4,8 @@
 //!
 //! Everything the server sends is bounded before it is believed: a list body is parsed as it
 //! streams (only the kept fields of each Node stay in memory, see [`super::objects`]) and
-//! stops at [`LIST_BODY_LIMIT`] bytes and [`MAX_NODES`] nodes; a list stops at [`MAX_PAGES`]
-//! pages; one watch event is at most [`EVENT_LIMIT`] bytes; an error body is read up to
+//! stops at [`LIST_BODY_LIMIT`] bytes and `--max-nodes` nodes ([`DEFAULT_MAX_NODES`]); a list
+//! stops at [`max_pages`] pages; one watch event is at most [`EVENT_LIMIT`] bytes; an error body is read up to
 //! [`ERROR_BODY_LIMIT`].
 
 use std::collections::BTreeMap;
@@ -26,13 +26,17 @@ pub const USER_AGENT_NAME: &str = "sticky-vxlan-agent";
 /// One list response (a 5,000-node list from the watch cache, unpaged, is 50-200 MB on the
 /// wire; only a few MB of it is kept).
 pub const LIST_BODY_LIMIT: u64 = 1024 * 1024 * 1024;
-/// Nodes in one list, all pages together (Kubernetes supports 5,000).
-pub const MAX_NODES: usize = 10_000;
+/// Nodes in one list, all pages together, unless `--max-nodes` says (Kubernetes supports
+/// 5,000; the largest clusters published hold 65,000 to 130,000).
+pub const DEFAULT_MAX_NODES: usize = 10_000;
 /// The longest JSON string believed (etcd keeps objects of up to 1.5 MiB): a longer one,
 /// anywhere in a list or an event, fails the read before it is held in memory whole.
 pub const MAX_STRING: u64 = 1024 * 1024;
-/// Pages in one list (500 nodes a page).
-pub const MAX_PAGES: usize = 200;
+/// Pages in one list of at most `max_nodes` Nodes: 200 for 10,000 (ten times the pages of
+/// 500 they fill), so that a server sending a new continue token forever is stopped.
+pub fn max_pages(max_nodes: usize) -> usize {
+    max_nodes / 50
+}
 /// One watch event (one Node object: etcd's limit is 1.5 MiB).
 pub const EVENT_LIMIT: u64 = 4 * 1024 * 1024;
 /// The body of an error answer.
@@ -52,6 +56,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Kube {
     agent: Agent,
     endpoint: Endpoint,
+    /// `--max-nodes`: the most Nodes one page may hold.
+    max_nodes: usize,
 }
 
 impl Kube {
@@ -83,7 +89,14 @@ impl Kube {
         Kube {
             agent: config.build().into(),
             endpoint,
+            max_nodes: DEFAULT_MAX_NODES,
         }
+    }
+
+    /// At most `n` Nodes in one page (`--max-nodes`).
+    pub fn with_max_nodes(mut self, n: usize) -> Kube {
+        self.max_nodes = n;
+        self
     }
 
     fn authorization(&self) -> Result<Option<String>, ApiError> {
@@ -232,11 +245,13 @@ impl<R: Read> Read for Guarded<R> {
 }
 
 thread_local! {
-    /// Set by [`BoundedItems`] when a page holds more than [`MAX_NODES`] Nodes.
+    /// Set by [`BoundedItems`] when a page holds more than [`LIMIT`] Nodes.
     static OVERFLOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The most Nodes [`BoundedItems`] reads (`--max-nodes`), set before each page is read.
+    static LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(DEFAULT_MAX_NODES) };
 }
 
-/// A NodeList page; more than [`MAX_NODES`] items stop the read at once ([`OVERFLOW`] says
+/// A NodeList page; more than [`LIMIT`] items stop the read at once ([`OVERFLOW`] says
 /// so), and a Node that cannot be kept ([`Node::keepable`]) is skipped.
 #[derive(Deserialize)]
 struct BoundedList {
@@ -267,8 +282,9 @@ impl<'de> Deserialize<'de> for BoundedItems {
                 mut seq: A,
             ) -> Result<BoundedItems, A::Error> {
                 let mut out = BoundedItems::default();
+                let limit = LIMIT.with(std::cell::Cell::get);
                 while let Some(n) = seq.next_element::<Node>()? {
-                    if out.nodes.len() == MAX_NODES {
+                    if out.nodes.len() == limit {
                         OVERFLOW.with(|o| o.set(true));
                         return Err(serde::de::Error::custom("too many Nodes"));
                     }
@@ -315,6 +331,7 @@ impl NodeApi for Kube {
         let mut resp = self.get(&path, CALL_SILENCE, None)?;
         let mut reader = Guarded::new(resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1));
         OVERFLOW.with(|o| o.set(false));
+        LIMIT.with(|l| l.set(self.max_nodes));
         let parsed: Result<BoundedList, _> = serde_json::from_reader(BufReader::new(&mut reader));
         let too_large = |limit, unit| ApiError::TooLarge {
             what: path.clone(),
@@ -328,7 +345,7 @@ impl NodeApi for Kube {
             return Err(too_large(MAX_STRING, "bytes in one JSON string"));
         }
         if OVERFLOW.with(std::cell::Cell::get) {
-            return Err(too_large(MAX_NODES as u64, "nodes in one page"));
+            return Err(too_large(self.max_nodes as u64, "nodes in one page"));
         }
         let page = parsed.map_err(|e| {
             if e.is_io() {
@@ -488,7 +505,7 @@ mod tests {
 
     #[test]
     fn a_page_of_more_than_max_nodes_stops_the_read_and_says_so() {
-        let items: Vec<String> = (0..MAX_NODES + 2)
+        let items: Vec<String> = (0..DEFAULT_MAX_NODES + 2)
             .map(|i| format!(r#"{{"metadata":{{"name":"n{i}"}}}}"#))
             .collect();
         let text = format!(

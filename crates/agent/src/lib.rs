@@ -308,15 +308,16 @@ fn start_reflector(
     e: endpoint::Endpoint,
     tx: mpsc::Sender<sync::Update>,
 ) {
-    let feed = sync::Feed::new(tx, opts.node_name.clone(), family);
+    let feed = sync::Feed::new(tx, opts.node_name.clone(), family).with_max_nodes(opts.max_nodes);
     let feed = if sites { feed.with_sites() } else { feed };
     let reflector = reflector::Reflector::new(
-        kube::Kube::new(e),
+        kube::Kube::new(e).with_max_nodes(opts.max_nodes),
         clock::SystemClock,
         feed,
         clock::Backoff::new(),
     )
-    .with_watch_timeout(opts.watch_timeout);
+    .with_watch_timeout(opts.watch_timeout)
+    .with_max_nodes(opts.max_nodes);
     std::thread::spawn(move || reflector.run());
 }
 

@@ -4,8 +4,8 @@
 //! - The first list asks for `resourceVersion=0` (the API server answers from its watch cache,
 //!   as for kubelet's and client-go's informers); pages are followed to the end; any failure on
 //!   any page fails the whole list (only a complete list may remove a peer), and so does a list
-//!   over [`MAX_PAGES`](super::kube::MAX_PAGES) pages or
-//!   [`MAX_NODES`](super::kube::MAX_NODES) nodes.
+//!   over [`max_pages`](super::kube::max_pages) pages or `--max-nodes`
+//!   ([`DEFAULT_MAX_NODES`](super::kube::DEFAULT_MAX_NODES)) nodes.
 //! - A watch that the server ends (its timeout) is resumed from the last resourceVersion; so is
 //!   one whose connection broke or could not be opened (nothing was heard from the server), after
 //!   a jittered backoff.
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use super::api::{ApiError, ListFrom, NodeApi};
 use super::clock::{Backoff, Clock};
-use super::kube::{MAX_NODES, MAX_PAGES};
+use super::kube::{DEFAULT_MAX_NODES, max_pages};
 use super::objects::{Event, Node};
 
 /// Where the reflector's nodes go.
@@ -78,6 +78,8 @@ pub struct Reflector<A, C, S> {
     phase: Phase,
     /// `--watch-timeout`: the server's `timeoutSeconds` as given, not spread.
     watch_timeout: Option<Duration>,
+    /// `--max-nodes`: the most Nodes one list may bring.
+    max_nodes: usize,
 }
 
 impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
@@ -90,7 +92,15 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
             state: SyncState::default(),
             phase: Phase::List(ListFrom::Cache),
             watch_timeout: None,
+            max_nodes: DEFAULT_MAX_NODES,
         }
+    }
+
+    /// Refuses a list of more than `n` Nodes (`--max-nodes`), or of more than
+    /// [`max_pages`]`(n)` pages.
+    pub fn with_max_nodes(mut self, n: usize) -> Self {
+        self.max_nodes = n;
+        self
     }
 
     /// Asks the server to end each watch after `timeout` (`--watch-timeout`), instead of 5
@@ -149,13 +159,13 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
     fn list_all(&mut self, from: &ListFrom) -> Result<(Vec<Node>, String), ApiError> {
         let mut nodes = Vec::new();
         let mut token: Option<String> = None;
-        for _ in 0..MAX_PAGES {
+        for _ in 0..max_pages(self.max_nodes) {
             let page = self.api.list(from, token.as_deref())?;
             self.state.api_reachable = true;
-            if nodes.len() + page.items.len() > MAX_NODES {
+            if nodes.len() + page.items.len() > self.max_nodes {
                 return Err(ApiError::TooLarge {
                     what: "the node list".into(),
-                    limit: MAX_NODES as u64,
+                    limit: self.max_nodes as u64,
                     unit: "nodes",
                 });
             }
@@ -173,7 +183,7 @@ impl<A: NodeApi, C: Clock, S: Sink> Reflector<A, C, S> {
         }
         Err(ApiError::TooLarge {
             what: "the node list".into(),
-            limit: MAX_PAGES as u64,
+            limit: max_pages(self.max_nodes) as u64,
             unit: "pages",
         })
     }
@@ -569,8 +579,8 @@ mod tests {
 
     #[test]
     fn a_list_that_never_ends_or_grows_without_bound_is_refused() {
-        // A server that always sends a new continue token: stops at MAX_PAGES.
-        let mut answers: Vec<Answer> = (0..MAX_PAGES)
+        // A server that always sends a new continue token: stops at max_pages.
+        let mut answers: Vec<Answer> = (0..max_pages(DEFAULT_MAX_NODES))
             .map(|i| page(&["a"], "", Some(&format!("t{i}"))))
             .collect();
         answers.push(page(&["a"], "1", None));
@@ -587,6 +597,23 @@ mod tests {
         steps(&mut r, 1);
         assert_eq!(r.api.calls.len(), 2);
         assert!(r.sink.log.is_empty());
+        // More Nodes than --max-nodes, over two pages: refused; as many: taken.
+        let names: Vec<String> = (0..1001).map(|i| format!("n{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let two_pages = || {
+            vec![
+                page(&names[..600], "", Some("t")),
+                page(&names[600..], "9", None),
+            ]
+        };
+        let mut r = reflector(two_pages()).with_max_nodes(1000);
+        steps(&mut r, 1);
+        assert!(r.sink.log.is_empty());
+        let err = r.sink.states.last().unwrap().last_error.clone().unwrap();
+        assert!(err.contains("more than 1000 nodes"), "{err}");
+        let mut r = reflector(two_pages()).with_max_nodes(1001);
+        steps(&mut r, 1);
+        assert_eq!(r.sink.log.len(), 1, "listed");
     }
 
     #[test]

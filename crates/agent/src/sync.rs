@@ -19,7 +19,7 @@ use std::time::Instant;
 use super::family::Family;
 use super::files;
 use super::guard::Guard;
-use super::kube::MAX_NODES;
+use super::kube::DEFAULT_MAX_NODES;
 use super::mapping;
 use super::objects::Node;
 use super::reflector::{Sink, SyncState};
@@ -57,8 +57,10 @@ pub struct Feed {
     /// With sites: what sites read of each Node (`None`: the network has no sites).
     facts: Option<BTreeMap<String, Facts>>,
     own: Option<Node>,
-    /// More than [`MAX_NODES`] were announced since the last list (said once).
+    /// More than `max_nodes` were announced since the last list (said once).
     overflowed: bool,
+    /// `--max-nodes`.
+    max_nodes: usize,
 }
 
 impl Feed {
@@ -71,7 +73,14 @@ impl Feed {
             facts: None,
             own: None,
             overflowed: false,
+            max_nodes: DEFAULT_MAX_NODES,
         }
+    }
+
+    /// Keeps at most `n` Nodes from the watch until the next list (`--max-nodes`).
+    pub fn with_max_nodes(mut self, n: usize) -> Feed {
+        self.max_nodes = n;
+        self
     }
 
     /// Sends what sites read of each Node as well (a network with sites).
@@ -127,12 +136,12 @@ impl Sink for Feed {
 
     fn upsert(&mut self, node: Node) {
         self.own(&node);
-        if self.mapped.len() >= MAX_NODES && !self.mapped.contains_key(&node.metadata.name) {
+        if self.mapped.len() >= self.max_nodes && !self.mapped.contains_key(&node.metadata.name) {
             // A watch that keeps announcing new Nodes must not grow the agent without bound.
             if !self.overflowed {
                 eprintln!(
-                    "sticky-vxlan-agent: more than {MAX_NODES} Nodes: Node {:?} and any further new one are ignored until the next list",
-                    node.metadata.name
+                    "sticky-vxlan-agent: more than {} Nodes: Node {:?} and any further new one are ignored until the next list",
+                    self.max_nodes, node.metadata.name
                 );
                 self.overflowed = true;
             }
