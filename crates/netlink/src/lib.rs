@@ -37,6 +37,17 @@ pub(crate) const TEST_VTEP: &[&str] = &[
     "nolearning",
 ];
 
+/// For the root tests of this layer: the `ip` commands of a node, `eth0` (a veth end: the dummy
+/// driver is not in every kernel) at 192.0.2.1/24 and [`TEST_VTEP`] on it.
+#[cfg(test)]
+pub(crate) const TEST_NODE: &[&[&str]] = &[
+    &[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
+    ],
+    &["address", "add", "192.0.2.1/24", "dev", "eth0"],
+    TEST_VTEP,
+];
+
 /// For the root tests of this layer: runs `f` on a thread of its own in a network namespace of
 /// its own (gone with the thread, even when an assertion fails), after the `ip` commands
 /// `setup` (each one's arguments; each must succeed).

@@ -448,44 +448,35 @@ mod tests {
     #[test]
     #[ignore = "needs root: a network namespace"]
     fn fdb_entries_are_looked_up_by_mac_and_dumped_where_they_cannot_be() {
-        crate::in_own_netns(
-            &[
-                &[
-                    "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
-                ][..],
-                &["address", "add", "192.0.2.1/24", "dev", "eth0"],
-                crate::TEST_VTEP,
-            ],
-            || {
-                let mut sock = Socket::open().unwrap();
-                let vt0 = crate::link::get(&mut sock, "vt0").unwrap().unwrap().index;
-                let eth0 = crate::link::get(&mut sock, "eth0").unwrap().unwrap().index;
-                let entries: Vec<Fdb> = (1..=250u8)
-                    .map(|i| Fdb {
-                        index: vt0,
-                        mac: [0x0a, 1, 198, 18, 1, i],
-                        dst: IpAddr::V4(Ipv4Addr::new(198, 18, 1, i)),
-                        permanent: true,
-                    })
-                    .collect();
-                for f in &entries {
-                    add_fdb(&mut sock, f).unwrap();
-                }
-                // Every other one, and MACs with no entry.
-                let mut macs: Vec<[u8; 6]> = entries.iter().step_by(2).map(|f| f.mac).collect();
-                macs.extend((1..=50u8).map(|i| [0x0a, 1, 198, 18, 2, i]));
-                let found = fdb_of(&mut sock, vt0, &macs).unwrap();
-                let wanted: Vec<Fdb> = entries.iter().step_by(2).cloned().collect();
-                assert_eq!(found, wanted);
-                let whole = list_fdb(&mut sock, vt0).unwrap();
-                assert_eq!(whole.len(), 250);
-                assert_eq!(
-                    fdb_of(&mut sock, eth0, &macs).unwrap(),
-                    list_fdb(&mut sock, eth0).unwrap(),
-                    "no FDB GET on a veth: the dump's entries"
-                );
-            },
-        )
+        crate::in_own_netns(crate::TEST_NODE, || {
+            let mut sock = Socket::open().unwrap();
+            let vt0 = crate::link::get(&mut sock, "vt0").unwrap().unwrap().index;
+            let eth0 = crate::link::get(&mut sock, "eth0").unwrap().unwrap().index;
+            let entries: Vec<Fdb> = (1..=250u8)
+                .map(|i| Fdb {
+                    index: vt0,
+                    mac: [0x0a, 1, 198, 18, 1, i],
+                    dst: IpAddr::V4(Ipv4Addr::new(198, 18, 1, i)),
+                    permanent: true,
+                })
+                .collect();
+            for f in &entries {
+                add_fdb(&mut sock, f).unwrap();
+            }
+            // Every other one, and MACs with no entry.
+            let mut macs: Vec<[u8; 6]> = entries.iter().step_by(2).map(|f| f.mac).collect();
+            macs.extend((1..=50u8).map(|i| [0x0a, 1, 198, 18, 2, i]));
+            let found = fdb_of(&mut sock, vt0, &macs).unwrap();
+            let wanted: Vec<Fdb> = entries.iter().step_by(2).cloned().collect();
+            assert_eq!(found, wanted);
+            let whole = list_fdb(&mut sock, vt0).unwrap();
+            assert_eq!(whole.len(), 250);
+            assert_eq!(
+                fdb_of(&mut sock, eth0, &macs).unwrap(),
+                list_fdb(&mut sock, eth0).unwrap(),
+                "no FDB GET on a veth: the dump's entries"
+            );
+        })
     }
 
     #[test]

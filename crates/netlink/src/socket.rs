@@ -804,14 +804,7 @@ mod tests {
         use std::net::{IpAddr, Ipv4Addr};
 
         crate::in_own_netns(
-            &[
-                &[
-                    "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
-                ][..],
-                &["address", "add", "192.0.2.1/24", "dev", "eth0"],
-                crate::TEST_VTEP,
-                &["link", "set", "vt0", "up"],
-            ],
+            &[crate::TEST_NODE, &[&["link", "set", "vt0", "up"]]].concat(),
             || {
                 let mut sock = Socket::open().unwrap();
                 let vt0 = crate::link::get(&mut sock, "vt0").unwrap().unwrap().index;
