@@ -107,6 +107,20 @@ fn remote(s: &SitesFacts, r: &RemoteFacts) -> Option<Finding> {
     if let Some(why) = r.path.strip_prefix("unreachable") {
         return unreachable(r, why.trim_start_matches(':').trim());
     }
+    // A direct tunnel still being punched, and no relay carrying the site meanwhile (a relayed
+    // path reads "relayed via ..."): until a punch crosses, and through a port-randomising
+    // NAT none ever does, nothing reaches the site.
+    let dead =
+        r.tunnel.as_ref().is_some_and(|t| !t.up) || r.probe.as_ref().is_some_and(|p| !p.small);
+    if r.path.starts_with("punch") && dead {
+        return unreachable(
+            r,
+            &format!(
+                "a direct tunnel is being punched ({}) and nothing crosses it, and no relay site carries the site meanwhile",
+                r.path
+            ),
+        );
+    }
     if let Some(t) = r.tunnel.as_ref().filter(|t| !t.up) {
         return tunnel_down(s, r, t);
     }

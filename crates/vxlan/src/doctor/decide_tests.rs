@@ -401,6 +401,20 @@ fn each_sites_fact_names_its_cause() {
             &[("tunnel-down", B)],
         ),
         (
+            "punching with no relay, nothing crosses",
+            "punching",
+            Some((false, None)),
+            Some((false, false)),
+            &[("site-unreachable", B)],
+        ),
+        (
+            "punching with no relay, the punch crossed",
+            "punching",
+            up,
+            ok,
+            &[],
+        ),
+        (
             "relay tunnel down by status",
             "relayed via cloud",
             Some((false, Some(200))),
