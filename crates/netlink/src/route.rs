@@ -305,14 +305,6 @@ mod tests {
         route_of(RTM_NEWROUTE, &bytes(msg)).unwrap()
     }
 
-    fn from_address(addr: &RouteAddress) -> Option<IpAddr> {
-        match addr {
-            RouteAddress::Inet(a) => Some(IpAddr::V4(*a)),
-            RouteAddress::Inet6(a) => Some(IpAddr::V6(*a)),
-            _ => None,
-        }
-    }
-
     /// What `netlink-packet-route`'s full decoding of `msg` says of it.
     fn decoded_whole(msg: &RouteMessage) -> Option<Route> {
         if msg.header.table != RouteHeader::RT_TABLE_MAIN || msg.header.kind != RouteType::Unicast {
