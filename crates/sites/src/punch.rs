@@ -19,6 +19,7 @@
 //! Both sides start from the same event (the reachable gateway's annotation naming both), so
 //! their tries overlap; a handshake seen by one side is seen by the other within a round.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
@@ -124,8 +125,11 @@ impl Punches {
 
     /// `plan` as these punches make it: a punch that is up is marked `up` and the remote
     /// site's subnets move from the relay's peer to the direct one; a paused punch has no
-    /// peer. Other paths are untouched.
-    pub fn apply(&self, plan: &SitePlan) -> SitePlan {
+    /// peer. Other paths are untouched. No punch: the plan itself.
+    pub fn apply<'a>(&self, plan: &'a SitePlan) -> Cow<'a, SitePlan> {
+        if self.0.is_empty() {
+            return Cow::Borrowed(plan);
+        }
         let mut out = plan.clone();
         for r in &mut out.remotes {
             let Path::Punch { up, relay, .. } = &mut r.path else {
@@ -154,7 +158,7 @@ impl Punches {
                 }
             }
         }
-        out
+        Cow::Owned(out)
     }
 
     /// How a punch path reads in the status: `None` for a site with no punch.

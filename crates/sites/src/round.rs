@@ -15,6 +15,7 @@
 //! - whether this node configured the tunnel (a node that stops being the active gateway
 //!   removes its peers and routes; a restarted agent does not know, so it clears once).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, SystemTime};
@@ -27,7 +28,7 @@ use crate::paths::Path;
 use crate::plan::{GatewayPlan, SitePlan};
 use crate::punch::{self, Lives, Punches};
 use crate::remote;
-use crate::tunnel::{DeviceState, PeerChange, PeerConfig, PeerState, diff};
+use crate::tunnel::{DeviceState, PeerChange, PeerState, diff};
 
 /// A tunnel whose latest handshake is older than this is down (WireGuard's reject-after time:
 /// sessions rekey every 120 s while traffic flows).
@@ -65,9 +66,10 @@ pub struct Carrier {
 
 /// A round's decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    /// The plan as the punches made it (the paths the status shows).
-    pub applied: SitePlan,
+pub struct Decision<'a> {
+    /// The plan as the punches made it (the paths the status shows): the plan itself when no
+    /// punch changes it.
+    pub applied: Cow<'a, SitePlan>,
     pub actions: Vec<Action>,
     /// Tunnels moved, up or down, as log lines.
     pub lines: Vec<String>,
@@ -142,14 +144,14 @@ impl Memory {
     /// The round at `now` for `plan` over `model`: `device` is what the device showed at the
     /// start of the round (None: not read, or it could not be, which the caller reports),
     /// `key` the gateway's public key.
-    pub fn decide(
+    pub fn decide<'a>(
         &mut self,
-        plan: &SitePlan,
+        plan: &'a SitePlan,
         model: &Model,
         device: Option<&DeviceState>,
         key: Option<PublicKey>,
         now: SystemTime,
-    ) -> Decision {
+    ) -> Decision<'a> {
         // Only the active gateway punches: a plain node keeps no punch of its own (it would
         // say a punch is paused that is not its to know).
         match plan.gateway {
@@ -160,11 +162,12 @@ impl Memory {
         let mut actions = Vec::new();
         let mut lines = Vec::new();
         let mut carriers = BTreeMap::new();
+        let peers = device.map(DeviceState::by_key).unwrap_or_default();
         match (&applied.gateway, device) {
             (Some(gw), Some(dev)) => {
                 self.configured = true;
                 actions = self.configure(gw, model, dev, key, now, &mut lines);
-                carriers = self.carriers(gw, model, dev, now, &mut lines);
+                carriers = self.carriers(gw, model, &peers, now, &mut lines);
             }
             (Some(_), None) => self.configured = true,
             (None, Some(dev)) if self.configured => {
@@ -183,7 +186,7 @@ impl Memory {
             self.taken.clear();
             self.signs.clear();
         }
-        self.read(plan, &applied, device, now);
+        self.read(plan, &applied, device.map(|_| &peers), now);
         Decision {
             applied,
             actions,
@@ -216,16 +219,18 @@ impl Memory {
         }
         self.taken = taken;
         let expanded = remote::expand(&gw.peers, model, &self.taken);
-        let desired: Vec<PeerConfig> = expanded.iter().map(|p| p.config.clone()).collect();
-        let changes = diff(&desired, dev);
+        let changes = diff(expanded.iter().map(|p| &p.config), dev);
         // A dial-in peer given where it was last seen (the device was made anew) is dialed at
         // once, through the mapping its keepalives hold open.
+        let dial_in: BTreeMap<PublicKey, _> = expanded
+            .iter()
+            .filter(|p| p.config.endpoint.is_none())
+            .map(|p| (p.config.public_key, p))
+            .collect();
         for c in &changes {
             if let PeerChange::Upsert { peer, .. } = c
                 && peer.endpoint.is_some()
-                && let Some(p) = expanded
-                    .iter()
-                    .find(|p| p.config.public_key == peer.public_key && p.config.endpoint.is_none())
+                && let Some(p) = dial_in.get(&peer.public_key)
             {
                 nudges.extend(nudge_address(model, &p.site, &p.gateway));
             }
@@ -239,9 +244,9 @@ impl Memory {
                 changes,
             });
         }
-        let routes = desired
+        let routes = expanded
             .iter()
-            .flat_map(|p| p.allowed_ips.iter().copied())
+            .flat_map(|p| p.config.allowed_ips.iter().copied())
             .collect();
         actions.push(Action::Routes(routes));
         actions.extend(nudges.into_iter().map(Action::Nudge));
@@ -272,6 +277,11 @@ impl Memory {
             let Some(site) = model.sites.get(&p.site) else {
                 continue;
             };
+            // No other candidate (most sites): the rule's choice, whatever the handshakes say.
+            if site.candidates.iter().all(|c| c.name == p.gateway) {
+                out.insert(p.site.clone(), p.gateway.clone());
+                continue;
+            }
             let signs: BTreeMap<String, SystemTime> = site
                 .candidates
                 .iter()
@@ -290,7 +300,7 @@ impl Memory {
         &mut self,
         gw: &GatewayPlan,
         model: &Model,
-        dev: &DeviceState,
+        peers: &BTreeMap<PublicKey, &PeerState>,
         now: SystemTime,
         lines: &mut Vec<String>,
     ) -> BTreeMap<SiteName, Carrier> {
@@ -302,13 +312,19 @@ impl Memory {
                 .get(&p.site)
                 .and_then(|t| model.sites.get(&p.site)?.candidate(t))
                 .map_or(p.config.public_key, |c| c.public_key);
-            let state = dev.peers.iter().find(|s| s.public_key == key);
+            let state = peers.get(&key);
             let handshake = state.and_then(|s| s.last_handshake);
             // Up by the last sign of life kept across rounds: a peer the data path made anew
             // (its allowed IPs moved) shows no handshake for a moment, and is not down.
             let life = self.signs.get(&key).and_then(|s| s.at).max(handshake);
             let up = life.is_some_and(|t| age(now, t) <= UP_WITHIN);
-            let was = self.up.insert(p.site.clone(), up).unwrap_or(false);
+            let was = match self.up.get_mut(&p.site) {
+                Some(was) => std::mem::replace(was, up),
+                None => {
+                    self.up.insert(p.site.clone(), up);
+                    false
+                }
+            };
             if up != was {
                 lines.push(up_or_down(&p.site, &p.gateway, up, life, now));
             }
@@ -324,14 +340,14 @@ impl Memory {
         out
     }
 
-    /// What the device shows after a round of `plan` (the plan as made, with every punch
-    /// peer) and `applied` (as the punches made it): the fresh punch peers and the dial-in
-    /// peers' endpoints.
+    /// What the device shows (its peers by key) after a round of `plan` (the plan as made,
+    /// with every punch peer) and `applied` (as the punches made it): the fresh punch peers and
+    /// the dial-in peers' endpoints.
     fn read(
         &mut self,
         plan: &SitePlan,
         applied: &SitePlan,
-        dev: Option<&DeviceState>,
+        dev: Option<&BTreeMap<PublicKey, &PeerState>>,
         now: SystemTime,
     ) {
         let (Some(gw), Some(dev)) = (&plan.gateway, dev) else {
@@ -340,7 +356,7 @@ impl Memory {
             self.observed = None;
             return;
         };
-        let state = |key: &PublicKey| dev.peers.iter().find(|s| s.public_key == *key);
+        let state = |key: &PublicKey| dev.get(key);
         let punching = punch::punching(plan);
         self.lives.keep(&punching);
         let mut keepalive = None;

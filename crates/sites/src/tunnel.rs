@@ -70,6 +70,13 @@ pub struct DeviceState {
     pub peers: Vec<PeerState>,
 }
 
+impl DeviceState {
+    /// Its peers by key: a round looks up thousands of them (a hub's sites).
+    pub fn by_key(&self) -> BTreeMap<PublicKey, &PeerState> {
+        self.peers.iter().map(|p| (p.public_key, p)).collect()
+    }
+}
+
 /// One change to a device's peers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerChange {
@@ -91,16 +98,30 @@ fn sorted(ips: &[IpNet]) -> Vec<IpNet> {
     v
 }
 
+/// Whether `a` and `b` hold the same networks (host bits cleared). Without copying when both
+/// are already so, as a device reports them and the plan makes them: a hub compares
+/// thousands every round.
+fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
+    let canonical =
+        |v: &[IpNet]| v.windows(2).all(|w| w[0] < w[1]) && v.iter().all(|n| *n == n.trunc());
+    if canonical(a) && canonical(b) {
+        return a == b;
+    }
+    sorted(a) == sorted(b)
+}
+
 /// The changes that turn `actual` into `desired`: removals of peers not desired first, then
 /// upserts of peers that are new or differ, each in key order. A desired peer without an
 /// endpoint leaves the device's (roamed) endpoint alone, or gives it `last_seen` when the
 /// device has none; allowed IPs are compared as sets.
 /// Empty when nothing differs. O((desired + actual) log n).
-pub fn diff(desired: &[PeerConfig], actual: &DeviceState) -> Vec<PeerChange> {
+pub fn diff<'a>(
+    desired: impl IntoIterator<Item = &'a PeerConfig>,
+    actual: &DeviceState,
+) -> Vec<PeerChange> {
     let want: BTreeMap<PublicKey, &PeerConfig> =
-        desired.iter().map(|p| (p.public_key, p)).collect();
-    let have: BTreeMap<PublicKey, &PeerState> =
-        actual.peers.iter().map(|p| (p.public_key, p)).collect();
+        desired.into_iter().map(|p| (p.public_key, p)).collect();
+    let have = actual.by_key();
     let mut out: Vec<PeerChange> = have
         .keys()
         .filter(|k| !want.contains_key(k))
@@ -118,7 +139,7 @@ pub fn diff(desired: &[PeerConfig], actual: &DeviceState) -> Vec<PeerChange> {
             });
             continue;
         };
-        let ips_differ = sorted(&w.allowed_ips) != sorted(&h.allowed_ips);
+        let ips_differ = !same_set(&w.allowed_ips, &h.allowed_ips);
         let endpoint = match (w.endpoint, h.endpoint) {
             (None, None) => w.last_seen,
             (want, _) => want,
