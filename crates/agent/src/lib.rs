@@ -523,12 +523,13 @@ impl Rounds {
 
     /// Marks the loop alive and writes the status file when the status changed.
     fn write_status(&mut self, state_dir: &Path, shared: &Shared) {
+        // Cloned only when it changed: a hub's status holds thousands of sites.
         let status = {
             let mut s = shared.lock();
             s.alive = Instant::now();
-            s.status.clone()
+            (self.written_status.as_ref() != Some(&s.status)).then(|| s.status.clone())
         };
-        if self.written_status.as_ref() != Some(&status) {
+        if let Some(status) = status {
             if let Err(e) = files::write_status(state_dir, &status) {
                 log(&format!("status file: {e}"));
             }

@@ -96,11 +96,13 @@ impl<D: Device> Core<D> {
         Ok(self.adopt(shaped))
     }
 
-    /// Takes `shaped` as the plan in force (from the keeper, or made here); the log lines.
+    /// Takes `shaped` as the plan in force (from the keeper, or made here); the log lines. A
+    /// round is due at once only when the plan is new: the same plan again (a Node's heartbeat,
+    /// which changes nothing the sites read) waits for the next round.
     pub fn adopt(&mut self, shaped: Shaped) -> Vec<String> {
         self.shaper.adopt(&shaped.inputs, &shaped.plan.actives);
         self.inputs = Some(shaped.inputs.clone());
-        self.pending = true;
+        self.pending |= self.side.shaped() != Some(&shaped);
         self.side.adopt(shaped)
     }
 

@@ -142,7 +142,7 @@ impl<D: Device> Side<D> {
 
     /// One round (see the module doc): the log lines and the status.
     pub fn round(&mut self, now: SystemTime) -> (Vec<String>, Option<SitesStatus>) {
-        let Some(shaped) = self.shaped.clone() else {
+        let Some(shaped) = &self.shaped else {
             return (Vec::new(), None);
         };
         let plan = &shaped.plan;
@@ -167,7 +167,7 @@ impl<D: Device> Side<D> {
         }
         let status = SitesStatus {
             site: plan.site.to_string(),
-            role: role(&shaped),
+            role: role(shaped),
             remotes: self.remotes(&decision, now),
             left_out: self.left_out.len(),
             error,
@@ -306,11 +306,13 @@ mod tests {
     use super::*;
     use crate::sites::device::fake::{Call, Fake};
     use crate::sites::shape::tests::shaper;
+    use ipnet::IpNet;
     use sticky_overlay::sites::{
         DEFAULT_GATEWAY_LABEL as GATEWAY_LABEL, DEFAULT_SITE_LABEL as SITE_LABEL,
     };
     use sticky_sites::keys::PrivateKey;
     use sticky_sites::model::{ENDPOINT_ANNOTATION, NodeInput, PUBLIC_KEY_ANNOTATION};
+    use sticky_sites::tunnel::PeerChange;
 
     fn input(
         name: &str,
@@ -638,5 +640,102 @@ mod tests {
             lines,
             ["sites: tunnel to site cloud (gateway c1) is DOWN: nothing heard for 181 s"]
         );
+    }
+
+    /// The cloud gateway `c1` of a hub (issue 37): `sites` edge sites, each a gateway of its
+    /// own behind NAT, with a /26 each from 10.64.0.0/10.
+    fn hub(sites: u32, my_key: PublicKey, moved: Option<u32>) -> Shaped {
+        let mut inputs = vec![input(
+            "c1",
+            "198.51.100.1",
+            "198.51.100.0/24",
+            "cloud",
+            Some((1, Some("198.51.100.1:51820"))),
+        )];
+        inputs[0]
+            .annotations
+            .insert(PUBLIC_KEY_ANNOTATION.into(), my_key.to_base64());
+        for i in 1..=sites {
+            // Site `moved` has a new pod subnet, past the others.
+            let block = if Some(i) == moved { sites + i } else { i };
+            let net = format!(
+                "{}/26",
+                std::net::Ipv4Addr::from(0x0a40_0000 + (block << 6))
+            );
+            let mut n = input(
+                &format!("shop-{i:05}"),
+                &std::net::Ipv4Addr::from(0xc612_0000 + i).to_string(),
+                &net,
+                &format!("shop-{i:05}"),
+                None,
+            );
+            n.labels.insert(GATEWAY_LABEL.into(), "true".into());
+            // Any 32 bytes but zeros are a key to the plan (no curve arithmetic in a debug
+            // build for 10,000 of them).
+            let mut key = [0u8; 32];
+            key[..4].copy_from_slice(&i.to_be_bytes());
+            key[31] = 0x40;
+            n.annotations
+                .insert(PUBLIC_KEY_ANNOTATION.into(), PublicKey(key).to_base64());
+            inputs.push(n);
+        }
+        shaper("c1").compute(inputs).unwrap()
+    }
+
+    /// A hub of 10,000 sites is configured in one transaction, and one site's new subnet
+    /// changes that site's peer only: one upsert, with its allowed IPs.
+    #[test]
+    fn a_hub_of_10000_sites_changes_only_the_site_that_changed() {
+        const SITES: u32 = 10_000;
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = side(&dir.path().join("keys"));
+        let pk = s.public_key().unwrap();
+        s.adopt(hub(SITES, pk, None));
+        let first = calls_of_a_round(&mut s);
+        let sets: Vec<&Vec<PeerChange>> = first
+            .iter()
+            .filter_map(|c| match c {
+                Call::Set { changes, .. } => Some(changes),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sets.len(), 1, "one transaction");
+        assert_eq!(sets[0].len(), SITES as usize);
+        let held = s.device.held("stickywg0").unwrap();
+        assert_eq!(held.routes.len(), SITES as usize);
+        let again = calls_of_a_round(&mut s);
+        assert!(
+            again.iter().all(|c| !matches!(c, Call::Set { .. })),
+            "nothing changed, nothing set"
+        );
+
+        s.adopt(hub(SITES, pk, Some(42)));
+        let after = calls_of_a_round(&mut s);
+        let changes: Vec<&PeerChange> = after
+            .iter()
+            .filter_map(|c| match c {
+                Call::Set { changes, .. } => Some(changes),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let moved: IpNet = format!(
+            "{}/26",
+            std::net::Ipv4Addr::from(0x0a40_0000 + ((SITES + 42) << 6))
+        )
+        .parse()
+        .unwrap();
+        match changes.as_slice() {
+            [
+                PeerChange::Upsert {
+                    peer,
+                    replace_allowed_ips: true,
+                },
+            ] => assert_eq!(peer.allowed_ips, [moved]),
+            other => panic!("one upsert of shop-00042's peer, got {other:?}"),
+        }
+        let held = s.device.held("stickywg0").unwrap();
+        assert_eq!(held.routes.len(), SITES as usize);
+        assert!(held.routes.contains(&moved));
     }
 }
