@@ -82,6 +82,16 @@ impl Cluster {
         }
     }
 
+    /// [`Cluster::new`] with the API server's bookmarks once a minute: a benchmark's watches
+    /// carry what it measures.
+    pub fn for_bench() -> Cluster {
+        let mut c = Cluster::new();
+        c.api.stop();
+        c.api.bookmark_every = std::time::Duration::from_secs(60);
+        c.api.start();
+        c
+    }
+
     pub fn node(n: u8) -> Value {
         node_json(
             &format!("node-{n}"),

@@ -476,10 +476,7 @@ fn bench_100000_nodes() {
 /// [`bench_5000_nodes`].
 fn bench_nodes(n: usize) {
     assert_can_run();
-    let mut c = Cluster::new();
-    c.api.stop();
-    c.api.bookmark_every = Duration::from_secs(60);
-    c.api.start();
+    let c = Cluster::for_bench();
     // Underlays in 198.18.0.0/15 (the range for large simulated underlays; nothing is sent
     // there: no pod talks to these peers), a /26 each from 10.64.0.0 (to 10.164.x at 103,000:
     // clear of node 1's 10.244.1.0/24).
@@ -589,10 +586,7 @@ fn bench_nodes(n: usize) {
 #[ignore = "benchmark: scripts/bench-agent.sh"]
 fn bench_idle_with_500_nodes() {
     assert_can_run();
-    let mut c = Cluster::new();
-    c.api.stop();
-    c.api.bookmark_every = Duration::from_secs(60);
-    c.api.start();
+    let c = Cluster::for_bench();
     c.api.put_node(Cluster::node(1));
     let mut names = vec!["node-1".to_string()];
     for i in 1..500usize {

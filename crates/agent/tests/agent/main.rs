@@ -11,5 +11,6 @@ mod proxy;
 mod sites;
 mod sites_doctor;
 mod sites_failover;
+mod sites_hub;
 mod sites_nat;
 mod sites_trust;

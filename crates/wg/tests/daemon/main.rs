@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod hub;
 mod uapi;
 
 use sticky_testkit::kube_support::wait_for;
