@@ -1168,6 +1168,26 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// Heartbeats as the kubelets send them, for 60 s: every `every`, Node `node_of(beat)` put
+/// again with a new `lastHeartbeatTime` on its Ready condition (as [`node_json`] makes it). How
+/// many were sent.
+pub fn heartbeats(api: &ApiServer, every: Duration, node_of: impl Fn(usize) -> Value) -> usize {
+    let start = Instant::now();
+    let mut beats = 0usize;
+    while start.elapsed() < Duration::from_secs(60) {
+        let mut node = node_of(beats);
+        node["status"]["conditions"][3]["lastHeartbeatTime"] = json!(format!(
+            "2026-11-25T03:{:02}:{:02}Z",
+            beats / 60 % 60,
+            beats % 60
+        ));
+        api.put_node(node);
+        beats += 1;
+        std::thread::sleep(every);
+    }
+    beats
+}
+
 /// CPU time process `pid` used so far, user and system, in clock ticks (USER_HZ, 100 a second).
 pub fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

@@ -552,19 +552,7 @@ fn bench_nodes(n: usize) {
     let ticks = || cpu_ticks(pid);
     let (t0, idle_start, bytes0) = (ticks(), std::time::Instant::now(), c.api.watch_bytes());
     let every = Duration::from_secs_f64(300.0 / (n + 1000) as f64);
-    let mut beats = 0usize;
-    while idle_start.elapsed() < Duration::from_secs(60) {
-        let i = 1 + beats % (n - 1);
-        let mut node = fake(i);
-        node["status"]["conditions"][3]["lastHeartbeatTime"] = json!(format!(
-            "2026-11-25T03:{:02}:{:02}Z",
-            beats / 60 % 60,
-            beats % 60
-        ));
-        c.api.put_node(node);
-        beats += 1;
-        std::thread::sleep(every);
-    }
+    let beats = heartbeats(&c.api, every, |beat| fake(1 + beat % (n - 1)));
     let idle = idle_start.elapsed().as_secs_f64();
     let cpu = (ticks() - t0) as f64 / 100.0 / idle * 100.0;
     let bytes_per_s = (c.api.watch_bytes() - bytes0) as f64 / idle;

@@ -139,9 +139,11 @@ fn bench_hub(sites: u32) {
 
     // One site's new pod subnet, 10 times: until its route is in.
     let mut took = Vec::new();
+    let mut moved = std::collections::BTreeMap::new();
     for k in 0..10u32 {
         let i = 1 + k * 97;
         let block = sites + 1 + k;
+        moved.insert(i, block);
         let cidr = format!(
             "{}/26",
             std::net::Ipv4Addr::from(0x0a40_0000 + (block << 6))
@@ -169,26 +171,10 @@ fn bench_hub(sites: u32) {
     let ticks = |pid| cpu_ticks(pid);
     let (a0, w0, idle_start) = (ticks(agent_pid), ticks(wg_pid), Instant::now());
     let every = Duration::from_secs_f64(300.0 / f64::from(sites));
-    let mut beats = 0u32;
-    while idle_start.elapsed() < Duration::from_secs(60) {
-        let i = 1 + beats % sites;
-        let mut node = shop(
-            i,
-            if i % 97 == 1 && i / 97 < 10 {
-                sites + 1 + i / 97
-            } else {
-                i
-            },
-        );
-        node["status"]["conditions"][3]["lastHeartbeatTime"] = json!(format!(
-            "2026-11-29T03:{:02}:{:02}Z",
-            beats / 60 % 60,
-            beats % 60
-        ));
-        c.api.put_node(node);
-        beats += 1;
-        std::thread::sleep(every);
-    }
+    let beats = heartbeats(&c.api, every, |beat| {
+        let i = 1 + beat as u32 % sites;
+        shop(i, moved.get(&i).copied().unwrap_or(i))
+    });
     let idle = idle_start.elapsed().as_secs_f64();
     let pct = |t0, pid| (ticks(pid) - t0) as f64 / 100.0 / idle * 100.0;
     let (agent_cpu, wg_cpu) = (pct(a0, agent_pid), pct(w0, wg_pid));
