@@ -389,7 +389,10 @@ fn main_loop(
             sites_pass(run, api.as_mut(), shared);
         }
         rounds.write_status(&cfg.state_dir, shared);
-        let burst = take_burst(rx, POLL);
+        // A sites round is not late by more than the wait: a punched path's death is read
+        // within a round of it (`sites::side::ROUND_PUNCHING`).
+        let wait = sites.as_deref().map_or(POLL, |r| r.until_round().min(POLL));
+        let burst = take_burst(rx, wait);
         let told = match &mut api {
             Some(api) => apply_burst(api, sites.as_deref_mut(), burst, cfg, shared),
             None => false,

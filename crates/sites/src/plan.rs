@@ -13,8 +13,8 @@
 //!   allowed IPs = that site's pod subnets plus those of every site it relays for us; a
 //!   punch attempt not yet up is a peer with no allowed IPs (handshakes only) while its
 //!   subnets stay on the relay's peer. Keepalive ([`Settings::keepalive_secs`]) on every peer
-//!   when this gateway has no endpoint (behind NAT: its mappings must stay open) and on punch
-//!   peers. When this site is the relay, the sites it forwards between are listed with their
+//!   when this gateway has no endpoint (behind NAT: its mappings must stay open); every second
+//!   on punch peers ([`crate::punch::KEEPALIVE_SECS`]). When this site is the relay, the sites it forwards between are listed with their
 //!   subnets (those whose active gateway has no endpoint, when there are two or more);
 //!   forwarding needs no extra peers: each of them is already a direct peer with its own
 //!   subnets.
@@ -231,7 +231,11 @@ fn gateway_plan(
             // A carrier is always a site with a tunnel to us (direct or relay); the relay's
             // own path from here is direct, so `dial` has it when it is one of the remotes.
             let (endpoint, punch) = dial.get(site).copied().unwrap_or((g.endpoint, false));
-            let keepalive = (behind_nat || punch).then_some(settings.keepalive_secs);
+            let keepalive = if punch {
+                Some(crate::punch::KEEPALIVE_SECS)
+            } else {
+                behind_nat.then_some(settings.keepalive_secs)
+            };
             // A peer that dials in: where this side saw it last, to dial it first after a
             // restart (see `PeerConfig::last_seen`).
             let last_seen = endpoint
@@ -520,7 +524,12 @@ pub(crate) mod tests {
             Some("198.51.100.11:40001".parse().unwrap())
         );
         assert!(by["edge-b"].allowed_ips.is_empty());
-        assert_eq!(by["edge-b"].keepalive_secs, Some(DEFAULT_KEEPALIVE_SECS));
+        // The punch peer is checked every second; the relay's keeps the NAT mapping open.
+        assert_eq!(
+            by["edge-b"].keepalive_secs,
+            Some(crate::punch::KEEPALIVE_SECS)
+        );
+        assert_eq!(by["cloud"].keepalive_secs, Some(DEFAULT_KEEPALIVE_SECS));
         assert!(
             by["cloud"]
                 .allowed_ips

@@ -4,14 +4,15 @@
 //!
 //! Per remote site with a punch path, [`Punch::step`] with "the punch peer is alive": its last
 //! sign of life (a handshake, or bytes received: both sides keep it alive with WireGuard's
-//! keepalive) is within [`dead_after`] its keepalive, as [`Lives`] keeps it:
+//! keepalive, every [`KEEPALIVE_SECS`]) is within [`DEAD_AFTER`], as [`Lives`] keeps it:
 //! - **Trying** (the punch peer is on the device, no allowed IPs, keepalive on: both sides
 //!   dial each other's mapped address at about the same time): a handshake makes it **Up**; none
 //!   within [`TRY_FOR`] pauses it.
 //! - **Paused** (peer removed, the relay only) for the current wait: [`FIRST_WAIT`], doubling
 //!   at each failed try up to [`MAX_WAIT`]; then Trying again.
 //! - **Up** (the remote site's subnets on the direct peer, off the relay's): while the peer is
-//!   alive; silent past [`dead_after`] (a NAT router rebooted, a WAN address changed), the
+//!   alive; silent past [`DEAD_AFTER`] (a NAT router rebooted, a WAN address changed, the
+//!   remote site's gateway gone: its standby cannot reach this side through its NAT), the
 //!   traffic is back on the relay at once and the punch starts over (Trying, wait back to
 //!   [`FIRST_WAIT`]). WireGuard itself would hold on to the session for up to 180 s; the relay
 //!   is there all along, so a direct path that stops carrying is left within seconds.
@@ -27,15 +28,17 @@ use crate::model::SiteName;
 use crate::paths::Path;
 use crate::plan::SitePlan;
 
-/// WireGuard's rekey timeout: how long a handshake waits for its answer.
-pub const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long a punch peer kept alive every `keepalive_secs` may be silent before its direct
-/// path counts as dead: a keepalive period and a rekey timeout (WireGuard's own rule for a
-/// session that gets no answer).
-pub fn dead_after(keepalive_secs: u16) -> Duration {
-    Duration::from_secs(u64::from(keepalive_secs)) + REKEY_TIMEOUT
-}
+/// The WireGuard keepalive of a punch peer, whatever `keepaliveSecs` says: a direct path is
+/// checked every second, as each node checks its site's members ([`crate::probe::INTERVAL`]).
+/// It costs a 32-byte message a second each way per punched pair, and it is what lets the
+/// other site leave a dead direct path within seconds (a failover, a NAT router reboot, a new
+/// WAN address): nothing else reaches it while the cloud is away.
+pub const KEEPALIVE_SECS: u16 = 1;
+/// How long a punch peer may be silent (no handshake, no byte received) before its direct
+/// path counts as dead: three keepalives missed in a row, as a member is dead after three
+/// probes ([`crate::probe::DEAD_AFTER`]). The caller reads the device once a round, so the
+/// path is left at the first round past this.
+pub const DEAD_AFTER: Duration = Duration::from_secs(3 * KEEPALIVE_SECS as u64);
 /// A try with no handshake within this is paused.
 pub const TRY_FOR: Duration = Duration::from_secs(30);
 /// The first pause after a failed try.
@@ -385,35 +388,44 @@ pub(crate) mod tests {
         assert!(punches.0.is_empty());
     }
 
-    /// Issue 36, a NAT router reboot: a punched path kept alive by keepalives every 10 s (the
-    /// shipped keepaliveSecs) counts as alive; once it is silent for more than
-    /// `dead_after(10)` = 15 s, it is dead, and the next step puts the traffic back on the
-    /// relay (the punch tries again). Before, a direct handshake counted for 180 s.
+    /// Issue 36, a NAT router reboot or the remote site's gateway gone: a punched path kept
+    /// alive every second, read every second, counts as alive through a lost keepalive (two or
+    /// three rounds that show nothing new); silent for more than `DEAD_AFTER` (3 s), it is
+    /// dead at the fourth round that shows nothing, and the next step puts the traffic back on
+    /// the relay (the punch tries again). Before, a 10 s keepalive left it after 15 s and,
+    /// earlier still, a direct handshake counted for 180 s.
     #[test]
-    fn a_silent_direct_path_is_left_for_the_relay_after_a_keepalive_and_a_rekey_timeout() {
+    fn a_silent_direct_path_is_left_for_the_relay_at_the_fourth_silent_round() {
         let b = site("edge-b");
-        let within = dead_after(10);
-        assert_eq!(within, Duration::from_secs(15));
+        let within = DEAD_AFTER;
         let mut lives = Lives::default();
         lives.saw(&b, 0, Some(t(0)), t(0));
-        // Keepalives arrive every 10 s: alive throughout.
-        for now in (2..=60).step_by(2) {
-            let rx = 32 * (now / 10);
-            lives.saw(&b, rx, Some(t(0)), t(now));
+        // Keepalives arrive about every second: alive throughout.
+        for now in 1..=60 {
+            lives.saw(&b, 32 * now, Some(t(0)), t(now));
             assert!(lives.alive(t(now), within).contains(&b), "at {now} s");
         }
+        // A keepalive lost, the next one late: three rounds show nothing new, still alive.
+        for now in 61..=63 {
+            lives.saw(&b, 32 * 60, Some(t(0)), t(now));
+            assert!(lives.alive(t(now), within).contains(&b), "at {now} s");
+        }
+        lives.saw(&b, 32 * 64, Some(t(0)), t(64));
         // The peer made anew (its subnets moved): counters and handshake forgotten, not its life.
-        lives.saw(&b, 0, None, t(62));
-        assert!(lives.alive(t(62), within).contains(&b));
-        // The router rebooted after the keepalive at 60 s: nothing arrives any more.
-        assert!(lives.alive(t(74), within).contains(&b));
-        assert!(!lives.alive(t(76), within).contains(&b));
+        lives.saw(&b, 0, None, t(65));
+        assert!(lives.alive(t(65), within).contains(&b));
+        // The router rebooted after the keepalive read at 64 s: nothing arrives any more.
+        for now in 66..=67 {
+            lives.saw(&b, 0, None, t(now));
+            assert!(lives.alive(t(now), within).contains(&b), "at {now} s");
+        }
+        assert!(!lives.alive(t(68), within).contains(&b));
         // The punch that was up puts the traffic back on the relay at the next round.
         let plan = a_gateway_plan();
         let mut punches = Punches::default();
         punches.step(&plan, t(0), &BTreeSet::from([b.clone()]));
         assert_eq!(punches.0[&b].state, State::Up);
-        punches.step(&plan, t(78), &lives.alive(t(78), within));
+        punches.step(&plan, t(68), &lives.alive(t(68), within));
         assert_eq!(
             allowed(&punches.apply(&plan))[0],
             (
@@ -423,6 +435,6 @@ pub(crate) mod tests {
             "site B is relayed again"
         );
         lives.keep(&BTreeSet::new());
-        assert!(lives.alive(t(78), Duration::MAX).is_empty());
+        assert!(lives.alive(t(68), Duration::MAX).is_empty());
     }
 }

@@ -4,7 +4,7 @@
 //! reads the device, calls [`Memory::decide`], and carries the actions out through its one
 //! device seam. Every rule that learns from the tunnel across rounds lives here, in [`Memory`]:
 //!
-//! - the punches ([`crate::punch`]), stepped with what the last round's device showed;
+//! - the punches ([`crate::punch`]), stepped with what this round's device shows;
 //! - each peer's last sign of life (its newest handshake, or the round its received bytes
 //!   grew: the data path makes a peer anew, with no handshake and no bytes, when its allowed
 //!   IPs change, and that must not read as silence);
@@ -82,8 +82,6 @@ pub struct Decision<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Memory {
     punches: Punches,
-    /// The remote sites whose punch peer was alive at the last round ([`Lives::alive`]).
-    fresh: BTreeSet<SiteName>,
     lives: Lives,
     signs: BTreeMap<PublicKey, Sign>,
     taken: BTreeMap<SiteName, String>,
@@ -106,7 +104,6 @@ impl Default for Memory {
     fn default() -> Self {
         Memory {
             punches: Punches::default(),
-            fresh: BTreeSet::new(),
             lives: Lives::default(),
             signs: BTreeMap::new(),
             taken: BTreeMap::new(),
@@ -152,17 +149,19 @@ impl Memory {
         key: Option<PublicKey>,
         now: SystemTime,
     ) -> Decision<'a> {
+        let peers = device.map(DeviceState::by_key).unwrap_or_default();
         // Only the active gateway punches: a plain node keeps no punch of its own (it would
-        // say a punch is paused that is not its to know).
+        // say a punch is paused that is not its to know). The punches step on this round's
+        // reading: a dead direct path is left in the round that sees it dead.
+        let alive = self.heard(plan, device.map(|_| &peers), now);
         match plan.gateway {
-            Some(_) => self.punches.step(plan, now, &self.fresh),
+            Some(_) => self.punches.step(plan, now, &alive),
             None => self.punches = Punches::default(),
         }
         let applied = self.punches.apply(plan);
         let mut actions = Vec::new();
         let mut lines = Vec::new();
         let mut carriers = BTreeMap::new();
-        let peers = device.map(DeviceState::by_key).unwrap_or_default();
         match (&applied.gateway, device) {
             (Some(gw), Some(dev)) => {
                 self.configured = true;
@@ -186,7 +185,7 @@ impl Memory {
             self.taken.clear();
             self.signs.clear();
         }
-        self.read(plan, &applied, device.map(|_| &peers), now);
+        self.read(&applied, device.map(|_| &peers));
         Decision {
             applied,
             actions,
@@ -340,40 +339,41 @@ impl Memory {
         out
     }
 
-    /// What the device shows (its peers by key) after a round of `plan` (the plan as made,
-    /// with every punch peer) and `applied` (as the punches made it): the fresh punch peers and
-    /// the dial-in peers' endpoints.
-    fn read(
+    /// The punch peers of `plan` that showed a sign of life within [`punch::DEAD_AFTER`] of
+    /// `now`, from what the device shows (its peers by key) at the start of the round.
+    fn heard(
         &mut self,
         plan: &SitePlan,
-        applied: &SitePlan,
         dev: Option<&BTreeMap<PublicKey, &PeerState>>,
         now: SystemTime,
-    ) {
+    ) -> BTreeSet<SiteName> {
         let (Some(gw), Some(dev)) = (&plan.gateway, dev) else {
-            self.fresh.clear();
             self.lives = Lives::default();
-            self.observed = None;
-            return;
+            return BTreeSet::new();
         };
-        let state = |key: &PublicKey| dev.get(key);
         let punching = punch::punching(plan);
         self.lives.keep(&punching);
-        let mut keepalive = None;
         for p in gw.peers.iter().filter(|p| punching.contains(&p.site)) {
-            keepalive = keepalive.or(p.config.keepalive_secs);
-            if let Some(st) = state(&p.config.public_key) {
+            if let Some(st) = dev.get(&p.config.public_key) {
                 self.lives.saw(&p.site, st.rx_bytes, st.last_handshake, now);
             }
         }
-        let within = keepalive.map_or(UP_WITHIN, punch::dead_after);
-        self.fresh = self.lives.alive(now, within);
-        let dial_in = applied.gateway.iter().flat_map(|g| &g.peers);
+        self.lives.alive(now, punch::DEAD_AFTER)
+    }
+
+    /// The current endpoints of the dial-in peers of `applied` (the plan as the punches made
+    /// it), from what the device shows.
+    fn read(&mut self, applied: &SitePlan, dev: Option<&BTreeMap<PublicKey, &PeerState>>) {
+        let (Some(gw), Some(dev)) = (&applied.gateway, dev) else {
+            self.observed = None;
+            return;
+        };
         self.observed = Some(
-            dial_in
+            gw.peers
+                .iter()
                 .filter(|p| p.config.endpoint.is_none())
                 .filter_map(|p| {
-                    let ep = state(&p.config.public_key)?.endpoint?;
+                    let ep = dev.get(&p.config.public_key)?.endpoint?;
                     Some((p.gateway.clone(), ep))
                 })
                 .collect(),

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use sticky_sites::gateway::{Liveness, Seen};
 use sticky_sites::heal::{self, Stance};
@@ -18,7 +18,7 @@ use sticky_vxlan::status::SitesStatus;
 
 use super::device::Device;
 use super::shape::{Shaped, Shaper, SiteView};
-use super::side::{ROUND, Side};
+use super::side::{self, Side};
 
 /// The agent's clock, read once by the caller and passed to everything that waits or times
 /// out: monotonic for rounds and probes, the wall clock for handshakes (the tunnel reports
@@ -60,6 +60,8 @@ pub struct Core<D> {
     observation: SiteView,
     probe_port: u16,
     last_round: Option<Instant>,
+    /// How long after the last round the next is due ([`side::period`] of its cost).
+    period: Duration,
     /// A new plan came since the last round.
     pending: bool,
 }
@@ -74,6 +76,7 @@ impl<D: Device> Core<D> {
             observation: SiteView::default(),
             probe_port,
             last_round: None,
+            period: side::ROUND,
             pending: false,
         }
     }
@@ -220,12 +223,21 @@ impl<D: Device> Core<D> {
         (Some(next), lines)
     }
 
-    /// Whether a round is due at `now`: every [`ROUND`], or a new plan came.
+    /// Whether a round is due at `now`: a period ([`side::period`]) after the last, or a new
+    /// plan came.
     pub fn round_due(&self, now: Now) -> bool {
-        self.pending
-            || self
-                .last_round
-                .is_none_or(|t| now.mono.saturating_duration_since(t) >= ROUND)
+        self.until_round(now).is_zero()
+    }
+
+    /// How long after `now` the next round is due (zero: it is).
+    pub fn until_round(&self, now: Now) -> Duration {
+        match self.last_round {
+            Some(t) if !self.pending => {
+                let since = now.mono.saturating_duration_since(t);
+                self.period.saturating_sub(since)
+            }
+            _ => Duration::ZERO,
+        }
     }
 
     /// A round when one is due: the log lines and the status.
@@ -235,6 +247,11 @@ impl<D: Device> Core<D> {
         }
         self.pending = false;
         self.last_round = Some(now.mono);
-        Some(self.side.round(now.wall))
+        // What the round costs the machine (its reads wait on sticky-wg): the real clock, also
+        // under a simulated one.
+        let started = Instant::now();
+        let round = self.side.round(now.wall);
+        self.period = side::period(started.elapsed());
+        Some(round)
     }
 }

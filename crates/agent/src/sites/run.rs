@@ -218,9 +218,15 @@ impl SitesRun {
         self.forget_pending = true;
     }
 
-    /// Whether a round is due: every [`super::side::ROUND`], or a new plan came.
+    /// Whether a round is due: a period after the last ([`super::side::period`]), or a new
+    /// plan came.
     pub fn round_due(&self) -> bool {
         self.core.round_due(Now::system())
+    }
+
+    /// How long until a round is due (zero: now).
+    pub fn until_round(&self) -> Duration {
+        self.core.until_round(Now::system())
     }
 
     /// A round, when one is due; the log lines.

@@ -77,7 +77,7 @@ fn wait_path(s: &Sites, name: &str, site: &str, within: Duration, ok: impl Fn(&s
 }
 
 /// Both edge gateways see the pair punched (status "direct (punched)"), within 120 s.
-fn wait_punched(s: &Sites) {
+pub(crate) fn wait_punched(s: &Sites) {
     for (gw, site) in [("a1", "site-b"), ("b1", "site-a")] {
         wait_path(s, gw, site, Duration::from_secs(120), |p| {
             p == "direct (punched)"
@@ -140,7 +140,7 @@ fn flood_both_ways(pods: &[(Pod, String); 3], count: usize) {
 fn sites_nat_a_b_direct_through_port_preserving_nat() {
     let (s, pods) = nat_running(Nat::Masquerade);
     wait_punched(&s);
-    // Allowed IPs follow a round (2 s) behind the handshake on each side.
+    // Allowed IPs follow a round (1 s) behind the handshake on each side.
     std::thread::sleep(Duration::from_secs(3));
     let capture = s.capture("direct");
     flood_both_ways(&pods, 300);
