@@ -17,12 +17,14 @@ use std::time::{Duration, Instant};
 
 use crate::gateway::{Liveness, Seen};
 
-/// How often each peer is probed.
-pub const INTERVAL: Duration = Duration::from_secs(1);
-/// Missed probes in a row after which a peer is [`Seen::Dead`].
-pub const DEAD_AFTER: u32 = 3;
-/// Answered probes in a row after which a peer is [`Seen::Alive`] (again).
-pub const ALIVE_AFTER: u32 = 2;
+/// How often each peer is probed: twice a second, so that a gateway that went away is seen
+/// dead 2.5 to 3 s after its last answer (issue 36's failover budget of 6 s; at once a second
+/// and 3 missed it was 3 to 4 s, and failovers took up to 6 s).
+pub const INTERVAL: Duration = Duration::from_millis(500);
+/// Missed probes in a row after which a peer is [`Seen::Dead`]: 2.5 s without an answer.
+pub const DEAD_AFTER: u32 = 5;
+/// Answered probes in a row after which a peer is [`Seen::Alive`] (again): 2 s of answers.
+pub const ALIVE_AFTER: u32 = 4;
 
 const MAGIC: &[u8; 4] = b"STKP";
 const VERSION: u8 = 1;
@@ -297,36 +299,36 @@ mod tests {
     }
 
     #[test]
-    fn dead_after_three_missed_alive_after_two_answered() {
+    fn dead_after_five_missed_alive_after_four_answered() {
+        assert_eq!((DEAD_AFTER, ALIVE_AFTER), (5, 4));
+        // 2.5 s without an answer is dead; 2 s of answers is alive again.
+        assert_eq!(INTERVAL * DEAD_AFTER, Duration::from_millis(2500));
+        assert_eq!(INTERVAL * ALIVE_AFTER, Duration::from_secs(2));
         let t0 = Instant::now();
         let mut t = Tracker::new();
         let mut nonces = counter(100);
         t.set_peers(["a1"]);
-        let at = |s: u64| t0 + Duration::from_secs(s);
         let seen = |t: &Tracker| t.liveness()["a1"];
+        let (miss, answer) = (false, true);
         // (answer this round?, the view after the next round starts)
-        let steps = [
-            (false, Seen::Unknown),
-            (false, Seen::Unknown),
-            (false, Seen::Dead), // third miss in a row
-            (true, Seen::Dead),  // one answer is not enough
-            (false, Seen::Dead),
-            (true, Seen::Dead),
-            (true, Seen::Alive), // two in a row
-            (false, Seen::Alive),
-            (false, Seen::Alive),
-            (true, Seen::Alive), // two misses, then an answer: never dead
-            (false, Seen::Alive),
-            (false, Seen::Alive),
-            (false, Seen::Dead),
-        ];
-        let mut sent = t.round(at(0), &mut nonces);
-        for (i, (answer, want)) in steps.iter().enumerate() {
-            if *answer {
+        let mut steps = Vec::new();
+        steps.extend([(miss, Seen::Unknown); 4]);
+        steps.push((miss, Seen::Dead)); // the fifth miss in a row
+        steps.extend([(answer, Seen::Dead); 3]); // three answers are not enough
+        steps.push((miss, Seen::Dead));
+        steps.extend([(answer, Seen::Dead); 3]);
+        steps.push((answer, Seen::Alive)); // four in a row
+        steps.extend([(miss, Seen::Alive); 4]);
+        steps.push((answer, Seen::Alive)); // four misses, then an answer: never dead
+        steps.extend([(miss, Seen::Alive); 4]);
+        steps.push((miss, Seen::Dead));
+        let mut sent = t.round(t0, &mut nonces);
+        for (i, (answered, want)) in steps.iter().enumerate() {
+            if *answered {
                 let (name, nonce) = &sent[0];
                 assert!(t.answered(&msg(true, *nonce, name, Some("a1"))));
             }
-            sent = t.round(at(i as u64 + 1), &mut nonces);
+            sent = t.round(t0 + INTERVAL * (i as u32 + 1), &mut nonces);
             assert_eq!(seen(&t), *want, "after step {i}");
         }
     }
@@ -361,14 +363,14 @@ mod tests {
         let mut t = Tracker::new();
         let mut nonces = counter(0);
         t.set_peers(["a2", "a3"]);
-        for s in 0..3 {
-            for (name, nonce) in t.round(t0 + Duration::from_secs(s), &mut nonces) {
+        for s in 0..ALIVE_AFTER {
+            for (name, nonce) in t.round(t0 + INTERVAL * s, &mut nonces) {
                 if name == "a2" || s == 0 {
                     t.answered(&msg(true, nonce, &name, Some("a3")));
                 }
             }
         }
-        t.round(t0 + Duration::from_secs(3), &mut nonces);
+        t.round(t0 + INTERVAL * ALIVE_AFTER, &mut nonces);
         let c = t.choices();
         assert_eq!(c.get("a2").map(String::as_str), Some("a3"));
         assert!(!c.contains_key("a3"), "a3 answered once: not alive yet");

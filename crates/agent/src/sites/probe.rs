@@ -88,8 +88,8 @@ impl Probes {
         let me = self.me.clone();
         std::thread::spawn(move || serve(local, &me, &inner));
         Some(format!(
-            "sites: answering the site members' probes on {local}, probing every {} s",
-            probe::INTERVAL.as_secs()
+            "sites: answering the site members' probes on {local}, probing every {} ms",
+            probe::INTERVAL.as_millis()
         ))
     }
 

@@ -23,6 +23,8 @@ use vxlan_support::*;
 const A_WAN: &str = "203.0.113.10";
 const B_WAN: &str = "203.0.113.20";
 const CLOUD_GW: &str = "198.51.100.1";
+/// Router A's WAN address after a renumbering.
+const A_NEW_WAN: &str = "203.0.113.11";
 
 /// Sites with this NAT flavour and the shipped settings, every daemon running, pods on a2, b2
 /// and c2; a2 and b2 answering each other (120 s each way).
@@ -384,12 +386,12 @@ fn sites_nat_tcp_connection_survives_relay_to_direct() {
 /// The measurement of `scripts/bench-sites.py --nat`: iperf3 throughput and ping round trips
 /// a2 pod -> b2 pod, relayed through the cloud gateway (the direct path blocked) and then
 /// direct once punched, in one run.
-/// Issue 36, with the shipped settings (keepaliveSecs 10): A and B punched, the API away (no
-/// new NAT discovery can be published), then router B's WAN address changes (a PPPoE
-/// reconnect: a new address, every mapping gone). B's pods reach the cloud again within 20 s
-/// (b1's next packet roams its endpoint at c1), and a2 reaches b2 again within 30 s: the dead
-/// direct path is left for the relay after 15 s of silence. Before, a1 kept the direct path
-/// for 180 s (its last handshake's age).
+/// Issue 36, with the shipped settings: A and B punched, the API away (no new NAT discovery
+/// can be published), then router B's WAN address changes (a PPPoE reconnect: a new address,
+/// every mapping gone). B's pods reach the cloud again within 20 s (b1's next packet roams
+/// its endpoint at c1), and a2 reaches b2 again within 30 s: the dead direct path is left for
+/// the relay after 3 s of silence (punch keepalives every second). Before, a1 kept the direct
+/// path for 180 s (its last handshake's age), then 15 s (a 10 s keepalive).
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn sites_nat_a_new_wan_address_heals_within_30s_with_the_shipped_settings() {
@@ -417,6 +419,68 @@ fn sites_nat_a_new_wan_address_heals_within_30s_with_the_shipped_settings() {
     assert!(
         to_cloud <= Duration::from_secs(20),
         "b2 -> c2 took {to_cloud:?}"
+    );
+    assert!(to_b <= Duration::from_secs(30), "a2 -> b2 took {to_b:?}");
+}
+
+/// Issue 36, with the API up: router A's WAN address changes (a PPPoE reconnect) while A and
+/// B are punched. A's pods reach the cloud again within 20 s (a1's next packet roams its
+/// endpoint at c1) and B's within 30 s (the dead direct path left for the relay, which
+/// carried the pair all along); then the cloud publishes where a1 now comes from and the two
+/// gateways punch again at A's new address, with no operator action, and the pods talk
+/// through it.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn sites_nat_a_new_wan_address_with_the_api_up_is_punched_again() {
+    let (s, pods) = nat_running(Nat::Masquerade);
+    let [(a2, _), (_, b2_ip), (_, c2_ip)] = &pods;
+    wait_punched(&s);
+    let start = Instant::now();
+    s.renumber_wan("site-a", A_NEW_WAN);
+    assert!(
+        first_reply(&a2.ns, c2_ip, Duration::from_secs(60)).is_some(),
+        "a2 never reached c2 again; logs: {:#?}",
+        s.logs()
+    );
+    let to_cloud = start.elapsed();
+    assert!(
+        first_reply(&a2.ns, b2_ip, Duration::from_secs(90)).is_some(),
+        "a2 never reached b2 again; logs: {:#?}",
+        s.logs()
+    );
+    let to_b = start.elapsed();
+    wait_path(&s, "a1", "site-b", Duration::from_secs(30), |p| {
+        p.starts_with("relayed via cloud")
+    });
+    wait_punched(&s);
+    let punched = start.elapsed();
+    eprintln!(
+        "new WAN address on A, API up: a2 -> c2 after {to_cloud:?}, a2 -> b2 after {to_b:?}, \
+         punched again after {punched:?}"
+    );
+    let cache = s
+        .topo
+        .state_dir(site_node("c1").k)
+        .join(format!("{}.sites.json", s.topo.net));
+    let cached = std::fs::read_to_string(&cache).unwrap_or_default();
+    assert!(
+        cached.contains(&format!(r#"\"a1\":\"{A_NEW_WAN}:"#)),
+        "c1 keeps (and published) a1's new mapping: {cached}"
+    );
+    let capture = s.capture("renumbered");
+    flood_both_ways(&pods, 100);
+    let packets = ipv4_packets(&capture.frames());
+    let direct = between(&packets, A_NEW_WAN, B_WAN)
+        .into_iter()
+        .filter(|p| !housekeeping(p))
+        .count();
+    assert!(
+        direct >= 200,
+        "the pods' packets cross between A's new address and B's directly: {direct}"
+    );
+    assert!(
+        to_cloud <= Duration::from_secs(20),
+        "a2 -> c2 took {to_cloud:?}"
     );
     assert!(to_b <= Duration::from_secs(30), "a2 -> b2 took {to_b:?}");
 }
