@@ -133,6 +133,19 @@ fn flood_both_ways(pods: &[(Pod, String); 3], count: usize) {
     }
 }
 
+/// How long after `start` the pod in namespace `from` (named) gets an answer from `to` (its
+/// address, named): panics with the logs after 90 s.
+fn reached_since(s: &Sites, start: Instant, from: (&str, &str), to: (&str, &str)) -> Duration {
+    assert!(
+        first_reply(from.0, to.0, Duration::from_secs(90)).is_some(),
+        "{} never reached {} again; logs: {:#?}",
+        from.1,
+        to.1,
+        s.logs()
+    );
+    start.elapsed()
+}
+
 /// A2 and B2 behind port-preserving NATs: once the cloud gateway has published their mapped
 /// addresses, a1 and b1 punch a direct tunnel; pod traffic A <-> B then crosses the internet
 /// between the two routers only (no pod packet through the cloud gateway), the status says
@@ -403,18 +416,8 @@ fn sites_nat_a_new_wan_address_heals_within_30s_with_the_shipped_settings() {
     s.api.stop();
     let start = Instant::now();
     s.renumber_wan("site-b", "203.0.113.21");
-    assert!(
-        first_reply(&b2.ns, c2_ip, Duration::from_secs(60)).is_some(),
-        "b2 never reached c2 again; logs: {:#?}",
-        s.logs()
-    );
-    let to_cloud = start.elapsed();
-    assert!(
-        first_reply(&a2.ns, b2_ip, Duration::from_secs(90)).is_some(),
-        "a2 never reached b2 again; logs: {:#?}",
-        s.logs()
-    );
-    let to_b = start.elapsed();
+    let to_cloud = reached_since(&s, start, (&b2.ns, "b2"), (c2_ip, "c2"));
+    let to_b = reached_since(&s, start, (&a2.ns, "a2"), (b2_ip, "b2"));
     eprintln!("new WAN address on B: b2 -> c2 after {to_cloud:?}, a2 -> b2 after {to_b:?}");
     assert!(
         to_cloud <= Duration::from_secs(20),
@@ -437,18 +440,8 @@ fn sites_nat_a_new_wan_address_with_the_api_up_is_punched_again() {
     wait_punched(&s);
     let start = Instant::now();
     s.renumber_wan("site-a", A_NEW_WAN);
-    assert!(
-        first_reply(&a2.ns, c2_ip, Duration::from_secs(60)).is_some(),
-        "a2 never reached c2 again; logs: {:#?}",
-        s.logs()
-    );
-    let to_cloud = start.elapsed();
-    assert!(
-        first_reply(&a2.ns, b2_ip, Duration::from_secs(90)).is_some(),
-        "a2 never reached b2 again; logs: {:#?}",
-        s.logs()
-    );
-    let to_b = start.elapsed();
+    let to_cloud = reached_since(&s, start, (&a2.ns, "a2"), (c2_ip, "c2"));
+    let to_b = reached_since(&s, start, (&a2.ns, "a2"), (b2_ip, "b2"));
     wait_path(&s, "a1", "site-b", Duration::from_secs(30), |p| {
         p.starts_with("relayed via cloud")
     });

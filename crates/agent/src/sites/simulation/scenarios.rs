@@ -71,16 +71,9 @@ fn holds(
     w: &mut World,
     what: &str,
     d: Duration,
-    mut ok: impl FnMut(&mut World) -> bool,
+    ok: impl FnMut(&mut World) -> bool,
 ) -> Result<(), String> {
-    let end = w.t + d;
-    while w.t < end {
-        if !ok(w) {
-            return Err(format!("{what}: broke"));
-        }
-        w.run(secs(1));
-    }
-    Ok(())
+    holds_but_for(w, what, d, 0, ok)
 }
 
 /// Every second for `d`: `ok` holds, but for at most one second in a row. A punch that comes
@@ -91,14 +84,25 @@ fn holds_through_a_punch(
     w: &mut World,
     what: &str,
     d: Duration,
+    ok: impl FnMut(&mut World) -> bool,
+) -> Result<(), String> {
+    holds_but_for(w, what, d, 1, ok)
+}
+
+/// Every second for `d`: `ok` holds, or fails for at most `seconds` in a row.
+fn holds_but_for(
+    w: &mut World,
+    what: &str,
+    d: Duration,
+    seconds: u32,
     mut ok: impl FnMut(&mut World) -> bool,
 ) -> Result<(), String> {
     let end = w.t + d;
     let mut broken = 0;
     while w.t < end {
         broken = if ok(w) { 0 } else { broken + 1 };
-        if broken > 1 {
-            return Err(format!("{what}: broke for more than a second"));
+        if broken > seconds {
+            return Err(format!("{what}: broke for more than {seconds} s"));
         }
         w.run(secs(1));
     }
