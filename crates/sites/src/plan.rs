@@ -14,7 +14,7 @@
 //!   punch attempt not yet up is a peer with no allowed IPs (handshakes only) while its
 //!   subnets stay on the relay's peer. Keepalive ([`Settings::keepalive_secs`]) on every peer
 //!   when this gateway has no endpoint (behind NAT: its mappings must stay open); every second
-//!   on punch peers ([`crate::punch::KEEPALIVE_SECS`]). When this site is the relay, the sites it forwards between are listed with their
+//!   on punch peers ([`PUNCH_KEEPALIVE_SECS`]). When this site is the relay, the sites it forwards between are listed with their
 //!   subnets (those whose active gateway has no endpoint, when there are two or more);
 //!   forwarding needs no extra peers: each of them is already a direct peer with its own
 //!   subnets.
@@ -55,6 +55,13 @@ pub struct View {
     /// NAT-mapped addresses and punched tunnels.
     pub discovery: Discovery,
 }
+
+/// The WireGuard keepalive of a punch peer, whatever `keepaliveSecs` says: a direct path is
+/// checked every second. It costs a 32-byte message a second each way per punched pair, and it
+/// is what lets the other site leave a dead direct path within seconds (a failover, a NAT
+/// router reboot, a new WAN address; [`crate::punch::DEAD_AFTER`]): nothing else reaches it
+/// while the cloud is away.
+pub const PUNCH_KEEPALIVE_SECS: u16 = 1;
 
 /// What the plan reads of the config's `sites` object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,7 +239,7 @@ fn gateway_plan(
             // own path from here is direct, so `dial` has it when it is one of the remotes.
             let (endpoint, punch) = dial.get(site).copied().unwrap_or((g.endpoint, false));
             let keepalive = if punch {
-                Some(crate::punch::KEEPALIVE_SECS)
+                Some(PUNCH_KEEPALIVE_SECS)
             } else {
                 behind_nat.then_some(settings.keepalive_secs)
             };
@@ -525,10 +532,7 @@ pub(crate) mod tests {
         );
         assert!(by["edge-b"].allowed_ips.is_empty());
         // The punch peer is checked every second; the relay's keeps the NAT mapping open.
-        assert_eq!(
-            by["edge-b"].keepalive_secs,
-            Some(crate::punch::KEEPALIVE_SECS)
-        );
+        assert_eq!(by["edge-b"].keepalive_secs, Some(PUNCH_KEEPALIVE_SECS));
         assert_eq!(by["cloud"].keepalive_secs, Some(DEFAULT_KEEPALIVE_SECS));
         assert!(
             by["cloud"]

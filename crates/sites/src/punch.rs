@@ -4,7 +4,7 @@
 //!
 //! Per remote site with a punch path, [`Punch::step`] with "the punch peer is alive": its last
 //! sign of life (a handshake, or bytes received: both sides keep it alive with WireGuard's
-//! keepalive, every [`KEEPALIVE_SECS`]) is within [`DEAD_AFTER`], as [`Lives`] keeps it:
+//! keepalive, every [`PUNCH_KEEPALIVE_SECS`]) is within [`DEAD_AFTER`], as [`Lives`] keeps it:
 //! - **Trying** (the punch peer is on the device, no allowed IPs, keepalive on: both sides
 //!   dial each other's mapped address at about the same time): a handshake makes it **Up**; none
 //!   within [`TRY_FOR`] pauses it.
@@ -26,19 +26,13 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::SiteName;
 use crate::paths::Path;
-use crate::plan::SitePlan;
+use crate::plan::{PUNCH_KEEPALIVE_SECS, SitePlan};
 
-/// The WireGuard keepalive of a punch peer, whatever `keepaliveSecs` says: a direct path is
-/// checked every second, as each node checks its site's members ([`crate::probe::INTERVAL`]).
-/// It costs a 32-byte message a second each way per punched pair, and it is what lets the
-/// other site leave a dead direct path within seconds (a failover, a NAT router reboot, a new
-/// WAN address): nothing else reaches it while the cloud is away.
-pub const KEEPALIVE_SECS: u16 = 1;
 /// How long a punch peer may be silent (no handshake, no byte received) before its direct
-/// path counts as dead: three keepalives missed in a row, as a member is dead after three
-/// probes ([`crate::probe::DEAD_AFTER`]). The caller reads the device once a round, so the
-/// path is left at the first round past this.
-pub const DEAD_AFTER: Duration = Duration::from_secs(3 * KEEPALIVE_SECS as u64);
+/// path counts as dead: three of its keepalives ([`PUNCH_KEEPALIVE_SECS`]) missed in a row (a
+/// member is dead after 2.5 s without an answer to its probes, [`crate::probe::DEAD_AFTER`]).
+/// The caller reads the device once a round, so the path is left at the first round past this.
+pub const DEAD_AFTER: Duration = Duration::from_secs(3 * PUNCH_KEEPALIVE_SECS as u64);
 /// A try with no handshake within this is paused.
 pub const TRY_FOR: Duration = Duration::from_secs(30);
 /// The first pause after a failed try.
