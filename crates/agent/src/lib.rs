@@ -389,8 +389,8 @@ fn main_loop(
             sites_pass(run, api.as_mut(), shared);
         }
         rounds.write_status(&cfg.state_dir, shared);
-        // A sites round is not late by more than the wait: a punched path's death is read
-        // within a round of it (`sites::side::ROUND_PUNCHING`).
+        // Never wait past the next sites round: a punched path's death is read within a round
+        // of it, and rounds run every second (`sites::side::period`).
         let wait = sites.as_deref().map_or(POLL, |r| r.until_round().min(POLL));
         let burst = take_burst(rx, wait);
         let told = match &mut api {

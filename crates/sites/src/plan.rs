@@ -14,8 +14,9 @@
 //!   punch attempt not yet up is a peer with no allowed IPs (handshakes only) while its
 //!   subnets stay on the relay's peer. Keepalive ([`Settings::keepalive_secs`]) on every peer
 //!   when this gateway has no endpoint (behind NAT: its mappings must stay open); every second
-//!   on punch peers ([`PUNCH_KEEPALIVE_SECS`]). When this site is the relay, the sites it forwards between are listed with their
-//!   subnets (those whose active gateway has no endpoint, when there are two or more);
+//!   on punch peers ([`PUNCH_KEEPALIVE_SECS`]). When this site is the relay, the sites it
+//!   forwards between are listed with their subnets (those whose active gateway has no
+//!   endpoint, when there are two or more);
 //!   forwarding needs no extra peers: each of them is already a direct peer with its own
 //!   subnets.
 //!

@@ -474,10 +474,7 @@ impl Sites {
     /// own NAT discovery annotation): what it dials first when it comes back, as in the field
     /// once the relay has run a while (docs/sites.md, "What survives the cloud").
     pub fn wait_relay_observed(&self) {
-        let cache = self
-            .topo
-            .state_dir(site_node("c1").k)
-            .join(format!("{}.sites.json", self.topo.net));
+        let cache = self.sites_cache("c1");
         wait_for(
             "c1 to cache where a1 and b1 dial in from",
             Duration::from_secs(120),
@@ -488,6 +485,13 @@ impl Sites {
                     && text.contains(r#"\"b1\""#)
             },
         );
+    }
+
+    /// Node `name`'s agent's sites cache (`<stateDir>/<network>.sites.json`).
+    pub fn sites_cache(&self, name: &str) -> PathBuf {
+        self.topo
+            .state_dir(site_node(name).k)
+            .join(format!("{}.sites.json", self.topo.net))
     }
 
     /// Kills node `name`'s sticky-wg.

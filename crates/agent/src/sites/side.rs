@@ -566,14 +566,13 @@ mod tests {
             "the punch peer carries nothing yet"
         );
         let b1 = PrivateKey::from_bytes([3; 32]).public_key();
-        let handshake = |s: &Side<Fake>, t: Option<SystemTime>| {
+        // What the device shows of b1's peer, changed by `f`.
+        let on_b1 = |s: &Side<Fake>, f: &dyn Fn(&mut sticky_sites::tunnel::PeerState)| {
             let mut d = s.device.devices.borrow_mut();
-            for p in &mut d.get_mut("stickywg0").unwrap().state.peers {
-                if p.public_key == b1 {
-                    p.last_handshake = t;
-                }
-            }
+            let peers = &mut d.get_mut("stickywg0").unwrap().state.peers;
+            peers.iter_mut().filter(|p| p.public_key == b1).for_each(f);
         };
+        let handshake = |s: &Side<Fake>, t: Option<SystemTime>| on_b1(s, &|p| p.last_handshake = t);
         // The round that sees the handshake moves the site to the direct peer.
         handshake(&s, Some(t0));
         let (_, status) = s.round(t0 + Duration::from_secs(1));
@@ -582,14 +581,7 @@ mod tests {
         assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
         // The data path made the peer anew when its allowed IPs moved: no handshake shown, and
         // the bytes count again from 0; keepalives arrive every second.
-        let rx = |s: &Side<Fake>, bytes: u64| {
-            let mut d = s.device.devices.borrow_mut();
-            for p in &mut d.get_mut("stickywg0").unwrap().state.peers {
-                if p.public_key == b1 {
-                    p.rx_bytes = bytes;
-                }
-            }
-        };
+        let rx = |s: &Side<Fake>, bytes: u64| on_b1(s, &|p| p.rx_bytes = bytes);
         handshake(&s, None);
         for (i, t) in (2..=5).enumerate() {
             rx(&s, 32 * i as u64);

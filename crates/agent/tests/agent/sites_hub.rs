@@ -167,7 +167,8 @@ fn bench_hub(sites: u32) {
     let change = took[took.len() / 2];
 
     // Idle for 60 s with the kubelets' heartbeats (one status update each per 300 s): the
-    // rounds read the device back every 2 s (a round of 10,000 sites costs more than 0.1 s: twenty times that is past the 2 s cap).
+    // rounds read the device back every 2 s (a round of 10,000 sites costs more than 0.1 s:
+    // twenty times that is past the 2 s cap).
     let ticks = |pid| cpu_ticks(pid);
     let (a0, w0, idle_start) = (ticks(agent_pid), ticks(wg_pid), Instant::now());
     let every = Duration::from_secs_f64(300.0 / f64::from(sites));

@@ -451,11 +451,7 @@ fn sites_nat_a_new_wan_address_with_the_api_up_is_punched_again() {
         "new WAN address on A, API up: a2 -> c2 after {to_cloud:?}, a2 -> b2 after {to_b:?}, \
          punched again after {punched:?}"
     );
-    let cache = s
-        .topo
-        .state_dir(site_node("c1").k)
-        .join(format!("{}.sites.json", s.topo.net));
-    let cached = std::fs::read_to_string(&cache).unwrap_or_default();
+    let cached = std::fs::read_to_string(s.sites_cache("c1")).unwrap_or_default();
     assert!(
         cached.contains(&format!(r#"\"a1\":\"{A_NEW_WAN}:"#)),
         "c1 keeps (and published) a1's new mapping: {cached}"

@@ -76,19 +76,6 @@ fn holds(
     holds_but_for(w, what, d, 0, ok)
 }
 
-/// Every second for `d`: `ok` holds, but for at most one second in a row. A punch that comes
-/// up moves the pair from the relay to the direct path, and packets that cross before the far
-/// side has moved its allowed IPs (up to a round, 1 s) are dropped: docs/sites.md, "Routing
-/// and allowed IPs", the limit.
-fn holds_through_a_punch(
-    w: &mut World,
-    what: &str,
-    d: Duration,
-    ok: impl FnMut(&mut World) -> bool,
-) -> Result<(), String> {
-    holds_but_for(w, what, d, 1, ok)
-}
-
 /// Every second for `d`: `ok` holds, or fails for at most `seconds` in a row.
 fn holds_but_for(
     w: &mut World,
@@ -187,8 +174,10 @@ fn simulation_failover_with_a_punched_path() {
             heals(w, "a2 reaches c2 and b2 after a3 is cut", secs(6), |w| {
                 w.ping("a2", "c2") && w.ping("a2", "b2")
             })?;
-            // a1 and b1 punch again from what they cached: a blip of up to a round.
-            holds_through_a_punch(w, "after the second failover", secs(60), all_talk)
+            // a1 and b1 punch again from what they cached. The move from the relay to the
+            // direct path drops what crosses before the far side has moved its allowed IPs (up
+            // to a round, 1 s): docs/sites.md, "Routing and allowed IPs", the limit.
+            holds_but_for(w, "after the second failover", secs(60), 1, all_talk)
         },
         Nat::Cone,
         Nat::Cone,
