@@ -56,6 +56,7 @@ use flags::{Options, Source};
 use state::Shared;
 use sticky_overlay::config::Config;
 use sticky_primitives::program;
+use sticky_vxlan::main_mode::change::FileChange;
 use sticky_vxlan::status::{self, Status};
 
 #[derive(Debug, thiserror::Error)]
@@ -397,7 +398,8 @@ fn main_loop(
             Some(api) => apply_burst(api, sites.as_deref_mut(), burst, cfg, shared),
             None => false,
         };
-        rounds.note_changes(peers_file, told, shared);
+        let change = api.as_mut().and_then(|a| a.change.take());
+        rounds.note_changes(peers_file, told, change, shared);
     }
 }
 
@@ -456,6 +458,8 @@ struct Rounds {
     outcomes: reconcile::Outcomes,
     written_status: Option<Status>,
     why: &'static str,
+    /// The agent's write of the peers file that the next round programs, as a change.
+    change: Option<Box<FileChange>>,
 }
 
 impl Rounds {
@@ -477,6 +481,7 @@ impl Rounds {
             outcomes: reconcile::Outcomes::new(opts.segment_configs.len()),
             written_status: None,
             why: "start",
+            change: None,
         }
     }
 
@@ -506,9 +511,15 @@ impl Rounds {
                     "periodic resync"
                 };
             }
+            // The agent's own write, since the last round, is programmed as a change; the
+            // periodic resync and anything else, in full.
+            let change = self.change.take().filter(|_| !full_due && !only_failed);
             for line in reconcile::round(
                 &mut reconcile::LiveNetworks,
-                &opts.config,
+                reconcile::Main {
+                    config: &opts.config,
+                    change: change.as_deref(),
+                },
                 &opts.segment_configs,
                 only_failed,
                 self.why,
@@ -540,14 +551,23 @@ impl Rounds {
         }
     }
 
-    /// Why the next round is due: the agent wrote the peers file (`told`), someone changed
-    /// it by hand, or a segment's peers file changed; none of those, no reason.
-    fn note_changes(&mut self, peers_file: &Path, told: bool, shared: &Shared) {
+    /// Why the next round is due: the agent wrote the peers file (`told`, and `change`: what
+    /// it wrote, to program as a change), someone changed it by hand, or a segment's peers
+    /// file changed; none of those, no reason.
+    fn note_changes(
+        &mut self,
+        peers_file: &Path,
+        told: bool,
+        change: Option<Box<FileChange>>,
+        shared: &Shared,
+    ) {
         self.why = "";
+        self.change = None;
         let now = files::fingerprint(peers_file);
         if now != self.seen || told {
             self.seen = now;
             let own = shared.lock().own_write == now;
+            self.change = change.filter(|_| own);
             self.why = if own {
                 "the agent wrote the peers file"
             } else {

@@ -12,7 +12,6 @@
 //! whose flannel has a VTEP of the other family only is left out. Entries are checked by the
 //! peers file's own rules ([`sticky_overlay::peers`]).
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -20,6 +19,7 @@ use ipnet::IpNet;
 use super::family::Family;
 use super::objects::Node;
 use sticky_overlay::peers::{Peer, PeerEntry, not_a_node};
+use sticky_vxlan::main_mode::change::PeerChange;
 
 /// Sets a node's underlay address explicitly.
 pub const UNDERLAY_ANNOTATION: &str = "sticky-cni.io/underlay-ip";
@@ -230,11 +230,45 @@ pub fn file_text(peers: &[Peer]) -> Vec<u8> {
     out
 }
 
-/// What changed between two peer lists, one line each, for the log.
-pub fn describe_changes(old: &[Peer], new: &[Peer]) -> Vec<String> {
-    let by_ip =
-        |l: &[Peer]| -> BTreeMap<IpAddr, Peer> { l.iter().map(|p| (p.ip, p.clone())).collect() };
-    let (old, new) = (by_ip(old), by_ip(new));
+/// Every peer that differs between two lists, by address, as it was and as it is: those
+/// added or changed in address order, then those removed. Each list is walked once, in
+/// address order (a sort of each, already in order when written by the agent).
+pub fn changes(old: &[Peer], new: &[Peer]) -> Vec<PeerChange> {
+    let (old, new) = (by_address(old), by_address(new));
+    let (mut came, mut gone) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    loop {
+        match (old.get(i), new.get(j)) {
+            (Some(&o), Some(&n)) if o.ip == n.ip => {
+                if o != n {
+                    came.push((Some(o.clone()), Some(n.clone())));
+                }
+                i += 1;
+                j += 1;
+            }
+            (Some(&o), n) if n.is_none_or(|n| o.ip < n.ip) => {
+                gone.push((Some(o.clone()), None));
+                i += 1;
+            }
+            (_, Some(&n)) => {
+                came.push((None, Some(n.clone())));
+                j += 1;
+            }
+            _ => break,
+        }
+    }
+    came.extend(gone);
+    came
+}
+
+fn by_address(list: &[Peer]) -> Vec<&Peer> {
+    let mut sorted: Vec<&Peer> = list.iter().collect();
+    sorted.sort_by_key(|p| p.ip);
+    sorted
+}
+
+/// What [`changes`] found, one line each, for the log.
+pub fn describe(changes: &[PeerChange]) -> Vec<String> {
     let show = |p: &Peer| {
         let subnets: Vec<String> = p.subnets.iter().map(ToString::to_string).collect();
         let mac = p
@@ -243,25 +277,21 @@ pub fn describe_changes(old: &[Peer], new: &[Peer]) -> Vec<String> {
             .unwrap_or_default();
         format!("{} subnets {}{mac}", p.ip, subnets.join(","))
     };
-    let mut out = Vec::new();
-    for (ip, p) in &new {
-        match old.get(ip) {
-            None => out.push(format!("peer added: {}", show(p))),
-            Some(o) if o != p => out.push(format!("peer changed: {} (was {})", show(p), show(o))),
-            Some(_) => {}
-        }
-    }
-    for (ip, p) in &old {
-        if !new.contains_key(ip) {
-            out.push(format!("peer removed: {} (its Node is gone)", show(p)));
-        }
-    }
-    out
+    changes
+        .iter()
+        .filter_map(|c| match c {
+            (None, Some(p)) => Some(format!("peer added: {}", show(p))),
+            (Some(o), Some(p)) => Some(format!("peer changed: {} (was {})", show(p), show(o))),
+            (Some(o), None) => Some(format!("peer removed: {} (its Node is gone)", show(o))),
+            (None, None) => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
     use std::net::Ipv4Addr;
 
     const V4: Family = Family::V4;
@@ -633,11 +663,25 @@ mod tests {
         }
     }
 
+    fn describe_changes_of(old: &[Peer], new: &[Peer]) -> Vec<String> {
+        describe(&changes(old, new))
+    }
+
     #[test]
     fn changes_are_described_one_line_each() {
         let mut moved = peer(2);
         moved.subnets = vec!["10.244.9.0/24".parse().unwrap()];
-        let lines = describe_changes(&[peer(1), peer(2)], &[moved, peer(3)]);
+        let found = changes(&[peer(1), peer(2)], &[moved.clone(), peer(3)]);
+        // Each peer that differs, once, as it was and as it is.
+        assert_eq!(
+            found,
+            [
+                (Some(peer(2)), Some(moved)),
+                (None, Some(peer(3))),
+                (Some(peer(1)), None)
+            ]
+        );
+        let lines = describe(&found);
         assert_eq!(lines.len(), 3, "{lines:?}");
         assert!(lines.iter().any(|l| l.starts_with("peer added: 192.0.2.3")));
         assert!(
@@ -663,7 +707,7 @@ mod tests {
             ],
             mac,
         };
-        let lines = describe_changes(
+        let lines = describe_changes_of(
             &[six(1, None), six(2, None)],
             &[
                 six(1, Some([0x6e, 0x3c, 0x8a, 0x66, 0x66, 0x66])),

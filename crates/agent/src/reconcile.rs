@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use super::state::Shared;
 use sticky_overlay::config::Config;
+use sticky_vxlan::main_mode::change::{Changed, FileChange};
+use sticky_vxlan::main_mode::reconcile::Report;
 use sticky_vxlan::networks;
 use sticky_vxlan::segment::reconcile::Reconciled as SegmentReconciled;
 use sticky_vxlan::status::SegmentStatus;
@@ -34,27 +36,84 @@ fn network(config: &Path) -> impl FnOnce(networks::Error) -> Error + '_ {
     }
 }
 
-/// What one reconcile found, for the log.
+/// What one reconcile of the main network did, for the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reconciled {
-    pub remote_peers: usize,
-    /// Why the peers file could not be used (programmed peers were then left as they are).
-    pub peers_file_error: Option<String>,
+pub enum Reconciled {
+    /// In full: the remote peers programmed; why the peers file could not be used, if it could
+    /// not (programmed peers were then left as they are); why a change the agent wrote could
+    /// not be programmed as one, if it was one.
+    Full {
+        remote_peers: usize,
+        peers_file_error: Option<String>,
+        not_a_change: Option<&'static str>,
+    },
+    /// A change of the peers file programmed as one: the peers that changed, the entries
+    /// written.
+    Change { peers: usize, entries: usize },
+}
+
+impl std::fmt::Display for Reconciled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reconciled::Full {
+                remote_peers,
+                peers_file_error,
+                not_a_change,
+            } => {
+                write!(f, "{remote_peers} remote peer(s)")?;
+                if let Some(e) = peers_file_error {
+                    write!(f, "; {e}: programmed peers left as they are")?;
+                }
+                if let Some(why) = not_a_change {
+                    write!(f, "; in full: {why}")?;
+                }
+                Ok(())
+            }
+            Reconciled::Change { peers, entries } => {
+                write!(f, "{peers} peer(s) changed, {entries} entries written")
+            }
+        }
+    }
 }
 
 /// Reconciles this node exactly as `sticky-vxlan reconcile` does (VTEP, bridge, peers, under
 /// the network's lock, the same lock the plugin's ADD takes).
 pub fn reconcile_node(cfg: &Config) -> Result<Reconciled, sticky_overlay::Error> {
     let report = sticky_vxlan::main_mode::reconcile::run(cfg)?;
-    Ok(Reconciled {
+    Ok(full(&report, None))
+}
+
+fn full(report: &Report, not_a_change: Option<&'static str>) -> Reconciled {
+    Reconciled::Full {
         remote_peers: report.node.remote.len(),
-        peers_file_error: report.node.peers_file_error,
-    })
+        peers_file_error: report.node.peers_file_error.clone(),
+        not_a_change,
+    }
+}
+
+/// Programs `change`, the agent's last write of the peers file, as a change when the plugin
+/// can prove it may ([`sticky_vxlan::main_mode::change`]), in full otherwise.
+pub fn change_node(cfg: &Config, change: &FileChange) -> Result<Reconciled, sticky_overlay::Error> {
+    Ok(
+        match sticky_vxlan::main_mode::change::change(cfg, change)? {
+            Changed::Entries(entries) => Reconciled::Change {
+                peers: change.peers.len(),
+                entries,
+            },
+            Changed::Already => Reconciled::Change {
+                peers: change.peers.len(),
+                entries: 0,
+            },
+            Changed::Full(why, report) => full(&report, Some(why)),
+        },
+    )
 }
 
 /// Programs one network from its config file (re-read every time).
 pub trait Networks {
-    fn main(&mut self, config: &Path) -> Result<Reconciled, Error>;
+    /// The main network; `change`: the agent's write of the peers file since the last round,
+    /// to program as a change.
+    fn main(&mut self, config: &Path, change: Option<&FileChange>) -> Result<Reconciled, Error>;
     /// What the segment's reconcile did.
     fn segment(&mut self, config: &Path) -> Result<SegmentReconciled, Error>;
 }
@@ -63,9 +122,12 @@ pub trait Networks {
 pub struct LiveNetworks;
 
 impl Networks for LiveNetworks {
-    fn main(&mut self, config: &Path) -> Result<Reconciled, Error> {
+    fn main(&mut self, config: &Path, change: Option<&FileChange>) -> Result<Reconciled, Error> {
         let cfg = networks::load(config).map_err(network(config))?;
-        Ok(reconcile_node(&cfg)?)
+        Ok(match change {
+            Some(change) => change_node(&cfg, change)?,
+            None => reconcile_node(&cfg)?,
+        })
     }
 
     fn segment(&mut self, config: &Path) -> Result<SegmentReconciled, Error> {
@@ -117,13 +179,22 @@ impl Outcomes {
     }
 }
 
-/// One round: the main network, then each segment in order; with `only_failed` (a retry),
-/// only those whose last reconcile failed. A failure is counted and logged and never keeps
+/// The main network in a round: its config, and the agent's write of the peers file since the
+/// last round, to program as a change.
+#[derive(Debug, Clone, Copy)]
+pub struct Main<'a> {
+    pub config: &'a Path,
+    pub change: Option<&'a FileChange>,
+}
+
+/// One round: the main network (with `change`, the agent's write since the last round), then
+/// each segment in order; with `only_failed` (a retry), only those whose last reconcile
+/// failed. A failure is counted and logged and never keeps
 /// another network from being reconciled. Returns the log lines: one per network whose
 /// outcome differs from its last one.
 pub fn round(
     networks: &mut impl Networks,
-    main_config: &Path,
+    main: Main<'_>,
     segment_configs: &[PathBuf],
     only_failed: bool,
     why: &str,
@@ -132,7 +203,7 @@ pub fn round(
 ) -> Vec<String> {
     let mut log = Vec::new();
     if !only_failed || Last::failed(&outcomes.main) {
-        let outcome = Last::of(networks.main(main_config));
+        let outcome = Last::of(networks.main(main.config, main.change));
         {
             let mut s = shared.lock();
             s.counters.reconciles += 1;
@@ -140,14 +211,7 @@ pub fn round(
         }
         if outcomes.main.as_ref() != Some(&outcome) {
             log.push(match &outcome {
-                Last::Reconciled(r) => format!(
-                    "reconciled ({why}): {} remote peer(s){}",
-                    r.remote_peers,
-                    r.peers_file_error
-                        .as_deref()
-                        .map(|e| format!("; {e}: programmed peers left as they are"))
-                        .unwrap_or_default()
-                ),
+                Last::Reconciled(r) => format!("reconciled ({why}): {r}"),
                 Last::Failed(e) => format!("reconcile ({why}) failed: {e}; retrying"),
             });
             outcomes.main = Some(outcome);
@@ -206,14 +270,25 @@ mod tests {
     }
 
     impl Networks for Recording {
-        fn main(&mut self, config: &Path) -> Result<Reconciled, Error> {
+        fn main(
+            &mut self,
+            config: &Path,
+            change: Option<&FileChange>,
+        ) -> Result<Reconciled, Error> {
             self.calls.push(config.into());
             if self.broken.iter().any(|b| b == config) {
                 return Err(broken(config));
             }
-            Ok(Reconciled {
-                remote_peers: 2,
-                peers_file_error: None,
+            Ok(match change {
+                Some(c) => Reconciled::Change {
+                    peers: c.peers.len(),
+                    entries: 4,
+                },
+                None => Reconciled::Full {
+                    remote_peers: 2,
+                    peers_file_error: None,
+                    not_a_change: None,
+                },
             })
         }
         fn segment(&mut self, config: &Path) -> Result<SegmentReconciled, Error> {
@@ -257,7 +332,10 @@ mod tests {
         let mut outcomes = Outcomes::new(segments.len());
         let log = round(
             &mut fake,
-            Path::new("/main"),
+            Main {
+                config: Path::new("/main"),
+                change: None,
+            },
             &segments,
             false,
             "start",
@@ -299,7 +377,10 @@ mod tests {
         fake.calls.clear();
         let log = round(
             &mut fake,
-            Path::new("/main"),
+            Main {
+                config: Path::new("/main"),
+                change: None,
+            },
             &segments,
             true,
             "retry",
@@ -315,7 +396,10 @@ mod tests {
         fake.calls.clear();
         let log = round(
             &mut fake,
-            Path::new("/main"),
+            Main {
+                config: Path::new("/main"),
+                change: None,
+            },
             &segments,
             false,
             "the peers file was changed by hand",
@@ -343,7 +427,10 @@ mod tests {
         let mut outcomes = Outcomes::new(0);
         let log = round(
             &mut fake,
-            Path::new("/main"),
+            Main {
+                config: Path::new("/main"),
+                change: None,
+            },
             &[],
             false,
             "start",
@@ -353,5 +440,29 @@ mod tests {
         assert_eq!(fake.calls, paths(&["/main"]));
         assert_eq!(log, ["reconciled (start): 2 remote peer(s)"]);
         assert_eq!(counters(&shared), [1, 0, 0, 0]);
+        // The agent's write reaches the main network as a change, and the log says what it
+        // programmed.
+        let change = FileChange {
+            from_hash: "h".into(),
+            text: b"[]".to_vec(),
+            id: sticky_overlay::stamp::FileId::of(Path::new("/")).unwrap(),
+            peers: vec![(None, None), (None, None)],
+        };
+        let log = round(
+            &mut fake,
+            Main {
+                config: Path::new("/main"),
+                change: Some(&change),
+            },
+            &[],
+            false,
+            "the agent wrote the peers file",
+            &mut outcomes,
+            &shared,
+        );
+        assert_eq!(
+            log,
+            ["reconciled (the agent wrote the peers file): 2 peer(s) changed, 4 entries written"]
+        );
     }
 }

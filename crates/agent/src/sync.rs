@@ -28,6 +28,7 @@ use super::sites::shape::{Shaped, Shaper};
 use super::state::Shared;
 use super::table::{self, Mapped, Placed, Refusal};
 use sticky_overlay::peers::Peer;
+use sticky_vxlan::main_mode::change::FileChange;
 
 /// What the reflector's thread tells the main loop.
 #[derive(Debug)]
@@ -181,8 +182,13 @@ impl Sink for Feed {
 pub enum Outcome {
     /// The file already held these peers.
     Unchanged,
-    /// Written: what changed, one line each, and how many peers the file holds.
-    Written { lines: Vec<String>, peers: usize },
+    /// Written: what changed, one line each, and how many peers the file holds; and the
+    /// change, for the plugin to program as one when the file it replaced was read.
+    Written {
+        lines: Vec<String>,
+        peers: usize,
+        change: Option<Box<FileChange>>,
+    },
     /// The guard keeps the file as it is.
     Refused(String),
     /// The plugin would refuse any list the agent can make: nothing is written.
@@ -284,6 +290,11 @@ impl Keeper {
         self.listed && !self.awaiting_facts
     }
 
+    /// The peers file as last read or written, and the hash of its content.
+    pub fn current(&mut self) -> Option<(&[Peer], &str)> {
+        self.current.file(&self.peers_file)
+    }
+
     pub fn left_out(&self) -> &BTreeMap<String, String> {
         &self.left_out
     }
@@ -340,15 +351,16 @@ impl Keeper {
                 }
             },
         };
-        let current = self
-            .current
-            .get(&self.peers_file, files::current_peers)
-            .map(<[Peer]>::to_vec);
-        if current.as_deref() == Some(&new[..]) {
+        let (changes, from_hash) = match self.current.file(&self.peers_file) {
+            Some((current, _)) if current == &new[..] => (None, None),
+            Some((current, hash)) => (Some(mapping::changes(current, &new)), Some(hash.into())),
+            None => (Some(mapping::changes(held, &new)), None),
+        };
+        let Some(changes) = changes else {
             self.guard.refusal_gone();
             self.adopt(shaped, placed_now);
             return (Outcome::Unchanged, log);
-        }
+        };
         // The same Nodes as the plan in force: the change is what this node observes of its
         // site (a failover, issue 29), not the API's, and is not the guard's to judge.
         let observed = shaped
@@ -357,18 +369,30 @@ impl Keeper {
         if !observed && let Err(r) = self.guard.admit(now, held, &new) {
             return (Outcome::Refused(r.to_string()), log);
         }
-        if let Err(e) = files::write_atomic(&self.peers_file, &mapping::file_text(&new)) {
+        let text = mapping::file_text(&new);
+        if let Err(e) = files::write_atomic(&self.peers_file, &text) {
             return (
                 Outcome::Failed(format!("{e}; the plugin keeps using the file as it was")),
                 log,
             );
         }
-        let lines = mapping::describe_changes(current.as_deref().unwrap_or(held), &new);
+        let lines = mapping::describe(&changes);
+        let peers = new.len();
+        let hash = sticky_overlay::stamp::hash(&text);
+        let id = sticky_overlay::stamp::FileId::of(&self.peers_file);
+        self.current.written(&self.peers_file, new, hash);
+        let change = from_hash.zip(id).map(|(from_hash, id)| FileChange {
+            from_hash,
+            text,
+            id,
+            peers: changes,
+        });
         self.adopt(shaped, placed_now);
         (
             Outcome::Written {
                 lines,
-                peers: new.len(),
+                peers,
+                change: change.map(Box::new),
             },
             log,
         )
@@ -517,6 +541,71 @@ mod tests {
         mapping::node_entry(&node("x", ip, cidr, "1"), Family::V4)
     }
 
+    /// The plugin programs a write as a change only from what the write says: the hash of the
+    /// very file it replaced, the peers that differ, the file as written.
+    #[test]
+    #[ignore = "needs root: the peers file is read back only when root owns it"]
+    fn a_write_carries_the_change_from_the_file_it_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("peers.json");
+        let mut k = keeper(dir.path());
+        let mut all = BTreeMap::new();
+        all.insert("a".to_string(), mapped("192.0.2.1", "10.244.1.0/24"));
+        all.insert("b".to_string(), mapped("192.0.2.2", "10.244.2.0/24"));
+        k.apply(Update::Replace(all));
+        let (first, _) = k.write(Instant::now(), &[], |_| Ok(()), None);
+        let Outcome::Written { change: None, .. } = first else {
+            panic!("no file before, so no change: {first:?}")
+        };
+        let before = std::fs::read(&file).unwrap();
+        k.apply(Update::Upsert(
+            "b".into(),
+            mapped("192.0.2.2", "10.244.9.0/24"),
+        ));
+        k.apply(Update::Upsert(
+            "c".into(),
+            mapped("192.0.2.3", "10.244.3.0/24"),
+        ));
+        let (out, _) = k.write(Instant::now(), &[], |_| Ok(()), None);
+        let Outcome::Written {
+            change: Some(change),
+            ..
+        } = out
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(change.from_hash, sticky_overlay::stamp::hash(&before));
+        assert_eq!(change.text, std::fs::read(&file).unwrap());
+        assert_eq!(Some(change.id), sticky_overlay::stamp::FileId::of(&file));
+        let ips: Vec<String> = change
+            .peers
+            .iter()
+            .map(|(was, is)| {
+                format!(
+                    "{:?} {:?}",
+                    was.as_ref().map(|p| p.ip),
+                    is.as_ref().map(|p| p.subnets[0])
+                )
+            })
+            .collect();
+        assert_eq!(
+            ips,
+            [
+                "Some(192.0.2.2) Some(10.244.9.0/24)",
+                "None Some(10.244.3.0/24)"
+            ]
+        );
+        // The file broken by hand since: the next write is no change of a file the plugin
+        // could have programmed.
+        std::fs::write(&file, b"not json").unwrap();
+        k.apply(Update::Delete("c".into()));
+        let (out, _) = k.write(Instant::now(), &[], |_| Ok(()), None);
+        let Outcome::Written { change, .. } = out else {
+            panic!("{out:?}")
+        };
+        assert!(change.is_none(), "{change:?}");
+    }
+
     #[test]
     #[ignore = "needs root: the peers file is read back only when root owns it"]
     fn a_burst_is_one_placement_and_one_write() {
@@ -555,7 +644,7 @@ mod tests {
             None,
         );
         assert!(
-            matches!(out, Outcome::Written { ref lines, peers: 200 } if lines.len() == 200),
+            matches!(out, Outcome::Written { ref lines, peers: 200, .. } if lines.len() == 200),
             "{out:?}"
         );
         assert_eq!(

@@ -261,6 +261,34 @@ pub fn lookup(sock: &mut Socket, ip: IpAddr) -> Result<(Option<u32>, Option<IpAd
     Ok((oif, src))
 }
 
+/// The main table's route of exactly `dst`, if the kernel has one: `ip route get fibmatch
+/// <dst's network address>`, which answers with the route that address matches (the most
+/// specific one); it is `dst`'s own only when its prefix is `dst`'s. One request, whatever the
+/// table holds. `None` when the address matches no route, or a route of another prefix.
+pub fn exactly(sock: &mut Socket, dst: IpNet) -> Result<Option<Route>, Error> {
+    let ip = dst.network();
+    let mut msg = RouteMessage::default();
+    msg.header.address_family = family(ip);
+    msg.header.destination_prefix_length = if ip.is_ipv4() { 32 } else { 128 };
+    msg.header.flags = RouteFlags::FibMatch;
+    msg.attributes
+        .push(RouteAttribute::Destination(address(ip)));
+    let found = sock.request_with(
+        "look up route",
+        RouteNetlinkMessage::GetRoute(msg),
+        0,
+        &mut route_of,
+    );
+    match found {
+        Ok(found) => Ok(found.into_iter().find(|r| r.dst == dst)),
+        Err(e) if e.is(Errno::ENETUNREACH) || e.is(Errno::EHOSTUNREACH) => Ok(None),
+        Err(source) => Err(Error {
+            route: format!("{dst}"),
+            source,
+        }),
+    }
+}
+
 /// The request that dumps `family`'s routes of the main table (the kernel leaves the other
 /// tables out when the socket checks strictly; [`parse`] drops them otherwise).
 fn dump_message(family: AddressFamily) -> RouteMessage {

@@ -185,6 +185,11 @@ impl Kernel for Fake {
             .unwrap_or((None, None)))
     }
 
+    fn route_on(&mut self, dst: IpNet) -> Result<Option<Route>, Error> {
+        self.queries.push(format!("route on {dst}"));
+        Ok(self.seen.routes.iter().find(|r| r.dst == dst).cloned())
+    }
+
     fn create_vxlan(&mut self, spec: &VxlanSpec) -> Result<(), Error> {
         self.write(format!("create vxlan {}", spec.name))?;
         let index = self.add_link(&spec.name, "vxlan");

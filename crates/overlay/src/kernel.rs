@@ -108,6 +108,8 @@ pub trait Kernel {
     fn fdb_of(&mut self, index: u32, macs: &[[u8; 6]]) -> Result<Vec<Fdb>, Error>;
     /// `ip route get`: the outgoing interface and source address towards `ip`.
     fn route_to(&mut self, ip: IpAddr) -> Result<(Option<u32>, Option<IpAddr>), Error>;
+    /// The main table's route of exactly `dst`, if there is one (one lookup, not a dump).
+    fn route_on(&mut self, dst: IpNet) -> Result<Option<Route>, Error>;
 
     fn create_vxlan(&mut self, spec: &VxlanSpec) -> Result<(), Error>;
     fn create_bridge(&mut self, name: &str, mtu: u32, mac: Option<[u8; 6]>) -> Result<(), Error>;
@@ -182,6 +184,9 @@ impl Kernel for Live<'_> {
     }
     fn route_to(&mut self, ip: IpAddr) -> Result<(Option<u32>, Option<IpAddr>), Error> {
         Ok(route::lookup(self.sock, ip)?)
+    }
+    fn route_on(&mut self, dst: IpNet) -> Result<Option<Route>, Error> {
+        Ok(route::exactly(self.sock, dst)?)
     }
     fn create_vxlan(&mut self, spec: &VxlanSpec) -> Result<(), Error> {
         Ok(link::add_vxlan(self.sock, spec)?)

@@ -277,6 +277,32 @@ pub struct Applied {
     pub peers_hash: Option<String>,
 }
 
+/// A stamp that still holds but for the peers file ([`StampFile::standing`]), with the two
+/// devices it names as they are.
+#[derive(Debug)]
+pub struct Standing<R> {
+    stamp: Stamp<R>,
+    pub vtep: Link,
+    pub bridge: Link,
+}
+
+impl<R> Standing<R> {
+    /// The content hash of the peers file it was taken for.
+    pub fn peers_hash(&self) -> Option<&str> {
+        self.stamp.peers_hash.as_deref()
+    }
+
+    /// What an ADD needs, as the stamp keeps it.
+    pub fn ready(&self) -> &R {
+        &self.stamp.ready
+    }
+
+    /// Whether the stamp counts `key` among the sysctls set.
+    pub fn sets(&self, key: &str) -> bool {
+        self.stamp.depends.sysctls.iter().any(|(k, _)| k == key)
+    }
+}
+
 /// The peers file as a full reconcile found it before reading it: `None` when there is no
 /// peers file; `Some(None)` when it could not be read (then nothing is stamped, and every ADD
 /// looks again).
@@ -359,6 +385,46 @@ impl StampFile<'_> {
             (true, Some(bridge)) => Some((s.ready, bridge)),
             _ => None,
         })
+    }
+
+    /// What a change of the peers file may build on: the last reconcile's stamp, while
+    /// everything it names but the peers file still holds (the same checks as
+    /// [`StampFile::holding`], through `k`). `None`: reconcile in full.
+    pub fn standing<R>(
+        &self,
+        k: &mut impl Kernel,
+        devices: (&str, &str),
+    ) -> Result<Option<Standing<R>>, Error>
+    where
+        R: DeserializeOwned,
+    {
+        let Some(s) = self.read::<R>() else {
+            return Ok(None);
+        };
+        let found = s.find(k, devices)?;
+        if s.check(&self.settings, s.peers_file, &found) == Check::Stale {
+            return Ok(None);
+        }
+        Ok(match (found.vtep, found.bridge) {
+            (Some(vtep), Some(bridge)) => Some(Standing {
+                stamp: s,
+                vtep,
+                bridge,
+            }),
+            _ => None,
+        })
+    }
+
+    /// After a change of the peers file applied on top of `standing`: the same stamp, for the
+    /// file as it is now (`id`, `text`).
+    pub fn moved_on<R: Serialize>(&self, standing: Standing<R>, (id, text): (FileId, &[u8])) {
+        let stamp = Stamp {
+            peers_file: Some(id),
+            peers_hash: Some(hash(text)),
+            verify_content: id.age() < FRESH,
+            ..standing.stamp
+        };
+        self.write(&stamp);
     }
 
     /// What the last full reconcile left applied, if its stamp is one of this release for

@@ -59,6 +59,15 @@ fn agents_add_a_node_within_5s_survive_the_api_going_away_and_remove_deleted_nod
             a.log_text()
         );
     }
+    // On nodes 1 and 2, programmed as a change: node 3's entries alone, no table read.
+    for a in &agents[..2] {
+        assert!(
+            a.log_text()
+                .contains("(the agent wrote the peers file): 1 peer(s) changed, 3 entries written"),
+            "{}",
+            a.log_text()
+        );
+    }
 
     // The API goes away; node 2 "reboots": agent gone, VTEP gone. Its new agent cannot reach
     // the API and programs the node from the file it kept, with the same MAC.

@@ -27,6 +27,7 @@ use sticky_overlay::config::Config;
 use sticky_overlay::devices;
 use sticky_overlay::mac::vtep_mac;
 use sticky_overlay::node::{LocalNode, Observed};
+use sticky_overlay::peers::Peer;
 use sticky_overlay::pod::gateway_of;
 use sticky_overlay::step::Dev;
 pub use sticky_overlay::step::Step;
@@ -62,19 +63,27 @@ pub(crate) struct Desired {
 pub(crate) fn desired(vni: u32, node: &LocalNode) -> Desired {
     let mut d = Desired::default();
     for p in &node.remote {
-        let mac = p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni));
-        d.fdb.push((mac, p.ip));
-        for s in &p.subnets {
-            d.neighbours.push((s.network(), mac));
-        }
-        for s in p.routed() {
-            if let Some(via) = p.next_hop(s) {
-                d.routes.push((*s, via));
-            }
-        }
+        d.add_peer(vni, p);
     }
     (d.own, d.gateways) = local_addresses(node);
     d
+}
+
+impl Desired {
+    /// Adds the entries of the remote peer `p`: its FDB entry, a neighbour per subnet, a route
+    /// per subnet routed to it.
+    pub(crate) fn add_peer(&mut self, vni: u32, p: &Peer) {
+        let mac = p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni));
+        self.fdb.push((mac, p.ip));
+        for s in &p.subnets {
+            self.neighbours.push((s.network(), mac));
+        }
+        for s in p.routed() {
+            if let Some(via) = p.next_hop(s) {
+                self.routes.push((*s, via));
+            }
+        }
+    }
 }
 
 /// This node's own `/32`s on the VTEP (the network address of each IPv4 subnet) and the

@@ -104,7 +104,7 @@ fn ready_of(node: &LocalNode) -> Ready {
 
 /// The network's stamp: `<stateDir>/<network>.stamp`, checked against the settings that shape
 /// the node's programming (not those of one pod: IPAM, the default route, hairpin).
-fn stamp_file(cfg: &Config) -> stamp::StampFile<'_> {
+pub(super) fn stamp_file(cfg: &Config) -> stamp::StampFile<'_> {
     let shaping = format!(
         "{:?} {:?}",
         (
@@ -134,7 +134,7 @@ fn stamp_file(cfg: &Config) -> stamp::StampFile<'_> {
 }
 
 /// Read, plan, apply; then stamp what it left. The caller holds the lock.
-fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
+pub(super) fn full(k: &mut impl Kernel, cfg: &Config) -> Result<Report, Error> {
     let stamp_file = stamp_file(cfg);
     let before = stamp_file.before();
     let peers = node::peer_list(cfg)?;
