@@ -529,7 +529,9 @@ impl Rounds {
                 log(&line);
             }
             self.last_try = Some(Instant::now());
-            if !only_failed {
+            // A change programmed as one is no resync: a steady stream of them must not put
+            // off the next (drift is repaired only by a full reconcile).
+            if !only_failed && change.is_none() {
                 self.last_full = self.last_try;
             }
         }

@@ -135,6 +135,50 @@ fn agents_add_a_node_within_5s_survive_the_api_going_away_and_remove_deleted_nod
     }
 }
 
+/// A change the agent writes is programmed as a change, not a full reconcile: a steady
+/// stream of them must never put off the periodic resync, which alone repairs drift.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_steady_stream_of_node_changes_never_puts_off_the_resync() {
+    assert_can_run();
+    let c = Cluster::new();
+    c.api.put_node(Cluster::node(1));
+    c.api.put_node(Cluster::node(2));
+    // The shipped resync: every 60 s.
+    let agent = c.agent(1, &[]);
+    wait_for("node 2 programmed", Duration::from_secs(10), || {
+        c.routes(1, &Topo::subnet(2))
+    });
+    let node1 = c.topo.node_ns(1);
+    ok(&["ip", "-n", &node1, "route", "del", &Topo::subnet(2)]);
+    assert!(!c.routes(1, &Topo::subnet(2)));
+    // Node 3 comes and goes, each time programmed before the next, until the drift is
+    // repaired; each of those rounds is a change. The next resync is due at most 60 s on.
+    let start = std::time::Instant::now();
+    let mut changes = 0;
+    while !c.routes(1, &Topo::subnet(2)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the route deleted by hand not repaired within 90 s ({changes} changes, resync every 60 s): {}",
+            agent.log_text()
+        );
+        c.api.put_node(Cluster::node(3));
+        wait_for("node 3 programmed", Duration::from_secs(10), || {
+            c.routes(1, &Topo::subnet(3))
+        });
+        c.api.delete_node("node-3");
+        wait_for("node 3 removed", Duration::from_secs(10), || {
+            !c.routes(1, &Topo::subnet(3))
+        });
+        changes += 2;
+    }
+    assert!(
+        agent.log_text().contains("1 peer(s) changed"),
+        "{}",
+        agent.log_text()
+    );
+}
+
 /// Issue 37: a relist after 410 Gone (the watch's history compacted away, the API up all
 /// along) finds the Nodes as they were and programs nothing again: no route is removed or
 /// written. Node 4, created once the relist was served, is the barrier: when its route is
