@@ -244,6 +244,28 @@ impl<R: Read> Read for Guarded<R> {
     }
 }
 
+/// A page of a list up to this size is read whole and parsed from memory; a larger one is
+/// parsed as it streams. serde_json reads a stream byte by byte: at 100,000 Nodes that was 13 s
+/// of the agent's 20 s of CPU for the first list, against about a fifth of it from memory.
+/// A page of 500 real Nodes is 5 MB.
+const IN_MEMORY: u64 = 64 * 1024 * 1024;
+
+/// A NodeList page from `reader`: from memory when the body is at most `in_memory` bytes,
+/// streamed otherwise (what was read first, then the rest). Either way every byte went
+/// through `reader`, so its bounds hold alike.
+fn read_list<R: Read>(reader: &mut R, in_memory: u64) -> Result<BoundedList, serde_json::Error> {
+    let mut head = Vec::new();
+    reader
+        .by_ref()
+        .take(in_memory + 1)
+        .read_to_end(&mut head)
+        .map_err(serde_json::Error::io)?;
+    if head.len() as u64 <= in_memory {
+        return serde_json::from_slice(&head);
+    }
+    serde_json::from_reader(BufReader::new(std::io::Cursor::new(head).chain(reader)))
+}
+
 thread_local! {
     /// Set by [`BoundedItems`] when a page holds more than [`LIMIT`] Nodes.
     static OVERFLOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -332,7 +354,7 @@ impl NodeApi for Kube {
         let mut reader = Guarded::new(resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1));
         OVERFLOW.with(|o| o.set(false));
         LIMIT.with(|l| l.set(self.max_nodes));
-        let parsed: Result<BoundedList, _> = serde_json::from_reader(BufReader::new(&mut reader));
+        let parsed = read_list(&mut reader, IN_MEMORY);
         let too_large = |limit, unit| ApiError::TooLarge {
             what: path.clone(),
             limit,
@@ -538,15 +560,20 @@ mod tests {
         let mut body = br#"{"items":[{"metadata":{"name":""#.to_vec();
         body.extend(std::iter::repeat_n(b'a', MAX_STRING as usize + 10));
         body.extend(br#""}}]}"#);
-        let mut r = Guarded::new(&body[..]);
-        assert!(serde_json::from_reader::<_, BoundedList>(&mut r).is_err());
-        assert!(r.too_long);
+        for in_memory in [10, IN_MEMORY] {
+            let mut r = Guarded::new(&body[..]);
+            assert!(read_list(&mut r, in_memory).is_err());
+            assert!(r.too_long);
+        }
         // Escaped quotes do not end a string; long strings elsewhere are fine up to the limit.
         let ok = br#"{"items":[{"metadata":{"name":"a\"b","annotations":{"k":"\\"}}}]}"#;
-        let mut r = Guarded::new(&ok[..]);
-        let page: BoundedList = serde_json::from_reader(&mut r).unwrap();
-        assert_eq!(page.items.nodes[0].metadata.name, "a\"b");
-        assert!(!r.too_long);
+        // Read whole, or streamed past the first 10 bytes: the same page.
+        for in_memory in [10, IN_MEMORY] {
+            let mut r = Guarded::new(&ok[..]);
+            let page = read_list(&mut r, in_memory).unwrap();
+            assert_eq!(page.items.nodes[0].metadata.name, "a\"b");
+            assert!(!r.too_long);
+        }
     }
 
     #[test]
