@@ -245,16 +245,18 @@ impl<R: Read> Read for Guarded<R> {
 }
 
 /// A page of a list up to this size is read whole and parsed from memory; a larger one is
-/// parsed as it streams. serde_json reads a stream byte by byte: at 100,000 Nodes that was 13 s
-/// of the agent's 20 s of CPU for the first list, against about a fifth of it from memory.
-/// A page of 500 real Nodes is 5 MB.
-const IN_MEMORY: u64 = 64 * 1024 * 1024;
+/// parsed as it streams. serde_json reads a stream byte by byte: at 100,000 Nodes that was
+/// most of the agent's CPU for the first list. A page of 500 real Nodes is about 5 MB; the
+/// buffer counts against the agent's memory bound (64 MiB while a hostile list is refused).
+const IN_MEMORY: u64 = 16 * 1024 * 1024;
 
 /// A NodeList page from `reader`: from memory when the body is at most `in_memory` bytes,
 /// streamed otherwise (what was read first, then the rest). Either way every byte went
 /// through `reader`, so its bounds hold alike.
 fn read_list<R: Read>(reader: &mut R, in_memory: u64) -> Result<BoundedList, serde_json::Error> {
-    let mut head = Vec::new();
+    // Reserved whole (only what is read becomes resident): the buffer is never copied as it
+    // grows.
+    let mut head = Vec::with_capacity(usize::try_from(in_memory + 1).unwrap_or(usize::MAX));
     reader
         .by_ref()
         .take(in_memory + 1)

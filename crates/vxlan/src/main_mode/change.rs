@@ -374,6 +374,47 @@ mod tests {
         assert_eq!(writes.len(), 10, "{writes:?}");
     }
 
+    /// A site's failover as a member sees it: the other sites' subnets move from the gateway
+    /// that failed to the one that took over.
+    #[test]
+    fn a_failover_moves_the_carried_subnets_and_leaves_nothing_to_do() {
+        let mut node = Node::new(20);
+        let carried: Vec<IpNet> = vec![
+            "10.250.1.0/24".parse().unwrap(),
+            "10.250.2.0/24".parse().unwrap(),
+        ];
+        node.peers[3].carries.clone_from(&carried);
+        let first = node.peers.clone();
+        node.write(&first);
+        run_with(&mut node.k, &node.cfg).unwrap();
+        let via = |k: &Fake, dst: &str| -> Vec<Option<IpAddr>> {
+            let dst: IpNet = dst.parse().unwrap();
+            k.seen
+                .routes
+                .iter()
+                .filter(|r| r.dst == dst)
+                .map(|r| r.gateway)
+                .collect()
+        };
+        let gw = |i: usize| Some(node.peers[i].subnets[0].network());
+        assert_eq!(via(&node.k, "10.250.1.0/24"), [gw(3)]);
+        let change = node.change(|all| {
+            all[3].carries.clear();
+            all[4].carries.clone_from(&carried);
+        });
+        node.k.queries.clear();
+        let done = change_with(&mut node.k, &node.cfg, &change).unwrap();
+        assert!(matches!(done, Changed::Entries(4)), "{done:?}");
+        assert_eq!(dumps(&node.k), 0, "{:?}", node.k.queries);
+        let gw4 = Some(node.peers[4].subnets[0].network());
+        assert_eq!(via(&node.k, "10.250.1.0/24"), [gw4]);
+        assert_eq!(via(&node.k, "10.250.2.0/24"), [gw4]);
+        node.k.writes.clear();
+        let report = run_with(&mut node.k, &node.cfg).unwrap();
+        let entries: Vec<_> = report.plan.steps.iter().filter(|s| s.is_entry()).collect();
+        assert!(entries.is_empty(), "{entries:?}");
+    }
+
     #[test]
     fn what_a_change_cannot_prove_is_reconciled_in_full() {
         let full = |node: &mut Node, change: &FileChange| {
