@@ -162,19 +162,21 @@ impl ApiSide {
 
     /// The peers this node's plugin holds: its last-good copy, else the peers file.
     fn held_peers(&mut self, cfg: &Config) -> Vec<sticky_overlay::peers::Peer> {
-        let path = cfg.last_good_peers_path();
-        // Once the plugin programmed the agent's last write, its copy is that very file: its
-        // peers are the keeper's, and a hash (5 ms at 100,000 peers) spares parsing it again
-        // (50 ms).
-        if let Some((peers, hash)) = self.keeper.current()
-            && sticky_overlay::stamp::content(&path)
-                .is_some_and(|text| sticky_overlay::stamp::hash(&text) == hash)
-        {
-            return peers.to_vec();
-        }
+        let keeper = &mut self.keeper;
         let copy = self
             .last_good
-            .get(&path, |p| Some(sticky_overlay::peers::last_good(p)))
+            .get(&cfg.last_good_peers_path(), |p| {
+                // Once the plugin programmed the agent's last write, its copy is that very
+                // file: its peers are the keeper's, and a hash (5 ms at 100,000 peers) spares
+                // parsing it again (50 ms).
+                if let Some((peers, hash)) = keeper.current()
+                    && sticky_overlay::stamp::content(p)
+                        .is_some_and(|text| sticky_overlay::stamp::hash(&text) == hash)
+                {
+                    return Some(peers.to_vec());
+                }
+                Some(sticky_overlay::peers::last_good(p))
+            })
             .unwrap_or_default()
             .to_vec();
         if copy.is_empty() {

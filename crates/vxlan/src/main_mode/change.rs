@@ -101,7 +101,8 @@ fn entries(
         return Ok(Err(why));
     }
     let vtep = standing.vtep.index;
-    for dst in new_routes(cfg.vni, &change.peers) {
+    let (was, is) = desired(cfg.vni, &change.peers);
+    for dst in new_routes(&was, &is) {
         let theirs = k
             .route_on(dst)?
             .is_some_and(|r| r.oif != Some(vtep) || r.protocol != ROUTE_PROTOCOL);
@@ -110,7 +111,7 @@ fn entries(
         }
     }
     let plan = Plan {
-        steps: steps(cfg.vni, vtep, &change.peers),
+        steps: between(vtep, &was, &is),
     };
     let seen = Observed {
         links: vec![standing.vtep.clone(), standing.bridge.clone()],
@@ -155,12 +156,11 @@ fn provable(
 }
 
 /// The subnets routed to a changed peer now that were not routed to one before.
-fn new_routes(vni: u32, changed: &[PeerChange]) -> Vec<IpNet> {
-    let (was, is) = desired(vni, changed);
+fn new_routes(was: &Desired, is: &Desired) -> Vec<IpNet> {
     let before: HashSet<IpNet> = was.routes.iter().map(|(d, _)| *d).collect();
     is.routes
-        .into_iter()
-        .map(|(d, _)| d)
+        .iter()
+        .map(|(d, _)| *d)
         .filter(|d| !before.contains(d))
         .collect()
 }
@@ -178,12 +178,11 @@ fn desired(vni: u32, changed: &[PeerChange]) -> (Desired, Desired) {
     (was, is)
 }
 
-/// Pure: the steps that take the entries on the VTEP `vtep` of the peers in `changed` from
-/// what they were to what they are, in the full plan's order: what is no longer wanted first
-/// (so a subnet that moved is cleared before its new peer takes it), then what is new, then a
-/// route replaced by one of another metric (only once the new one is there).
-pub(crate) fn steps(vni: u32, vtep: u32, changed: &[PeerChange]) -> Vec<Step> {
-    let (was, is) = desired(vni, changed);
+/// Pure: the steps that take the changed peers' entries on the VTEP `vtep` from those they
+/// wanted (`was`) to those they want (`is`), in the full plan's order: what is no longer
+/// wanted first (so a subnet that moved is cleared before its new peer takes it), then what is
+/// new, then a route replaced by one of another metric (only once the new one is there).
+fn between(vtep: u32, was: &Desired, is: &Desired) -> Vec<Step> {
     let is_routes: HashMap<IpNet, IpAddr> = is.routes.iter().copied().collect();
     let was_routes: HashSet<(IpNet, IpAddr)> = was.routes.iter().copied().collect();
     let is_neighbours: HashSet<(IpAddr, [u8; 6])> = is.neighbours.iter().copied().collect();
@@ -325,6 +324,11 @@ mod tests {
                 peers,
             }
         }
+    }
+
+    fn steps(vni: u32, vtep: u32, changed: &[PeerChange]) -> Vec<Step> {
+        let (was, is) = desired(vni, changed);
+        between(vtep, &was, &is)
     }
 
     fn dumps(k: &Fake) -> usize {
