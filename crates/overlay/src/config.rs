@@ -17,6 +17,16 @@ pub(crate) const IPV4_OVERHEAD: u32 = 50;
 /// An IPv6 underlay's VXLAN encapsulation: outer IPv6 (40) + UDP (8) + VXLAN (8) + inner
 /// Ethernet (14).
 pub(crate) const IPV6_OVERHEAD: u32 = 70;
+
+/// What VXLAN adds to a pod packet on an underlay of `local`'s family.
+pub fn vxlan_overhead(local: std::net::IpAddr) -> u32 {
+    if local.is_ipv4() {
+        IPV4_OVERHEAD
+    } else {
+        IPV6_OVERHEAD
+    }
+}
+
 pub(crate) const DEFAULT_BRIDGE: &str = "stickybr0";
 pub const DEFAULT_STATE_DIR: &str = "/run/sticky-vxlan";
 /// The largest VNI (24 bits).

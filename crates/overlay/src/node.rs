@@ -9,7 +9,7 @@ use std::path::Path;
 use ipnet::IpNet;
 
 use super::Error;
-use super::config::{Config, IPV4_OVERHEAD, IPV6_OVERHEAD};
+use super::config::{Config, vxlan_overhead};
 use super::kernel::Kernel;
 use super::mac::vtep_mac;
 use super::peers::{self, Gathered, Peer};
@@ -175,11 +175,7 @@ pub fn mtu_for(
     wan_mtu: Option<u32>,
 ) -> Result<u32, Error> {
     let underlay_mtu = underlay.mtu.unwrap_or(1500);
-    let overhead = match local {
-        IpAddr::V4(_) => IPV4_OVERHEAD,
-        IpAddr::V6(_) => IPV6_OVERHEAD,
-    };
-    let max = underlay_mtu.saturating_sub(overhead);
+    let max = underlay_mtu.saturating_sub(vxlan_overhead(local));
     if let Some(m) = wanted
         && m > max
     {

@@ -135,9 +135,12 @@ pub struct NodeFacts {
     pub strict_rp_filter: Vec<String>,
     /// The device holding this node's underlay address: where peers' packets arrive.
     pub underlay_dev: String,
+    /// This node's underlay address: its family is the VXLAN packets'.
+    pub underlay: IpAddr,
     /// `(count, max)` of the conntrack table, when conntrack is loaded.
     pub conntrack: Option<(u64, u64)>,
-    /// Packets dropped for bad UDP checksums while the probes ran (`Udp InCsumErrors`).
+    /// Packets dropped for bad UDP checksums while the probes ran (`Udp InCsumErrors` and
+    /// `Udp6InCsumErrors`).
     pub csum_errors: u64,
     /// Packets dropped by reverse-path filtering while the probes ran (`IPReversePathFilter`).
     pub rp_filter_drops: u64,
@@ -327,7 +330,11 @@ fn peer_finding(node: &NodeFacts, p: &PeerFacts, overlay_usable: bool) -> Option
         if node.csum_errors > 0 {
             return finding(
                 Cause::Checksum,
-                format!("{} VXLAN packet(s) from {peer} arrived with bad UDP checksums and were dropped (Udp InCsumErrors)", node.csum_errors),
+                format!(
+                    "{} VXLAN packet(s) from {peer} arrived with bad UDP checksums and were dropped ({})",
+                    node.csum_errors,
+                    if node.underlay.is_ipv4() { "Udp InCsumErrors" } else { "Udp6InCsumErrors" }
+                ),
                 "ethtool -K <underlay device> tx-checksum-ip-generic off on the sending node (flannel#1279), or ethtool -K <vtep> tx off".into(),
             );
         }
@@ -359,7 +366,7 @@ fn peer_finding(node: &NodeFacts, p: &PeerFacts, overlay_usable: bool) -> Option
         format!(
             "set {mtu} in {} on every node, run sticky-vxlan reconcile and recreate the pods; or make every underlay on the path carry {} bytes",
             node.config,
-            node.pod_mtu + 50
+            node.pod_mtu + sticky_overlay::config::vxlan_overhead(node.underlay)
         ),
     )
 }

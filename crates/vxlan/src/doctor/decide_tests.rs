@@ -12,6 +12,7 @@ fn node() -> NodeFacts {
         forward_drop: vec![],
         strict_rp_filter: vec![],
         underlay_dev: "eth0".into(),
+        underlay: "192.0.2.1".parse().unwrap(),
         conntrack: Some((10, 262144)),
         csum_errors: 0,
         rp_filter_drops: 0,
@@ -267,6 +268,24 @@ fn fixes_name_the_port_the_mtu_the_config_and_the_sysctls() {
         f.fix,
         "sysctl -w net/ipv4/conf/all/rp_filter=2 net/ipv4/conf/eth0/rp_filter=2"
     );
+}
+
+/// VXLAN over IPv6 adds 70 bytes, not 50, and its bad checksums are counted apart.
+#[test]
+fn on_an_ipv6_underlay_the_fixes_count_its_overhead_and_its_counter() {
+    let mut n = node();
+    n.underlay = "2001:db8::1".parse().unwrap();
+    n.pod_mtu = 1430;
+    let mut six = peer(true, true, false);
+    six.peer = "2001:db8::2".parse().unwrap();
+    six.largest = Some(1330);
+    let f = &decide(&n, &[six.clone()])[0];
+    assert!(f.fix.ends_with("carry 1500 bytes"), "{f:?}");
+    n.csum_errors = 2;
+    six.small = false;
+    let f = &decide(&n, &[six])[0];
+    assert_eq!(f.cause, Cause::Checksum);
+    assert!(f.detail.ends_with("(Udp6InCsumErrors)"), "{f:?}");
 }
 
 #[test]

@@ -28,14 +28,12 @@ pub enum Error {
         path: &'static str,
         source: std::io::Error,
     },
-    #[error("the underlay is IPv6 ({0}): this version of doctor probes IPv4 underlays only")]
-    Ipv6Underlay(IpAddr),
 }
 
 /// Counters that only move when packets are dropped, read before and after the probes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// `Udp: InCsumErrors` (/proc/net/snmp).
+    /// `Udp: InCsumErrors` (/proc/net/snmp) and `Udp6InCsumErrors` (/proc/net/snmp6).
     pub udp_csum_errors: u64,
     /// `TcpExt: IPReversePathFilter` (/proc/net/netstat).
     pub rp_filter_drops: u64,
@@ -77,9 +75,6 @@ pub fn measure(
     let seen = Observed::read(k, cfg, &FdbRead::Whole)?;
     let gathered = node::peer_list(cfg)?;
     let local = node::resolve(k, cfg, &seen, &gathered)?;
-    if local.local_ip.is_ipv6() {
-        return Err(Error::Ipv6Underlay(local.local_ip));
-    }
     let mut unchecked = Vec::new();
     let mut facts = node_facts(k, cfg, &seen, &local, config_path)?;
     match host.drop_chains() {
@@ -125,7 +120,9 @@ fn node_facts(
     let max = number(k, "net/netfilter/nf_conntrack_max")?;
     let all = number(k, "net/ipv4/conf/all/rp_filter")?.unwrap_or(0);
     let mut strict_rp_filter = Vec::new();
-    for dev in [&local.underlay.name, &cfg.vtep_name, &cfg.bridge] {
+    // Reverse-path filtering is IPv4's: on an IPv6 underlay only the pods' devices have it.
+    let underlay = Some(&local.underlay.name).filter(|_| local.local_ip.is_ipv4());
+    for dev in underlay.into_iter().chain([&cfg.vtep_name, &cfg.bridge]) {
         let key = format!("net/ipv4/conf/{dev}/rp_filter");
         if number(k, &key)?.is_some_and(|own| own.max(all) == 1) {
             strict_rp_filter.push(dev.clone());
@@ -140,6 +137,7 @@ fn node_facts(
         forward_drop: Vec::new(),
         strict_rp_filter,
         underlay_dev: local.underlay.name.clone(),
+        underlay: local.local_ip,
         conntrack: count.zip(max),
         csum_errors: 0,
         rp_filter_drops: 0,
@@ -220,7 +218,8 @@ struct Planned {
     ladder: Vec<u32>,
 }
 
-/// Probes every IPv4 peer with an IPv4 pod subnet, all at once.
+/// Probes every peer with an IPv4 pod subnet, all at once: around the overlay in the
+/// underlay's family, through it in IPv4.
 fn probe_peers(
     prober: &mut impl Prober,
     local: &LocalNode,
@@ -234,7 +233,7 @@ fn probe_peers(
     let mut probes = Vec::new();
     let mut planned = Vec::new();
     for peer in &local.remote {
-        let (IpAddr::V4(ip), Some(vtep)) = (peer.ip, vtep_address(peer)) else {
+        let Some(vtep) = vtep_address(peer).map(IpAddr::V4) else {
             continue;
         };
         planned.push(Planned {
@@ -243,7 +242,7 @@ fn probe_peers(
             ladder: ladder.clone(),
         });
         probes.push(Probe {
-            dst: ip,
+            dst: peer.ip,
             size: SMALL,
         });
         probes.push(Probe {
@@ -310,8 +309,11 @@ impl Host for LiveHost {
         let read = |path: &'static str| {
             std::fs::read_to_string(path).map_err(|source| Error::Counters { path, source })
         };
+        // Absent without IPv6 in the kernel: then no IPv6 packet had a bad checksum either.
+        let udp6 = std::fs::read_to_string("/proc/net/snmp6").unwrap_or_default();
         Ok(Counters {
-            udp_csum_errors: counter(&read("/proc/net/snmp")?, "Udp:", "InCsumErrors"),
+            udp_csum_errors: counter(&read("/proc/net/snmp")?, "Udp:", "InCsumErrors")
+                + counter6(&udp6, "Udp6InCsumErrors"),
             rp_filter_drops: counter(
                 &read("/proc/net/netstat")?,
                 "TcpExt:",
@@ -337,6 +339,16 @@ fn counter(table: &str, group: &str, name: &str) -> u64 {
         .zip(values.split_whitespace())
         .find(|(n, _)| *n == name)
         .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A counter of `/proc/net/snmp6` (a name and a value a line); 0 when it is not there.
+fn counter6(table: &str, name: &str) -> u64 {
+    table
+        .lines()
+        .filter_map(|l| l.split_once(char::is_whitespace))
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.trim().parse().ok())
         .unwrap_or(0)
 }
 

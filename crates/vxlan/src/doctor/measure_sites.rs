@@ -204,11 +204,17 @@ fn probe(prober: &mut impl Prober, facts: &mut SitesFacts, cache: &Cache) -> Res
             continue;
         };
         planned.push((i, dst, probes.len()));
-        probes.push(Probe { dst, size: SMALL });
+        probes.push(Probe {
+            dst: dst.into(),
+            size: SMALL,
+        });
         probes.extend(
             std::iter::once(full)
                 .chain(ladder.iter().copied())
-                .map(|s| Probe { dst, size: size(s) }),
+                .map(|s| Probe {
+                    dst: dst.into(),
+                    size: size(s),
+                }),
         );
     }
     if probes.is_empty() {

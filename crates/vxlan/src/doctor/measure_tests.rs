@@ -53,7 +53,7 @@ fn every_peer_is_probed_around_through_and_at_the_pod_mtu_and_nothing_is_written
     };
     // 192.0.2.3 takes nothing above 1350 bytes through the overlay.
     let mut prober = Fake {
-        answers: |p: &Probe| !(p.dst == Ipv4Addr::new(10, 244, 3, 0) && p.size > 1350),
+        answers: |p: &Probe| !(p.dst == IpAddr::from([10, 244, 3, 0]) && p.size > 1350),
         sent: vec![],
     };
     let m = measure(&mut k, &mut host, &mut prober, &cfg, "/c").unwrap();
@@ -117,4 +117,60 @@ fn counters_are_read_from_the_proc_tables() {
     assert_eq!(counter(snmp, "Udp:", "InCsumErrors"), 7);
     assert_eq!(counter(snmp, "Tcp:", "InCsumErrors"), 0, "absent group");
     assert_eq!(counter(snmp, "Udp:", "Nothing"), 0, "absent counter");
+}
+
+#[test]
+fn on_an_ipv6_underlay_peers_are_probed_around_in_icmpv6_and_through_in_ipv4() {
+    let cfg = fake::conf(json!({"v6": true, "peers": [
+        {"ip": "2001:db8::1", "subnets": ["10.244.1.0/24", "fd00:1::/64"]},
+        {"ip": "2001:db8::2", "subnets": ["10.244.2.0/24", "fd00:2::/64"]},
+    ]}));
+    let mut k = Kernel::node("2001:db8::1/64");
+    k.add_link(&cfg.vtep_name, "vxlan");
+    let vtep = k.link_mut(&cfg.vtep_name);
+    vtep.alias = Some(marker(Dev::Vtep, &cfg.name));
+    vtep.mtu = Some(1430);
+    k.sysctls
+        .insert("net/ipv4/conf/all/rp_filter".into(), "1".into());
+    k.sysctls
+        .insert("net/ipv4/conf/eth0/rp_filter".into(), "1".into());
+    let mut host = Counting {
+        calls: 0,
+        chains: Ok(vec![]),
+    };
+    let mut prober = Fake {
+        answers: |_: &Probe| true,
+        sent: vec![],
+    };
+    let m = measure(&mut k, &mut host, &mut prober, &cfg, "/c").unwrap();
+    let sent: Vec<(String, u16)> = prober
+        .sent
+        .iter()
+        .take(3)
+        .map(|p| (p.dst.to_string(), p.size))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            ("2001:db8::2".to_string(), 84),
+            ("10.244.2.0".to_string(), 84),
+            ("10.244.2.0".to_string(), 1430),
+        ]
+    );
+    assert_eq!(m.local_ip, "2001:db8::1".parse::<IpAddr>().unwrap());
+    assert_eq!(m.node.underlay, m.local_ip);
+    assert_eq!(m.peers.len(), 1);
+    assert!(
+        !m.node.strict_rp_filter.contains(&"eth0".to_string()),
+        "IPv4's rp_filter has nothing to say of an IPv6 underlay: {:?}",
+        m.node.strict_rp_filter
+    );
+}
+
+#[test]
+fn ipv6_counters_are_read_from_snmp6() {
+    let snmp6 = "Udp6InDatagrams                 \t12\nUdp6InCsumErrors                \t3\n";
+    assert_eq!(counter6(snmp6, "Udp6InCsumErrors"), 3);
+    assert_eq!(counter6(snmp6, "Udp6NoPorts"), 0, "absent counter");
+    assert_eq!(counter6("", "Udp6InCsumErrors"), 0, "no IPv6 in the kernel");
 }

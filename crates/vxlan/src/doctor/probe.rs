@@ -1,35 +1,35 @@
 //! The probes: ICMP echoes this node sends and the peer's kernel answers (no agent, no
-//! listener on the peer). To the peer's underlay address they go around the overlay; to the
-//! peer's VTEP address (its pod subnet's network address, which its VTEP holds as a /32) they go
-//! through it, from this node's VTEP address, with DF set, so the size that crosses is the size
-//! sent.
+//! listener on the peer). To the peer's underlay address they go around the overlay (ICMPv6 on
+//! an IPv6 underlay); to the peer's VTEP address (its pod subnet's network address, which its
+//! VTEP holds as a /32) they go through it, from this node's VTEP address, with DF set, so the
+//! size that crosses is the size sent.
 //!
-//! Every probe of every peer goes out at once from one raw socket, and is sent again for those
-//! not yet answered until the window closes: the time taken is the window's, whatever the
-//! number of peers. Sending an echo changes nothing on the node.
+//! Every probe of every peer goes out at once from one raw socket of each family, and is sent
+//! again for those not yet answered until the window closes: the time taken is the window's,
+//! whatever the number of peers. Sending an echo changes nothing on the node.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{
-    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, bind, recv, sendto,
-    socket,
+    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, bind, recv,
+    recvfrom, sendto, socket,
 };
 
 /// One echo to send: where, and how large the IP packet is (header included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Probe {
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub size: u16,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("opening a raw ICMP socket: {0} (doctor needs root or CAP_NET_RAW)")]
-    Socket(Errno),
+    #[error("opening a raw {0} socket: {1} (doctor needs root or CAP_NET_RAW)")]
+    Socket(&'static str, Errno),
     #[error("setting DF on the probe socket: {0}")]
     Df(Errno),
     #[error("binding the probe socket to {0}: {1}")]
@@ -46,15 +46,15 @@ pub trait Prober {
     fn run(&mut self, probes: &[Probe]) -> Result<Vec<bool>, Error>;
 }
 
-/// The probes as ICMP echoes on a raw socket of the current network namespace.
+/// The probes as ICMP echoes on raw sockets of the current network namespace.
 pub struct Icmp {
     /// How long answers are waited for.
     pub window: Duration,
     /// Unanswered probes are sent again this often within the window.
     pub resend: Duration,
-    /// The source address of the echoes; `None`: the route's. The sites probes leave from the
-    /// node's VTEP address, which remote sites route back through their tunnels (the route into
-    /// the tunnel device has no source of its own).
+    /// The source address of the IPv4 echoes; `None`: the route's. The sites probes leave
+    /// from the node's VTEP address, which remote sites route back through their tunnels (the
+    /// route into the tunnel device has no source of its own).
     pub source: Option<Ipv4Addr>,
 }
 
@@ -68,15 +68,57 @@ impl Default for Icmp {
     }
 }
 
-/// The smallest probe: an IPv4 header and an ICMP echo header.
-const HEADERS: u16 = 28;
+/// An ICMP echo header's size.
+const ECHO_HEADER: u16 = 8;
+
+/// What differs between the two families' echoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(ip: IpAddr) -> Family {
+        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
+    }
+
+    fn ip_header(self) -> u16 {
+        match self {
+            Family::V4 => 20,
+            Family::V6 => 40,
+        }
+    }
+
+    /// The echo request's type (ICMP 8, ICMPv6 128).
+    fn request(self) -> u8 {
+        match self {
+            Family::V4 => 8,
+            Family::V6 => 128,
+        }
+    }
+}
+
+/// One family's socket and the probes that go out of it.
+struct Lane {
+    family: Family,
+    fd: OwnedFd,
+}
 
 impl Prober for Icmp {
     fn run(&mut self, probes: &[Probe]) -> Result<Vec<bool>, Error> {
         if probes.len() > usize::from(u16::MAX) + 1 {
             return Err(Error::TooMany(probes.len()));
         }
-        let fd = open(self.source)?;
+        let mut lanes = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            if probes.iter().any(|p| Family::of(p.dst) == family) {
+                lanes.push(Lane {
+                    family,
+                    fd: open(family, self.source)?,
+                });
+            }
+        }
         // The low bits of the pid tell this run's answers from another ping's.
         let id = (std::process::id() & 0xffff) as u16;
         let mut answered = vec![false; probes.len()];
@@ -85,72 +127,129 @@ impl Prober for Icmp {
         let mut buf = vec![0u8; 65536];
         while start.elapsed() < self.window {
             if Instant::now() >= next_send {
-                send_unanswered(&fd, id, probes, &answered);
+                for lane in &lanes {
+                    send_unanswered(lane, id, probes, &answered);
+                }
                 next_send += self.resend;
             }
             let until = next_send.min(start + self.window);
             let wait = until.saturating_duration_since(Instant::now());
             let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
-            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            let mut fds: Vec<PollFd> = lanes
+                .iter()
+                .map(|l| PollFd::new(l.fd.as_fd(), PollFlags::POLLIN))
+                .collect();
             match poll(&mut fds, PollTimeout::from(ms)) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => return Err(Error::Poll(e)),
             }
-            read_answers(&fd, id, probes, &mut answered, &mut buf);
+            for lane in &lanes {
+                read_answers(lane, id, probes, &mut answered, &mut buf);
+            }
         }
         Ok(answered)
     }
 }
 
-fn open(source: Option<Ipv4Addr>) -> Result<OwnedFd, Error> {
-    let fd = socket(
-        AddressFamily::Inet,
-        SockType::Raw,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-        SockProtocol::Icmp,
-    )
-    .map_err(Error::Socket)?;
-    // DF on every probe and no fragmenting by this node, whatever path MTU it has cached:
-    // the size sent is the size that must cross.
-    let value: nix::libc::c_int = nix::libc::IP_PMTUDISC_PROBE;
+/// Sets an integer socket option.
+fn set_int(fd: &OwnedFd, level: i32, name: i32, value: nix::libc::c_int) -> Result<(), Errno> {
     // SAFETY: `fd` is an open socket; the option value is a c_int that lives across the call
     // and its size is passed with it.
     let rc = unsafe {
         nix::libc::setsockopt(
             fd.as_raw_fd(),
-            nix::libc::IPPROTO_IP,
-            nix::libc::IP_MTU_DISCOVER,
+            level,
+            name,
             (&raw const value).cast(),
             std::mem::size_of::<nix::libc::c_int>() as nix::libc::socklen_t,
         )
     };
-    if rc != 0 {
-        return Err(Error::Df(Errno::last()));
+    if rc == 0 { Ok(()) } else { Err(Errno::last()) }
+}
+
+fn open(family: Family, source: Option<Ipv4Addr>) -> Result<OwnedFd, Error> {
+    use nix::libc;
+    let (domain, protocol, name) = match family {
+        Family::V4 => (AddressFamily::Inet, SockProtocol::Icmp, "ICMP"),
+        Family::V6 => (AddressFamily::Inet6, SockProtocol::IcmpV6, "ICMPv6"),
+    };
+    let fd = socket(
+        domain,
+        SockType::Raw,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        protocol,
+    )
+    .map_err(|e| Error::Socket(name, e))?;
+    // DF on every probe and no fragmenting by this node, whatever path MTU it has cached:
+    // the size sent is the size that must cross. (The kernel fills in an ICMPv6 checksum.)
+    match family {
+        Family::V4 => set_int(
+            &fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_PROBE,
+        ),
+        Family::V6 => set_int(
+            &fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_PROBE,
+        )
+        .and_then(|()| set_int(&fd, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)),
     }
-    if let Some(src) = source {
+    .map_err(Error::Df)?;
+    if let (Family::V4, Some(src)) = (family, source) {
         let at = SockaddrIn::from(SocketAddrV4::new(src, 0));
         bind(fd.as_raw_fd(), &at).map_err(|e| Error::Bind(src, e))?;
     }
     Ok(fd)
 }
 
-/// Sends every probe not yet answered. A send the kernel refuses (no route, larger than the
-/// device's MTU, a full queue) is a probe not answered: it is tried again at the next round.
-fn send_unanswered(fd: &OwnedFd, id: u16, probes: &[Probe], answered: &[bool]) {
+/// Sends every probe of the lane's family not yet answered. A send the kernel refuses (no
+/// route, larger than the device's MTU, a full queue) is a probe not answered: it is tried
+/// again at the next round.
+fn send_unanswered(lane: &Lane, id: u16, probes: &[Probe], answered: &[bool]) {
+    let fd = lane.fd.as_raw_fd();
     for (seq, probe) in probes.iter().enumerate() {
-        if answered[seq] {
+        if answered[seq] || Family::of(probe.dst) != lane.family {
             continue;
         }
-        let packet = echo(id, seq as u16, probe.size.saturating_sub(20));
-        let to = SockaddrIn::from(SocketAddrV4::new(probe.dst, 0));
-        let _ = sendto(fd.as_raw_fd(), &packet, &to, MsgFlags::empty());
+        let len = probe.size.saturating_sub(lane.family.ip_header());
+        let packet = echo(lane.family.request(), id, seq as u16, len);
+        let _ = match probe.dst {
+            IpAddr::V4(ip) => sendto(
+                fd,
+                &packet,
+                &SockaddrIn::from(SocketAddrV4::new(ip, 0)),
+                MsgFlags::empty(),
+            ),
+            IpAddr::V6(ip) => sendto(
+                fd,
+                &packet,
+                &SockaddrIn6::from(SocketAddrV6::new(ip, 0, 0, 0)),
+                MsgFlags::empty(),
+            ),
+        };
     }
 }
 
 /// Marks the probes whose echo reply has come (from the address it was sent to).
-fn read_answers(fd: &OwnedFd, id: u16, probes: &[Probe], answered: &mut [bool], buf: &mut [u8]) {
-    while let Ok(n) = recv(fd.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
-        if let Some((from, seq)) = reply(&buf[..n], id)
+fn read_answers(lane: &Lane, id: u16, probes: &[Probe], answered: &mut [bool], buf: &mut [u8]) {
+    let fd = lane.fd.as_raw_fd();
+    loop {
+        let got = match lane.family {
+            Family::V4 => recv(fd, buf, MsgFlags::MSG_DONTWAIT)
+                .ok()
+                .map(|n| reply(&buf[..n], id)),
+            // A raw ICMPv6 socket hands over the ICMPv6 message alone; the sender is the
+            // socket address.
+            Family::V6 => recvfrom::<SockaddrIn6>(fd, buf).ok().map(|(n, from)| {
+                let seq = reply6(&buf[..n], id)?;
+                Some((IpAddr::V6(from?.ip()), seq))
+            }),
+        };
+        let Some(answer) = got else { break };
+        if let Some((from, seq)) = answer
             && let Some(p) = probes.get(usize::from(seq))
             && p.dst == from
         {
@@ -159,17 +258,20 @@ fn read_answers(fd: &OwnedFd, id: u16, probes: &[Probe], answered: &mut [bool], 
     }
 }
 
-/// An ICMP echo request of `len` bytes (header included, at least 8).
-pub(crate) fn echo(id: u16, seq: u16, len: u16) -> Vec<u8> {
-    let mut p = vec![0u8; usize::from(len.max(HEADERS - 20))];
-    p[0] = 8;
+/// An ICMP or ICMPv6 echo request (`kind`) of `len` bytes (header included, at least 8). Its
+/// checksum is the ICMP one; on an ICMPv6 socket the kernel writes its own over it.
+pub(crate) fn echo(kind: u8, id: u16, seq: u16, len: u16) -> Vec<u8> {
+    let mut p = vec![0u8; usize::from(len.max(ECHO_HEADER))];
+    p[0] = kind;
     p[4..6].copy_from_slice(&id.to_be_bytes());
     p[6..8].copy_from_slice(&seq.to_be_bytes());
     for (i, b) in p.iter_mut().enumerate().skip(8) {
         *b = i as u8;
     }
-    let sum = checksum(&p);
-    p[2..4].copy_from_slice(&sum.to_be_bytes());
+    if kind == Family::V4.request() {
+        let sum = checksum(&p);
+        p[2..4].copy_from_slice(&sum.to_be_bytes());
+    }
     p
 }
 
@@ -186,12 +288,24 @@ fn checksum(data: &[u8]) -> u16 {
 }
 
 /// The source and sequence number of an echo reply with our `id`, from a raw IPv4 packet.
-pub(crate) fn reply(packet: &[u8], id: u16) -> Option<(Ipv4Addr, u16)> {
+pub(crate) fn reply(packet: &[u8], id: u16) -> Option<(IpAddr, u16)> {
     let ihl = usize::from(packet.first()? & 0x0f) * 4;
     let src: [u8; 4] = packet.get(12..16)?.try_into().ok()?;
     let icmp = packet.get(ihl..ihl + 8)?;
     let is_ours = icmp[0] == 0 && icmp[1] == 0 && icmp[4..6] == id.to_be_bytes();
-    is_ours.then(|| (Ipv4Addr::from(src), u16::from_be_bytes([icmp[6], icmp[7]])))
+    is_ours.then(|| {
+        (
+            IpAddr::V4(Ipv4Addr::from(src)),
+            u16::from_be_bytes([icmp[6], icmp[7]]),
+        )
+    })
+}
+
+/// The sequence number of an ICMPv6 echo reply (129) with our `id`.
+pub(crate) fn reply6(icmp: &[u8], id: u16) -> Option<u16> {
+    let icmp = icmp.get(..8)?;
+    let is_ours = icmp[0] == 129 && icmp[1] == 0 && icmp[4..6] == id.to_be_bytes();
+    is_ours.then(|| u16::from_be_bytes([icmp[6], icmp[7]]))
 }
 
 /// A prober that answers as told and remembers what it was asked.
@@ -215,26 +329,42 @@ mod tests {
 
     #[test]
     fn an_echo_has_its_size_id_sequence_and_a_checksum_that_verifies() {
-        let p = echo(0x1234, 7, 64);
+        let p = echo(8, 0x1234, 7, 64);
         assert_eq!(p.len(), 64);
         assert_eq!((p[0], &p[4..8]), (8, &[0x12, 0x34, 0, 7][..]));
         assert_eq!(checksum(&p), 0, "a packet with its checksum sums to zero");
-        assert_eq!(echo(1, 1, 3).len(), 8, "never shorter than the header");
+        assert_eq!(echo(8, 1, 1, 3).len(), 8, "never shorter than the header");
     }
 
     #[test]
     fn only_echo_replies_with_our_id_count() {
         let mut packet = vec![0x45u8; 20];
         packet[12..16].copy_from_slice(&[10, 244, 2, 0]);
-        packet.extend_from_slice(&echo(0x1234, 5, 8));
+        packet.extend_from_slice(&echo(8, 0x1234, 5, 8));
         packet[20] = 0; // echo reply
         assert_eq!(
             reply(&packet, 0x1234),
-            Some((Ipv4Addr::new(10, 244, 2, 0), 5))
+            Some((IpAddr::V4(Ipv4Addr::new(10, 244, 2, 0)), 5))
         );
         assert_eq!(reply(&packet, 0x4321), None, "another ping's");
         packet[20] = 8;
         assert_eq!(reply(&packet, 0x1234), None, "a request");
         assert_eq!(reply(&packet[..24], 0x1234), None, "cut short");
+    }
+
+    #[test]
+    fn icmpv6_echoes_and_replies_are_told_apart_by_type_and_id() {
+        let p = echo(128, 0x1234, 9, 44);
+        assert_eq!(
+            (p.len(), p[0], &p[2..4]),
+            (44, 128, &[0, 0][..]),
+            "the kernel sums it"
+        );
+        let mut answer = p.clone();
+        answer[0] = 129;
+        assert_eq!(reply6(&answer, 0x1234), Some(9));
+        assert_eq!(reply6(&answer, 0x4321), None, "another ping's");
+        assert_eq!(reply6(&p, 0x1234), None, "a request");
+        assert_eq!(reply6(&answer[..6], 0x1234), None, "cut short");
     }
 }

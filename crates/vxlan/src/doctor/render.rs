@@ -122,6 +122,7 @@ mod tests {
             forward_drop: vec![],
             strict_rp_filter: vec![],
             underlay_dev: "eth0".into(),
+            underlay: "192.0.2.1".parse().unwrap(),
             conntrack: None,
             csum_errors: 0,
             rp_filter_drops: 0,

@@ -22,6 +22,22 @@ fn pair() -> Pair {
     pair_on(topo, peers)
 }
 
+/// [`pair`], on an IPv4 underlay or an IPv6-only one (`2001:db8::<n>`; the pods stay IPv4).
+fn pair_over(ipv6: bool) -> Pair {
+    if !ipv6 {
+        return pair();
+    }
+    assert_can_run();
+    let mut topo = Topo::new_ipv6(1500);
+    topo.add_node(1, 1500);
+    topo.add_node(2, 1500);
+    let peers = json!([topo.peer_of(1, false), topo.peer_of(2, false)]);
+    pair_on(topo, peers)
+}
+
+/// The underlays each test of a fault runs over, and node 2's address on it.
+const UNDERLAYS: [(bool, &str); 2] = [(false, "192.0.2.2"), (true, "2001:db8::2")];
+
 fn pair_on(mut topo: Topo, peers: Value) -> Pair {
     let conf1 = topo.conf(1, json!({"peers": peers}));
     let conf2 = topo.conf(2, json!({"peers": peers}));
@@ -105,66 +121,72 @@ fn apply(topo: &Topo, n: u8, fix: &str) {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn doctor_finds_nothing_on_a_healthy_pair_and_says_each_peer_is_ok() {
-    let p = pair();
-    let (code, report) = doctor(&p.topo, 1, &p.conf1);
-    assert_eq!(
-        (code, &report["findings"], &report["peers"]),
-        (
-            0,
-            &json!([]),
-            &json!([{"peer": "192.0.2.2", "state": "ok"}])
-        ),
-        "{report:#}"
-    );
-    let file = p.topo.dir.path().join("doctor-1.conflist");
-    let out = p
-        .topo
-        .tool(1, &["doctor", "--config", file.to_str().unwrap()]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{text}");
-    assert!(text.contains("\npeer 192.0.2.2: ok\n"), "{text}");
-    assert!(text.ends_with("no cause found\n"), "{text}");
+    for (ipv6, peer) in UNDERLAYS {
+        let p = pair_over(ipv6);
+        let (code, report) = doctor(&p.topo, 1, &p.conf1);
+        assert_eq!(
+            (code, &report["findings"], &report["peers"]),
+            (0, &json!([]), &json!([{"peer": peer, "state": "ok"}])),
+            "{report:#}"
+        );
+        let file = p.topo.dir.path().join("doctor-1.conflist");
+        let out = p
+            .topo
+            .tool(1, &["doctor", "--config", file.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("{text}");
+        assert!(text.contains(&format!("\npeer {peer}: ok\n")), "{text}");
+        assert!(text.ends_with("no cause found\n"), "{text}");
+    }
 }
 
+/// On an IPv6 underlay too: the underlay answers (ICMPv6), the VXLAN port does not.
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn doctor_names_a_blocked_vxlan_port() {
-    let p = pair();
-    p.topo.load_nft(
-        &p.topo.node_ns(2),
-        "doctor",
-        "table inet doctor {\n chain input {\n type filter hook input priority 0;\n udp dport 8472 drop\n }\n}\n",
-    );
-    assert!(
-        !p.topo.reaches(&p.a, &p.ip_b),
-        "the blocked port breaks pod traffic"
-    );
-    let fix = names(&p, "vxlan-blocked", Some("192.0.2.2"));
-    assert!(fix.contains("allow UDP 8472"), "{fix}");
-    ok(&[
-        "ip",
-        "netns",
-        "exec",
-        &p.topo.node_ns(2),
-        "nft",
-        "delete",
-        "table",
-        "inet",
-        "doctor",
-    ]);
-    healed(&p);
+    for (ipv6, peer) in UNDERLAYS {
+        let p = pair_over(ipv6);
+        p.topo.load_nft(
+            &p.topo.node_ns(2),
+            "doctor",
+            "table inet doctor {\n chain input {\n type filter hook input priority 0;\n udp dport 8472 drop\n }\n}\n",
+        );
+        assert!(
+            !p.topo.reaches(&p.a, &p.ip_b),
+            "the blocked port breaks pod traffic"
+        );
+        let fix = names(&p, "vxlan-blocked", Some(peer));
+        assert!(fix.contains("allow UDP 8472"), "{fix}");
+        ok(&[
+            "ip",
+            "netns",
+            "exec",
+            &p.topo.node_ns(2),
+            "nft",
+            "delete",
+            "table",
+            "inet",
+            "doctor",
+        ]);
+        healed(&p);
+    }
 }
 
+/// Node 2's cable pulled: its port on the underlay's switch goes down (its own link stays up,
+/// so an IPv6 underlay keeps its address).
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn doctor_names_a_peer_whose_underlay_is_down() {
-    let p = pair();
-    p.topo.ip(2, &["link", "set", "eth0", "down"]);
-    assert!(!p.topo.reaches(&p.a, &p.ip_b));
-    let fix = names(&p, "peer-down", Some("192.0.2.2"));
-    assert!(fix.contains("check that 192.0.2.2 is up"), "{fix}");
-    p.topo.ip(2, &["link", "set", "eth0", "up"]);
-    healed(&p);
+    for (ipv6, peer) in UNDERLAYS {
+        let p = pair_over(ipv6);
+        let port = |state| ok(&["ip", "-n", &p.topo.underlay, "link", "set", "n2", state]);
+        port("down");
+        assert!(!p.topo.reaches(&p.a, &p.ip_b));
+        let fix = names(&p, "peer-down", Some(peer));
+        assert!(fix.contains(&format!("check that {peer} is up")), "{fix}");
+        port("up");
+        healed(&p);
+    }
 }
 
 #[test]
@@ -255,35 +277,70 @@ fn doctor_names_strict_rp_filter_on_an_asymmetric_underlay() {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn doctor_names_an_mtu_black_hole_and_the_mtu_that_crosses() {
-    let (topo, peers) = two_nodes(false);
-    let mut p = pair_on(topo, peers);
+    for (ipv6, peer) in UNDERLAYS {
+        mtu_black_hole_over(ipv6, peer);
+    }
+}
+
+/// The same 1400-byte hole on either underlay: VXLAN over IPv4 adds 50 bytes, so pods of 1450
+/// lose full-size packets and 1350 crosses; over IPv6 it adds 70, so pods of 1430 lose theirs
+/// and 1330 crosses (the ladder's steps are 50 bytes from the pod MTU).
+fn mtu_black_hole_over(ipv6: bool, peer: &str) {
+    let mut p = pair_over(ipv6);
+    // `ip6 length` is the payload's, without the 40-byte header.
+    let drop = if ipv6 {
+        "ip6 length > 1360 drop"
+    } else {
+        "ip length > 1400 drop"
+    };
     p.topo.load_nft(
         &p.topo.underlay,
         "blackhole",
-        "table bridge blackhole {\n chain forward {\n type filter hook forward priority 0;\n ip length > 1400 drop\n }\n}\n",
+        &format!(
+            "table bridge blackhole {{\n chain forward {{\n type filter hook forward priority 0;\n {drop}\n }}\n}}\n"
+        ),
     );
-    let full = |p: &Pair, a: &Pod, payload: &str| {
+    let full = |p: &Pair, a: &Pod, payload: u32| {
         p.topo
             .in_ns(
                 &a.ns,
                 &[
-                    "ping", "-c", "2", "-W", "2", "-M", "do", "-s", payload, &p.ip_b,
+                    "ping",
+                    "-c",
+                    "2",
+                    "-W",
+                    "2",
+                    "-M",
+                    "do",
+                    "-s",
+                    &payload.to_string(),
+                    &p.ip_b,
                 ],
             )
             .status
             .success()
     };
-    // 1450 - 28: a full-size packet of node 1's pods.
-    assert!(!full(&p, &p.a, "1422"), "full-size pod packets are lost");
-    assert!(full(&p, &p.a, "1322"), "1350-byte pod packets cross");
-    let fix = names(&p, "mtu", Some("192.0.2.2"));
-    assert!(fix.starts_with("set \"mtu\": 1350 in "), "{fix}");
+    let (pod_mtu, crosses) = if ipv6 { (1430, 1330) } else { (1450, 1350) };
+    // 28: the pod packet's IPv4 and ICMP headers.
+    assert!(
+        !full(&p, &p.a, pod_mtu - 28),
+        "full-size pod packets are lost"
+    );
+    assert!(
+        full(&p, &p.a, crosses - 28),
+        "{crosses}-byte pod packets cross"
+    );
+    let fix = names(&p, "mtu", Some(peer));
+    assert!(
+        fix.starts_with(&format!("set \"mtu\": {crosses} in ")),
+        "{fix}"
+    );
     // The fix: that MTU on every node, reconciled, and node 1's pod made again.
-    p.conf1["mtu"] = json!(1350);
+    p.conf1["mtu"] = json!(crosses);
     p.topo.reconciled(1, &p.conf1);
     let conf2 = p
         .topo
-        .conf(2, json!({"peers": p.conf1["peers"], "mtu": 1350}));
+        .conf(2, json!({"peers": p.conf1["peers"], "mtu": crosses}));
     p.topo.reconciled(2, &conf2);
     let old = std::mem::replace(&mut p.a, p.topo.new_pod(1, "a2"));
     succeeded(
@@ -293,7 +350,7 @@ fn doctor_names_an_mtu_black_hole_and_the_mtu_that_crosses() {
     p.topo.add(&p.a, &p.conf1);
     healed(&p);
     assert!(
-        full(&p, &p.a, "1322"),
+        full(&p, &p.a, crosses - 28),
         "full-size packets of the new MTU cross"
     );
 }
@@ -333,7 +390,13 @@ fn doctor_probes_a_hundred_peers_within_ten_seconds() {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn doctor_names_vxlan_packets_dropped_for_bad_checksums() {
-    let p = pair();
+    for (ipv6, peer) in UNDERLAYS {
+        bad_checksums_over(ipv6, peer);
+    }
+}
+
+fn bad_checksums_over(ipv6: bool, peer: &str) {
+    let p = pair_over(ipv6);
     for (ns, dev) in [
         (p.topo.node_ns(1), "eth0"),
         (p.topo.node_ns(2), "eth0"),
@@ -353,7 +416,7 @@ fn doctor_names_vxlan_packets_dropped_for_bad_checksums() {
         !p.topo.reaches(&p.a, &p.ip_b),
         "bad checksums break pod traffic"
     );
-    let fix = names(&p, "checksum", Some("192.0.2.2"));
+    let fix = names(&p, "checksum", Some(peer));
     assert!(fix.contains("ethtool -K"), "{fix}");
     ok(&[
         "ip",
