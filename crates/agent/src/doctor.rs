@@ -38,25 +38,13 @@ impl Paths {
                 };
             }
         };
-        let cause_of = |peer| {
-            r.findings
-                .iter()
-                .find(|f| f.peer == Some(peer))
-                .map_or("ok", |f| f.cause.code())
-        };
-        let site_cause = |site: &str| {
-            r.findings
-                .iter()
-                .find(|f| f.site.as_deref() == Some(site))
-                .map_or("ok", |f| f.cause.code())
-        };
         Paths {
             at,
             peers: (r.measured.peers.iter())
-                .map(|p| (p.peer.to_string(), cause_of(p.peer).to_string()))
+                .map(|p| (p.peer.to_string(), r.peer_state(p).to_string()))
                 .collect(),
             sites: (r.measured.sites.iter().flat_map(|s| &s.remotes))
-                .map(|s| (s.site.clone(), site_cause(&s.site).to_string()))
+                .map(|s| (s.site.clone(), r.site_state(&s.site).to_string()))
                 .collect(),
             node: (r.findings.iter())
                 .filter(|f| f.peer.is_none() && f.site.is_none())

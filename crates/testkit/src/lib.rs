@@ -8,10 +8,12 @@
 //! - [`kube_support`]: a fake Kubernetes API server and the agent process;
 //! - [`agent_support`]: a cluster of nodes each running the agent;
 //! - [`cnitool_support`]: libcni's `cnitool`, as a runtime;
+//! - [`conntrack`]: a namespace's conntrack table filled to its maximum;
 //! - [`sites_support`]: three sites behind NAT routers joined by an "internet" (issue 28).
 
 pub mod agent_support;
 pub mod cnitool_support;
+pub mod conntrack;
 pub mod kube_support;
 pub mod sites_standby_support;
 pub mod sites_support;

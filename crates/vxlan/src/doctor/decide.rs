@@ -178,8 +178,13 @@ pub struct PeerFacts {
 const CONNTRACK_FULL_PERCENT: u64 = 98;
 
 /// Every finding, the node's first, then the peers' in their order.
+/// A full conntrack table drops every new flow of the node, the probes' too: then no peer is
+/// blamed.
 pub fn decide(node: &NodeFacts, peers: &[PeerFacts]) -> Vec<Finding> {
     let mut found = node_findings(node);
+    if found.iter().any(|f| f.cause == Cause::ConntrackFull) {
+        return found;
+    }
     let overlay_usable = node.vtep == Vtep::Ready;
     found.extend(
         peers

@@ -162,6 +162,12 @@ fn each_fact_names_its_cause() {
             &[("conntrack-full", None)],
         ),
         (
+            "conntrack full: the probes die with every other new flow, no blame on the peer",
+            |n| n.conntrack = Some((100, 100)),
+            (false, false, false),
+            &[("conntrack-full", None)],
+        ),
+        (
             "conntrack 97 %",
             |n| n.conntrack = Some((97, 100)),
             (true, true, true),

@@ -45,6 +45,32 @@ pub struct Report {
     pub took: Duration,
 }
 
+impl Report {
+    /// What the path to the peer `p` is: its own cause, or the node's when the node's cause
+    /// made its probes fail (no VTEP, a full conntrack table: no peer is blamed then), or `ok`.
+    pub fn peer_state(&self, p: &decide::PeerFacts) -> &'static str {
+        let own = self.findings.iter().find(|f| f.peer == Some(p.peer));
+        let node = || {
+            self.findings
+                .iter()
+                .find(|f| f.peer.is_none() && f.site.is_none())
+        };
+        match own {
+            Some(f) => f.cause.code(),
+            None if !(p.small && p.full) => node().map_or("ok", |f| f.cause.code()),
+            None => "ok",
+        }
+    }
+
+    /// What the path to the remote site `site` is: its cause, or `ok`.
+    pub fn site_state(&self, site: &str) -> &'static str {
+        self.findings
+            .iter()
+            .find(|f| f.site.as_deref() == Some(site))
+            .map_or("ok", |f| f.cause.code())
+    }
+}
+
 /// Measures the network of the config at `path` from this node and decides.
 pub fn run(path: &Path) -> Result<Report, Error> {
     let started = Instant::now();

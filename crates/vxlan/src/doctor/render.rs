@@ -30,7 +30,10 @@ pub fn text(r: &Report) -> String {
     for p in &m.peers {
         let _ = match r.findings.iter().find(|f| f.peer == Some(p.peer)) {
             Some(f) => writeln!(out, "peer {}: {}", p.peer, line(f)),
-            None => writeln!(out, "peer {}: ok", p.peer),
+            None => match r.peer_state(p) {
+                "ok" => writeln!(out, "peer {}: ok", p.peer),
+                node => writeln!(out, "peer {}: {node} (this node's cause, above)", p.peer),
+            },
         };
     }
     if let Some(s) = &m.sites {
@@ -66,22 +69,14 @@ pub fn json(r: &Report) -> Value {
     let peers: Vec<Value> = m
         .peers
         .iter()
-        .map(|p| {
-            let state = r
-                .findings
-                .iter()
-                .find(|f| f.peer == Some(p.peer))
-                .map_or("ok", |f| f.cause.code());
-            json!({"peer": p.peer, "state": state})
-        })
+        .map(|p| json!({"peer": p.peer, "state": r.peer_state(p)}))
         .collect();
     let sites = m.sites.as_ref().map(|s| {
         let remotes: Vec<Value> = s
             .remotes
             .iter()
             .map(|remote| {
-                let state = site_finding(r, &remote.site).map_or("ok", |f| f.cause.code());
-                json!({"site": remote.site, "path": remote.path, "state": state})
+                json!({"site": remote.site, "path": remote.path, "state": r.site_state(&remote.site)})
             })
             .collect();
         json!({"site": s.site, "role": s.role, "remotes": remotes})
@@ -166,6 +161,24 @@ mod tests {
         assert!(lines[3].contains(" | fix: allow UDP 8472"), "{out}");
         assert_eq!(lines[4], "not checked: forward chains: no nf_tables");
         assert_eq!(lines[5], "2 cause(s) found");
+    }
+
+    /// A full conntrack table drops the probes too: no peer is blamed, and none is called ok.
+    #[test]
+    fn peers_whose_probes_died_of_the_nodes_cause_carry_it() {
+        let mut r = report();
+        r.measured.node.ip_forward = Some(true);
+        r.measured.node.conntrack = Some((100, 100));
+        r.findings = super::super::decide::decide(&r.measured.node, &r.measured.peers);
+        let out = text(&r);
+        assert!(out.contains("\npeer 192.0.2.2: ok\n"), "{out}");
+        assert!(
+            out.contains("\npeer 192.0.2.3: conntrack-full (this node's cause, above)\n"),
+            "{out}"
+        );
+        let v = json(&r);
+        assert_eq!(v["peers"][1]["state"], "conntrack-full");
+        assert_eq!(v["findings"].as_array().map(Vec::len), Some(1));
     }
 
     /// With sites: the node's site and role, then one line a remote site.

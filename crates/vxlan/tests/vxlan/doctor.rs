@@ -462,3 +462,46 @@ fn doctor_names_a_bridge_without_its_address() {
     succeeded(&p.topo.tool(1, &args), reconcile);
     healed(&p);
 }
+
+/// Node 1's conntrack table full, as on a node flooded with flows: a stateful rule makes its
+/// forwarded traffic tracked (any firewall or masquerade does), and the table is filled to the
+/// machine's maximum with established flows the kernel cannot evict
+/// ([`sticky_testkit::conntrack`]). Every new flow is dropped, doctor's own probes too: it
+/// names the node and blames no peer. `nf_conntrack_max` is read-only in a namespace, so the
+/// printed `sysctl` cannot be run here; the table emptied (`conntrack -F`) heals instead.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn doctor_names_a_full_conntrack_table_and_blames_no_peer() {
+    let p = pair();
+    let node1 = p.topo.node_ns(1);
+    p.topo.load_nft(
+        &node1,
+        "stateful",
+        "table inet stateful {\n chain forward {\n type filter hook forward priority 0;\n ct state invalid drop\n }\n}\n",
+    );
+    let netns = std::path::Path::new("/run/netns").join(&node1);
+    let (added, refused) = sticky_testkit::conntrack::fill(&netns);
+    eprintln!("{added} flows added to node 1's conntrack table, then: {refused}");
+    assert_eq!(
+        refused.raw_os_error(),
+        Some(nix::libc::ENOMEM),
+        "the kernel refuses entries once the table is full: {refused}"
+    );
+    assert!(
+        !p.topo.reaches(&p.a, &p.ip_b),
+        "a full table breaks pod traffic"
+    );
+    let fix = names(&p, "conntrack-full", None);
+    assert!(
+        fix.starts_with("sysctl -w net.netfilter.nf_conntrack_max="),
+        "{fix}"
+    );
+    let (_, report) = doctor(&p.topo, 1, &p.conf1);
+    assert_eq!(
+        report["peers"],
+        json!([{"peer": "192.0.2.2", "state": "conntrack-full"}]),
+        "{report:#}"
+    );
+    sticky_testkit::conntrack::flush(&netns);
+    healed(&p);
+}
