@@ -367,3 +367,46 @@ fn sites_doctor_site_unreachable_without_a_relay() {
     );
     until_only_punch_failing(&s, Duration::from_secs(120));
 }
+
+/// Site B's only gateway's Node object deleted (the node decommissioned, or its kubelet's
+/// object removed): site B has no active gateway. a2 no longer reaches b2, and doctor on a1
+/// names `site-unreachable` for site B, saying it has no active gateway, with the fix (give
+/// the site one). The fix applied (b1's Node object back, labelled): a2 reaches b2 again and
+/// doctor on a1 exits 0.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn sites_doctor_a_site_with_no_active_gateway() {
+    let (s, pods) = Sites::running(Nat::Masquerade, |_| {});
+    let (a2, _) = pod_of(&pods, "a2");
+    let (_, b2_ip) = pod_of(&pods, "b2");
+    doctor_until(&s, "a1", &[], Duration::from_secs(120));
+
+    s.api.delete_node("b1");
+    let report = doctor_until(
+        &s,
+        "a1",
+        &[("site-unreachable", "site-b")],
+        Duration::from_secs(120),
+    );
+    assert!(
+        field(&report, "detail").contains("no active gateway"),
+        "{report:#}"
+    );
+    assert!(
+        field(&report, "fix").starts_with("give both sites an active gateway"),
+        "{report:#}"
+    );
+    assert!(
+        !any_reply(&a2.ns, b2_ip, 56, 5),
+        "a2 reaches b2 while site B has no gateway"
+    );
+
+    let b1 = NODES.iter().find(|n| n.name == "b1").expect("b1");
+    s.api.put_node(node_object(b1));
+    assert!(
+        first_reply(&a2.ns, b2_ip, Duration::from_secs(120)).is_some(),
+        "a2 does not reach b2 within 120 s of b1 back: {:#?}",
+        s.logs()
+    );
+    doctor_until(&s, "a1", &[], Duration::from_secs(120));
+}
