@@ -4,9 +4,15 @@
 //! VTEP holds as a /32) they go through it, from this node's VTEP address, with DF set, so the
 //! size that crosses is the size sent.
 //!
-//! Every probe of every peer goes out at once from one raw socket of each family, and is sent
+//! Every probe of every peer goes out at once from one socket of each family, and is sent
 //! again for those not yet answered until the window closes: the time taken is the window's,
 //! whatever the number of peers. Sending an echo changes nothing on the node.
+//!
+//! The socket is a raw one (root, `CAP_NET_RAW`), else the kernel's ping socket, which needs
+//! no capability when the process's group is in `net.ipv4.ping_group_range` (systemd sets it
+//! to every group): so the agent's periodic checks run under its unit's bounding set, which
+//! leaves `CAP_NET_RAW` out. A ping socket's echoes carry the kernel's identifier, and only
+//! the answers to them reach it.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -15,7 +21,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{
-    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, bind, recv,
+    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, bind,
     recvfrom, sendto, socket,
 };
 
@@ -28,8 +34,10 @@ pub struct Probe {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("opening a raw {0} socket: {1} (doctor needs root or CAP_NET_RAW)")]
-    Socket(&'static str, Errno),
+    #[error(
+        "opening a raw {0} socket: {1}, and a ping socket: {2} (doctor needs CAP_NET_RAW, or its group in net.ipv4.ping_group_range)"
+    )]
+    Socket(&'static str, Errno, Errno),
     #[error("setting DF on the probe socket: {0}")]
     Df(Errno),
     #[error("binding the probe socket to {0}: {1}")]
@@ -97,12 +105,23 @@ impl Family {
             Family::V6 => 128,
         }
     }
+
+    /// The echo reply's type (ICMP 0, ICMPv6 129).
+    fn reply(self) -> u8 {
+        match self {
+            Family::V4 => 0,
+            Family::V6 => 129,
+        }
+    }
 }
 
 /// One family's socket and the probes that go out of it.
 struct Lane {
     family: Family,
     fd: OwnedFd,
+    /// A raw socket (our identifier on the echoes, IPv4 headers on what is read), not a ping
+    /// socket.
+    raw: bool,
 }
 
 impl Prober for Icmp {
@@ -113,10 +132,7 @@ impl Prober for Icmp {
         let mut lanes = Vec::new();
         for family in [Family::V4, Family::V6] {
             if probes.iter().any(|p| Family::of(p.dst) == family) {
-                lanes.push(Lane {
-                    family,
-                    fd: open(family, self.source)?,
-                });
+                lanes.push(open(family, self.source)?);
             }
         }
         // The low bits of the pid tell this run's answers from another ping's.
@@ -167,19 +183,20 @@ fn set_int(fd: &OwnedFd, level: i32, name: i32, value: nix::libc::c_int) -> Resu
     if rc == 0 { Ok(()) } else { Err(Errno::last()) }
 }
 
-fn open(family: Family, source: Option<Ipv4Addr>) -> Result<OwnedFd, Error> {
+/// A raw socket of `family`, else a ping socket (see the module doc).
+fn open(family: Family, source: Option<Ipv4Addr>) -> Result<Lane, Error> {
     use nix::libc;
     let (domain, protocol, name) = match family {
         Family::V4 => (AddressFamily::Inet, SockProtocol::Icmp, "ICMP"),
         Family::V6 => (AddressFamily::Inet6, SockProtocol::IcmpV6, "ICMPv6"),
     };
-    let fd = socket(
-        domain,
-        SockType::Raw,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-        protocol,
-    )
-    .map_err(|e| Error::Socket(name, e))?;
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let (fd, raw) = match socket(domain, SockType::Raw, flags, protocol) {
+        Ok(fd) => (fd, true),
+        Err(raw) => socket(domain, SockType::Datagram, flags, protocol)
+            .map(|fd| (fd, false))
+            .map_err(|ping| Error::Socket(name, raw, ping))?,
+    };
     // DF on every probe and no fragmenting by this node, whatever path MTU it has cached:
     // the size sent is the size that must cross. (The kernel fills in an ICMPv6 checksum.)
     match family {
@@ -202,7 +219,7 @@ fn open(family: Family, source: Option<Ipv4Addr>) -> Result<OwnedFd, Error> {
         let at = SockaddrIn::from(SocketAddrV4::new(src, 0));
         bind(fd.as_raw_fd(), &at).map_err(|e| Error::Bind(src, e))?;
     }
-    Ok(fd)
+    Ok(Lane { family, fd, raw })
 }
 
 /// Sends every probe of the lane's family not yet answered. A send the kernel refuses (no
@@ -237,21 +254,23 @@ fn send_unanswered(lane: &Lane, id: u16, probes: &[Probe], answered: &[bool]) {
 fn read_answers(lane: &Lane, id: u16, probes: &[Probe], answered: &mut [bool], buf: &mut [u8]) {
     let fd = lane.fd.as_raw_fd();
     loop {
-        let got = match lane.family {
-            Family::V4 => recv(fd, buf, MsgFlags::MSG_DONTWAIT)
-                .ok()
-                .map(|n| reply(&buf[..n], id)),
-            // A raw ICMPv6 socket hands over the ICMPv6 message alone; the sender is the
-            // socket address.
-            Family::V6 => recvfrom::<SockaddrIn6>(fd, buf).ok().map(|(n, from)| {
-                let seq = reply6(&buf[..n], id)?;
-                Some((IpAddr::V6(from?.ip()), seq))
-            }),
+        let read = match lane.family {
+            Family::V4 => recvfrom::<SockaddrIn>(fd, buf)
+                .map(|(n, from)| (n, from.map(|a| IpAddr::V4(a.ip())))),
+            Family::V6 => recvfrom::<SockaddrIn6>(fd, buf)
+                .map(|(n, from)| (n, from.map(|a| IpAddr::V6(a.ip())))),
         };
-        let Some(answer) = got else { break };
-        if let Some((from, seq)) = answer
+        let Ok((n, from)) = read else { break };
+        // Only a raw IPv4 socket hands over the IP header; only on a raw socket is the
+        // identifier ours (a ping socket's is the kernel's, and it delivers only its answers).
+        let message = match (lane.family, lane.raw) {
+            (Family::V4, true) => without_ipv4_header(&buf[..n]),
+            _ => Some(&buf[..n]),
+        };
+        let ours = lane.raw.then_some(id);
+        if let Some(seq) = message.and_then(|m| reply(m, lane.family.reply(), ours))
             && let Some(p) = probes.get(usize::from(seq))
-            && p.dst == from
+            && Some(p.dst) == from
         {
             answered[usize::from(seq)] = true;
         }
@@ -287,24 +306,18 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-/// The source and sequence number of an echo reply with our `id`, from a raw IPv4 packet.
-pub(crate) fn reply(packet: &[u8], id: u16) -> Option<(IpAddr, u16)> {
+/// What follows the header of a raw IPv4 packet.
+fn without_ipv4_header(packet: &[u8]) -> Option<&[u8]> {
     let ihl = usize::from(packet.first()? & 0x0f) * 4;
-    let src: [u8; 4] = packet.get(12..16)?.try_into().ok()?;
-    let icmp = packet.get(ihl..ihl + 8)?;
-    let is_ours = icmp[0] == 0 && icmp[1] == 0 && icmp[4..6] == id.to_be_bytes();
-    is_ours.then(|| {
-        (
-            IpAddr::V4(Ipv4Addr::from(src)),
-            u16::from_be_bytes([icmp[6], icmp[7]]),
-        )
-    })
+    packet.get(ihl..)
 }
 
-/// The sequence number of an ICMPv6 echo reply (129) with our `id`.
-pub(crate) fn reply6(icmp: &[u8], id: u16) -> Option<u16> {
+/// The sequence number of an echo reply (of type `kind`) with the identifier `id` (any when
+/// `None`), from an ICMP or ICMPv6 message.
+pub(crate) fn reply(icmp: &[u8], kind: u8, id: Option<u16>) -> Option<u16> {
     let icmp = icmp.get(..8)?;
-    let is_ours = icmp[0] == 129 && icmp[1] == 0 && icmp[4..6] == id.to_be_bytes();
+    let is_ours =
+        icmp[0] == kind && icmp[1] == 0 && id.is_none_or(|id| icmp[4..6] == id.to_be_bytes());
     is_ours.then(|| u16::from_be_bytes([icmp[6], icmp[7]]))
 }
 
@@ -339,17 +352,20 @@ mod tests {
     #[test]
     fn only_echo_replies_with_our_id_count() {
         let mut packet = vec![0x45u8; 20];
-        packet[12..16].copy_from_slice(&[10, 244, 2, 0]);
         packet.extend_from_slice(&echo(8, 0x1234, 5, 8));
         packet[20] = 0; // echo reply
+        let icmp = without_ipv4_header(&packet).unwrap();
+        assert_eq!(reply(icmp, 0, Some(0x1234)), Some(5));
+        assert_eq!(reply(icmp, 0, Some(0x4321)), None, "another ping's");
         assert_eq!(
-            reply(&packet, 0x1234),
-            Some((IpAddr::V4(Ipv4Addr::new(10, 244, 2, 0)), 5))
+            reply(icmp, 0, None),
+            Some(5),
+            "a ping socket's: the kernel's id"
         );
-        assert_eq!(reply(&packet, 0x4321), None, "another ping's");
         packet[20] = 8;
-        assert_eq!(reply(&packet, 0x1234), None, "a request");
-        assert_eq!(reply(&packet[..24], 0x1234), None, "cut short");
+        let icmp = without_ipv4_header(&packet).unwrap();
+        assert_eq!(reply(icmp, 0, Some(0x1234)), None, "a request");
+        assert_eq!(reply(&packet[20..24], 0, Some(0x1234)), None, "cut short");
     }
 
     #[test]
@@ -362,9 +378,9 @@ mod tests {
         );
         let mut answer = p.clone();
         answer[0] = 129;
-        assert_eq!(reply6(&answer, 0x1234), Some(9));
-        assert_eq!(reply6(&answer, 0x4321), None, "another ping's");
-        assert_eq!(reply6(&p, 0x1234), None, "a request");
-        assert_eq!(reply6(&answer[..6], 0x1234), None, "cut short");
+        assert_eq!(reply(&answer, 129, Some(0x1234)), Some(9));
+        assert_eq!(reply(&answer, 129, Some(0x4321)), None, "another ping's");
+        assert_eq!(reply(&p, 129, Some(0x1234)), None, "a request");
+        assert_eq!(reply(&answer[..6], 129, Some(0x1234)), None, "cut short");
     }
 }

@@ -505,3 +505,71 @@ fn doctor_names_a_full_conntrack_table_and_blames_no_peer() {
     sticky_testkit::conntrack::flush(&netns);
     healed(&p);
 }
+
+/// Doctor without `CAP_NET_RAW` (the agent's unit leaves it out of its bounding set): with the
+/// kernel's default `ping_group_range` it cannot probe and exits 2 saying what it needs; with
+/// root's group in it (systemd's default) it probes through ping sockets and still tells a
+/// healthy peer from a blocked VXLAN port.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn doctor_probes_without_cap_net_raw_through_ping_sockets() {
+    let p = pair();
+    let file = p.topo.dir.path().join("doctor-1.conflist");
+    std::fs::write(&file, p.conf1.to_string()).expect("write the config");
+    let node1 = p.topo.node_ns(1);
+    let unprivileged = || {
+        let out = p.topo.in_ns(
+            &node1,
+            &[
+                "setpriv",
+                "--bounding-set",
+                "-net_raw",
+                "--",
+                bin(),
+                "doctor",
+                "--config",
+                file.to_str().expect("utf-8 path"),
+                "--json",
+            ],
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code(), report, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let range = |r: &str| {
+        let set = format!("net.ipv4.ping_group_range={r}");
+        ok(&["ip", "netns", "exec", &node1, "sysctl", "-qw", &set]);
+    };
+    range("1 0");
+    let (code, _, stderr) = unprivileged();
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("CAP_NET_RAW, or its group in net.ipv4.ping_group_range"),
+        "{stderr}"
+    );
+
+    range("0 0");
+    let (code, report, stderr) = unprivileged();
+    assert_eq!(
+        (code, &report["findings"], &report["peers"]),
+        (
+            Some(0),
+            &json!([]),
+            &json!([{"peer": "192.0.2.2", "state": "ok"}])
+        ),
+        "{report:#} {stderr}"
+    );
+    p.topo.load_nft(
+        &p.topo.node_ns(2),
+        "doctor",
+        "table inet doctor {\n chain input {\n type filter hook input priority 0;\n udp dport 8472 drop\n }\n}\n",
+    );
+    let (code, report, stderr) = unprivileged();
+    assert_eq!(
+        (code, &report["peers"]),
+        (
+            Some(1),
+            &json!([{"peer": "192.0.2.2", "state": "vxlan-blocked"}])
+        ),
+        "{report:#} {stderr}"
+    );
+}
