@@ -316,7 +316,7 @@ impl Keeper {
         }
         let placed = table::place(&self.nodes, &self.held_for_placing(held), self.vni);
         let settled = table::settle(placed, held, self.own_name.as_deref(), accepts);
-        let placed: Placed = match settled {
+        let (placed, placed_now): (Placed, Vec<Peer>) = match settled {
             Ok(p) => p,
             Err(r) => {
                 let why = match r {
@@ -340,11 +340,12 @@ impl Keeper {
             }
         }
         self.left_out.clone_from(&placed.left_out);
-        let placed_now = placed.list();
-        let (new, shaped) = match shaper.filter(|_| self.sites) {
-            None => (placed.list(), None),
+        // Without sites the list placed is the file's, and only sites keep it besides.
+        let (new, shaped, placed_now) = match shaper.filter(|_| self.sites) {
+            None if !self.sites => (placed_now, None, Vec::new()),
+            None => (placed_now.clone(), None, placed_now),
             Some(shaper) => match shaper.shape(&placed, &self.facts) {
-                Ok((list, shaped)) => (list, Some(shaped)),
+                Ok((list, shaped)) => (list, Some(shaped), placed_now),
                 Err(why) => {
                     self.guard.refusal_gone();
                     return (Outcome::Unusable(why), log);

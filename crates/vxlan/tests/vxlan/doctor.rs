@@ -533,7 +533,11 @@ fn doctor_probes_without_cap_net_raw_through_ping_sockets() {
             ],
         );
         let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        (out.status.code(), report, String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            report,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let range = |r: &str| {
         let set = format!("net.ipv4.ping_group_range={r}");
