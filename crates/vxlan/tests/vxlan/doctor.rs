@@ -35,6 +35,17 @@ fn pair_over(ipv6: bool) -> Pair {
     pair_on(topo, peers)
 }
 
+/// UDP 8472 dropped on the way in (a host firewall), for `load_nft`.
+const BLOCK_VXLAN: &str = "table inet doctor {\n chain input {\n type filter hook input priority 0;\n udp dport 8472 drop\n }\n}\n";
+
+/// Deletes the nftables table `table` ("<family> <name>") a test loaded in node `n`.
+fn delete_table(topo: &Topo, n: u8, table: &str) {
+    let ns = topo.node_ns(n);
+    let mut args = vec!["ip", "netns", "exec", &ns, "nft", "delete", "table"];
+    args.extend(table.split_whitespace());
+    ok(&args);
+}
+
 /// The underlays each test of a fault runs over, and node 2's address on it.
 const UNDERLAYS: [(bool, &str); 2] = [(false, "192.0.2.2"), (true, "2001:db8::2")];
 
@@ -146,28 +157,14 @@ fn doctor_finds_nothing_on_a_healthy_pair_and_says_each_peer_is_ok() {
 fn doctor_names_a_blocked_vxlan_port() {
     for (ipv6, peer) in UNDERLAYS {
         let p = pair_over(ipv6);
-        p.topo.load_nft(
-            &p.topo.node_ns(2),
-            "doctor",
-            "table inet doctor {\n chain input {\n type filter hook input priority 0;\n udp dport 8472 drop\n }\n}\n",
-        );
+        p.topo.load_nft(&p.topo.node_ns(2), "doctor", BLOCK_VXLAN);
         assert!(
             !p.topo.reaches(&p.a, &p.ip_b),
             "the blocked port breaks pod traffic"
         );
         let fix = names(&p, "vxlan-blocked", Some(peer));
         assert!(fix.contains("allow UDP 8472"), "{fix}");
-        ok(&[
-            "ip",
-            "netns",
-            "exec",
-            &p.topo.node_ns(2),
-            "nft",
-            "delete",
-            "table",
-            "inet",
-            "doctor",
-        ]);
+        delete_table(&p.topo, 2, "inet doctor");
         healed(&p);
     }
 }
@@ -418,17 +415,7 @@ fn bad_checksums_over(ipv6: bool, peer: &str) {
     );
     let fix = names(&p, "checksum", Some(peer));
     assert!(fix.contains("ethtool -K"), "{fix}");
-    ok(&[
-        "ip",
-        "netns",
-        "exec",
-        &p.topo.node_ns(1),
-        "nft",
-        "delete",
-        "table",
-        "netdev",
-        "csum",
-    ]);
+    delete_table(&p.topo, 1, "netdev csum");
     healed(&p);
 }
 
@@ -562,11 +549,7 @@ fn doctor_probes_without_cap_net_raw_through_ping_sockets() {
         ),
         "{report:#} {stderr}"
     );
-    p.topo.load_nft(
-        &p.topo.node_ns(2),
-        "doctor",
-        "table inet doctor {\n chain input {\n type filter hook input priority 0;\n udp dport 8472 drop\n }\n}\n",
-    );
+    p.topo.load_nft(&p.topo.node_ns(2), "doctor", BLOCK_VXLAN);
     let (code, report, stderr) = unprivileged();
     assert_eq!(
         (code, &report["peers"]),
