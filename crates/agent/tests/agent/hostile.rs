@@ -665,6 +665,10 @@ fn a_refused_annotation_patch_is_retried_until_it_is_published() {
             n["metadata"]["annotations"]["flannel.alpha.coreos.com/backend-type"] == "vxlan"
         })
     });
+    // The agent logs the publish once the PATCH has returned: after the API has it.
+    wait_for("the publish logged", Duration::from_secs(30), || {
+        agent.log_text().contains("published flannel annotations")
+    });
     assert_eq!(c.api.patches_refused(), 3);
     let m = metrics(&c, 1);
     assert_eq!(
@@ -674,5 +678,4 @@ fn a_refused_annotation_patch_is_retried_until_it_is_published() {
     );
     let log = agent.log_text();
     assert_eq!(log.matches("HTTP 403").count(), 3, "{log}");
-    assert!(log.contains("published flannel annotations"), "{log}");
 }
