@@ -46,16 +46,27 @@ pub struct Report {
 }
 
 impl Report {
+    /// The finding about the peer at `peer`, if any.
+    pub fn peer_finding(&self, peer: std::net::IpAddr) -> Option<&Finding> {
+        self.findings.iter().find(|f| f.peer == Some(peer))
+    }
+
+    /// The finding about the remote site `site`, if any.
+    pub fn site_finding(&self, site: &str) -> Option<&Finding> {
+        self.findings
+            .iter()
+            .find(|f| f.site.as_deref() == Some(site))
+    }
+
     /// What the path to the peer `p` is: its own cause, or the node's when the node's cause
     /// made its probes fail (no VTEP, a full conntrack table: no peer is blamed then), or `ok`.
     pub fn peer_state(&self, p: &decide::PeerFacts) -> &'static str {
-        let own = self.findings.iter().find(|f| f.peer == Some(p.peer));
         let node = || {
             self.findings
                 .iter()
                 .find(|f| f.peer.is_none() && f.site.is_none())
         };
-        match own {
+        match self.peer_finding(p.peer) {
             Some(f) => f.cause.code(),
             None if !(p.small && p.full) => node().map_or("ok", |f| f.cause.code()),
             None => "ok",
@@ -64,10 +75,7 @@ impl Report {
 
     /// What the path to the remote site `site` is: its cause, or `ok`.
     pub fn site_state(&self, site: &str) -> &'static str {
-        self.findings
-            .iter()
-            .find(|f| f.site.as_deref() == Some(site))
-            .map_or("ok", |f| f.cause.code())
+        self.site_finding(site).map_or("ok", |f| f.cause.code())
     }
 }
 

@@ -28,7 +28,7 @@ pub fn text(r: &Report) -> String {
         let _ = writeln!(out, "node: {}", line(f));
     }
     for p in &m.peers {
-        let _ = match r.findings.iter().find(|f| f.peer == Some(p.peer)) {
+        let _ = match r.peer_finding(p.peer) {
             Some(f) => writeln!(out, "peer {}: {}", p.peer, line(f)),
             None => match r.peer_state(p) {
                 "ok" => writeln!(out, "peer {}: ok", p.peer),
@@ -39,7 +39,7 @@ pub fn text(r: &Report) -> String {
     if let Some(s) = &m.sites {
         let _ = writeln!(out, "site {}: {}", s.site, s.role);
         for remote in &s.remotes {
-            let _ = match site_finding(r, &remote.site) {
+            let _ = match r.site_finding(&remote.site) {
                 Some(f) => writeln!(out, "site {}: {}", remote.site, line(f)),
                 None => writeln!(out, "site {}: ok ({})", remote.site, remote.path),
             };
@@ -53,10 +53,6 @@ pub fn text(r: &Report) -> String {
         n => writeln!(out, "{n} cause(s) found"),
     };
     out
-}
-
-fn site_finding<'a>(r: &'a Report, site: &str) -> Option<&'a Finding> {
-    r.findings.iter().find(|f| f.site.as_deref() == Some(site))
 }
 
 fn line(f: &Finding) -> String {
