@@ -272,9 +272,28 @@ struct Line<'a> {
     object: &'a serde_json::value::RawValue,
 }
 
+/// One line of a watch stream whose object is a Node: every event but ERROR, in one pass.
+#[derive(Deserialize)]
+struct NodeLine {
+    #[serde(rename = "type")]
+    kind: String,
+    object: Node,
+}
+
 impl Event {
-    /// Decodes one line of a watch stream.
+    /// Decodes one line of a watch stream. A line whose object is a Node (the kubelets' status
+    /// updates at 100,000 Nodes: 330 a second) is read in one pass; anything else (an ERROR, a
+    /// line that is no event) is read again, object by its type, for the event or the error.
     pub fn parse(line: &[u8]) -> Result<Event, EventError> {
+        if let Ok(NodeLine { kind, object }) = serde_json::from_slice(line) {
+            match kind.as_str() {
+                "ADDED" => return Ok(Event::Added(object)),
+                "MODIFIED" => return Ok(Event::Modified(object)),
+                "DELETED" => return Ok(Event::Deleted(object)),
+                "BOOKMARK" => return Ok(Event::Bookmark(object.metadata.resource_version)),
+                _ => {}
+            }
+        }
         let raw: Line = serde_json::from_slice(line).map_err(EventError::Json)?;
         let node = |text: &str| {
             serde_json::from_str::<Node>(text).map_err(|source| EventError::Object {
