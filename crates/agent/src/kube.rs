@@ -6,7 +6,7 @@
 //! streams (only the kept fields of each Node stay in memory, see [`super::objects`]) and
 //! stops at [`LIST_BODY_LIMIT`] bytes and `--max-nodes` nodes ([`DEFAULT_MAX_NODES`]); a list
 //! stops at [`max_pages`] pages; one watch event is at most [`EVENT_LIMIT`] bytes; an error body is read up to
-//! [`ERROR_BODY_LIMIT`].
+//! [`ERROR_BODY_LIMIT`]. The watch's socket is read at most once per [`PACE`].
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
@@ -15,10 +15,19 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use ureq::Agent;
 use ureq::http::Response;
+use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::transport::{
+    ConnectProxyConnector, Connector, RustlsConnector, TcpConnector,
+};
 
 use super::api::{ApiError, Events, ListFrom, NodeApi, NodePage};
 use super::endpoint::Endpoint;
 use super::objects::{Event, ListMeta, Node, Status};
+
+mod paced;
+
+/// How often at most the watch's socket is read ([`paced::WINDOW`]).
+pub const PACE: Duration = paced::WINDOW;
 
 /// What the agent calls itself (YurtHub caches only the agents listed in its `cache_agents`,
 /// by this name).
@@ -55,6 +64,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct Kube {
     agent: Agent,
+    /// The watch's own agent: its socket is read at most once per [`paced::WINDOW`]. Its own,
+    /// so that no list or patch is paced (connections are pooled per agent).
+    watcher: Agent,
     endpoint: Endpoint,
     /// `--max-nodes`: the most Nodes one page may hold.
     max_nodes: usize,
@@ -71,23 +83,37 @@ impl Kube {
             std::env::consts::OS,
             std::env::consts::ARCH
         );
-        let mut config = Agent::config_builder()
-            .http_status_as_error(false)
-            .user_agent(user_agent)
-            .accept("application/json")
-            .accept_encoding("identity")
-            .max_redirects(0)
-            .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_per_read(Some(CALL_SILENCE))
-            .max_idle_connections(2);
-        if let Some(tls) = &endpoint.tls {
-            config = config.tls_config(tls.clone());
-        }
-        // Exactly the proxy client-go's rules chose for this server (none for a loopback
-        // one), never ureq's own reading of the environment.
-        config = config.proxy(endpoint.proxy.as_ref().map(|p| p.proxy.clone()));
+        let config = || {
+            let config = Agent::config_builder()
+                .http_status_as_error(false)
+                .user_agent(&user_agent)
+                .accept("application/json")
+                .accept_encoding("identity")
+                .max_redirects(0)
+                .timeout_connect(Some(CONNECT_TIMEOUT))
+                .timeout_per_read(Some(CALL_SILENCE))
+                .max_idle_connections(2);
+            let config = match &endpoint.tls {
+                Some(tls) => config.tls_config(tls.clone()),
+                None => config,
+            };
+            // Exactly the proxy client-go's rules chose for this server (none for a loopback
+            // one), never ureq's own reading of the environment.
+            config.proxy(endpoint.proxy.as_ref().map(|p| p.proxy.clone()))
+        };
+        let watcher = Agent::with_parts(
+            config().input_buffer_size(paced::INPUT_BUFFER).build(),
+            // ureq's default chain (its CONNECT proxy, TCP, rustls) with the pace between TCP
+            // and TLS. No SOCKS: ureq is built without it, for lists too.
+            ConnectProxyConnector::default()
+                .chain(TcpConnector::default())
+                .chain(paced::Pace(paced::WINDOW))
+                .chain(RustlsConnector::default()),
+            DefaultResolver::default(),
+        );
         Kube {
-            agent: config.build().into(),
+            agent: config().build().into(),
+            watcher,
             endpoint,
             max_nodes: DEFAULT_MAX_NODES,
         }
@@ -113,9 +139,19 @@ impl Kube {
         silence: Duration,
         deadline: Option<Duration>,
     ) -> Result<Response<ureq::Body>, ApiError> {
+        self.get_with(&self.agent, path, silence, deadline)
+    }
+
+    /// [`Kube::get`] through `agent`.
+    fn get_with(
+        &self,
+        agent: &Agent,
+        path: &str,
+        silence: Duration,
+        deadline: Option<Duration>,
+    ) -> Result<Response<ureq::Body>, ApiError> {
         let url = format!("{}{path}", self.endpoint.base);
-        let mut req = self
-            .agent
+        let mut req = agent
             .get(&url)
             .config()
             .timeout_per_read(Some(silence))
@@ -403,7 +439,7 @@ impl NodeApi for Kube {
         );
         let within = timeout + WATCH_MARGIN;
         let deadline = Instant::now() + within;
-        let resp = self.get(&path, WATCH_SILENCE, Some(within))?;
+        let resp = self.get_with(&self.watcher, &path, WATCH_SILENCE, Some(within))?;
         Ok(Box::new(Watch {
             lines: BufReader::new(resp.into_body().into_reader()),
             path,

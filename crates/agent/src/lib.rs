@@ -344,8 +344,11 @@ fn keeper(
 }
 
 /// How long the main loop keeps collecting a burst of updates once the first arrived.
-const BURST: Duration = Duration::from_millis(10);
+const BURST: Duration = Duration::from_millis(20);
 const MAX_BURST: Duration = Duration::from_millis(200);
+// The watch's socket is read at most every `WINDOW`: a second event the API sent just after a
+// first reaches the burst within it, so the pace must stay well inside the burst window.
+const _: () = assert!(kube::PACE.as_millis() * 2 <= BURST.as_millis());
 
 /// Waits up to `poll` for the first update, then takes the whole burst.
 fn take_burst(rx: &mpsc::Receiver<sync::Update>, poll: Duration) -> Vec<sync::Update> {
@@ -454,6 +457,8 @@ struct Rounds {
     segments_seen: Vec<Option<files::Fingerprint>>,
     /// The last round of every network, and the last round of any kind.
     last_full: Option<Instant>,
+    /// What the last full round took: it spaces the resyncs ([`reconcile::resync_every`]).
+    full_took: Duration,
     last_try: Option<Instant>,
     outcomes: reconcile::Outcomes,
     written_status: Option<Status>,
@@ -477,6 +482,7 @@ impl Rounds {
             segments_seen: fingerprints(&segment_files),
             segment_files,
             last_full: None,
+            full_took: Duration::ZERO,
             last_try: None,
             outcomes: reconcile::Outcomes::new(opts.segment_configs.len()),
             written_status: None,
@@ -488,7 +494,8 @@ impl Rounds {
     /// A round when one is due: for a reason, the periodic resync, or a retry of the networks
     /// that failed; none while there is no peers file to program from.
     fn reconcile_if_due(&mut self, opts: &Options, peers_file: &Path, shared: &Shared) {
-        let full_due = self.last_full.is_none_or(|t| t.elapsed() >= self.resync);
+        let every = reconcile::resync_every(self.resync, self.full_took);
+        let full_due = self.last_full.is_none_or(|t| t.elapsed() >= every);
         let retry_due =
             self.outcomes.failing() && self.last_try.is_none_or(|t| t.elapsed() >= self.retry);
         if self.seen.is_none() && (!self.why.is_empty() || full_due) {
@@ -504,6 +511,8 @@ impl Rounds {
             self.last_try = self.last_full;
         } else if !self.why.is_empty() || full_due || retry_due {
             let only_failed = self.why.is_empty() && !full_due;
+            // Only a resync's own cost spaces the resyncs (a first programming costs more).
+            let periodic = self.why.is_empty() && full_due;
             if self.why.is_empty() {
                 self.why = if only_failed {
                     "retry"
@@ -514,6 +523,7 @@ impl Rounds {
             // The agent's own write, since the last round, is programmed as a change; the
             // periodic resync and anything else, in full.
             let change = self.change.take().filter(|_| !full_due && !only_failed);
+            let started = Instant::now();
             for line in reconcile::round(
                 &mut reconcile::LiveNetworks,
                 reconcile::Main {
@@ -533,6 +543,20 @@ impl Rounds {
             // off the next (drift is repaired only by a full reconcile).
             if !only_failed && change.is_none() {
                 self.last_full = self.last_try;
+            }
+            if periodic {
+                self.full_took = started.elapsed();
+                let next = reconcile::resync_every(self.resync, self.full_took);
+                if next > self.resync {
+                    log(&format!(
+                        "the periodic resync took {:.2} s: the next in {:.0} s, not {:.1} s (a \
+                         resync takes at most 1/{} of the node's time)",
+                        self.full_took.as_secs_f64(),
+                        next.as_secs_f64(),
+                        self.resync.as_secs_f64(),
+                        reconcile::RESYNC_SHARE
+                    ));
+                }
             }
         }
     }

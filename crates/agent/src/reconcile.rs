@@ -29,6 +29,21 @@ pub enum Error {
     Node(#[from] sticky_overlay::Error),
 }
 
+/// A periodic resync takes at most this share of the node's time: a full reconcile compares
+/// every route, neighbour and FDB entry with the peers file, so its cost grows with the cluster
+/// (about 0.7 s at 100,000 peers), and at a fixed `--resync` it would be the agent's largest
+/// idle cost there. Past that size the resyncs are spaced by their own cost.
+pub const RESYNC_SHARE: u32 = 400;
+
+/// How long after the last full round the next periodic resync is due: `--resync`, or
+/// [`RESYNC_SHARE`] times what the last full round took, whichever is longer.
+pub fn resync_every(
+    resync: std::time::Duration,
+    full_took: std::time::Duration,
+) -> std::time::Duration {
+    resync.max(full_took.saturating_mul(RESYNC_SHARE))
+}
+
 fn network(config: &Path) -> impl FnOnce(networks::Error) -> Error + '_ {
     |source| Error::Network {
         config: config.to_path_buf(),
@@ -255,6 +270,26 @@ pub fn round(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resync_is_spaced_by_its_own_cost_once_that_outgrows_the_flag() {
+        use std::time::Duration;
+        let flag = Duration::from_secs(60);
+        // 5,000 peers: tens of milliseconds, the flag holds.
+        assert_eq!(resync_every(flag, Duration::from_millis(60)), flag);
+        assert_eq!(resync_every(flag, Duration::from_millis(150)), flag);
+        // 100,000 peers: 0.7 s a round, one every 280 s (a quarter of a percent).
+        assert_eq!(
+            resync_every(flag, Duration::from_millis(700)),
+            Duration::from_secs(280)
+        );
+        // A shorter flag is stretched the same way; a round that never ends stays bounded.
+        assert_eq!(
+            resync_every(Duration::from_secs(1), Duration::from_millis(10)),
+            Duration::from_secs(4)
+        );
+        assert_eq!(resync_every(flag, Duration::MAX), Duration::MAX);
+    }
     use sticky_vxlan::status::Status;
 
     /// A file the operator tools cannot use (here: not a segment's), as they say it.

@@ -24,7 +24,7 @@
 //! request per connection (`Connection: close`). tests/kube_kubectl.rs holds it to kubectl.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -732,7 +732,10 @@ fn serve(
     let Some(req) = read_request(&mut r) else {
         return;
     };
-    let mut w = r.into_inner();
+    // Writes go through a 4 KiB buffer, as Go's net/http writes a connection (its `bufw`): a
+    // watch event is then three writes (and three TLS records), its chunk header, its text and
+    // its trailer, as a real API server sends it, not one record per piece of a format string.
+    let mut w = BufWriter::with_capacity(4 << 10, r.into_inner());
     {
         let mut s = shared.state.lock().unwrap();
         if s.down {
@@ -1168,24 +1171,31 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// Heartbeats as the kubelets send them, for 60 s: every `every`, Node `node_of(beat)` put
-/// again with a new `lastHeartbeatTime` on its Ready condition (as [`node_json`] makes it). How
-/// many were sent.
-pub fn heartbeats(api: &ApiServer, every: Duration, node_of: impl Fn(usize) -> Value) -> usize {
+/// Heartbeats as the kubelets send them, for `lasting`: every `every`, Node `node_of(beat)`
+/// put again with a new `lastHeartbeatTime` on its Ready condition (as [`node_json`] makes it),
+/// `beat` counting on from `next`. How many were sent.
+pub fn heartbeats(
+    api: &ApiServer,
+    every: Duration,
+    lasting: Duration,
+    next: &mut usize,
+    node_of: impl Fn(usize) -> Value,
+) -> usize {
     let start = Instant::now();
-    let mut beats = 0usize;
-    while start.elapsed() < Duration::from_secs(60) {
-        let mut node = node_of(beats);
+    let first = *next;
+    while start.elapsed() < lasting {
+        let beat = *next;
+        let mut node = node_of(beat);
         node["status"]["conditions"][3]["lastHeartbeatTime"] = json!(format!(
             "2026-11-25T03:{:02}:{:02}Z",
-            beats / 60 % 60,
-            beats % 60
+            beat / 60 % 60,
+            beat % 60
         ));
         api.put_node(node);
-        beats += 1;
+        *next += 1;
         std::thread::sleep(every);
     }
-    beats
+    *next - first
 }
 
 /// CPU time process `pid` used so far, user and system, in clock ticks (USER_HZ, 100 a second).

@@ -608,16 +608,42 @@ fn bench_nodes(n: usize) {
     let burst = last.elapsed();
     let peak = rss();
 
-    // Idle: heartbeats as the kubelets send them (one status update each per 300 s), for 60 s.
+    // Idle: heartbeats as the kubelets send them (one status update each per 300 s), for 50 s
+    // after the first periodic resync (the next is 60 s or more on), and that resync's share.
+    let every = Duration::from_secs_f64(300.0 / (n + 1000) as f64);
+    let beat = |b: usize| fake(1 + b % (n - 1));
+    let resynced = || agent.log_text().contains("reconciled (periodic resync)");
+    let (mut b, waiting) = (0, std::time::Instant::now());
+    while !resynced() {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(180),
+            "no periodic resync"
+        );
+        heartbeats(&c.api, every, Duration::from_millis(100), &mut b, beat);
+    }
     let ticks = || cpu_ticks(pid);
     let (t0, idle_start, bytes0) = (ticks(), std::time::Instant::now(), c.api.watch_bytes());
-    let every = Duration::from_secs_f64(300.0 / (n + 1000) as f64);
-    let beats = heartbeats(&c.api, every, |beat| fake(1 + beat % (n - 1)));
+    let beats = heartbeats(&c.api, every, Duration::from_secs(50), &mut b, beat);
     let idle = idle_start.elapsed().as_secs_f64();
     let cpu = (ticks() - t0) as f64 / 100.0 / idle * 100.0;
     let bytes_per_s = (c.api.watch_bytes() - bytes0) as f64 / idle;
+    // "the periodic resync took 0.70 s: the next in 280 s", when it is spaced by its cost.
+    let log = agent.log_text();
+    let resync = log.split("the periodic resync took ").nth(1).and_then(|l| {
+        let (took, rest) = l.split_once(" s: the next in ")?;
+        let next = rest.split_once(" s")?.0;
+        Some((took.parse::<f64>().ok()?, next.parse::<f64>().ok()?))
+    });
+    let resync = match resync {
+        Some((took, next)) => format!(
+            "a periodic resync of {took:.2} s every {next:.0} s: {:.2}%, {:.2}% in all",
+            took / next * 100.0,
+            cpu + took / next * 100.0
+        ),
+        None => "the periodic resync under 0.15 s, every 60 s".to_string(),
+    };
     println!(
-        "BENCH {n} nodes ({sample} bytes each): first list to {} peers programmed {:.2} s (the agent's CPU {list_cpu:.2} s, the test API server's {serving_cpu:.2} s); resident {} KiB after it, {} KiB after {} more; a Node change programmed on another node {:.0} ms (median of 20); 1,000 Nodes in one burst programmed {:.2} s after the last event; idle CPU {cpu:.2}% of one core over {idle:.0} s ({beats} heartbeats, {:.0} watch bytes/s); lists made {}",
+        "BENCH {n} nodes ({sample} bytes each): first list to {} peers programmed {:.2} s (the agent's CPU {list_cpu:.2} s, the test API server's {serving_cpu:.2} s); resident {} KiB after it, {} KiB after {} more; a Node change programmed on another node {:.0} ms (median of 20); 1,000 Nodes in one burst programmed {:.2} s after the last event; idle CPU {cpu:.2}% of one core over {idle:.0} s between resyncs ({beats} heartbeats, {:.0} watch bytes/s), and {resync}; lists made {}",
         n - 1,
         first.as_secs_f64(),
         after_list,
@@ -724,10 +750,11 @@ fn without_kubernetes_the_agent_programs_the_hand_kept_file_and_heals_drift_ever
         c.routes(1, &Topo::subnet(3))
     });
     // Drift (the VTEP deleted under the agent) is healed by the next periodic resync, with
-    // the same MAC.
+    // the same MAC. The resync is due 1 s on, or 400 times what the last took (tens of
+    // milliseconds on a loaded machine: seconds).
     let mac = c.topo.link_mac(&node1, "sticky.1");
     ok(&["ip", "-n", &node1, "link", "del", "sticky.1"]);
-    wait_for("the VTEP back", Duration::from_secs(3), || {
+    wait_for("the VTEP back", Duration::from_secs(30), || {
         c.routes(1, &Topo::subnet(2)) && c.routes(1, &Topo::subnet(3))
     });
     assert_eq!(c.topo.link_mac(&node1, "sticky.1"), mac);
@@ -832,13 +859,16 @@ fn the_agent_reconciles_every_segment_too_and_a_failing_one_stops_nothing() {
         Duration::from_secs(5),
         || !c.routes(1, &Topo::subnet(3)) && c.topo.flood(1, "segvx401") == ["192.0.2.2"],
     );
-    // Drift: the segment's devices deleted under the agent come back with the next resync.
+    // Drift: the segment's devices deleted under the agent come back with the next resync
+    // (1 s on, or 400 times what the last took).
     for dev in ["segvx401", "segbr401"] {
         ok(&["ip", "-n", &node1, "link", "del", dev]);
     }
-    wait_for("the segment's devices back", Duration::from_secs(5), || {
-        c.topo.flood(1, "segvx401") == ["192.0.2.2"]
-    });
+    wait_for(
+        "the segment's devices back",
+        Duration::from_secs(30),
+        || c.topo.flood(1, "segvx401") == ["192.0.2.2"],
+    );
     assert!(c.routes(1, &Topo::subnet(2)));
     let netns = PathBuf::from(format!("/run/netns/{node1}"));
     let metrics = get_in_netns(&netns, "127.0.0.1:9767", "/metrics").unwrap();

@@ -172,7 +172,7 @@ fn bench_hub(sites: u32) {
     let ticks = |pid| cpu_ticks(pid);
     let (a0, w0, idle_start) = (ticks(agent_pid), ticks(wg_pid), Instant::now());
     let every = Duration::from_secs_f64(300.0 / f64::from(sites));
-    let beats = heartbeats(&c.api, every, |beat| {
+    let beats = heartbeats(&c.api, every, Duration::from_secs(60), &mut 0, |beat| {
         let i = 1 + beat as u32 % sites;
         shop(i, moved.get(&i).copied().unwrap_or(i))
     });
