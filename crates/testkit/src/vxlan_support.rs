@@ -432,8 +432,8 @@ impl Topo {
     }
 
     /// `ip -o monitor route` in node `n` while `during` runs: every line it printed between a
-    /// marker route it showed before and another added after (so no line is missed or waited
-    /// for).
+    /// start route it showed before and an end route added after (so no line is missed or
+    /// waited for).
     pub fn route_events(&self, n: u8, during: impl FnOnce()) -> Vec<String> {
         use std::io::BufRead as _;
         let marker = "203.0.113.0/24";
@@ -474,8 +474,20 @@ impl Topo {
                 _ => assert!(start.elapsed() < deadline, "ip monitor printed nothing"),
             }
         }
-        if !present {
-            self.ip(n, &["route", "add", marker, "dev", "lo"]);
+        if present {
+            self.ip(n, &["route", "del", marker, "dev", "lo"]);
+        }
+        // The toggling may have printed more than was read (a slow monitor on a loaded
+        // machine): the record starts after a route added once the monitor is known to listen.
+        let start_marker = "203.0.113.128/25";
+        self.ip(n, &["route", "add", start_marker, "dev", "lo"]);
+        loop {
+            let line = rx
+                .recv_timeout(deadline)
+                .expect("ip monitor printed the start marker");
+            if line.starts_with(start_marker) {
+                break;
+            }
         }
         during();
         // A second marker ends the record: every change before it has been printed by then.
@@ -491,7 +503,7 @@ impl Topo {
             }
             lines.push(line);
         }
-        for route in [marker, end] {
+        for route in [start_marker, end] {
             self.ip(n, &["route", "del", route, "dev", "lo"]);
         }
         lines
