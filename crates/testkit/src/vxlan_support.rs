@@ -477,32 +477,28 @@ impl Topo {
         if present {
             self.ip(n, &["route", "del", marker, "dev", "lo"]);
         }
+        // Adds route `to` and returns every line the monitor printed before it printed that.
+        let lines_until = |to: &str| {
+            self.ip(n, &["route", "add", to, "dev", "lo"]);
+            let mut lines = Vec::new();
+            loop {
+                let line = rx
+                    .recv_timeout(deadline)
+                    .unwrap_or_else(|e| panic!("ip monitor never printed {to}: {e}"));
+                if line.starts_with(to) {
+                    return lines;
+                }
+                lines.push(line);
+            }
+        };
         // The toggling may have printed more than was read (a slow monitor on a loaded
         // machine): the record starts after a route added once the monitor is known to listen.
         let start_marker = "203.0.113.128/25";
-        self.ip(n, &["route", "add", start_marker, "dev", "lo"]);
-        loop {
-            let line = rx
-                .recv_timeout(deadline)
-                .expect("ip monitor printed the start marker");
-            if line.starts_with(start_marker) {
-                break;
-            }
-        }
+        lines_until(start_marker);
         during();
         // A second marker ends the record: every change before it has been printed by then.
         let end = "198.51.100.0/24";
-        self.ip(n, &["route", "add", end, "dev", "lo"]);
-        let mut lines = Vec::new();
-        loop {
-            let line = rx
-                .recv_timeout(deadline)
-                .expect("ip monitor printed the end marker");
-            if line.starts_with(end) {
-                break;
-            }
-            lines.push(line);
-        }
+        let lines = lines_until(end);
         for route in [start_marker, end] {
             self.ip(n, &["route", "del", route, "dev", "lo"]);
         }
