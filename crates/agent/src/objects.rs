@@ -285,35 +285,36 @@ impl Event {
     /// updates at 100,000 Nodes: 330 a second) is read in one pass; anything else (an ERROR, a
     /// line that is no event) is read again, object by its type, for the event or the error.
     pub fn parse(line: &[u8]) -> Result<Event, EventError> {
-        if let Ok(NodeLine { kind, object }) = serde_json::from_slice(line) {
-            match kind.as_str() {
-                "ADDED" => return Ok(Event::Added(object)),
-                "MODIFIED" => return Ok(Event::Modified(object)),
-                "DELETED" => return Ok(Event::Deleted(object)),
-                "BOOKMARK" => return Ok(Event::Bookmark(object.metadata.resource_version)),
-                _ => {}
-            }
+        if let Ok(NodeLine { kind, object }) = serde_json::from_slice(line)
+            && let Some(event) = Event::of_node(&kind)
+        {
+            return Ok(event(object));
         }
         let raw: Line = serde_json::from_slice(line).map_err(EventError::Json)?;
-        let node = |text: &str| {
-            serde_json::from_str::<Node>(text).map_err(|source| EventError::Object {
-                kind: raw.kind.clone(),
-                source,
-            })
+        let object = |source| EventError::Object {
+            kind: raw.kind.clone(),
+            source,
         };
-        Ok(match raw.kind.as_str() {
-            "ADDED" => Event::Added(node(raw.object.get())?),
-            "MODIFIED" => Event::Modified(node(raw.object.get())?),
-            "DELETED" => Event::Deleted(node(raw.object.get())?),
-            "BOOKMARK" => Event::Bookmark(node(raw.object.get())?.metadata.resource_version),
-            "ERROR" => Event::Error(serde_json::from_str(raw.object.get()).map_err(|source| {
-                EventError::Object {
-                    kind: raw.kind.clone(),
-                    source,
-                }
-            })?),
-            other => return Err(EventError::Kind(other.to_string())),
-        })
+        if raw.kind == "ERROR" {
+            return Ok(Event::Error(
+                serde_json::from_str(raw.object.get()).map_err(object)?,
+            ));
+        }
+        let event = Event::of_node(&raw.kind).ok_or_else(|| EventError::Kind(raw.kind.clone()))?;
+        Ok(event(
+            serde_json::from_str::<Node>(raw.object.get()).map_err(object)?,
+        ))
+    }
+
+    /// The event a type whose object is a Node makes of it; `None` for any other type.
+    fn of_node(kind: &str) -> Option<fn(Node) -> Event> {
+        match kind {
+            "ADDED" => Some(Event::Added),
+            "MODIFIED" => Some(Event::Modified),
+            "DELETED" => Some(Event::Deleted),
+            "BOOKMARK" => Some(|node: Node| Event::Bookmark(node.metadata.resource_version)),
+            _ => None,
+        }
     }
 }
 
