@@ -6,7 +6,7 @@
 //! streams (only the kept fields of each Node stay in memory, see [`super::objects`]) and
 //! stops at [`LIST_BODY_LIMIT`] bytes and `--max-nodes` nodes ([`DEFAULT_MAX_NODES`]); a list
 //! stops at [`max_pages`] pages; one watch event is at most [`EVENT_LIMIT`] bytes; an error body is read up to
-//! [`ERROR_BODY_LIMIT`]. The watch's socket is read at most once per [`PACE`].
+//! [`ERROR_BODY_LIMIT`]. The watch's socket is read at most once per [`paced::WINDOW`].
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
@@ -24,10 +24,7 @@ use super::api::{ApiError, Events, ListFrom, NodeApi, NodePage};
 use super::endpoint::Endpoint;
 use super::objects::{Event, ListMeta, Node, Status};
 
-mod paced;
-
-/// How often at most the watch's socket is read ([`paced::WINDOW`]).
-pub const PACE: Duration = paced::WINDOW;
+pub mod paced;
 
 /// What the agent calls itself (YurtHub caches only the agents listed in its `cache_agents`,
 /// by this name).
@@ -107,7 +104,7 @@ impl Kube {
             // and TLS. No SOCKS: ureq is built without it, for lists too.
             ConnectProxyConnector::default()
                 .chain(TcpConnector::default())
-                .chain(paced::Pace(paced::WINDOW))
+                .chain(paced::Pace)
                 .chain(RustlsConnector::default()),
             DefaultResolver::default(),
         );

@@ -348,7 +348,7 @@ const BURST: Duration = Duration::from_millis(20);
 const MAX_BURST: Duration = Duration::from_millis(200);
 // The watch's socket is read at most every `WINDOW`: a second event the API sent just after a
 // first reaches the burst within it, so the pace must stay well inside the burst window.
-const _: () = assert!(kube::PACE.as_millis() * 2 <= BURST.as_millis());
+const _: () = assert!(kube::paced::WINDOW.as_millis() * 2 <= BURST.as_millis());
 
 /// Waits up to `poll` for the first update, then takes the whole burst.
 fn take_burst(rx: &mpsc::Receiver<sync::Update>, poll: Duration) -> Vec<sync::Update> {
@@ -457,7 +457,7 @@ struct Rounds {
     segments_seen: Vec<Option<files::Fingerprint>>,
     /// The last round of every network, and the last round of any kind.
     last_full: Option<Instant>,
-    /// What the last full round took: it spaces the resyncs ([`reconcile::resync_every`]).
+    /// What the last periodic resync took: it spaces the resyncs ([`reconcile::resync_every`]).
     full_took: Duration,
     last_try: Option<Instant>,
     outcomes: reconcile::Outcomes,

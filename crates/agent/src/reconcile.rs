@@ -3,6 +3,7 @@
 //! [`Networks`], so the dispatch is tested with a recording fake.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::state::Shared;
 use sticky_overlay::config::Config;
@@ -36,11 +37,8 @@ pub enum Error {
 pub const RESYNC_SHARE: u32 = 400;
 
 /// How long after the last full round the next periodic resync is due: `--resync`, or
-/// [`RESYNC_SHARE`] times what the last full round took, whichever is longer.
-pub fn resync_every(
-    resync: std::time::Duration,
-    full_took: std::time::Duration,
-) -> std::time::Duration {
+/// [`RESYNC_SHARE`] times what the last periodic resync took, whichever is longer.
+pub fn resync_every(resync: Duration, full_took: Duration) -> Duration {
     resync.max(full_took.saturating_mul(RESYNC_SHARE))
 }
 
@@ -270,10 +268,10 @@ pub fn round(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sticky_vxlan::status::Status;
 
     #[test]
     fn a_resync_is_spaced_by_its_own_cost_once_that_outgrows_the_flag() {
-        use std::time::Duration;
         let flag = Duration::from_secs(60);
         // 5,000 peers: tens of milliseconds, the flag holds.
         assert_eq!(resync_every(flag, Duration::from_millis(60)), flag);
@@ -290,7 +288,6 @@ mod tests {
         );
         assert_eq!(resync_every(flag, Duration::MAX), Duration::MAX);
     }
-    use sticky_vxlan::status::Status;
 
     /// A file the operator tools cannot use (here: not a segment's), as they say it.
     fn broken(config: &Path) -> Error {

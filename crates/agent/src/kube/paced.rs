@@ -28,9 +28,9 @@ pub const WINDOW: Duration = Duration::from_millis(10);
 pub const INPUT_BUFFER: usize = 1 << 20;
 
 /// Wraps the connection the chain made so far (TCP, or a proxy's tunnel) in a [`Paced`]
-/// transport.
+/// transport of [`WINDOW`].
 #[derive(Debug, Clone, Copy)]
-pub struct Pace(pub Duration);
+pub struct Pace;
 
 impl<In: Transport> Connector<In> for Pace {
     type Out = Paced<In>;
@@ -42,7 +42,7 @@ impl<In: Transport> Connector<In> for Pace {
     ) -> Result<Option<Self::Out>, Error> {
         Ok(chained.map(|inner| Paced {
             inner,
-            window: self.0,
+            window: WINDOW,
             last_read: None,
         }))
     }
