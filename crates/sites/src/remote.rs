@@ -10,7 +10,8 @@
 //!   reading) within the up time (180 s), switching only when another's is newer than the
 //!   current one's (hysteresis); none within it: the rule's choice.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
 use crate::model::{Model, SiteName};
@@ -41,53 +42,52 @@ pub fn remote_active<'a>(
     }
 }
 
-/// One peer of the expanded plan.
+/// One peer of the expanded plan: borrowed from the plan and the model where it is the plan's
+/// own (a hub expands 10,000 peers every round).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CandidatePeer {
-    pub site: SiteName,
+pub struct CandidatePeer<'a> {
+    pub site: &'a SiteName,
     /// The candidate's Node name.
-    pub gateway: String,
-    pub config: PeerConfig,
+    pub gateway: &'a str,
+    pub config: Cow<'a, PeerConfig>,
 }
 
 /// The plan's `peers` (one per remote site, to the rule's choice) expanded to every candidate
 /// of each site, the site's allowed IPs on `taken[site]` (else the rule's choice).
-pub fn expand(
-    peers: &[SitePeer],
-    model: &Model,
-    taken: &BTreeMap<SiteName, String>,
-) -> Vec<CandidatePeer> {
-    let mut out = Vec::new();
+pub fn expand<'a>(
+    peers: &'a [SitePeer],
+    model: &'a Model,
+    taken: &HashMap<SiteName, String>,
+) -> Vec<CandidatePeer<'a>> {
+    let mut out = Vec::with_capacity(peers.len());
     for p in peers {
         let on = taken.get(&p.site).unwrap_or(&p.gateway);
-        let candidates = model.sites.get(&p.site).map(|s| &s.candidates[..]);
-        let others = candidates
-            .unwrap_or(&[])
-            .iter()
-            .filter(|c| c.name != p.gateway);
-        if !candidates.unwrap_or(&[]).iter().any(|c| c.name == *on) {
-            // Taken one no longer a candidate: the rule's choice carries.
-            out.push(CandidatePeer {
-                site: p.site.clone(),
-                gateway: p.gateway.clone(),
-                config: p.config.clone(),
-            });
+        let candidates = model
+            .sites
+            .get(&p.site)
+            .map_or(&[][..], |s| &s.candidates[..]);
+        let others = candidates.iter().filter(|c| c.name != p.gateway);
+        let rule = |config| CandidatePeer {
+            site: &p.site,
+            gateway: &p.gateway,
+            config,
+        };
+        if *on == p.gateway || !candidates.iter().any(|c| c.name == *on) {
+            // The rule's choice carries (also when the one taken is no longer a candidate).
+            out.push(rule(Cow::Borrowed(&p.config)));
             out.extend(others.map(|c| standby(p, c)));
             continue;
         }
-        let mut rule = p.config.clone();
-        if *on != p.gateway {
-            rule.allowed_ips.clear();
-        }
-        out.push(CandidatePeer {
-            site: p.site.clone(),
-            gateway: p.gateway.clone(),
-            config: rule,
-        });
+        let mut config = p.config.clone();
+        config.allowed_ips.clear();
+        out.push(rule(Cow::Owned(config)));
         for c in others {
             let mut s = standby(p, c);
             if c.name == *on {
-                s.config.allowed_ips.clone_from(&p.config.allowed_ips);
+                s.config
+                    .to_mut()
+                    .allowed_ips
+                    .clone_from(&p.config.allowed_ips);
             }
             out.push(s);
         }
@@ -95,18 +95,18 @@ pub fn expand(
     out
 }
 
-/// A dial-in-only peer for candidate `c` of `p`'s site, with no allowed IPs.
-fn standby(p: &SitePeer, c: &crate::model::Candidate) -> CandidatePeer {
+/// A candidate other than the rule's choice: dial-in only, no allowed IPs.
+fn standby<'a>(p: &'a SitePeer, c: &'a crate::model::Candidate) -> CandidatePeer<'a> {
     CandidatePeer {
-        site: p.site.clone(),
-        gateway: c.name.clone(),
-        config: PeerConfig {
+        site: &p.site,
+        gateway: &c.name,
+        config: Cow::Owned(PeerConfig {
             public_key: c.public_key,
             endpoint: None,
             allowed_ips: Vec::new(),
             keepalive_secs: p.config.keepalive_secs,
             last_seen: None,
-        },
+        }),
     }
 }
 
@@ -184,12 +184,13 @@ mod tests {
     fn every_candidate_is_a_peer_and_the_taken_one_carries() {
         let m = model();
         let site = SiteName::parse("k", "site-a").unwrap();
-        let rule = expand(&[peer()], &m, &BTreeMap::new());
+        let peers = [peer()];
+        let rule = expand(&peers, &m, &HashMap::new());
         let summary = |v: &[CandidatePeer]| {
             v.iter()
                 .map(|p| {
                     (
-                        p.gateway.clone(),
+                        p.gateway.to_string(),
                         p.config.public_key.0[0],
                         p.config.endpoint.is_some(),
                         p.config.allowed_ips.len(),
@@ -201,12 +202,12 @@ mod tests {
             summary(&rule),
             [("a1".into(), 1, true, 1), ("a3".into(), 3, false, 0)]
         );
-        let taken = BTreeMap::from([(site.clone(), "a3".to_string())]);
+        let taken = HashMap::from([(site.clone(), "a3".to_string())]);
         assert_eq!(
-            summary(&expand(&[peer()], &m, &taken)),
+            summary(&expand(&peers, &m, &taken)),
             [("a1".into(), 1, true, 0), ("a3".into(), 3, false, 1)]
         );
-        let gone = BTreeMap::from([(site, "a9".to_string())]);
-        assert_eq!(summary(&expand(&[peer()], &m, &gone)), summary(&rule));
+        let gone = HashMap::from([(site, "a9".to_string())]);
+        assert_eq!(summary(&expand(&peers, &m, &gone)), summary(&rule));
     }
 }

@@ -16,7 +16,7 @@
 //!   removes its peers and routes; a restarted agent does not know, so it clears once).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, SystemTime};
 
@@ -28,7 +28,7 @@ use crate::paths::Path;
 use crate::plan::{GatewayPlan, SitePlan};
 use crate::punch::{self, Lives, Punches};
 use crate::remote;
-use crate::tunnel::{DeviceState, PeerChange, PeerState, diff};
+use crate::tunnel::{DeviceState, PeerChange, PeerState, diff, diff_keyed};
 
 /// A tunnel whose latest handshake is older than this is down (WireGuard's reject-after time:
 /// sessions rekey every 120 s while traffic flows).
@@ -75,7 +75,7 @@ pub struct Decision<'a> {
     pub lines: Vec<String>,
     /// The tunnel carrying each remote site's traffic, by the site of its peer (on the active
     /// gateway only).
-    pub carriers: BTreeMap<SiteName, Carrier>,
+    pub carriers: HashMap<SiteName, Carrier>,
 }
 
 /// What a round remembers for the next (see the module doc).
@@ -83,9 +83,10 @@ pub struct Decision<'a> {
 pub struct Memory {
     punches: Punches,
     lives: Lives,
-    signs: BTreeMap<PublicKey, Sign>,
-    taken: BTreeMap<SiteName, String>,
-    up: BTreeMap<SiteName, bool>,
+    signs: HashMap<PublicKey, Sign>,
+    /// The candidate taken as active, of each remote site with a standby.
+    taken: HashMap<SiteName, String>,
+    up: HashMap<SiteName, bool>,
     configured: bool,
     /// The current endpoints of the peers that dial in (gateways behind NAT), by gateway name:
     /// what a reachable gateway publishes. None when this node is not the active gateway.
@@ -105,9 +106,9 @@ impl Default for Memory {
         Memory {
             punches: Punches::default(),
             lives: Lives::default(),
-            signs: BTreeMap::new(),
-            taken: BTreeMap::new(),
-            up: BTreeMap::new(),
+            signs: HashMap::new(),
+            taken: HashMap::new(),
+            up: HashMap::new(),
             // A restarted agent does not know whether it configured the device before.
             configured: true,
             observed: None,
@@ -161,11 +162,11 @@ impl Memory {
         let applied = self.punches.apply(plan);
         let mut actions = Vec::new();
         let mut lines = Vec::new();
-        let mut carriers = BTreeMap::new();
+        let mut carriers = HashMap::new();
         match (&applied.gateway, device) {
             (Some(gw), Some(dev)) => {
                 self.configured = true;
-                actions = self.configure(gw, model, dev, key, now, &mut lines);
+                (actions, lines) = self.configure(gw, model, dev, &peers, key, now);
                 carriers = self.carriers(gw, model, &peers, now, &mut lines);
             }
             (Some(_), None) => self.configured = true,
@@ -196,42 +197,42 @@ impl Memory {
 
     /// The actions that bring the device to `gw`: a peer for every candidate of each remote
     /// site (`remote::expand`), the site's subnets on the candidate taken as its active one.
+    /// `peers` are the device's by key; the log lines come with the actions.
     fn configure(
         &mut self,
         gw: &GatewayPlan,
         model: &Model,
         dev: &DeviceState,
+        peers: &HashMap<PublicKey, &PeerState>,
         key: Option<PublicKey>,
         now: SystemTime,
-        lines: &mut Vec<String>,
-    ) -> Vec<Action> {
+    ) -> (Vec<Action>, Vec<String>) {
         self.saw_signs(&dev.peers, now);
-        let taken = self.take_remote_actives(gw, model, now);
+        let mut lines = Vec::new();
         let mut nudges = Vec::new();
-        for (site, g) in &taken {
-            if self.taken.get(site).is_some_and(|was| was != g) {
-                nudges.extend(nudge_address(model, site, g));
-                lines.push(format!(
-                    "sites: site {site}'s traffic goes to its gateway {g} now (its newest handshake)"
-                ));
-            }
+        for (site, g) in self.take_remote_actives(gw, model, now) {
+            nudges.extend(nudge_address(model, site, g));
+            lines.push(format!(
+                "sites: site {site}'s traffic goes to its gateway {g} now (its newest handshake)"
+            ));
         }
-        self.taken = taken;
         let expanded = remote::expand(&gw.peers, model, &self.taken);
-        let changes = diff(expanded.iter().map(|p| &p.config), dev);
+        let changes = diff_keyed(expanded.iter().map(|p| p.config.as_ref()), peers);
         // A dial-in peer given where it was last seen (the device was made anew) is dialed at
         // once, through the mapping its keepalives hold open.
-        let dial_in: BTreeMap<PublicKey, _> = expanded
+        let given: BTreeSet<PublicKey> = changes
             .iter()
-            .filter(|p| p.config.endpoint.is_none())
-            .map(|p| (p.config.public_key, p))
+            .filter_map(|c| match c {
+                PeerChange::Upsert { peer, .. } if peer.endpoint.is_some() => Some(peer.public_key),
+                _ => None,
+            })
             .collect();
-        for c in &changes {
-            if let PeerChange::Upsert { peer, .. } = c
-                && peer.endpoint.is_some()
-                && let Some(p) = dial_in.get(&peer.public_key)
+        if !given.is_empty() {
+            for p in expanded
+                .iter()
+                .filter(|p| p.config.endpoint.is_none() && given.contains(&p.config.public_key))
             {
-                nudges.extend(nudge_address(model, &p.site, &p.gateway));
+                nudges.extend(nudge_address(model, p.site, p.gateway));
             }
         }
         let mut actions = Vec::new();
@@ -249,7 +250,7 @@ impl Memory {
             .collect();
         actions.push(Action::Routes(routes));
         actions.extend(nudges.into_iter().map(Action::Nudge));
-        actions
+        (actions, lines)
     }
 
     /// Keeps each peer's last sign of life from what the device shows.
@@ -264,33 +265,48 @@ impl Memory {
         }
     }
 
-    /// Each remote site's candidate taken as active, from the last signs of life.
-    fn take_remote_actives(
-        &self,
-        gw: &GatewayPlan,
-        model: &Model,
+    /// Takes each remote site's candidate as active, from the last signs of life; the sites
+    /// whose taken candidate moved, with the one taken now, in the plan's order. Only sites
+    /// with a standby are kept: a site of one candidate (most of a hub's) has no choice to
+    /// remember, and its lookups stay off the round's path.
+    fn take_remote_actives<'p>(
+        &mut self,
+        gw: &'p GatewayPlan,
+        model: &'p Model,
         now: SystemTime,
-    ) -> BTreeMap<SiteName, String> {
-        let mut out = BTreeMap::new();
+    ) -> Vec<(&'p SiteName, &'p str)> {
+        let mut was = std::mem::take(&mut self.taken);
+        let mut moved = Vec::new();
         for p in &gw.peers {
             let Some(site) = model.sites.get(&p.site) else {
                 continue;
             };
-            // No other candidate (most sites): the rule's choice, whatever the handshakes say.
             if site.candidates.iter().all(|c| c.name == p.gateway) {
-                out.insert(p.site.clone(), p.gateway.clone());
                 continue;
             }
+            let current = was.remove_entry(&p.site);
             let signs: BTreeMap<String, SystemTime> = site
                 .candidates
                 .iter()
                 .filter_map(|c| Some((c.name.clone(), self.signs.get(&c.public_key)?.at?)))
                 .collect();
-            let current = self.taken.get(&p.site).map(String::as_str);
-            let chosen = remote::remote_active(&signs, current, &p.gateway, now, UP_WITHIN);
-            out.insert(p.site.clone(), chosen.to_string());
+            let taken = current.as_ref().map(|(_, g)| g.as_str());
+            let chosen = remote::remote_active(&signs, taken, &p.gateway, now, UP_WITHIN);
+            // The name as the model has it, not the local map's.
+            let chosen: &'p str = site.candidate(chosen).map_or(&p.gateway, |c| &c.name);
+            match current {
+                Some((name, g)) if g == chosen => {
+                    self.taken.insert(name, g);
+                }
+                current => {
+                    if current.is_some() {
+                        moved.push((&p.site, chosen));
+                    }
+                    self.taken.insert(p.site.clone(), chosen.to_string());
+                }
+            }
         }
-        out
+        moved
     }
 
     /// The tunnel of each peer of `gw`, by the site of its peer; a line when one comes up or
@@ -299,18 +315,21 @@ impl Memory {
         &mut self,
         gw: &GatewayPlan,
         model: &Model,
-        peers: &BTreeMap<PublicKey, &PeerState>,
+        peers: &HashMap<PublicKey, &PeerState>,
         now: SystemTime,
         lines: &mut Vec<String>,
-    ) -> BTreeMap<SiteName, Carrier> {
-        let mut out = BTreeMap::new();
+    ) -> HashMap<SiteName, Carrier> {
+        let mut out = HashMap::with_capacity(gw.peers.len());
         for p in &gw.peers {
             // The candidate taken as that site's active one carries its traffic.
-            let key = self
-                .taken
-                .get(&p.site)
-                .and_then(|t| model.sites.get(&p.site)?.candidate(t))
-                .map_or(p.config.public_key, |c| c.public_key);
+            let key = match self.taken.get(&p.site) {
+                Some(t) if *t != p.gateway => model
+                    .sites
+                    .get(&p.site)
+                    .and_then(|s| s.candidate(t))
+                    .map_or(p.config.public_key, |c| c.public_key),
+                _ => p.config.public_key,
+            };
             let state = peers.get(&key);
             let handshake = state.and_then(|s| s.last_handshake);
             // Up by the last sign of life kept across rounds: a peer the data path made anew
@@ -344,7 +363,7 @@ impl Memory {
     fn heard(
         &mut self,
         plan: &SitePlan,
-        dev: Option<&BTreeMap<PublicKey, &PeerState>>,
+        dev: Option<&HashMap<PublicKey, &PeerState>>,
         now: SystemTime,
     ) -> BTreeSet<SiteName> {
         let (Some(gw), Some(dev)) = (&plan.gateway, dev) else {
@@ -363,21 +382,27 @@ impl Memory {
 
     /// The current endpoints of the dial-in peers of `applied` (the plan as the punches made
     /// it), from what the device shows.
-    fn read(&mut self, applied: &SitePlan, dev: Option<&BTreeMap<PublicKey, &PeerState>>) {
+    fn read(&mut self, applied: &SitePlan, dev: Option<&HashMap<PublicKey, &PeerState>>) {
         let (Some(gw), Some(dev)) = (&applied.gateway, dev) else {
             self.observed = None;
             return;
         };
-        self.observed = Some(
-            gw.peers
-                .iter()
-                .filter(|p| p.config.endpoint.is_none())
-                .filter_map(|p| {
-                    let ep = dev.get(&p.config.public_key)?.endpoint?;
-                    Some((p.gateway.clone(), ep))
-                })
-                .collect(),
-        );
+        let now = gw
+            .peers
+            .iter()
+            .filter(|p| p.config.endpoint.is_none())
+            .filter_map(|p| Some((&p.gateway, dev.get(&p.config.public_key)?.endpoint?)));
+        // Made anew only when an endpoint moved (a hub's dial-in peers are thousands).
+        let same = self.observed.as_ref().is_some_and(|was| {
+            let mut seen = 0;
+            now.clone().all(|(g, ep)| {
+                seen += 1;
+                was.get(g) == Some(&ep)
+            }) && seen == was.len()
+        });
+        if !same {
+            self.observed = Some(now.map(|(g, ep)| (g.clone(), ep)).collect());
+        }
     }
 }
 

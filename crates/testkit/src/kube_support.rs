@@ -1200,7 +1200,17 @@ pub fn heartbeats(
 
 /// CPU time process `pid` used so far, user and system, in clock ticks (USER_HZ, 100 a second).
 pub fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    ticks_in(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU time the main thread of process `pid` used so far (the agent's main loop: its rounds
+/// and writes, not the watch), in clock ticks.
+pub fn main_thread_ticks(pid: u32) -> u64 {
+    ticks_in(&format!("/proc/{pid}/task/{pid}/stat"))
+}
+
+fn ticks_in(stat_path: &str) -> u64 {
+    let stat = std::fs::read_to_string(stat_path).unwrap();
     let fields: Vec<&str> = stat
         .rsplit(')')
         .next()

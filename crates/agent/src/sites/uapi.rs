@@ -280,7 +280,8 @@ impl Uapi {
         s.write_all(request.as_bytes())
             .map_err(io("write", &path))?;
         let mut answer = Zeroizing::new(Vec::new());
-        let mut buf = [0u8; 4096];
+        // A hub's answer is megabytes: read it in large pieces (a read each 4 KiB was 300).
+        let mut buf = Zeroizing::new(vec![0u8; 64 << 10]);
         loop {
             let n = s.read(&mut buf).map_err(io("read", &path))?;
             if n == 0 {
@@ -294,12 +295,17 @@ impl Uapi {
                 break;
             }
         }
-        buf.fill(0);
-        let text = String::from_utf8(answer.to_vec()).map_err(|_| Error::Protocol {
-            line: String::from("<not UTF-8>"),
-            why: "answer is not text",
-        })?;
-        Ok(Zeroizing::new(text))
+        // Moved, not copied: the text is zeroed when dropped, as the bytes would have been.
+        match String::from_utf8(std::mem::take(&mut *answer)) {
+            Ok(text) => Ok(Zeroizing::new(text)),
+            Err(e) => {
+                drop(Zeroizing::new(e.into_bytes()));
+                Err(Error::Protocol {
+                    line: String::from("<not UTF-8>"),
+                    why: "answer is not text",
+                })
+            }
+        }
     }
 
     /// The device's state.
