@@ -172,18 +172,38 @@ impl Punches {
     }
 }
 
-/// The last sign of life of each punch peer, by remote site: the newest handshake, or the
-/// last round its received bytes grew. Kept here because the data path forgets a peer's
-/// handshake and counters whenever the peer is set again (gotatun makes it anew, e.g. when its
-/// allowed IPs move): without this, moving the subnets would make the punch look dead at once.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Lives(BTreeMap<SiteName, Life>);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Life {
+/// A peer's last sign of life: its newest handshake, or the last round its received bytes
+/// grew. The one rule for both the punches ([`Lives`]) and the remote choice
+/// ([`crate::round`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sign {
+    /// Its received bytes at the last round.
     rx: u64,
-    at: Option<SystemTime>,
+    pub at: Option<SystemTime>,
 }
+
+impl Sign {
+    /// A peer first seen with `rx` bytes received: those are no sign of life of their own.
+    pub fn first(rx: u64) -> Sign {
+        Sign { rx, at: None }
+    }
+
+    /// What the device shows of the peer at `now`: its received bytes and its last handshake.
+    pub fn saw(&mut self, rx: u64, handshake: Option<SystemTime>, now: SystemTime) {
+        if rx > self.rx {
+            self.at = Some(now);
+        }
+        self.rx = rx;
+        self.at = self.at.max(handshake);
+    }
+}
+
+/// The last sign of life of each punch peer, by remote site. Kept here because the data path
+/// forgets a peer's handshake and counters whenever the peer is set again (gotatun makes it
+/// anew, e.g. when its allowed IPs move): without this, moving the subnets would make the
+/// punch look dead at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lives(BTreeMap<SiteName, Sign>);
 
 impl Lives {
     /// What the device shows of `site`'s punch peer at `now`: its received bytes and its last
@@ -195,12 +215,10 @@ impl Lives {
         handshake: Option<SystemTime>,
         now: SystemTime,
     ) {
-        let life = self.0.entry(site.clone()).or_insert(Life { rx, at: None });
-        if rx > life.rx {
-            life.at = Some(now);
-        }
-        life.rx = rx;
-        life.at = life.at.max(handshake);
+        self.0
+            .entry(site.clone())
+            .or_insert(Sign::first(rx))
+            .saw(rx, handshake, now);
     }
 
     /// Forgets every site not in `keep` (no punch path any more).

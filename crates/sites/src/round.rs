@@ -26,7 +26,7 @@ use crate::keys::PublicKey;
 use crate::model::{Model, SiteName};
 use crate::paths::Path;
 use crate::plan::{GatewayPlan, SitePlan};
-use crate::punch::{self, Lives, Punches};
+use crate::punch::{self, Lives, Punches, Sign};
 use crate::remote;
 use crate::tunnel::{DeviceState, PeerChange, PeerState, diff, diff_keyed};
 
@@ -91,14 +91,6 @@ pub struct Memory {
     /// The current endpoints of the peers that dial in (gateways behind NAT), by gateway name:
     /// what a reachable gateway publishes. None when this node is not the active gateway.
     observed: Option<BTreeMap<String, SocketAddr>>,
-}
-
-/// A peer's last sign of life.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Sign {
-    /// Its received bytes at the last round.
-    rx: u64,
-    at: Option<SystemTime>,
 }
 
 impl Default for Memory {
@@ -257,11 +249,7 @@ impl Memory {
     fn saw_signs(&mut self, peers: &[PeerState], now: SystemTime) {
         for p in peers {
             let sign = self.signs.entry(p.public_key).or_default();
-            if p.rx_bytes > sign.rx {
-                sign.at = Some(now);
-            }
-            sign.rx = p.rx_bytes;
-            sign.at = sign.at.max(p.last_handshake);
+            sign.saw(p.rx_bytes, p.last_handshake, now);
         }
     }
 
