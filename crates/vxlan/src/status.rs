@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -43,13 +44,14 @@ pub struct Status {
     #[serde(default)]
     pub segments: Vec<SegmentStatus>,
     /// Sites (docs/sites.md), when the network has a `sites` object. Absent from older
-    /// agents' files.
+    /// agents' files. Shared: a hub's is thousands of sites, and the agent compares its status
+    /// with the one it wrote at every pass of its loop (the same allocation compares at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sites: Option<SitesStatus>,
+    pub sites: Option<Arc<SitesStatus>>,
 }
 
 /// This node's view of the sites.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SitesStatus {
     /// This node's site.
     pub site: String,
@@ -64,7 +66,7 @@ pub struct SitesStatus {
 }
 
 /// One remote site as this node sees it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteSite {
     pub site: String,
     /// Its active gateway, if it has one.
@@ -76,7 +78,7 @@ pub struct RemoteSite {
 }
 
 /// The WireGuard peer carrying a remote site's traffic, as the device reports it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TunnelStatus {
     /// The peer (the carrier's gateway).
     pub peer: String,

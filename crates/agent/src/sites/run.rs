@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sticky_overlay::config::Config;
@@ -234,7 +235,12 @@ impl SitesRun {
         let Some((lines, status)) = self.core.round_if_due(Now::system()) else {
             return Vec::new();
         };
-        shared.lock().status.sites = status;
+        // Kept as it was when the round changed nothing: the loop's comparison with the
+        // status it wrote is then one pointer's (a hub's status is thousands of sites).
+        let mut s = shared.lock();
+        if s.status.sites.as_deref() != status.as_ref() {
+            s.status.sites = status.map(Arc::new);
+        }
         lines
     }
 

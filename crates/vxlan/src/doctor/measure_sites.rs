@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::Value;
 use sticky_overlay::config::Config;
@@ -98,7 +99,7 @@ fn read_status(cfg: &Config) -> Result<SitesStatus, String> {
             status.pid
         ));
     }
-    status.sites.ok_or_else(|| {
+    status.sites.map(Arc::unwrap_or_clone).ok_or_else(|| {
         format!("{shown} has no sites part (the agent has not placed this node yet)")
     })
 }
