@@ -273,7 +273,7 @@ impl ApiSide {
 fn plugin_accepts(
     cfg: &Config,
     list: &[sticky_overlay::peers::Peer],
-) -> Result<(), table::Refusal> {
+) -> Result<sticky_overlay::node::Observed, table::Refusal> {
     sticky_overlay::node::accepts_here(cfg, list).map_err(|e| match e {
         sticky_overlay::Error::Peers(p) => table::Refusal::Peers(p),
         sticky_overlay::Error::Socket(e) => table::Refusal::Other(format!("netlink: {e}")),

@@ -35,6 +35,7 @@ mod guard;
 mod kube;
 mod mapping;
 mod objects;
+mod placement;
 mod proxy;
 mod publish;
 mod reconcile;

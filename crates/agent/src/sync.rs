@@ -8,10 +8,11 @@
 //! [`Keeper`] is on the main loop: it applies a whole burst of [`Update`]s, then places the
 //! Nodes once ([`table::place`]), lets the plugin's own check settle what only this node can
 //! tell ([`table::settle`]), asks the [`Guard`], and writes the file once. So a burst of events
-//! costs one placement, one file write and one reconcile, not one per event.
+//! costs one placement, one file write and one reconcile, not one per event. A change of a few
+//! Nodes that the rules would place as they come is placed by itself ([`Kept`]).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
@@ -23,11 +24,13 @@ use super::guard::Guard;
 use super::kube::DEFAULT_MAX_NODES;
 use super::mapping;
 use super::objects::Node;
+use super::placement::Kept;
 use super::reflector::{Sink, SyncState};
 use super::sites::facts::{self, Facts};
 use super::sites::shape::{Shaped, Shaper};
 use super::state::Shared;
-use super::table::{self, Mapped, Placed, Refusal};
+use super::table::{self, Mapped, Refusal};
+use sticky_overlay::node::Observed;
 use sticky_overlay::peers::Peer;
 use sticky_vxlan::main_mode::change::FileChange;
 
@@ -227,6 +230,9 @@ pub struct Keeper {
     shaped: Option<Shaped>,
     /// What that plan was made from (the Nodes' site inputs).
     adopted_inputs: Option<Vec<sticky_sites::model::NodeInput>>,
+    /// The placement the file holds (without sites), and the Nodes changed since.
+    kept: Option<Kept>,
+    changed: BTreeSet<String>,
 }
 
 impl Keeper {
@@ -246,6 +252,8 @@ impl Keeper {
             placed_before: Vec::new(),
             shaped: None,
             adopted_inputs: None,
+            kept: None,
+            changed: BTreeSet::new(),
         }
     }
 
@@ -259,16 +267,19 @@ impl Keeper {
     pub fn apply(&mut self, u: Update) -> bool {
         match u {
             Update::Replace(all) => {
+                self.kept = None;
                 self.listed = true;
                 self.awaiting_facts = self.sites;
                 self.nodes = all;
                 !self.awaiting_facts
             }
             Update::Upsert(name, m) => {
+                self.changed.insert(name.clone());
                 self.nodes.insert(name, m);
                 self.listed
             }
             Update::Delete(name) => {
+                self.changed.insert(name.clone());
                 self.facts.remove(&name);
                 self.nodes.remove(&name).is_some() && self.listed
             }
@@ -301,23 +312,22 @@ impl Keeper {
     }
 
     /// Places the Nodes against `held` (the last peers the plugin accepted), settles them
-    /// with the plugin's own check `accepts`, and writes the file if the guard admits the
-    /// change. Returns the outcome and the log lines for Nodes newly left out.
+    /// with the plugin's own check `accepts` (it returns what it read of this node), and
+    /// writes the file if the guard admits the change. Returns the outcome and the log lines
+    /// for Nodes newly left out.
     /// With sites, `shaper` is the sites run's: it holds the plan in force and what this node
     /// observes (one owner; the run adopts the plan this write makes, [`Keeper::take_shaped`]).
     pub fn write(
         &mut self,
         now: Instant,
         held: &[Peer],
-        accepts: impl FnMut(&[Peer]) -> Result<(), Refusal>,
+        mut accepts: impl FnMut(&[Peer]) -> Result<Observed, Refusal>,
         shaper: Option<&Shaper>,
     ) -> (Outcome, Vec<String>) {
         if !self.listed() {
             return (Outcome::Unchanged, Vec::new());
         }
-        let placed = table::place(&self.nodes, &self.held_for_placing(held), self.vni);
-        let settled = table::settle(placed, held, self.own_name.as_deref(), accepts);
-        let (placed, placed_now): (Placed, Vec<Peer>) = match settled {
+        let (kept, placed_now) = match self.place(held, &mut accepts) {
             Ok(p) => p,
             Err(r) => {
                 let why = match r {
@@ -329,6 +339,7 @@ impl Keeper {
                 return (Outcome::Unusable(why), Vec::new());
             }
         };
+        let placed = kept.placed();
         let mut log = Vec::new();
         for (name, why) in &placed.left_out {
             if self.left_out.get(name) != Some(why) {
@@ -345,7 +356,7 @@ impl Keeper {
         let (new, shaped, placed_now) = match shaper.filter(|_| self.sites) {
             None if !self.sites => (placed_now, None, Vec::new()),
             None => (placed_now.clone(), None, placed_now),
-            Some(shaper) => match shaper.shape(&placed, &self.facts) {
+            Some(shaper) => match shaper.shape(placed, &self.facts) {
                 Ok((list, shaped)) => (list, Some(shaped), placed_now),
                 Err(why) => {
                     self.guard.refusal_gone();
@@ -354,13 +365,14 @@ impl Keeper {
             },
         };
         let (changes, from_hash) = match self.current.file(&self.peers_file) {
-            Some((current, _)) if current == &new[..] => (None, None),
+            Some((current, hash)) if current == &new[..] => (None, Some(hash.to_string())),
             Some((current, hash)) => (Some(mapping::changes(current, &new)), Some(hash.into())),
             None => (Some(mapping::changes(held, &new)), None),
         };
         let Some(changes) = changes else {
             self.guard.refusal_gone();
             self.adopt(shaped, placed_now);
+            self.kept = from_hash.map(|hash| kept.in_file(hash));
             return (Outcome::Unchanged, log);
         };
         // The same Nodes as the plan in force: the change is what this node observes of its
@@ -382,7 +394,8 @@ impl Keeper {
         let peers = new.len();
         let hash = sticky_overlay::stamp::hash(&text);
         let id = sticky_overlay::stamp::FileId::of(&self.peers_file);
-        self.current.written(&self.peers_file, new, hash);
+        self.current.written(&self.peers_file, new, hash.clone());
+        self.kept = Some(kept.in_file(hash));
         let change = from_hash.zip(id).map(|(from_hash, id)| FileChange {
             from_hash,
             text,
@@ -402,6 +415,37 @@ impl Keeper {
 }
 
 impl Keeper {
+    /// The placement of the Nodes and the list the plugin accepted: the change since the last
+    /// write placed by itself when that comes to the same ([`Kept`]), else every Node placed
+    /// and settled again. Without sites only: there, the file is the site's shape of it.
+    fn place(
+        &mut self,
+        held: &[Peer],
+        accepts: &mut impl FnMut(&[Peer]) -> Result<Observed, Refusal>,
+    ) -> Result<(Kept, Vec<Peer>), Refusal> {
+        let changed = std::mem::take(&mut self.changed);
+        if !self.sites
+            && let Some(mut kept) = self.kept.take()
+            && let Some(file) = self.current.file(&self.peers_file)
+            && let Some(list) = kept.place_changes(
+                &changed,
+                &self.nodes,
+                file,
+                held,
+                self.own_name.as_deref(),
+                accepts,
+            )
+        {
+            return Ok((kept, list));
+        }
+        let placed = table::place(&self.nodes, &self.held_for_placing(held), self.vni);
+        let mut facts = None;
+        let whole = |list: &[Peer]| accepts(list).map(|f| facts = Some(f));
+        let (placed, list) = table::settle(placed, held, self.own_name.as_deref(), whole)?;
+        let kept = Kept::new(placed, &self.nodes, held, self.vni, facts);
+        Ok((kept, list))
+    }
+
     /// With sites, the Nodes placed before (`placed`: those of the plan in force, from the
     /// sites cache at start); their entries count as held beside the file's, so a remote node
     /// whose subnet is only carried keeps its place against a newcomer (issue 34).
@@ -560,7 +604,7 @@ mod tests {
         all.insert("a".to_string(), mapped("192.0.2.1", "10.244.1.0/24"));
         all.insert("b".to_string(), mapped("192.0.2.2", "10.244.2.0/24"));
         k.apply(Update::Replace(all));
-        let (first, _) = k.write(Instant::now(), &[], |_| Ok(()), None);
+        let (first, _) = k.write(Instant::now(), &[], |_| Ok(Observed::default()), None);
         let Outcome::Written { change: None, .. } = first else {
             panic!("no file before, so no change: {first:?}")
         };
@@ -573,7 +617,7 @@ mod tests {
             "c".into(),
             mapped("192.0.2.3", "10.244.3.0/24"),
         ));
-        let (out, _) = k.write(Instant::now(), &[], |_| Ok(()), None);
+        let (out, _) = k.write(Instant::now(), &[], |_| Ok(Observed::default()), None);
         let Outcome::Written {
             change: Some(change),
             ..
@@ -606,7 +650,7 @@ mod tests {
         // could have programmed.
         std::fs::write(&file, b"not json").unwrap();
         k.apply(Update::Delete("c".into()));
-        let (out, _) = k.write(Instant::now(), &[], |_| Ok(()), None);
+        let (out, _) = k.write(Instant::now(), &[], |_| Ok(Observed::default()), None);
         let Outcome::Written { change, .. } = out else {
             panic!("{out:?}")
         };
@@ -624,7 +668,8 @@ mod tests {
             mapped("192.0.2.1", "10.244.1.0/24")
         )));
         assert_eq!(
-            k.write(Instant::now(), &[], |_| Ok(()), None).0,
+            k.write(Instant::now(), &[], |_| Ok(Observed::default()), None)
+                .0,
             Outcome::Unchanged
         );
         assert!(!dir.path().join("peers.json").exists());
@@ -646,7 +691,7 @@ mod tests {
             &[],
             |_| {
                 checks += 1;
-                Ok(())
+                Ok(Observed::default())
             },
             None,
         );
@@ -663,15 +708,58 @@ mod tests {
         // The same again: nothing to write.
         let held = written.clone();
         assert_eq!(
-            k.write(Instant::now(), &held, |_| Ok(()), None).0,
+            k.write(Instant::now(), &held, |_| Ok(Observed::default()), None)
+                .0,
             Outcome::Unchanged
         );
+        // Once the plugin holds the file, a change of one Node is placed by itself: the
+        // plugin is asked about that entry beside this node's own, not about all 201.
+        let mut asked = Vec::new();
+        let mut check = |l: &[Peer]| {
+            asked.push(l.len());
+            Ok(Observed::default())
+        };
+        k.apply(Update::Upsert(
+            "n300".into(),
+            mapped("198.18.1.44", "10.246.1.0/24"),
+        ));
+        let (out, _) = k.write(Instant::now(), &held, &mut check, None);
+        assert!(
+            matches!(out, Outcome::Written { ref lines, peers: 201, .. } if lines.len() == 1),
+            "{out:?}"
+        );
+        assert_eq!(asked, [2]);
+        // What the plugin read of the node is another: the whole list is checked again.
+        let held = files::current_peers(&dir.path().join("peers.json")).unwrap();
+        let mut other = Observed::default();
+        other.addresses.push((1, "203.0.113.1/24".parse().unwrap()));
+        k.apply(Update::Delete("n300".into()));
+        let mut asked = Vec::new();
+        let (out, _) = k.write(
+            Instant::now(),
+            &held,
+            |l: &[Peer]| {
+                asked.push(l.len());
+                Ok(other.clone())
+            },
+            None,
+        );
+        assert!(
+            matches!(out, Outcome::Written { peers: 200, .. }),
+            "{out:?}"
+        );
+        assert_eq!(asked, [1, 200]);
     }
 
     /// A write with sites through `shaper` (the sites run's), which then adopts the plan it
     /// made, as the run does.
     fn write_sites(k: &mut Keeper, shaper: &mut Shaper, held: &[Peer]) -> (Outcome, Vec<String>) {
-        let out = k.write(Instant::now(), held, |_| Ok(()), Some(shaper));
+        let out = k.write(
+            Instant::now(),
+            held,
+            |_| Ok(Observed::default()),
+            Some(shaper),
+        );
         if let Some(s) = k.take_shaped() {
             shaper.adopt(&s.inputs, &s.plan.actives);
         }
@@ -860,7 +948,7 @@ mod tests {
         // The file itself is unreadable (a hand edit): the guard still has the accepted list.
         std::fs::write(dir.path().join("peers.json"), "[{").unwrap();
         k.apply(Update::Replace(BTreeMap::new()));
-        let (out, _) = k.write(Instant::now(), &held, |_| Ok(()), None);
+        let (out, _) = k.write(Instant::now(), &held, |_| Ok(Observed::default()), None);
         assert!(
             matches!(out, Outcome::Refused(ref r) if r.contains("4 of the 4")),
             "{out:?}"

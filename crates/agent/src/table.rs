@@ -45,7 +45,7 @@ impl Placed {
 }
 
 /// The MAC a peer's VTEP has: its explicit one (a flannel node), else its kept MAC.
-fn mac_of(p: &Peer, vni: u32) -> [u8; 6] {
+pub fn mac_of(p: &Peer, vni: u32) -> [u8; 6] {
     p.mac.unwrap_or_else(|| vtep_mac(p.ip, vni))
 }
 
@@ -81,22 +81,25 @@ fn sort_out<'a>(
     let mut out = Placed::default();
     let (mut incumbents, mut newcomers) = (Vec::new(), Vec::new());
     for (name, mapped) in nodes {
-        // A Node's entry is checked alone by the peers file's rules first.
-        let why = match mapped.as_ref().map(peers::check_entry) {
-            Ok(Ok(p)) if held.get(&p.ip) == Some(&&p) => {
-                incumbents.push((name, p));
-                continue;
+        match alone(mapped) {
+            Ok(p) if held.get(&p.ip) == Some(&&p) => incumbents.push((name, p)),
+            Ok(p) => newcomers.push((name, p)),
+            Err(why) => {
+                out.left_out.insert(name.clone(), why);
             }
-            Ok(Ok(p)) => {
-                newcomers.push((name, p));
-                continue;
-            }
-            Ok(Err(invalid)) => invalid.to_string(),
-            Err(skip) => skip.to_string(),
-        };
-        out.left_out.insert(name.clone(), why);
+        }
     }
     (out, incumbents, newcomers)
+}
+
+/// A Node's entry checked alone by the peers file's rules (the first of the module's rules):
+/// its peer, or why it has none.
+pub fn alone(mapped: &Mapped) -> Result<Peer, String> {
+    match mapped.as_ref().map(peers::check_entry) {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(invalid)) => Err(invalid.to_string()),
+        Err(skip) => Err(skip.to_string()),
+    }
 }
 
 /// Whether no two of the entries are in each other's way, their VTEP MACs included: then

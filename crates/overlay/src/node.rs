@@ -275,7 +275,7 @@ pub fn fdb_read(vni: u32, applied: Option<Applied>, peers: &Gathered, copy: &Pat
 }
 
 /// [`accepts`] against this node's kernel (the agent's check before it writes a peers file).
-pub fn accepts_here(cfg: &Config, file_peers: &[Peer]) -> Result<(), Error> {
+pub fn accepts_here(cfg: &Config, file_peers: &[Peer]) -> Result<Observed, Error> {
     let mut sock = sticky_netlink::Socket::open()?;
     accepts(
         &mut super::kernel::Live { sock: &mut sock },
@@ -287,11 +287,16 @@ pub fn accepts_here(cfg: &Config, file_peers: &[Peer]) -> Result<(), Error> {
 /// Whether this node's plugin would accept `file_peers` as its peers file: the rules ADD and
 /// `reconcile` apply to the whole list (merged with the config's own peers, exactly one entry
 /// naming this node, a VTEP MAC of its own for every peer, no peer at an underlay subnet's
-/// network or broadcast address). Reads links and addresses; writes nothing.
-pub fn accepts(k: &mut impl Kernel, cfg: &Config, file_peers: &[Peer]) -> Result<(), Error> {
+/// network or broadcast address). Reads links and addresses; writes nothing. Returns what it
+/// read of the node. While that is the same, a list it accepted is accepted with entries
+/// removed (but the node's own), and with entries added that it accepts beside the node's own
+/// entry and whose claims and VTEP MACs are no other entry's: the agent places a change of a
+/// few Nodes so (its `placement` module).
+pub fn accepts(k: &mut impl Kernel, cfg: &Config, file_peers: &[Peer]) -> Result<Observed, Error> {
     let all = peers::merge(&cfg.peers, file_peers)?;
     let seen = Observed::read_for_node(k)?;
-    identify(k, cfg, &seen, &all, None)?.check(cfg.vni)
+    identify(k, cfg, &seen, &all, None)?.check(cfg.vni)?;
+    Ok(seen)
 }
 
 /// Works out the underlay, the MTU and the peers from config, the peer list ([`peer_list`])
