@@ -130,6 +130,11 @@ def nat(args):
           f"{direct['mbps'] / relayed['mbps']:15.2f}")
     print(f"{'round trip ms':18} {relayed['rtt_ms']:10.3f} {direct['rtt_ms']:10.3f} "
           f"{direct['rtt_ms'] / relayed['rtt_ms']:15.2f}")
+    # The relay gateway's sticky-wg while iperf3 ran: its share of a core, and that share per
+    # Gbit/s it carried (relayed only: on the direct path it carries nothing of A <-> B).
+    cpu = relayed["relay_cpu_percent"]
+    print(f"{'relay CPU % core':18} {cpu:10.1f} {direct['relay_cpu_percent']:10.1f}")
+    print(f"the relay's sticky-wg: {cpu / (relayed['mbps'] / 1000):.0f} % of a core per Gbit/s relayed")
     plot(args.plot or os.path.join(ROOT, "docs", "bench-sites-nat.svg"), cases,
          f"A <-> B TCP throughput, relayed vs punched ({build})",
          f"A <-> B ping round trip, relayed vs punched ({build})")

@@ -5,6 +5,7 @@
 //! relayed; a punched pair keeps talking with the cloud away; a TCP connection survives the
 //! move from the relay to the direct tunnel.
 
+use sticky_testkit::kube_support::cpu_ticks;
 use sticky_testkit::sites_support;
 use sticky_testkit::vxlan_support;
 
@@ -514,18 +515,26 @@ fn bench_sites_nat() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
-    let (s, pods) = blocked_running();
+    let (mut s, pods) = blocked_running();
     let (a2, b2) = (&pods[0], &pods[1]);
     assert!(first_reply(&a2.0.ns, &b2.1, Duration::from_secs(120)).is_some());
     wait_path(&s, "a1", "site-b", Duration::from_secs(120), |p| {
         p.starts_with("relayed via cloud (punch")
     });
+    // The relay's data path: the cloud gateway's sticky-wg, its CPU over each iperf3 run.
+    let relay = s.daemon("c1", "wg").pid();
     let mut figures = Vec::new();
     let mut measure = |what: &str| {
+        let ticks = cpu_ticks(relay);
         let mbps = iperf3_mbps(&a2.0.ns, None, &b2.0.ns, &b2.1, secs);
+        let relay_cpu = (cpu_ticks(relay) - ticks) as f64 / 100.0 / f64::from(secs) * 100.0;
         let rtt = rtt_ms(&a2.0.ns, None, &b2.1, 500);
-        eprintln!("{what}: {mbps:.0} Mbit/s, {rtt:.3} ms");
-        figures.push(json!({"case": what, "mbps": mbps, "rtt_ms": rtt}));
+        eprintln!(
+            "{what}: {mbps:.0} Mbit/s, {rtt:.3} ms, the relay's sticky-wg {relay_cpu:.1} % of a core"
+        );
+        figures.push(
+            json!({"case": what, "mbps": mbps, "rtt_ms": rtt, "relay_cpu_percent": relay_cpu}),
+        );
     };
     measure("pods a2 -> b2 relayed");
     assert!(path_to(&s, "a1", "site-b").unwrap().starts_with("relayed"));
