@@ -37,12 +37,14 @@ use sticky_vxlan::main_mode::change::FileChange;
 /// What the reflector's thread tells the main loop.
 #[derive(Debug)]
 pub enum Update {
-    /// A complete list: every Node there is, mapped.
-    Replace(BTreeMap<String, Mapped>),
+    /// A complete list: every Node there is, mapped, and with sites what sites read of each
+    /// (in the same update: a list without its facts would put every Node in one site).
+    Replace {
+        nodes: BTreeMap<String, Mapped>,
+        facts: Option<BTreeMap<String, Facts>>,
+    },
     /// A Node whose mapping changed (or is new).
     Upsert(String, Mapped),
-    /// With sites: what sites read of every Node, after a [`Update::Replace`].
-    ReplaceFacts(BTreeMap<String, Facts>),
     /// With sites: a Node whose sites facts changed (or is new).
     Facts(String, Facts),
     Delete(String),
@@ -133,10 +135,10 @@ impl Sink for Feed {
                 (n.metadata.name.clone(), mapped)
             })
             .collect();
-        self.send(Update::Replace(self.mapped.clone()));
-        if let Some(f) = &self.facts {
-            self.send(Update::ReplaceFacts(f.clone()));
-        }
+        self.send(Update::Replace {
+            nodes: self.mapped.clone(),
+            facts: self.facts.clone(),
+        });
     }
 
     fn upsert(&mut self, node: Node) {
@@ -213,9 +215,6 @@ pub struct Keeper {
     /// A complete list was seen: before it, no file is written (an empty start must not
     /// count as "every node is gone").
     listed: bool,
-    /// With sites, a list came and its facts (sent right after it) not yet: until they do, a
-    /// write would put every Node in one site and take the other sites' away.
-    awaiting_facts: bool,
     /// The peers file as last read or written.
     current: files::PeersCache,
     /// With sites: the peers file is shaped to this node's site (by the sites run's
@@ -245,7 +244,6 @@ impl Keeper {
             nodes: BTreeMap::new(),
             left_out: BTreeMap::new(),
             listed: false,
-            awaiting_facts: false,
             current: files::PeersCache::default(),
             sites: false,
             facts: BTreeMap::new(),
@@ -266,12 +264,14 @@ impl Keeper {
     /// Applies one update; true when the peers may have changed.
     pub fn apply(&mut self, u: Update) -> bool {
         match u {
-            Update::Replace(all) => {
+            Update::Replace { nodes, facts } => {
                 self.kept = None;
                 self.listed = true;
-                self.awaiting_facts = self.sites;
-                self.nodes = all;
-                !self.awaiting_facts
+                self.nodes = nodes;
+                if let Some(facts) = facts {
+                    self.facts = facts;
+                }
+                true
             }
             Update::Upsert(name, m) => {
                 self.changed.insert(name.clone());
@@ -282,11 +282,6 @@ impl Keeper {
                 self.changed.insert(name.clone());
                 self.facts.remove(&name);
                 self.nodes.remove(&name).is_some() && self.listed
-            }
-            Update::ReplaceFacts(all) => {
-                self.facts = all;
-                self.awaiting_facts = false;
-                self.listed
             }
             Update::Facts(name, f) => {
                 self.facts.insert(name, f);
@@ -299,7 +294,7 @@ impl Keeper {
     /// A complete list of Nodes was seen (with sites, and what sites read of them): the keeper
     /// can make the plan.
     pub fn listed(&self) -> bool {
-        self.listed && !self.awaiting_facts
+        self.listed
     }
 
     /// The peers file as last read or written, and the hash of its content.
@@ -532,7 +527,9 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let mut feed = Feed::new(tx, Some("me".into()), Family::V4);
         feed.replace(vec![node("a", "192.0.2.1", "10.244.1.0/24", "1")]);
-        assert!(matches!(rx.try_recv(), Ok(Update::Replace(m)) if m.len() == 1));
+        assert!(
+            matches!(rx.try_recv(), Ok(Update::Replace { nodes, facts: None }) if nodes.len() == 1)
+        );
         for rv in 2..50 {
             feed.upsert(node("a", "192.0.2.1", "10.244.1.0/24", &rv.to_string()));
         }
@@ -568,7 +565,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let mut feed = Feed::new(tx, None, Family::V6);
         feed.replace(vec![dual("a", "192.0.2.1", "2001:db8::1", "1")]);
-        let Ok(Update::Replace(m)) = rx.try_recv() else {
+        let Ok(Update::Replace { nodes: m, .. }) = rx.try_recv() else {
             panic!("no list passed on")
         };
         assert_eq!(
@@ -603,7 +600,10 @@ mod tests {
         let mut all = BTreeMap::new();
         all.insert("a".to_string(), mapped("192.0.2.1", "10.244.1.0/24"));
         all.insert("b".to_string(), mapped("192.0.2.2", "10.244.2.0/24"));
-        k.apply(Update::Replace(all));
+        k.apply(Update::Replace {
+            nodes: all,
+            facts: None,
+        });
         let (first, _) = k.write(Instant::now(), &[], |_| Ok(Observed::default()), None);
         let Outcome::Written { change: None, .. } = first else {
             panic!("no file before, so no change: {first:?}")
@@ -675,7 +675,10 @@ mod tests {
         assert!(!dir.path().join("peers.json").exists());
         let mut all = BTreeMap::new();
         all.insert("a".to_string(), mapped("192.0.2.1", "10.244.1.0/24"));
-        assert!(k.apply(Update::Replace(all)));
+        assert!(k.apply(Update::Replace {
+            nodes: all,
+            facts: None,
+        }));
         for i in 2..=200u32 {
             k.apply(Update::Upsert(
                 format!("n{i}"),
@@ -815,37 +818,41 @@ mod tests {
             }
             facts.insert(name, f);
         }
-        k.apply(Update::Replace(nodes));
-        k.apply(Update::ReplaceFacts(facts));
+        k.apply(Update::Replace {
+            nodes,
+            facts: Some(facts),
+        });
         k
     }
 
-    /// With sites, a list whose facts have not come yet writes nothing: it would put every
-    /// Node in one site (seen once under load: b1 wrote its whole cluster as "the only site",
-    /// then the guard refused the real plan).
+    /// With sites, a list comes with its facts in one update: a list without them would put
+    /// every Node in one site (seen once under load, when they came as two: b1 wrote its
+    /// whole cluster as "the only site", then the guard refused the real plan).
     #[test]
-    fn with_sites_a_list_waits_for_its_facts() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut k = Keeper::new(
-            dir.path().join("peers.json"),
-            Some("a2".into()),
-            1,
-            Guard::new(0.2),
+    fn with_sites_a_list_comes_with_its_facts() {
+        let (tx, rx) = mpsc::channel();
+        let mut feed = Feed::new(tx, None, Family::V4).with_sites();
+        let mut a = node("a", "192.0.2.1", "10.244.1.0/24", "1");
+        a.metadata.labels.insert(
+            sticky_overlay::sites::DEFAULT_SITE_LABEL.into(),
+            "site-a".into(),
         );
-        k.sites = true;
-        let mut shaper = crate::sites::shape::tests::shaper("a2");
-        let mut nodes = BTreeMap::new();
-        nodes.insert("a2".to_string(), mapped("192.0.2.2", "198.18.12.0/24"));
-        assert!(
-            !k.apply(Update::Replace(nodes)),
-            "nothing to write before the facts"
-        );
-        assert!(!k.listed());
-        let (out, _) = write_sites(&mut k, &mut shaper, &[]);
-        assert_eq!(out, Outcome::Unchanged);
-        assert!(!dir.path().join("peers.json").exists());
-        assert!(k.apply(Update::ReplaceFacts(BTreeMap::new())));
-        assert!(k.listed());
+        feed.replace(vec![a]);
+        let updates: Vec<Update> = rx.try_iter().collect();
+        let [
+            Update::Replace {
+                nodes,
+                facts: Some(facts),
+            },
+        ] = &updates[..]
+        else {
+            panic!("{updates:?}")
+        };
+        assert!(nodes.contains_key("a"));
+        let site = facts["a"]
+            .labels
+            .get(sticky_overlay::sites::DEFAULT_SITE_LABEL);
+        assert_eq!(site.map(String::as_str), Some("site-a"));
     }
 
     #[test]
@@ -922,7 +929,10 @@ mod tests {
         let mut k = keeper(dir.path());
         let mut all = BTreeMap::new();
         all.insert("a".to_string(), mapped("192.0.2.1", "10.244.1.0/24"));
-        k.apply(Update::Replace(all));
+        k.apply(Update::Replace {
+            nodes: all,
+            facts: None,
+        });
         let (out, _) = k.write(
             Instant::now(),
             &[],
@@ -947,7 +957,10 @@ mod tests {
             .collect();
         // The file itself is unreadable (a hand edit): the guard still has the accepted list.
         std::fs::write(dir.path().join("peers.json"), "[{").unwrap();
-        k.apply(Update::Replace(BTreeMap::new()));
+        k.apply(Update::Replace {
+            nodes: BTreeMap::new(),
+            facts: None,
+        });
         let (out, _) = k.write(Instant::now(), &held, |_| Ok(Observed::default()), None);
         assert!(
             matches!(out, Outcome::Refused(ref r) if r.contains("4 of the 4")),
