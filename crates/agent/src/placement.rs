@@ -21,7 +21,7 @@
 //!
 //! Otherwise [`Kept::place_changes`] says so, and the keeper places every Node again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use super::table::{self, Mapped, Placed, Refusal};
@@ -45,20 +45,17 @@ pub struct Kept {
     index: Option<Index>,
 }
 
-/// The claims (underlay addresses, subnets) and VTEP MACs of the placed entries.
-#[derive(Debug)]
+/// The claims (underlay addresses, subnets) and VTEP MACs of some entries.
+#[derive(Debug, Default)]
 struct Index {
     claims: Claims,
-    macs: HashMap<[u8; 6], IpAddr>,
+    macs: HashSet<[u8; 6]>,
 }
 
 impl Index {
-    fn of(placed: &Placed, vni: u32) -> Index {
-        let mut index = Index {
-            claims: Claims::default(),
-            macs: HashMap::with_capacity(placed.peers.len()),
-        };
-        for p in placed.peers.values() {
+    fn of<'a>(entries: impl IntoIterator<Item = &'a Peer>, vni: u32) -> Index {
+        let mut index = Index::default();
+        for p in entries {
             index.insert(p, vni);
         }
         index
@@ -66,7 +63,7 @@ impl Index {
 
     fn insert(&mut self, p: &Peer, vni: u32) {
         self.claims.insert(p);
-        self.macs.insert(table::mac_of(p, vni), p.ip);
+        self.macs.insert(table::mac_of(p, vni));
     }
 
     fn remove(&mut self, p: &Peer, vni: u32) {
@@ -76,15 +73,13 @@ impl Index {
 
     /// Whether `p` holds nothing an entry here holds.
     fn free(&self, p: &Peer, vni: u32) -> bool {
-        self.claims.conflict(p).is_none() && !self.macs.contains_key(&table::mac_of(p, vni))
+        self.claims.conflict(p).is_none() && !self.macs.contains(&table::mac_of(p, vni))
     }
 }
 
 /// Whether neither of `a` and `b` holds what the other holds.
 fn apart(a: &Peer, b: &Peer, vni: u32) -> bool {
-    let mut claims = Claims::default();
-    claims.insert(a);
-    claims.conflict(b).is_none() && table::mac_of(a, vni) != table::mac_of(b, vni)
+    Index::of([a], vni).free(b, vni)
 }
 
 impl Kept {
@@ -146,7 +141,7 @@ impl Kept {
     ) -> Option<Vec<Peer>> {
         let (own, vni) = (own?, self.vni);
         if changed.contains(own)
-            || !(self.stable || self.contested.is_empty())
+            || !self.stable
             || self.file.as_deref() != Some(hash)
             || self.facts.is_none()
             || held != file
@@ -156,7 +151,7 @@ impl Kept {
         let own_peer = self.placed.peers.get(own)?.clone();
         let index = self
             .index
-            .get_or_insert_with(|| Index::of(&self.placed, vni));
+            .get_or_insert_with(|| Index::of(self.placed.peers.values(), vni));
         let mut list = file.to_vec();
         let mut was_out = Vec::new();
         for name in changed {

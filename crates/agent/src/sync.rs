@@ -367,7 +367,9 @@ impl Keeper {
         let Some(changes) = changes else {
             self.guard.refusal_gone();
             self.adopt(shaped, placed_now);
-            self.kept = from_hash.map(|hash| kept.in_file(hash));
+            if let Some(hash) = from_hash {
+                self.keep(kept, hash);
+            }
             return (Outcome::Unchanged, log);
         };
         // The same Nodes as the plan in force: the change is what this node observes of its
@@ -390,7 +392,7 @@ impl Keeper {
         let hash = sticky_overlay::stamp::hash(&text);
         let id = sticky_overlay::stamp::FileId::of(&self.peers_file);
         self.current.written(&self.peers_file, new, hash.clone());
-        self.kept = Some(kept.in_file(hash));
+        self.keep(kept, hash);
         let change = from_hash.zip(id).map(|(from_hash, id)| FileChange {
             from_hash,
             text,
@@ -419,8 +421,7 @@ impl Keeper {
         accepts: &mut impl FnMut(&[Peer]) -> Result<Observed, Refusal>,
     ) -> Result<(Kept, Vec<Peer>), Refusal> {
         let changed = std::mem::take(&mut self.changed);
-        if !self.sites
-            && let Some(mut kept) = self.kept.take()
+        if let Some(mut kept) = self.kept.take()
             && let Some(file) = self.current.file(&self.peers_file)
             && let Some(list) = kept.place_changes(
                 &changed,
@@ -439,6 +440,12 @@ impl Keeper {
         let (placed, list) = table::settle(placed, held, self.own_name.as_deref(), whole)?;
         let kept = Kept::new(placed, &self.nodes, held, self.vni, facts);
         Ok((kept, list))
+    }
+
+    /// Keeps the placement the file (whose content hashes to `hash`) now holds, for the next
+    /// change to be placed by itself; with sites nothing is placed so, and nothing kept.
+    fn keep(&mut self, kept: Kept, hash: String) {
+        self.kept = (!self.sites).then(|| kept.in_file(hash));
     }
 
     /// With sites, the Nodes placed before (`placed`: those of the plan in force, from the
@@ -585,6 +592,11 @@ mod tests {
         Keeper::new(dir.join("peers.json"), Some("a".into()), 1, Guard::new(0.5))
     }
 
+    /// A plugin check that accepts every list.
+    fn accept_all(_: &[Peer]) -> Result<Observed, Refusal> {
+        Ok(Observed::default())
+    }
+
     fn mapped(ip: &str, cidr: &str) -> Mapped {
         mapping::node_entry(&node("x", ip, cidr, "1"), Family::V4)
     }
@@ -604,7 +616,7 @@ mod tests {
             nodes: all,
             facts: None,
         });
-        let (first, _) = k.write(Instant::now(), &[], |_| Ok(Observed::default()), None);
+        let (first, _) = k.write(Instant::now(), &[], accept_all, None);
         let Outcome::Written { change: None, .. } = first else {
             panic!("no file before, so no change: {first:?}")
         };
@@ -617,7 +629,7 @@ mod tests {
             "c".into(),
             mapped("192.0.2.3", "10.244.3.0/24"),
         ));
-        let (out, _) = k.write(Instant::now(), &[], |_| Ok(Observed::default()), None);
+        let (out, _) = k.write(Instant::now(), &[], accept_all, None);
         let Outcome::Written {
             change: Some(change),
             ..
@@ -650,7 +662,7 @@ mod tests {
         // could have programmed.
         std::fs::write(&file, b"not json").unwrap();
         k.apply(Update::Delete("c".into()));
-        let (out, _) = k.write(Instant::now(), &[], |_| Ok(Observed::default()), None);
+        let (out, _) = k.write(Instant::now(), &[], accept_all, None);
         let Outcome::Written { change, .. } = out else {
             panic!("{out:?}")
         };
@@ -668,8 +680,7 @@ mod tests {
             mapped("192.0.2.1", "10.244.1.0/24")
         )));
         assert_eq!(
-            k.write(Instant::now(), &[], |_| Ok(Observed::default()), None)
-                .0,
+            k.write(Instant::now(), &[], accept_all, None).0,
             Outcome::Unchanged
         );
         assert!(!dir.path().join("peers.json").exists());
@@ -711,8 +722,7 @@ mod tests {
         // The same again: nothing to write.
         let held = written.clone();
         assert_eq!(
-            k.write(Instant::now(), &held, |_| Ok(Observed::default()), None)
-                .0,
+            k.write(Instant::now(), &held, accept_all, None).0,
             Outcome::Unchanged
         );
         // Once the plugin holds the file, a change of one Node is placed by itself: the
@@ -757,12 +767,7 @@ mod tests {
     /// A write with sites through `shaper` (the sites run's), which then adopts the plan it
     /// made, as the run does.
     fn write_sites(k: &mut Keeper, shaper: &mut Shaper, held: &[Peer]) -> (Outcome, Vec<String>) {
-        let out = k.write(
-            Instant::now(),
-            held,
-            |_| Ok(Observed::default()),
-            Some(shaper),
-        );
+        let out = k.write(Instant::now(), held, accept_all, Some(shaper));
         if let Some(s) = k.take_shaped() {
             shaper.adopt(&s.inputs, &s.plan.actives);
         }
@@ -961,7 +966,7 @@ mod tests {
             nodes: BTreeMap::new(),
             facts: None,
         });
-        let (out, _) = k.write(Instant::now(), &held, |_| Ok(Observed::default()), None);
+        let (out, _) = k.write(Instant::now(), &held, accept_all, None);
         assert!(
             matches!(out, Outcome::Refused(ref r) if r.contains("4 of the 4")),
             "{out:?}"
