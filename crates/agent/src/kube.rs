@@ -25,6 +25,7 @@ use super::endpoint::Endpoint;
 use super::objects::{Event, ListMeta, Node, Status};
 
 pub mod paced;
+pub mod proto;
 
 /// What the agent calls itself (YurtHub caches only the agents listed in its `cache_agents`,
 /// by this name).
@@ -150,6 +151,7 @@ impl Kube {
         let url = format!("{}{path}", self.endpoint.base);
         let mut req = agent
             .get(&url)
+            .header("Accept", proto::ACCEPT)
             .config()
             .timeout_per_read(Some(silence))
             .timeout_recv_body(deadline)
@@ -182,20 +184,32 @@ fn transport(what: &str, e: ureq::Error) -> ApiError {
     }
 }
 
+/// True when `resp` is in Kubernetes' protobuf encoding ([`proto`]), false for JSON.
+fn is_protobuf(resp: &Response<ureq::Body>) -> bool {
+    resp.headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with(proto::MEDIA_TYPE))
+}
+
 /// A 2xx answer as it is; any other status as the error it stands for, with the server's
-/// `Status` message when it sent one.
+/// `Status` message when it sent one (in either encoding).
 fn checked(what: &str, mut resp: Response<ureq::Body>) -> Result<Response<ureq::Body>, ApiError> {
     let code = resp.status().as_u16();
     if (200..300).contains(&code) {
         return Ok(resp);
     }
+    let protobuf = is_protobuf(&resp);
     let mut body = Vec::new();
     let _ = resp
         .body_mut()
         .as_reader()
         .take(ERROR_BODY_LIMIT)
         .read_to_end(&mut body);
-    let status: Status = serde_json::from_slice(&body).unwrap_or_default();
+    let status: Status = match protobuf {
+        true => proto::status(&body).unwrap_or_default(),
+        false => serde_json::from_slice(&body).unwrap_or_default(),
+    };
     let message = if status.message.is_empty() {
         String::from_utf8_lossy(&body).chars().take(200).collect()
     } else {
@@ -221,10 +235,13 @@ pub fn status_error(what: &str, code: u16, reason: String, message: String) -> A
 }
 
 /// A reader that counts what went through it (to tell a body cut at the limit from one that
-/// is merely broken) and refuses a JSON string longer than [`MAX_STRING`] as it streams by.
+/// is merely broken) and, for JSON, refuses a string longer than [`MAX_STRING`] as it streams
+/// by.
 struct Guarded<R> {
     inner: R,
     count: u64,
+    /// JSON: strings are watched.
+    json: bool,
     in_string: bool,
     escaped: bool,
     string_len: u64,
@@ -236,6 +253,7 @@ impl<R> Guarded<R> {
         Guarded {
             inner,
             count: 0,
+            json: true,
             in_string: false,
             escaped: false,
             string_len: 0,
@@ -248,6 +266,9 @@ impl<R: Read> Read for Guarded<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.count += n as u64;
+        if !self.json {
+            return Ok(n);
+        }
         for &b in &buf[..n] {
             if !self.in_string {
                 if b == b'"' {
@@ -356,6 +377,47 @@ impl<'de> Deserialize<'de> for BoundedItems {
     }
 }
 
+impl Kube {
+    /// A list page in protobuf ([`proto::read_list`]), bounded as the JSON one is.
+    fn list_protobuf(
+        &self,
+        path: &str,
+        mut resp: Response<ureq::Body>,
+    ) -> Result<NodePage, ApiError> {
+        let body = resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1);
+        let mut reader = Guarded {
+            json: false,
+            ..Guarded::new(BufReader::new(body))
+        };
+        let page = proto::read_list(&mut reader, self.max_nodes);
+        let too_large = |limit, unit| ApiError::TooLarge {
+            what: path.to_string(),
+            limit,
+            unit,
+        };
+        if reader.count > LIST_BODY_LIMIT {
+            return Err(too_large(LIST_BODY_LIMIT, "bytes"));
+        }
+        let page = page.map_err(|e| match e {
+            proto::Error::TooManyNodes(n) => too_large(n as u64, "nodes in one page"),
+            proto::Error::TooLarge { limit, .. } => too_large(limit, "bytes in one item"),
+            e if e.is_io() => ApiError::Connection {
+                what: path.to_string(),
+                reason: e.to_string(),
+            },
+            e => ApiError::Decode {
+                what: path.to_string(),
+                reason: format!("not a NodeList: {e}"),
+            },
+        })?;
+        Ok(NodePage {
+            items: page.items,
+            resource_version: page.resource_version,
+            continue_token: page.continue_token,
+        })
+    }
+}
+
 /// `s` escaped for a URL query value.
 fn query_escape(s: &str) -> String {
     let mut out = String::new();
@@ -386,6 +448,9 @@ impl NodeApi for Kube {
             )),
         }
         let mut resp = self.get(&path, CALL_SILENCE, None)?;
+        if is_protobuf(&resp) {
+            return self.list_protobuf(&path, resp);
+        }
         let mut reader = Guarded::new(resp.body_mut().as_reader().take(LIST_BODY_LIMIT + 1));
         OVERFLOW.with(|o| o.set(false));
         LIMIT.with(|l| l.set(self.max_nodes));
@@ -438,7 +503,8 @@ impl NodeApi for Kube {
         let deadline = Instant::now() + within;
         let resp = self.get_with(&self.watcher, &path, WATCH_SILENCE, Some(within))?;
         Ok(Box::new(Watch {
-            lines: BufReader::new(resp.into_body().into_reader()),
+            protobuf: is_protobuf(&resp),
+            body: BufReader::new(resp.into_body().into_reader()),
             path,
             deadline,
             within,
@@ -471,14 +537,24 @@ impl NodeApi for Kube {
     }
 }
 
-/// An open watch stream: one JSON event per line, until its deadline.
+/// An open watch stream, until its deadline: one JSON event per line, or in protobuf
+/// length-prefixed frames ([`proto::next_frame`]).
 struct Watch<R> {
-    lines: BufReader<R>,
+    body: BufReader<R>,
+    protobuf: bool,
     path: String,
     /// When the server should long have ended it ([`WATCH_MARGIN`] after its timeout); the
     /// body's read budget ends it there too.
     deadline: Instant,
     within: Duration,
+}
+
+/// What one read of a watch stream gave.
+enum Read1 {
+    End,
+    /// A blank line: a keepalive, no event.
+    Nothing,
+    Event(Result<Event, String>),
 }
 
 impl<R: Read> Watch<R> {
@@ -488,6 +564,56 @@ impl<R: Read> Watch<R> {
             after: self.within,
         })
     }
+
+    /// A broken read: the deadline's, when the body's budget ran out, or the connection's.
+    fn broken(&self, reason: String) -> ApiError {
+        self.past_deadline().unwrap_or(ApiError::Connection {
+            what: self.path.clone(),
+            reason,
+        })
+    }
+
+    fn too_large(&self) -> ApiError {
+        ApiError::TooLarge {
+            what: self.path.clone(),
+            limit: EVENT_LIMIT,
+            unit: "bytes in one watch event",
+        }
+    }
+
+    fn next_line(&mut self) -> Result<Read1, ApiError> {
+        let mut line = Vec::new();
+        let read = (&mut self.body)
+            .take(EVENT_LIMIT + 1)
+            .read_until(b'\n', &mut line);
+        let n = read.map_err(|e| self.broken(e.to_string()))?;
+        if n == 0 {
+            return Ok(Read1::End);
+        }
+        if line.len() as u64 > EVENT_LIMIT {
+            return Err(self.too_large());
+        }
+        if line.trim_ascii().is_empty() {
+            return Ok(Read1::Nothing);
+        }
+        if !line.ends_with(b"\n") {
+            // The stream ended inside an event: the connection broke.
+            return Err(ApiError::Connection {
+                what: self.path.clone(),
+                reason: "the stream ended inside an event".into(),
+            });
+        }
+        Ok(Read1::Event(Event::parse(&line).map_err(|e| e.to_string())))
+    }
+
+    fn next_frame(&mut self) -> Result<Read1, ApiError> {
+        match proto::next_frame(&mut self.body) {
+            Ok(None) => Ok(Read1::End),
+            Ok(Some(frame)) => Ok(Read1::Event(proto::event(frame).map_err(|e| e.to_string()))),
+            Err(proto::Error::TooLarge { .. }) => Err(self.too_large()),
+            Err(e) => Err(self.broken(e.to_string())),
+        }
+    }
 }
 
 impl<R: Read> Events for Watch<R> {
@@ -496,42 +622,16 @@ impl<R: Read> Events for Watch<R> {
             if let Some(e) = self.past_deadline() {
                 return Err(e);
             }
-            let mut line = Vec::new();
-            let read = (&mut self.lines)
-                .take(EVENT_LIMIT + 1)
-                .read_until(b'\n', &mut line);
-            let n = match read {
-                Ok(n) => n,
-                // The body's budget ran out: the deadline, not a broken connection.
-                Err(e) => {
-                    return Err(self.past_deadline().unwrap_or(ApiError::Connection {
-                        what: self.path.clone(),
-                        reason: e.to_string(),
-                    }));
-                }
+            let read = match self.protobuf {
+                true => self.next_frame()?,
+                false => self.next_line()?,
             };
-            if n == 0 {
-                return Ok(None);
-            }
-            if line.len() as u64 > EVENT_LIMIT {
-                return Err(ApiError::TooLarge {
-                    what: self.path.clone(),
-                    limit: EVENT_LIMIT,
-                    unit: "bytes in one watch event",
-                });
-            }
-            if line.trim_ascii().is_empty() {
-                continue;
-            }
-            if !line.ends_with(b"\n") {
-                // The stream ended inside an event: the connection broke.
-                return Err(ApiError::Connection {
-                    what: self.path.clone(),
-                    reason: "the stream ended inside an event".into(),
-                });
-            }
-            return match Event::parse(&line) {
-                Ok(Event::Added(n) | Event::Modified(n) | Event::Deleted(n)) if !n.keepable() => {
+            return match read {
+                Read1::End => Ok(None),
+                Read1::Nothing => continue,
+                Read1::Event(Ok(Event::Added(n) | Event::Modified(n) | Event::Deleted(n)))
+                    if !n.keepable() =>
+                {
                     Err(ApiError::Decode {
                         what: self.path.clone(),
                         reason: format!(
@@ -540,16 +640,16 @@ impl<R: Read> Events for Watch<R> {
                         ),
                     })
                 }
-                Ok(Event::Error(s)) => Err(status_error(
+                Read1::Event(Ok(Event::Error(s))) => Err(status_error(
                     &format!("{} (ERROR event)", self.path),
                     s.code,
                     s.reason,
                     s.message,
                 )),
-                Ok(e) => Ok(Some(e)),
-                Err(e) => Err(ApiError::Decode {
+                Read1::Event(Ok(e)) => Ok(Some(e)),
+                Read1::Event(Err(reason)) => Err(ApiError::Decode {
                     what: self.path.clone(),
-                    reason: e.to_string(),
+                    reason,
                 }),
             };
         }
@@ -641,7 +741,8 @@ mod tests {
         // loaded the machine is.
         let deadline = Instant::now() + Duration::from_millis(50);
         let mut w = Watch {
-            lines: BufReader::new(std::io::repeat(b'\n')),
+            body: BufReader::new(std::io::repeat(b'\n')),
+            protobuf: false,
             path: "/api/v1/nodes?watch=1".into(),
             deadline,
             within: Duration::from_millis(50),

@@ -69,7 +69,7 @@ pub const MAX_KEPT_ADDRESSES: usize = 8;
 pub const MAX_CIDRS: usize = 4;
 
 /// `value`, or a short marker saying how long it was when it is longer than `max`.
-fn bounded(value: String, max: usize) -> String {
+pub fn bounded(value: String, max: usize) -> String {
     if value.len() > max {
         format!("<{} bytes: longer than {max}>", value.len())
     } else {
@@ -86,12 +86,15 @@ fn short_option<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>
 }
 
 fn cidrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    let all: Vec<String> = null_as_default(d)?;
-    Ok(all
-        .into_iter()
+    Ok(kept_cidrs(null_as_default::<_, Vec<String>>(d)?))
+}
+
+/// The first [`MAX_CIDRS`] pod CIDRs, each bounded.
+pub fn kept_cidrs(all: impl IntoIterator<Item = String>) -> Vec<String> {
+    all.into_iter()
         .take(MAX_CIDRS)
         .map(|c| bounded(c, MAX_SHORT))
-        .collect())
+        .collect()
 }
 
 fn kept_annotations<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
@@ -110,7 +113,7 @@ where
 
 /// Which of a map's entries are kept, read one by one (the rest skipped unread).
 #[derive(Clone, Copy)]
-enum Kept {
+pub enum Kept {
     /// [`KEPT_ANNOTATIONS`], and [`STICKY_MARKER`] for any other `sticky-cni.io/` one.
     Annotations,
     /// Keys containing [`KEPT_LABEL_MARK`], at most [`MAX_KEPT_LABELS`].
@@ -139,26 +142,59 @@ impl<'de> serde::de::Visitor<'de> for Kept {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut out = BTreeMap::new();
         while let Some(key) = map.next_key::<String>()? {
-            let keep = match self {
-                Kept::Annotations => KEPT_ANNOTATIONS.contains(&key.as_str()),
-                Kept::Labels => key.contains(KEPT_LABEL_MARK) && out.len() < MAX_KEPT_LABELS,
-            };
-            if keep {
+            if self.wants(&key, &out) {
                 let value: String = map.next_value()?;
-                // The NAT discovery annotation holds one entry per NATed gateway.
-                let max = match key == OBSERVED_ENDPOINTS_ANNOTATION {
-                    true => MAX_OBSERVED_BYTES,
-                    false => MAX_ANNOTATION,
-                };
-                out.insert(key, bounded(value, max));
-                continue;
+                self.insert(&mut out, key, value);
+            } else {
+                self.insert_marker(&mut out, &key);
+                map.next_value::<serde::de::IgnoredAny>()?;
             }
-            if matches!(self, Kept::Annotations) && key.starts_with(STICKY_MARKER) {
-                out.insert(STICKY_MARKER.to_string(), String::new());
-            }
-            map.next_value::<serde::de::IgnoredAny>()?;
         }
         Ok(out)
+    }
+}
+
+impl Kept {
+    /// Whether the entry `key` is kept, `out` holding those kept so far.
+    fn wants(self, key: &str, out: &BTreeMap<String, String>) -> bool {
+        match self {
+            Kept::Annotations => KEPT_ANNOTATIONS.contains(&key),
+            Kept::Labels => key.contains(KEPT_LABEL_MARK) && out.len() < MAX_KEPT_LABELS,
+        }
+    }
+
+    /// Keeps a wanted entry, its value bounded.
+    fn insert(self, out: &mut BTreeMap<String, String>, key: String, value: String) {
+        // The NAT discovery annotation holds one entry per NATed gateway.
+        let max = match key == OBSERVED_ENDPOINTS_ANNOTATION {
+            true => MAX_OBSERVED_BYTES,
+            false => MAX_ANNOTATION,
+        };
+        out.insert(key, bounded(value, max));
+    }
+
+    /// Notes an entry not kept: [`STICKY_MARKER`] for a `sticky-cni.io/` annotation.
+    fn insert_marker(self, out: &mut BTreeMap<String, String>, key: &str) {
+        if matches!(self, Kept::Annotations) && key.starts_with(STICKY_MARKER) {
+            out.insert(STICKY_MARKER.to_string(), String::new());
+        }
+    }
+
+    /// What is kept of `entries`, in the order they came: the rules the JSON reader applies
+    /// as it reads, for an encoding that hands over the whole map.
+    pub fn of(
+        self,
+        entries: impl IntoIterator<Item = (String, String)>,
+    ) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for (key, value) in entries {
+            if self.wants(&key, &out) {
+                self.insert(&mut out, key, value);
+            } else {
+                self.insert_marker(&mut out, &key);
+            }
+        }
+        out
     }
 }
 
@@ -188,16 +224,19 @@ fn internal_addresses<'de, D>(d: D) -> Result<Vec<NodeAddress>, D::Error>
 where
     D: serde::Deserializer<'de>,
 {
-    let all: Vec<NodeAddress> = null_as_default(d)?;
-    Ok(all
-        .into_iter()
+    Ok(kept_addresses(null_as_default::<_, Vec<NodeAddress>>(d)?))
+}
+
+/// The first [`MAX_KEPT_ADDRESSES`] InternalIP addresses, each bounded.
+pub fn kept_addresses(all: impl IntoIterator<Item = NodeAddress>) -> Vec<NodeAddress> {
+    all.into_iter()
         .filter(|a| a.kind == "InternalIP")
         .take(MAX_KEPT_ADDRESSES)
         .map(|a| NodeAddress {
             kind: a.kind,
             address: bounded(a.address, MAX_SHORT),
         })
-        .collect())
+        .collect()
 }
 
 impl Node {
@@ -307,7 +346,7 @@ impl Event {
     }
 
     /// The event a type whose object is a Node makes of it; `None` for any other type.
-    fn of_node(kind: &str) -> Option<fn(Node) -> Event> {
+    pub fn of_node(kind: &str) -> Option<fn(Node) -> Event> {
         match kind {
             "ADDED" => Some(Event::Added),
             "MODIFIED" => Some(Event::Modified),

@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sticky_netlink::netns;
 
+use super::kube_proto;
+
 /// `node` with `count` container images in `status.images`, as kubelet reports them (a real
 /// cluster's Nodes are 10-40 KB, mostly this list).
 pub fn with_images(mut node: Value, count: usize) -> Value {
@@ -237,6 +239,11 @@ struct State {
     patches_refused: usize,
     /// The most items the server puts in one page (it may return fewer than asked).
     page_size: usize,
+    /// Lists and watches answered in JSON even to a client that accepts protobuf (a proxy or
+    /// an aggregated server that speaks only JSON).
+    json_only: bool,
+    /// Lists and watches answered in protobuf.
+    protobuf_answers: usize,
     down: bool,
     lists: usize,
     watches: usize,
@@ -536,6 +543,17 @@ impl ApiServer {
     }
 
     /// Lists come in pages of at most `n` nodes.
+    /// Lists and watches in JSON, whatever the client accepts (by default a client that
+    /// accepts protobuf gets it, as from a real API server).
+    pub fn json_only(&self, on: bool) {
+        self.change(|s| s.json_only = on);
+    }
+
+    /// Lists and watches answered in protobuf so far.
+    pub fn protobuf_answers(&self) -> usize {
+        self.shared.state.lock().unwrap().protobuf_answers
+    }
+
     pub fn page_size(&self, n: usize) {
         self.change(|s| s.page_size = n);
     }
@@ -687,6 +705,11 @@ enum Body {
 /// The status line and headers of a JSON response. Every connection carries one request, and
 /// says so (`Connection: close`): a client does not send its next request on it.
 fn head(w: &mut impl Write, code: u16, body: Body) -> bool {
+    head_as(w, code, body, "application/json")
+}
+
+/// [`head`] of a body of `content_type`.
+fn head_as(w: &mut impl Write, code: u16, body: Body, content_type: &str) -> bool {
     let text = match code {
         200 => "OK",
         400 => "Bad Request",
@@ -705,16 +728,43 @@ fn head(w: &mut impl Write, code: u16, body: Body) -> bool {
     };
     write!(
         w,
-        "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nConnection: close\r\n{framing}\r\n\r\n"
+        "HTTP/1.1 {code} {text}\r\nContent-Type: {content_type}\r\nConnection: close\r\n{framing}\r\n\r\n"
     )
     .is_ok()
 }
 
 fn respond(w: &mut impl Write, code: u16, body: &str) {
-    if head(w, code, Body::Length(body.len() as u64)) {
-        let _ = w.write_all(body.as_bytes());
+    respond_as(w, code, body.as_bytes(), "application/json");
+}
+
+fn respond_as(w: &mut impl Write, code: u16, body: &[u8], content_type: &str) {
+    if head_as(w, code, Body::Length(body.len() as u64), content_type) {
+        let _ = w.write_all(body);
     }
     let _ = w.flush();
+}
+
+/// Whether `req` is answered in protobuf: its client accepts it and the server is not
+/// [`ApiServer::json_only`].
+fn protobuf(req: &Req, s: &State) -> bool {
+    !s.json_only
+        && req
+            .headers
+            .get("accept")
+            .is_some_and(|a| a.contains(kube_proto::MEDIA_TYPE))
+}
+
+/// A Status answer in the encoding `req` gets.
+fn respond_status(w: &mut impl Write, proto: bool, code: u16, reason: &str, message: &str) {
+    let json = status_json(code, reason, message);
+    match proto {
+        true => {
+            let value: Value = serde_json::from_str(&json).unwrap();
+            let body = kube_proto::envelope("Status", &kube_proto::status(&value));
+            respond_as(w, code, &body, kube_proto::MEDIA_TYPE);
+        }
+        false => respond(w, code, &json),
+    }
 }
 
 fn serve(
@@ -857,6 +907,8 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
         Err(status) => return respond(w, 400, &status),
     };
     let mut s = shared.state.lock().unwrap();
+    let proto = protobuf(req, &s);
+    s.protobuf_answers += usize::from(proto);
     if !req.query.contains_key("continue") {
         s.lists += 1;
     }
@@ -890,13 +942,14 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
             let offset = parts.next().and_then(|o| o.parse().ok()).unwrap_or(0);
             let rv: u64 = parts.next().and_then(|o| o.parse().ok()).unwrap_or(0);
             if rv != s.rv {
-                let body = status_json(
+                drop(s);
+                respond_status(
+                    w,
+                    proto,
                     410,
                     "Expired",
                     "The provided continue parameter is too old to display a consistent list result.",
                 );
-                drop(s);
-                respond(w, 410, &body);
                 return;
             }
             (offset, rv)
@@ -916,9 +969,21 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
         metadata["continue"] = json!(format!("{};{}", offset + items.len(), rv));
         metadata["remainingItemCount"] = json!(picked.len() - offset - items.len());
     }
-    let body =
-        json!({"kind": "NodeList", "apiVersion": "v1", "metadata": metadata, "items": items})
-            .to_string();
+    let (body, content_type) = match proto {
+        true => {
+            let items: Vec<Vec<u8>> = items.iter().map(|n| kube_proto::node(n)).collect();
+            (
+                kube_proto::node_list(&metadata, &items),
+                kube_proto::MEDIA_TYPE,
+            )
+        }
+        false => (
+            json!({"kind": "NodeList", "apiVersion": "v1", "metadata": metadata, "items": items})
+                .to_string()
+                .into_bytes(),
+            "application/json",
+        ),
+    };
     let cut = s.cut_lists > 0 && last_page;
     if cut {
         s.cut_lists -= 1;
@@ -932,13 +997,13 @@ fn list(w: &mut impl Write, shared: &Shared, req: &Req) {
     }
     drop(s);
     if cut {
-        if head(w, 200, Body::Length(body.len() as u64)) {
-            let _ = w.write_all(&body.as_bytes()[..body.len() / 2]);
+        if head_as(w, 200, Body::Length(body.len() as u64), content_type) {
+            let _ = w.write_all(&body[..body.len() / 2]);
         }
         let _ = w.flush();
         return;
     }
-    respond(w, 200, &body);
+    respond_as(w, 200, &body, content_type);
 }
 
 /// Writes an endless list body until the client goes away (or 10^6 items: a test must end).
@@ -987,14 +1052,40 @@ fn chunk(w: &mut impl Write, line: &str) -> bool {
         .is_ok()
 }
 
+/// One watch event in the stream's encoding: a JSON line, or a protobuf frame.
+fn send_event(w: &mut impl Write, event: &[u8], proto: bool) -> bool {
+    if !proto {
+        return chunk(w, std::str::from_utf8(event).unwrap());
+    }
+    write!(w, "{:x}\r\n", event.len())
+        .and_then(|()| w.write_all(event))
+        .and_then(|()| w.write_all(b"\r\n"))
+        .and_then(|()| w.flush())
+        .is_ok()
+}
+
+/// A watch event of type `kind` whose object is `object` (JSON), as `proto` says.
+fn event_bytes(kind: &str, object: &Value, proto: bool) -> Vec<u8> {
+    match (proto, kind) {
+        (false, _) => json!({"type": kind, "object": object})
+            .to_string()
+            .into_bytes(),
+        (true, "ERROR") => kube_proto::watch_frame(kind, "Status", &kube_proto::status(object)),
+        (true, _) => kube_proto::watch_frame(kind, "Node", &kube_proto::node(object)),
+    }
+}
+
 fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duration) {
-    let failure = {
+    let (failure, proto) = {
         let mut s = shared.state.lock().unwrap();
         s.watches += 1;
-        s.watch_failure.clone()
+        // Keepalive lines are JSON's: a server sending them speaks JSON.
+        let proto = protobuf(req, &s) && s.keepalive_only.is_none();
+        s.protobuf_answers += usize::from(proto);
+        (s.watch_failure.clone(), proto)
     };
     if let Some((code, message)) = failure {
-        respond(w, code, &status_json(code, "Failure", &message));
+        respond_status(w, proto, code, "Failure", &message);
         return;
     }
     let selector = match name_selector(req) {
@@ -1016,7 +1107,11 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
         .query
         .get("allowWatchBookmarks")
         .is_some_and(|v| v == "true");
-    if !head(w, 200, Body::Chunked) || w.flush().is_err() {
+    let content_type = match proto {
+        true => "application/vnd.kubernetes.protobuf;stream=watch",
+        false => "application/json",
+    };
+    if !head_as(w, 200, Body::Chunked, content_type) || w.flush().is_err() {
         return;
     }
     let keepalive = shared.state.lock().unwrap().keepalive_only;
@@ -1039,9 +1134,14 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
     let mut s = shared.state.lock().unwrap();
     let epoch = s.watch_epoch;
     if from < s.oldest {
-        let line = json!({"type": "ERROR", "object": serde_json::from_str::<Value>(&status_json(410, "Expired", &format!("too old resource version: {from} ({})", s.oldest))).unwrap()}).to_string();
+        let status = serde_json::from_str::<Value>(&status_json(
+            410,
+            "Expired",
+            &format!("too old resource version: {from} ({})", s.oldest),
+        ))
+        .unwrap();
         drop(s);
-        chunk(w, &line);
+        send_event(w, &event_bytes("ERROR", &status, proto), proto);
         let _ = write!(w, "0\r\n\r\n");
         let _ = w.flush();
         return;
@@ -1059,24 +1159,24 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
             let _ = w.flush();
             return;
         }
-        let lines: Vec<String> = s
+        let lines: Vec<Vec<u8>> = s
             .events
             .iter()
             .filter(|(rv, _, obj)| *rv > cursor && picks(selector.as_deref(), obj))
-            .map(|(_, kind, obj)| json!({"type": kind, "object": obj}).to_string())
+            .map(|(_, kind, obj)| event_bytes(kind, obj, proto))
             .collect();
         if let Some((rv, _, _)) = s.events.last() {
             cursor = cursor.max(*rv);
         }
         let bookmark = (bookmarks && lines.is_empty() && last_sent.elapsed() >= bookmark_every).then(|| {
             cursor = cursor.max(s.rv);
-            json!({"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": s.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "false"}}}}).to_string()
+            event_bytes("BOOKMARK", &json!({"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": s.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "false"}}}), proto)
         });
         s.watch_bytes += lines.iter().map(|l| l.len() as u64 + 1).sum::<u64>();
         s.bookmarks += u64::from(bookmark.is_some());
         drop(s);
         for line in lines.iter().chain(bookmark.iter()) {
-            if !chunk(w, line) {
+            if !send_event(w, line, proto) {
                 return;
             }
             last_sent = Instant::now();

@@ -6,6 +6,7 @@
 //!   configs and data dirs, network namespaces, scratch dirs;
 //! - [`vxlan_support`]: the netns topology of the sticky-vxlan tests (underlay, nodes, pods);
 //! - [`kube_support`]: a fake Kubernetes API server and the agent process;
+//! - [`kube_proto`]: that server's protobuf encoding;
 //! - [`agent_support`]: a cluster of nodes each running the agent;
 //! - [`cnitool_support`]: libcni's `cnitool`, as a runtime;
 //! - [`conntrack`]: a namespace's conntrack table filled to its maximum;
@@ -14,6 +15,7 @@
 pub mod agent_support;
 pub mod cnitool_support;
 pub mod conntrack;
+pub mod kube_proto;
 pub mod kube_support;
 pub mod sites_standby_support;
 pub mod sites_support;
