@@ -68,6 +68,8 @@ pub struct Kube {
     endpoint: Endpoint,
     /// `--max-nodes`: the most Nodes one page may hold.
     max_nodes: usize,
+    /// Shortens the watch's pace after a change ([`Kube::hurry`]).
+    hurry: paced::Hurry,
 }
 
 impl Kube {
@@ -99,13 +101,14 @@ impl Kube {
             // one), never ureq's own reading of the environment.
             config.proxy(endpoint.proxy.as_ref().map(|p| p.proxy.clone()))
         };
+        let hurry = paced::Hurry::default();
         let watcher = Agent::with_parts(
             config().input_buffer_size(paced::INPUT_BUFFER).build(),
             // ureq's default chain (its CONNECT proxy, TCP, rustls) with the pace between TCP
             // and TLS. No SOCKS: ureq is built without it, for lists too.
             ConnectProxyConnector::default()
                 .chain(TcpConnector::default())
-                .chain(paced::Pace)
+                .chain(paced::Pace(hurry.clone()))
                 .chain(RustlsConnector::default()),
             DefaultResolver::default(),
         );
@@ -114,7 +117,14 @@ impl Kube {
             watcher,
             endpoint,
             max_nodes: DEFAULT_MAX_NODES,
+            hurry,
         }
+    }
+
+    /// What the reader of the watch's events sets when they bring a change: the watch's socket
+    /// is then read again within [`paced::WINDOW`] ([`paced`]).
+    pub fn hurry(&self) -> paced::Hurry {
+        self.hurry.clone()
     }
 
     /// At most `n` Nodes in one page (`--max-nodes`).

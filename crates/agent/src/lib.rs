@@ -310,16 +310,15 @@ fn start_reflector(
     e: endpoint::Endpoint,
     tx: mpsc::Sender<sync::Update>,
 ) {
-    let feed = sync::Feed::new(tx, opts.node_name.clone(), family).with_max_nodes(opts.max_nodes);
+    let kube = kube::Kube::new(e).with_max_nodes(opts.max_nodes);
+    let feed = sync::Feed::new(tx, opts.node_name.clone(), family)
+        .with_max_nodes(opts.max_nodes)
+        .with_hurry(kube.hurry());
     let feed = if sites { feed.with_sites() } else { feed };
-    let reflector = reflector::Reflector::new(
-        kube::Kube::new(e).with_max_nodes(opts.max_nodes),
-        clock::SystemClock,
-        feed,
-        clock::Backoff::new(),
-    )
-    .with_watch_timeout(opts.watch_timeout)
-    .with_max_nodes(opts.max_nodes);
+    let reflector =
+        reflector::Reflector::new(kube, clock::SystemClock, feed, clock::Backoff::new())
+            .with_watch_timeout(opts.watch_timeout)
+            .with_max_nodes(opts.max_nodes);
     std::thread::spawn(move || reflector.run());
 }
 
@@ -347,8 +346,9 @@ fn keeper(
 /// How long the main loop keeps collecting a burst of updates once the first arrived.
 const BURST: Duration = Duration::from_millis(20);
 const MAX_BURST: Duration = Duration::from_millis(200);
-// The watch's socket is read at most every `WINDOW`: a second event the API sent just after a
-// first reaches the burst within it, so the pace must stay well inside the burst window.
+// After a read that brought a change the watch's socket is read again within `WINDOW`: a
+// second event the API sent just after a first reaches the burst within it, so that window must
+// stay well inside the burst window.
 const _: () = assert!(kube::paced::WINDOW.as_millis() * 2 <= BURST.as_millis());
 
 /// Waits up to `poll` for the first update, then takes the whole burst.

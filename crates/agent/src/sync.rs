@@ -22,6 +22,7 @@ use super::family::Family;
 use super::files;
 use super::guard::Guard;
 use super::kube::DEFAULT_MAX_NODES;
+use super::kube::paced::Hurry;
 use super::mapping;
 use super::objects::Node;
 use super::placement::Kept;
@@ -68,6 +69,8 @@ pub struct Feed {
     overflowed: bool,
     /// `--max-nodes`.
     max_nodes: usize,
+    /// Set with every update sent: the watch is read again soon ([`crate::kube::paced`]).
+    hurry: Option<Hurry>,
 }
 
 impl Feed {
@@ -81,6 +84,7 @@ impl Feed {
             own: None,
             overflowed: false,
             max_nodes: DEFAULT_MAX_NODES,
+            hurry: None,
         }
     }
 
@@ -96,7 +100,16 @@ impl Feed {
         self
     }
 
+    /// Tells the watch's pace of every update sent ([`Hurry`]).
+    pub fn with_hurry(mut self, hurry: Hurry) -> Feed {
+        self.hurry = Some(hurry);
+        self
+    }
+
     fn send(&self, u: Update) {
+        if let Some(h) = &self.hurry {
+            h.now();
+        }
         // The main loop outlives the reflector; if it is gone, so is the agent.
         let _ = self.tx.send(u);
     }
@@ -158,7 +171,7 @@ impl Sink for Feed {
             let f = facts::of(&node);
             if all.get(&node.metadata.name) != Some(&f) {
                 all.insert(node.metadata.name.clone(), f.clone());
-                let _ = self.tx.send(Update::Facts(node.metadata.name.clone(), f));
+                self.send(Update::Facts(node.metadata.name.clone(), f));
             }
         }
         let mapped = mapping::node_entry(&node, self.family);
@@ -532,17 +545,21 @@ mod tests {
     #[test]
     fn heartbeats_pass_nothing_on_changes_do() {
         let (tx, rx) = mpsc::channel();
-        let mut feed = Feed::new(tx, Some("me".into()), Family::V4);
+        let hurry = Hurry::default();
+        let mut feed = Feed::new(tx, Some("me".into()), Family::V4).with_hurry(hurry.clone());
         feed.replace(vec![node("a", "192.0.2.1", "10.244.1.0/24", "1")]);
         assert!(
             matches!(rx.try_recv(), Ok(Update::Replace { nodes, facts: None }) if nodes.len() == 1)
         );
+        assert!(hurry.take(), "an update hurries the watch's next read");
         for rv in 2..50 {
             feed.upsert(node("a", "192.0.2.1", "10.244.1.0/24", &rv.to_string()));
         }
         assert!(rx.try_recv().is_err(), "a heartbeat is not an update");
+        assert!(!hurry.take(), "nor does it hurry the watch");
         feed.upsert(node("a", "192.0.2.1", "10.244.9.0/24", "51"));
         assert!(matches!(rx.try_recv(), Ok(Update::Upsert(n, _)) if n == "a"));
+        assert!(hurry.take());
         feed.delete("a");
         feed.delete("a");
         assert!(matches!(rx.try_recv(), Ok(Update::Delete(n)) if n == "a"));
