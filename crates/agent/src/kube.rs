@@ -400,11 +400,7 @@ impl Kube {
             ..Guarded::new(BufReader::new(body))
         };
         let page = proto::read_list(&mut reader, self.max_nodes);
-        let too_large = |limit, unit| ApiError::TooLarge {
-            what: path.to_string(),
-            limit,
-            unit,
-        };
+        let too_large = |limit, unit| too_large(path, limit, unit);
         if reader.count > LIST_BODY_LIMIT {
             return Err(too_large(LIST_BODY_LIMIT, "bytes"));
         }
@@ -425,6 +421,15 @@ impl Kube {
             resource_version: page.resource_version,
             continue_token: page.continue_token,
         })
+    }
+}
+
+/// A list answer over one of the agent's bounds.
+fn too_large(path: &str, limit: u64, unit: &'static str) -> ApiError {
+    ApiError::TooLarge {
+        what: path.to_string(),
+        limit,
+        unit,
     }
 }
 
@@ -465,11 +470,7 @@ impl NodeApi for Kube {
         OVERFLOW.with(|o| o.set(false));
         LIMIT.with(|l| l.set(self.max_nodes));
         let parsed = read_list(&mut reader, IN_MEMORY);
-        let too_large = |limit, unit| ApiError::TooLarge {
-            what: path.clone(),
-            limit,
-            unit,
-        };
+        let too_large = |limit, unit| too_large(&path, limit, unit);
         if reader.count > LIST_BODY_LIMIT {
             return Err(too_large(LIST_BODY_LIMIT, "bytes"));
         }
