@@ -404,7 +404,7 @@ impl Kube {
         if reader.count > LIST_BODY_LIMIT {
             return Err(too_large(LIST_BODY_LIMIT, "bytes"));
         }
-        let page = page.map_err(|e| match e {
+        page.map_err(|e| match e {
             proto::Error::TooManyNodes(n) => too_large(n as u64, "nodes in one page"),
             proto::Error::TooLarge { limit, .. } => too_large(limit, "bytes in one item"),
             e if e.is_io() => ApiError::Connection {
@@ -415,11 +415,6 @@ impl Kube {
                 what: path.to_string(),
                 reason: format!("not a NodeList: {e}"),
             },
-        })?;
-        Ok(NodePage {
-            items: page.items,
-            resource_version: page.resource_version,
-            continue_token: page.continue_token,
         })
     }
 }

@@ -689,9 +689,13 @@ fn percent_decode(s: &str) -> String {
 }
 
 fn status_json(code: u16, reason: &str, message: &str) -> String {
+    status_value(code, reason, message).to_string()
+}
+
+/// The `Status` object a real API server answers an error with.
+fn status_value(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": message, "reason": reason, "code": code})
-    .to_string()
 }
 
 /// How a response body is framed.
@@ -756,14 +760,13 @@ fn protobuf(req: &Req, s: &State) -> bool {
 
 /// A Status answer in the encoding `req` gets.
 fn respond_status(w: &mut impl Write, proto: bool, code: u16, reason: &str, message: &str) {
-    let json = status_json(code, reason, message);
+    let status = status_value(code, reason, message);
     match proto {
         true => {
-            let value: Value = serde_json::from_str(&json).unwrap();
-            let body = kube_proto::envelope("Status", &kube_proto::status(&value));
+            let body = kube_proto::envelope("Status", &kube_proto::status(&status));
             respond_as(w, code, &body, kube_proto::MEDIA_TYPE);
         }
-        false => respond(w, code, &json),
+        false => respond(w, code, &status.to_string()),
     }
 }
 
@@ -1134,12 +1137,11 @@ fn watch(w: &mut impl Write, shared: &Shared, req: &Req, bookmark_every: Duratio
     let mut s = shared.state.lock().unwrap();
     let epoch = s.watch_epoch;
     if from < s.oldest {
-        let status = serde_json::from_str::<Value>(&status_json(
+        let status = status_value(
             410,
             "Expired",
             &format!("too old resource version: {from} ({})", s.oldest),
-        ))
-        .unwrap();
+        );
         drop(s);
         send_event(w, &event_bytes("ERROR", &status, proto), proto);
         let _ = write!(w, "0\r\n\r\n");

@@ -24,6 +24,7 @@ use prost::Message;
 use prost::bytes::Bytes;
 
 use super::EVENT_LIMIT;
+use crate::api::NodePage;
 use crate::objects::{
     Event, Kept, MAX_SHORT, Node, NodeAddress, NodeSpec, NodeStatus, ObjectMeta, Status, bounded,
     kept_addresses, kept_cidrs,
@@ -283,23 +284,15 @@ fn read_exactly(r: &mut impl Read, len: u64) -> Result<Vec<u8>, Error> {
     Ok(buf)
 }
 
-/// A NodeList page, as [`read_list`] reads it.
-#[derive(Debug, Default)]
-pub struct Page {
-    pub items: Vec<Node>,
-    pub resource_version: String,
-    pub continue_token: Option<String>,
-}
-
 /// A NodeList answer read as it streams: one item in memory at a time, a Node that cannot be
 /// kept ([`Node::keepable`]) skipped, more than `max_nodes` items an error at once.
-pub fn read_list(r: &mut impl Read, max_nodes: usize) -> Result<Page, Error> {
+pub fn read_list(r: &mut impl Read, max_nodes: usize) -> Result<NodePage, Error> {
     let mut magic = [0u8; 4];
     r.read_exact(&mut magic)?;
     if &magic != MAGIC {
         return Err(Error::Magic);
     }
-    let mut page = Page::default();
+    let mut page = NodePage::default();
     // The envelope's fields: its type, then the list.
     while let Some((field, wire)) = key(r)? {
         match (field, wire) {
@@ -325,7 +318,7 @@ pub fn read_list(r: &mut impl Read, max_nodes: usize) -> Result<Page, Error> {
 fn list_fields(
     r: &mut std::io::Take<&mut impl Read>,
     max_nodes: usize,
-    page: &mut Page,
+    page: &mut NodePage,
 ) -> Result<(), Error> {
     while r.limit() > 0 {
         let Some((field, wire)) = key(r)? else {
