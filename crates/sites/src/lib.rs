@@ -9,7 +9,8 @@
 //! routes and, on the active gateway, the WireGuard peers), [`discovery`] (NAT discovery: where
 //! the reachable gateways see the NATed ones come from), [`punch`] (hole punching: when to try,
 //! the backoff, the peers meanwhile), [`heal`] and [`probe`] (liveness and step-down inside a
-//! site), [`remote`] (which candidate of a remote site to send to), [`tunnel`] (what a
+//! site), [`remote`] (which candidate of a remote site to send to), [`relay`] (what a forwarding
+//! relay passes on, and to whom: it never decrypts), [`tunnel`] (what a
 //! WireGuard device holds and the changes that move it), [`round`] (one round of the active
 //! gateway: what its device must do), [`keys`] (the gateway's key pair).
 //! It does no I/O and links no async runtime, HTTP or netlink: every function takes the time
@@ -21,10 +22,10 @@ pub mod heal;
 pub mod keys;
 pub mod model;
 pub mod paths;
-pub mod punch;
-
 pub mod plan;
 pub mod probe;
+pub mod punch;
+pub mod relay;
 pub mod remote;
 pub mod round;
 pub mod tunnel;

@@ -7,7 +7,7 @@
 //! with `errno=N` and an empty line, as wireguard-go's.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +21,10 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
+use sticky_sites::keys::PublicKey;
+
 use crate::book::{self, Book, PendingPeer};
+use crate::relay::Relay;
 use crate::uapi::{
     self, AllowedIp, IDLE_TIMEOUT, Key, MAX_CONNECTIONS, MAX_LINE, Opening, REQUEST_TIMEOUT, errno,
 };
@@ -40,6 +43,8 @@ pub struct Shared {
     /// Why, and the request the fresh device starts with; set by a request, acted on (told to
     /// `broken`) once its answer is written, so the answer is not lost with the old device.
     renew: std::sync::Mutex<Option<Renew>>,
+    /// The forwarding relay under gotatun: told when the peers change.
+    relay: Arc<Relay>,
 }
 
 /// Why the device is made anew, and what the fresh one is given first.
@@ -49,9 +54,10 @@ pub struct Renew {
 }
 
 impl Shared {
-    pub fn new(client: UapiClient) -> Arc<Shared> {
+    pub fn new(client: UapiClient, relay: Arc<Relay>) -> Arc<Shared> {
         Arc::new(Shared {
             client,
+            relay,
             book: Mutex::new(Book::default()),
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             broken: Notify::new(),
@@ -75,6 +81,21 @@ impl Shared {
             .await
             .map(drop)
             .map_err(|e| e.to_string())
+    }
+
+    /// The peers' keys and current endpoints as gotatun holds them (the relay's table), or
+    /// `None` when gotatun does not answer.
+    pub async fn endpoints(&self) -> Option<Vec<(PublicKey, Option<SocketAddr>)>> {
+        let Ok(Response::Get(response)) = self.client.send(Get::default()).await else {
+            return None;
+        };
+        Some(
+            response
+                .peers
+                .iter()
+                .map(|p| (PublicKey(p.peer.public_key.0), p.peer.endpoint))
+                .collect(),
+        )
     }
 
     fn renew_slot(&self) -> std::sync::MutexGuard<'_, Option<Renew>> {
@@ -380,6 +401,7 @@ async fn set_request(
         Ok(Response::Get(_)) | Err(_) => return Err(deaf(shared)),
     }
     *book = plan.after;
+    shared.relay.changed();
     if held > 0 && matches!(book, Book::Keyed { .. }) {
         eprintln!("sticky-wg: the private key came; {held} peer(s) held until then are configured");
     }

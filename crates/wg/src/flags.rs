@@ -39,6 +39,12 @@ request is read within 30 s (one request at a time) or its connection is closed.
 A panic aborts the process (SIGABRT), so its service manager starts a new one, which
 takes over the dead one's socket.
 
+Relaying: a peer whose endpoint is a relayed endpoint (an address in 100::/32, made by the
+agent) is reached through the relay peer it names, which forwards the datagrams without a key
+that decrypts them. Any device forwards, between two of its own peers only, a datagram that
+comes from one's current endpoint and names the other. It logs what it forwarded and dropped
+when that first changes, then at most once a minute.
+
 Exit status: 0 after SIGTERM/SIGINT, 1 on an error, 2 on a usage error.
 ";
 

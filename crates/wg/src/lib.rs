@@ -6,12 +6,15 @@
 //! and no configuration of its own: the agent pushes everything over that socket and reads the
 //! state back (`wg show` works the same way). The TUN is persistent so the agent's MTU,
 //! addresses and routes outlive this process; if the link is deleted under it, it makes it
-//! again and serves a fresh, empty device. tokio and gotatun live in this crate only.
+//! again and serves a fresh, empty device. Under gotatun, its UDP socket is wrapped so that the
+//! device forwards between its peers without decrypting and reaches a peer through a relay
+//! (`relay`, on `sticky_sites::relay`'s rules). tokio and gotatun live in this crate only.
 
 mod book;
 mod conn;
 mod decide;
 pub mod flags;
+mod relay;
 mod serve;
 mod tun;
 pub mod uapi;

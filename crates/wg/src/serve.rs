@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gotatun::device::uapi::UapiServer;
-use gotatun::device::{DefaultDeviceTransports, Device, DeviceBuilder};
+use gotatun::device::{Device, DeviceBuilder};
+use gotatun::tun::tun_async_device::TunDevice;
 use std::sync::Arc;
 
 use tokio::net::UnixListener;
@@ -18,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::conn::{self, Renew, Shared};
 use crate::decide;
 use crate::flags::Options;
+use crate::relay::{self, Relay};
 use crate::{Error, tun, uapi};
 
 /// How often the link's index is read: a deleted device is noticed within this.
@@ -25,8 +27,10 @@ const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 /// One gotatun device on the TUN, with the accept loop of its socket.
 struct Attachment {
-    device: Device<DefaultDeviceTransports>,
+    device: Device<(relay::Factory, TunDevice, TunDevice)>,
     accept: JoinHandle<()>,
+    /// Keeps the relay's table to gotatun's peers.
+    refresh: JoinHandle<()>,
     shared: Arc<Shared>,
     /// How the replay it was made with went (see conn::Renew).
     replayed: Option<Result<(), String>>,
@@ -39,6 +43,7 @@ impl Attachment {
     /// stays) and removes the socket file.
     async fn stop(self, socket: &Path) {
         self.accept.abort();
+        self.refresh.abort();
         self.device.stop().await;
         let _ = std::fs::remove_file(socket);
     }
@@ -174,15 +179,16 @@ async fn attach(
         message,
     };
     let (client, server) = UapiServer::new();
+    let forwarding = Relay::new();
     let device = DeviceBuilder::new()
-        .with_default_udp()
+        .with_udp(relay::Factory::new(Arc::clone(&forwarding)))
         .create_tun(ifname)
         .map_err(|e| device_error(e.to_string()))?
         .with_uapi(server)
         .build()
         .await
         .map_err(|e| device_error(e.to_string()))?;
-    let shared = Shared::new(client);
+    let shared = Shared::new(client, Arc::clone(&forwarding));
     let replayed = match replay {
         Some(set) => Some(shared.replay(set.clone()).await),
         None => None,
@@ -195,9 +201,15 @@ async fn attach(
         }
     };
     let accept = tokio::spawn(conn::accept(listener, Arc::clone(&shared)));
+    let reader = Arc::clone(&shared);
+    let refresh = tokio::spawn(relay::refresh(forwarding, move || {
+        let reader = Arc::clone(&reader);
+        async move { reader.endpoints().await }
+    }));
     Ok(Attachment {
         device,
         accept,
+        refresh,
         shared,
         replayed,
         index,

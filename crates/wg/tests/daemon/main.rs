@@ -12,6 +12,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod hub;
+mod relay;
 mod uapi;
 
 use sticky_testkit::kube_support::wait_for;
@@ -112,6 +113,27 @@ struct Side {
 }
 
 impl Side {
+    /// Side `n` of test `tag`: a namespace with loopback up, underlay and tunnel addresses
+    /// `(under, inner)`, a key made with `wg genkey` in `dir`.
+    fn new(tag: &str, n: &str, (under, inner): (&'static str, &'static str), dir: &Path) -> Side {
+        let ns = Netns::new(&format!("{tag}{n}"));
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+        let key = dir.join(format!("{n}.key"));
+        let key_file = key.display();
+        sh(&["sh", "-c", &format!("umask 077; wg genkey > {key_file}")]);
+        let public = sh(&["sh", "-c", &format!("wg pubkey < {key_file}")]);
+        Side {
+            ns,
+            // Unique per test and process: the socket directory is the host's, shared by all
+            // namespaces.
+            ifname: format!("{tag}{n}{}", std::process::id()),
+            under,
+            inner,
+            key,
+            public: public.trim().to_string(),
+        }
+    }
+
     fn wg(&self, args: &[&str]) -> Output {
         wg_in(&self.ns, args)
     }
@@ -226,27 +248,8 @@ impl Pair {
     /// Two sides with their daemons serving empty devices.
     fn started(tag: &str) -> Pair {
         let dir = temp_dir();
-        let pid = std::process::id();
-        let side = |n: &str, under, inner| {
-            let ns = Netns::new(&format!("{tag}{n}"));
-            ns.exec(&["ip", "link", "set", "lo", "up"]);
-            let key = dir.path().join(format!("{n}.key"));
-            let key_file = key.display();
-            sh(&["sh", "-c", &format!("umask 077; wg genkey > {key_file}")]);
-            let public = sh(&["sh", "-c", &format!("wg pubkey < {key_file}")]);
-            Side {
-                ns,
-                // Unique per test and process: the socket directory is the host's, shared by all
-                // namespaces.
-                ifname: format!("{tag}{n}{pid}"),
-                under,
-                inner,
-                key,
-                public: public.trim().to_string(),
-            }
-        };
-        let a = side("a", "198.51.100.1", "192.0.2.1");
-        let b = side("b", "198.51.100.2", "192.0.2.2");
+        let a = Side::new(tag, "a", ("198.51.100.1", "192.0.2.1"), dir.path());
+        let b = Side::new(tag, "b", ("198.51.100.2", "192.0.2.2"), dir.path());
         sh(&[
             "ip", "link", "add", "u0", "netns", &a.ns.name, "type", "veth", "peer", "name", "u0",
             "netns", &b.ns.name,
@@ -267,28 +270,32 @@ impl Pair {
         pair
     }
 
-    /// Starts the daemon of side a (or b) and waits until it says it serves, then until `wg
-    /// show` answers on its socket. (Not `wg show` first: on a stale socket `wg` unlinks the
-    /// file itself, racing the daemon's own stale-socket check.)
+    /// Starts the daemon of side a (or b) (see [`serve`]).
     fn start(&self, a: bool) -> Daemon {
-        let side = if a { &self.a } else { &self.b };
-        let n = if a { "a" } else { "b" };
-        let log = unique(self.dir.path().join(format!("sticky-wg-{n}.log")));
-        let daemon = Daemon::start(&side.ns, &side.ifname, log);
-        wait_for("sticky-wg to say it serves", DEADLINE, || {
-            daemon.log().contains("sticky-wg: serving")
-        });
-        wait_for(
-            &format!("`wg show {}` to answer", side.ifname),
-            DEADLINE,
-            || side.wg_answers(),
-        );
-        daemon
+        let (side, n) = if a { (&self.a, "a") } else { (&self.b, "b") };
+        serve(side, self.dir.path(), n)
     }
 
     fn wait_ping(&self, what: &str) -> Duration {
         wait_for(what, DEADLINE, || self.a.ping_once(self.b.inner))
     }
+}
+
+/// Starts `side`'s daemon (its log `sticky-wg-<n>.log` in `dir`) and waits until it says it
+/// serves, then until `wg show` answers on its socket. (Not `wg show` first: on a stale socket
+/// `wg` unlinks the file itself, racing the daemon's own stale-socket check.)
+fn serve(side: &Side, dir: &Path, n: &str) -> Daemon {
+    let log = unique(dir.join(format!("sticky-wg-{n}.log")));
+    let daemon = Daemon::start(&side.ns, &side.ifname, log);
+    wait_for("sticky-wg to say it serves", DEADLINE, || {
+        daemon.log().contains("sticky-wg: serving")
+    });
+    wait_for(
+        &format!("`wg show {}` to answer", side.ifname),
+        DEADLINE,
+        || side.wg_answers(),
+    );
+    daemon
 }
 
 /// A path that does not exist yet (`path`, or `path.N`).
