@@ -6,14 +6,14 @@
 //! stripped), or dropped and counted; everything else goes to gotatun as it came.
 //!
 //! The rules need each peer's current endpoint, which gotatun moves to wherever an
-//! authenticated datagram came from: [`refresh`] reads them from gotatun every
-//! [`REFRESH_EVERY`] and after each configuration change. A peer that roams is forwarded to
-//! at its new address within that.
+//! authenticated datagram came from: [`refresh`] reads them from gotatun after each
+//! configuration change, and every [`REFRESH_EVERY`] while relayed datagrams come and go. A
+//! peer that roams is forwarded to at its new address within that.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,9 @@ pub struct Relay {
     candidates: std::sync::Mutex<HashMap<Id, SocketAddr>>,
     /// Told after a configuration change: the table is read again at once.
     changed: Notify,
+    /// The data path asked the table since the last refresh: only then is it read again on the
+    /// clock (a hub of 10,000 sites that relays nothing reads its peers only after a `set`).
+    used: AtomicBool,
     forwarded: AtomicU64,
     delivered: AtomicU64,
     dropped: [AtomicU64; DROPS.len()],
@@ -58,6 +61,7 @@ impl Relay {
     }
 
     fn table(&self) -> Arc<Table> {
+        self.used.store(true, Ordering::Relaxed);
         Arc::clone(&self.table.read().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -122,8 +126,9 @@ where
 {
     let mut said = relay.counts();
     let mut said_at: Option<Instant> = None;
+    let mut read = true;
     loop {
-        if let Some(peers) = peers().await {
+        if read && let Some(peers) = peers().await {
             relay.rebuild(peers);
         }
         let now = relay.counts();
@@ -146,10 +151,10 @@ where
             said = now;
             said_at = Some(Instant::now());
         }
-        tokio::select! {
-            _ = tokio::time::sleep(REFRESH_EVERY) => {}
-            _ = relay.changed.notified() => {}
-        }
+        read = tokio::select! {
+            _ = tokio::time::sleep(REFRESH_EVERY) => relay.used.swap(false, Ordering::Relaxed),
+            _ = relay.changed.notified() => true,
+        };
     }
 }
 
