@@ -1040,6 +1040,14 @@ pub fn default_gateway(ns: &str) -> String {
         .to_string()
 }
 
+/// How long a benchmark measures each case: `STICKY_BENCH_SECS` seconds, default 10.
+pub fn bench_secs() -> u32 {
+    std::env::var("STICKY_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10)
+}
+
 /// TCP throughput from namespace `from` (from `source` if given) to an iperf3 server on `to`
 /// in namespace `to_ns`, over `secs` seconds: megabits a second received.
 pub fn iperf3_mbps(from: &str, source: Option<&str>, to_ns: &str, to: &str, secs: u32) -> f64 {

@@ -380,10 +380,7 @@ fn sites_full_size_pod_packet_crosses_without_fragments() {
 #[test]
 #[ignore = "benchmark: scripts/bench-sites.py"]
 fn bench_sites() {
-    let secs: u32 = std::env::var("STICKY_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let secs = bench_secs();
     let rounds: usize = std::env::var("STICKY_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -511,10 +511,7 @@ fn sites_nat_a_relay_restarted_with_the_api_away_relays_again_within_10s() {
 #[test]
 #[ignore = "benchmark: scripts/bench-sites.py --nat"]
 fn bench_sites_nat() {
-    let secs: u32 = std::env::var("STICKY_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let secs = bench_secs();
     let (mut s, pods) = blocked_running();
     let (a2, b2) = (&pods[0], &pods[1]);
     assert!(first_reply(&a2.0.ns, &b2.1, Duration::from_secs(120)).is_some());

@@ -41,6 +41,7 @@ fn relayed_punching(via: &Side, to: &Side, punch: bool) -> String {
 
 impl Trio {
     fn new(tag: &str) -> Trio {
+        prerequisites("sticky-wg relay");
         let dir = temp_dir();
         let a = Side::new(tag, "a", ("198.51.100.1", "192.0.2.1"), dir.path());
         let r = Side::new(tag, "r", ("198.51.100.126", "192.0.2.3"), dir.path());
@@ -49,21 +50,7 @@ impl Trio {
             (&a, "ua", "198.51.100.126/25"),
             (&b, "ub", "198.51.100.254/25"),
         ] {
-            sh(&[
-                "ip",
-                "link",
-                "add",
-                "u0",
-                "netns",
-                &side.ns.name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                r_end,
-                "netns",
-                &r.ns.name,
-            ]);
+            veth((side, "u0"), (&r, r_end));
             side.ns.exec(&[
                 "ip",
                 "addr",
@@ -72,9 +59,7 @@ impl Trio {
                 "dev",
                 "u0",
             ]);
-            side.ns.exec(&["ip", "link", "set", "u0", "up"]);
             r.ns.exec(&["ip", "addr", "add", r_addr, "dev", r_end]);
-            r.ns.exec(&["ip", "link", "set", r_end, "up"]);
         }
         assert_eq!(
             r.ns.exec(&["sysctl", "-n", "net.ipv4.ip_forward"]).trim(),
@@ -147,9 +132,36 @@ impl Trio {
         }
     }
 
+    /// (A, B) and (B, A).
+    fn both_ways(&self) -> [(&Side, &Side); 2] {
+        [(&self.a, &self.b), (&self.b, &self.a)]
+    }
+
     fn log(&self, n: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("sticky-wg-{n}.log.0")))
             .unwrap_or_default()
+    }
+}
+
+/// A veth between two sides' namespaces, named `a.1` in `a.0`'s and `b.1` in `b.0`'s, up.
+fn veth(a: (&Side, &str), b: (&Side, &str)) {
+    sh(&[
+        "ip",
+        "link",
+        "add",
+        a.1,
+        "netns",
+        &a.0.ns.name,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b.1,
+        "netns",
+        &b.0.ns.name,
+    ]);
+    for (side, name) in [a, b] {
+        side.ns.exec(&["ip", "link", "set", name, "up"]);
     }
 }
 
@@ -166,11 +178,10 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn a_relay_forwards_an_end_to_end_session_it_cannot_read() {
-    prerequisites("sticky-wg relay");
     let t = Trio::new("wgr");
     // The session is A's and B's own: each shows a handshake with the other, at the relayed
     // endpoint.
-    for (me, other) in [(&t.a, &t.b), (&t.b, &t.a)] {
+    for (me, other) in t.both_ways() {
         let f = peer_fields(me, other);
         assert_eq!(f[2], relayed(&t.r, other), "{}: {f:?}", me.ifname);
         assert_ne!(
@@ -278,7 +289,6 @@ fn peer_fields(me: &Side, other: &Side) -> Vec<String> {
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn a_move_between_relayed_and_direct_is_a_change_of_endpoint_only() {
-    prerequisites("sticky-wg relay");
     let t = Trio::new("wgm");
     let b_config = |t: &Trio| {
         let f = peer_fields(&t.b, &t.a);
@@ -289,24 +299,9 @@ fn a_move_between_relayed_and_direct_is_a_change_of_endpoint_only() {
         )
     };
     let before = b_config(&t);
-    sh(&[
-        "ip",
-        "link",
-        "add",
-        "ud",
-        "netns",
-        &t.a.ns.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "ud",
-        "netns",
-        &t.b.ns.name,
-    ]);
+    veth((&t.a, "ud"), (&t.b, "ud"));
     for (side, addr) in [(&t.a, "203.0.113.1/24"), (&t.b, "203.0.113.2/24")] {
         side.ns.exec(&["ip", "addr", "add", addr, "dev", "ud"]);
-        side.ns.exec(&["ip", "link", "set", "ud", "up"]);
     }
     t.a.wg_ok(&[
         "set",
@@ -343,9 +338,8 @@ fn a_move_between_relayed_and_direct_is_a_change_of_endpoint_only() {
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn punching_through_the_relay_moves_the_pair_to_a_direct_path() {
-    prerequisites("sticky-wg relay");
     let t = Trio::new("wgp");
-    for (me, other) in [(&t.a, &t.b), (&t.b, &t.a)] {
+    for (me, other) in t.both_ways() {
         me.wg_ok(&[
             "set",
             &me.ifname,
@@ -357,23 +351,8 @@ fn punching_through_the_relay_moves_the_pair_to_a_direct_path() {
             "1",
         ]);
     }
-    sh(&[
-        "ip",
-        "link",
-        "add",
-        "ud",
-        "netns",
-        &t.a.ns.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "ud",
-        "netns",
-        &t.b.ns.name,
-    ]);
+    veth((&t.a, "ud"), (&t.b, "ud"));
     for (side, other) in [(&t.a, &t.b), (&t.b, &t.a)] {
-        side.ns.exec(&["ip", "link", "set", "ud", "up"]);
         side.ns.exec(&[
             "ip",
             "route",
@@ -452,12 +431,8 @@ impl Trio {
 #[ignore = "benchmark: scripts/bench-relay.py"]
 fn bench_relay_forwarding_vs_two_legs() {
     use sticky_testkit::kube_support::cpu_ticks;
-    use sticky_testkit::sites_support::{iperf3_mbps, rtt_ms};
-    prerequisites("sticky-wg relay benchmark");
-    let secs: u32 = std::env::var("STICKY_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    use sticky_testkit::sites_support::{bench_secs, iperf3_mbps, rtt_ms};
+    let secs = bench_secs();
     let t = Trio::new("wgrb");
     let relay = t._daemons[1].child.id();
     let mut cases = Vec::new();
