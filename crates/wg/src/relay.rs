@@ -190,6 +190,7 @@ impl UdpTransportFactory for Factory {
                 tx,
                 relay,
                 forward: Vec::new(),
+                send_buf: Default::default(),
             },
         ))
     }
@@ -293,6 +294,7 @@ pub struct Receiver {
     relay: Arc<Relay>,
     /// The datagrams of one read that this gateway forwards.
     forward: Vec<(Packet, SocketAddr)>,
+    send_buf: <UdpSocket as UdpSend>::SendManyBuf,
 }
 
 impl Receiver {
@@ -344,13 +346,33 @@ impl Receiver {
         self.forward.extend(taken.filter(|(p, _)| !p.is_empty()));
     }
 
+    /// Sends what this read forwards: in one `sendmmsg` when they fit one and are of one
+    /// family, else one by one. A full send buffer loses datagrams as the network would;
+    /// WireGuard resends.
     async fn send_forwarded(&mut self) {
-        let n = self.forward.len() as u64;
-        for (p, to) in self.forward.drain(..) {
-            // A full send buffer loses this datagram as the network would; WireGuard resends.
-            let _ = self.tx.send_to(p, to).await;
+        let n = self.forward.len();
+        if n == 0 {
+            return;
         }
-        self.relay.forwarded.fetch_add(n, Ordering::Relaxed);
+        let one_family = self
+            .forward
+            .iter()
+            .all(|(_, to)| to.is_ipv4() == self.forward[0].1.is_ipv4());
+        if n > 1 && one_family && n <= self.tx.max_number_of_packets_to_send() {
+            if self
+                .tx
+                .send_many_to(&mut self.send_buf, &mut self.forward)
+                .await
+                .is_err()
+            {
+                self.forward.clear();
+            }
+        } else {
+            for (p, to) in self.forward.drain(..) {
+                let _ = self.tx.send_to(p, to).await;
+            }
+        }
+        self.relay.forwarded.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
