@@ -39,33 +39,73 @@ fn relayed_punching(via: &Side, to: &Side, punch: bool) -> String {
     relay::endpoint(&key(via), &key(to), punch).to_string()
 }
 
+/// The underlay of a trio: A's address, R's on A's link, R's on B's link, B's, the prefix.
+struct Underlay {
+    a: &'static str,
+    r_a: &'static str,
+    r_b: &'static str,
+    b: &'static str,
+    prefix: u8,
+}
+
+const V4: Underlay = Underlay {
+    a: "198.51.100.1",
+    r_a: "198.51.100.126",
+    r_b: "198.51.100.254",
+    b: "198.51.100.129",
+    prefix: 25,
+};
+
+const V6: Underlay = Underlay {
+    a: "2001:db8:a::1",
+    r_a: "2001:db8:a::2",
+    r_b: "2001:db8:b::2",
+    b: "2001:db8:b::1",
+    prefix: 64,
+};
+
+impl Underlay {
+    /// `addr` added to `dev` in `side`'s namespace (IPv6 without duplicate address detection:
+    /// usable at once).
+    fn add(&self, side: &Side, addr: &str, dev: &str) {
+        let net = format!("{addr}/{}", self.prefix);
+        let mut argv = vec!["ip", "addr", "add", &net, "dev", dev];
+        if addr.contains(':') {
+            argv.push("nodad");
+        }
+        side.ns.exec(&argv);
+    }
+
+    /// `addr`:51820.
+    fn endpoint(addr: &str) -> String {
+        let ip: std::net::IpAddr = addr.parse().expect("an address");
+        std::net::SocketAddr::new(ip, 51820).to_string()
+    }
+}
+
 impl Trio {
     fn new(tag: &str) -> Trio {
+        Trio::on(tag, &V4)
+    }
+
+    fn on(tag: &str, under: &Underlay) -> Trio {
         prerequisites("sticky-wg relay");
         let dir = temp_dir();
-        let a = Side::new(tag, "a", ("198.51.100.1", "192.0.2.1"), dir.path());
-        let r = Side::new(tag, "r", ("198.51.100.126", "192.0.2.3"), dir.path());
-        let b = Side::new(tag, "b", ("198.51.100.129", "192.0.2.2"), dir.path());
-        for (side, r_end, r_addr) in [
-            (&a, "ua", "198.51.100.126/25"),
-            (&b, "ub", "198.51.100.254/25"),
-        ] {
+        let a = Side::new(tag, "a", (under.a, "192.0.2.1"), dir.path());
+        let r = Side::new(tag, "r", (under.r_a, "192.0.2.3"), dir.path());
+        let b = Side::new(tag, "b", (under.b, "192.0.2.2"), dir.path());
+        for (side, r_end, r_addr) in [(&a, "ua", under.r_a), (&b, "ub", under.r_b)] {
             veth((side, "u0"), (&r, r_end));
-            side.ns.exec(&[
-                "ip",
-                "addr",
-                "add",
-                &format!("{}/25", side.under),
-                "dev",
-                "u0",
-            ]);
-            r.ns.exec(&["ip", "addr", "add", r_addr, "dev", r_end]);
+            under.add(side, side.under, "u0");
+            under.add(&r, r_addr, r_end);
         }
-        assert_eq!(
-            r.ns.exec(&["sysctl", "-n", "net.ipv4.ip_forward"]).trim(),
-            "0",
-            "R must not route between A and B"
-        );
+        for forwarding in ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"] {
+            assert_eq!(
+                r.ns.exec(&["sysctl", "-n", forwarding]).trim(),
+                "0",
+                "R must not route between A and B"
+            );
+        }
         let daemons = vec![
             serve(&a, dir.path(), "a"),
             serve(&r, dir.path(), "r"),
@@ -78,7 +118,7 @@ impl Trio {
             _daemons: daemons,
             dir,
         };
-        trio.configure();
+        trio.configure(under);
         wait_for("A's first ping to B through R", DEADLINE, || {
             trio.a.ping_once(trio.b.inner)
         });
@@ -87,7 +127,7 @@ impl Trio {
 
     /// R: a key and the two peers, nothing else. A and B: R at its address on their link, the
     /// other through R; the tunnel address, the route to the other's.
-    fn configure(&self) {
+    fn configure(&self, under: &Underlay) {
         let (a, r, b) = (&self.a, &self.r, &self.b);
         let r_key = r.key.to_string_lossy();
         r.wg_ok(&[
@@ -104,7 +144,7 @@ impl Trio {
         ]);
         // Up, as a gateway's device is: what its WireGuard hands it would show there.
         r.ns.exec(&["ip", "link", "set", &r.ifname, "up"]);
-        for (me, other, r_addr) in [(a, b, "198.51.100.126"), (b, a, "198.51.100.254")] {
+        for (me, other, r_addr) in [(a, b, under.r_a), (b, a, under.r_b)] {
             let key = me.key.to_string_lossy();
             me.wg_ok(&[
                 "set",
@@ -116,7 +156,7 @@ impl Trio {
                 "peer",
                 &r.public,
                 "endpoint",
-                &format!("{r_addr}:51820"),
+                &Underlay::endpoint(r_addr),
                 "persistent-keepalive",
                 "25",
                 "allowed-ips",
@@ -265,6 +305,27 @@ fn a_relay_forwards_an_end_to_end_session_it_cannot_read() {
     assert!(
         tun_frames.trim().is_empty(),
         "R's WireGuard handed it a packet of A's or B's: {tun_frames}"
+    );
+    wait_for("R to log what it forwarded", DEADLINE, || {
+        t.log("r").contains("datagram(s) forwarded between peers")
+    });
+}
+
+/// The same over an IPv6 underlay: the relay forwards between IPv6 endpoints, and names an
+/// IPv6 address on the handshakes it forwards.
+#[test]
+#[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
+fn a_relay_forwards_over_an_ipv6_underlay() {
+    let t = Trio::on("wg6", &V6);
+    for (me, other) in t.both_ways() {
+        let f = peer_fields(me, other);
+        assert_eq!(f[2], relayed(&t.r, other), "{}: {f:?}", me.ifname);
+        assert_ne!(f[4], "0", "{}: no handshake with the other side", me.ifname);
+    }
+    assert!(
+        t.a.ns
+            .try_exec(&["ping", "-c", "3", "-i", "0.2", t.b.inner]),
+        "pings A -> B through R"
     );
     wait_for("R to log what it forwarded", DEADLINE, || {
         t.log("r").contains("datagram(s) forwarded between peers")
