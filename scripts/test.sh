@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.." || exit 1
 # Ignored on purpose and run on their own: scripts/bench-agent.sh, scripts/demo-agent.sh,
 # scripts/bench-sites.py, scripts/bench-hub.sh, and the agent at 100,000 Nodes
 # (docs/benchmarks.md).
-entry_points=(cluster::bench_node_change_to_programmed_peers cluster::bench_idle_with_500_nodes cluster::bench_5000_nodes cluster::bench_100000_nodes cluster::demo_agent_adds_a_node sites::bench_sites sites_nat::bench_sites_nat sites_hub::bench_hub_10000_sites hub::bench_hub_of_10000_sites)
+entry_points=(cluster::bench_node_change_to_programmed_peers cluster::bench_idle_with_500_nodes cluster::bench_5000_nodes cluster::bench_100000_nodes cluster::demo_agent_adds_a_node sites::bench_sites sites_nat::bench_sites_nat sites_hub::bench_hub_10000_sites hub::bench_hub_of_10000_sites relay::bench_relay_forwarding_vs_two_legs)
 
 status=0
 step() {
@@ -105,10 +105,11 @@ if $root; then
     -- --include-ignored
   check_libtest_skips 0
   # sticky-wg's daemon tests with its test-only panic (crash-points): a panic ends the process
-  # and a new daemon takes over the device. The hub benchmark is scripts/bench-hub.sh's.
+  # and a new daemon takes over the device. The benchmarks are scripts/bench-hub.sh's and
+  # scripts/bench-relay.py's.
   logged cargo test --locked -p sticky-wg --features crash-points --target-dir target/crash --test daemon \
-    -- --include-ignored --skip hub::bench_hub_of_10000_sites
-  check_libtest_skips 1
+    -- --include-ignored --skip hub::bench_hub_of_10000_sites --skip relay::bench_relay_forwarding_vs_two_legs
+  check_libtest_skips 2
   step scripts/test-packages.sh
   # The sites simulation needs no privilege (issue 33): run it as nobody with no capabilities.
   step simulation_unprivileged

@@ -84,6 +84,9 @@ impl Underlay {
 }
 
 impl Trio {
+    /// A trio of test `tag`: its namespaces and devices are named `<tag><a|r|b>`, so a tag must
+    /// not be another test's tag plus one of those letters (the daemon tests run in parallel in
+    /// one process); the relay tests' start with `rl`, the pair tests' with `wg` or `hb`.
     fn new(tag: &str) -> Trio {
         Trio::on(tag, &V4)
     }
@@ -218,7 +221,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn a_relay_forwards_an_end_to_end_session_it_cannot_read() {
-    let t = Trio::new("wgr");
+    let t = Trio::new("rly");
     // The session is A's and B's own: each shows a handshake with the other, at the relayed
     // endpoint.
     for (me, other) in t.both_ways() {
@@ -316,7 +319,7 @@ fn a_relay_forwards_an_end_to_end_session_it_cannot_read() {
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn a_relay_forwards_over_an_ipv6_underlay() {
-    let t = Trio::on("wg6", &V6);
+    let t = Trio::on("rl6", &V6);
     for (me, other) in t.both_ways() {
         let f = peer_fields(me, other);
         assert_eq!(f[2], relayed(&t.r, other), "{}: {f:?}", me.ifname);
@@ -350,7 +353,7 @@ fn peer_fields(me: &Side, other: &Side) -> Vec<String> {
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn a_move_between_relayed_and_direct_is_a_change_of_endpoint_only() {
-    let t = Trio::new("wgm");
+    let t = Trio::new("rlm");
     let b_config = |t: &Trio| {
         let f = peer_fields(&t.b, &t.a);
         (
@@ -399,7 +402,7 @@ fn a_move_between_relayed_and_direct_is_a_change_of_endpoint_only() {
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices, /var/run/wireguard"]
 fn punching_through_the_relay_moves_the_pair_to_a_direct_path() {
-    let t = Trio::new("wgp");
+    let t = Trio::new("rlp");
     for (me, other) in t.both_ways() {
         me.wg_ok(&[
             "set",
@@ -494,7 +497,7 @@ fn bench_relay_forwarding_vs_two_legs() {
     use sticky_testkit::kube_support::cpu_ticks;
     use sticky_testkit::sites_support::{bench_secs, iperf3_mbps, rtt_ms};
     let secs = bench_secs();
-    let t = Trio::new("wgrb");
+    let t = Trio::new("rlb");
     let relay = t._daemons[1].child.id();
     let mut cases = Vec::new();
     let mut measure = |what: &str| {
