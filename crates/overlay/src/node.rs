@@ -165,8 +165,8 @@ impl LocalNode {
 
 /// The MTU of the overlay devices over `underlay` whose address is `local`: `wanted`, or the
 /// underlay's MTU − 50 (VXLAN over IPv4) or − 70 (over IPv6), and with sites no more than
-/// `wan_mtu` − 60 (WireGuard over IPv4) or − 80 (over IPv6; the WAN is taken to be of the
-/// underlay's family): a full-size pod packet then crosses the LAN in VXLAN and the WAN in the
+/// `wan_mtu` − 72 (WireGuard over IPv4 and a relayed path's header) or − 92 (over IPv6; the WAN
+/// is taken to be of the underlay's family): a full-size pod packet then crosses the LAN in VXLAN and the WAN in the
 /// tunnel whole (docs/sites.md, "MTU"). A `wanted` larger than either is an error.
 pub fn mtu_for(
     underlay: &Link,
@@ -189,7 +189,7 @@ pub fn mtu_for(
     let Some(wan_mtu) = wan_mtu else {
         return Ok(wanted.unwrap_or(max));
     };
-    let wg = crate::sites::wireguard_overhead(local);
+    let wg = crate::sites::tunnel_overhead(local);
     let wan_max = wan_mtu.saturating_sub(wg);
     match wanted {
         Some(m) if m > wan_max => Err(Error::MtuAboveWan {
@@ -915,9 +915,9 @@ mod tests {
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
         // (underlay MTU, address, wanted, wanMtu) -> MTU
         assert_eq!(mtu_for(&link(1500), v4, None, None).unwrap(), 1450);
-        assert_eq!(mtu_for(&link(1500), v4, None, Some(1500)).unwrap(), 1440);
-        assert_eq!(mtu_for(&link(1500), v6, None, Some(1500)).unwrap(), 1420);
-        assert_eq!(mtu_for(&link(9000), v4, None, Some(1492)).unwrap(), 1432);
+        assert_eq!(mtu_for(&link(1500), v4, None, Some(1500)).unwrap(), 1428);
+        assert_eq!(mtu_for(&link(1500), v6, None, Some(1500)).unwrap(), 1408);
+        assert_eq!(mtu_for(&link(9000), v4, None, Some(1492)).unwrap(), 1420);
         assert_eq!(
             mtu_for(&link(1400), v4, None, Some(1500)).unwrap(),
             1350,
@@ -928,7 +928,7 @@ mod tests {
             1400
         );
         let err = mtu_for(&link(1500), v4, Some(1450), Some(1500)).unwrap_err();
-        assert!(matches!(err, Error::MtuAboveWan { max: 1440, .. }), "{err}");
+        assert!(matches!(err, Error::MtuAboveWan { max: 1428, .. }), "{err}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (sets of nodes that reach each other directly) joined by one WireGuard gateway per site.
 //!
 //! It lives here, at the plugin's layer, because the plugin reads one thing of it: the WAN's
-//! MTU bound on the pod MTU ([`wireguard_overhead`]). Everything else is the agent's (labels,
+//! MTU bound on the pod MTU ([`tunnel_overhead`]). Everything else is the agent's (labels,
 //! ports, relays), read here once so that both programs check the same config the same way.
 //! Nothing here links crypto: the decisions, keys and the tunnel seam are `sticky-sites`', a
 //! layer up beside the agent.
@@ -91,12 +91,19 @@ pub const WIREGUARD_OVERHEAD_V4: u32 = 60;
 /// The same with an IPv6 outer header (IPv6 40).
 pub const WIREGUARD_OVERHEAD_V6: u32 = 80;
 
-/// WireGuard's overhead on the WAN with an outer header of `wan`'s family.
-pub fn wireguard_overhead(wan: IpAddr) -> u32 {
-    match wan {
+/// The header a relayed datagram carries before WireGuard's own message (issue 34: the relay
+/// forwards end-to-end sessions it cannot read; `sticky_sites::relay`).
+pub const RELAY_HEADER: u32 = 12;
+
+/// What the tunnel takes of the WAN MTU with an outer header of `wan`'s family: WireGuard's
+/// overhead, and the header a relayed path adds (a path moves between direct and relayed
+/// under the same pod MTU).
+pub fn tunnel_overhead(wan: IpAddr) -> u32 {
+    let wireguard = match wan {
         IpAddr::V4(_) => WIREGUARD_OVERHEAD_V4,
         IpAddr::V6(_) => WIREGUARD_OVERHEAD_V6,
-    }
+    };
+    wireguard + RELAY_HEADER
 }
 
 /// `sites`, when present (see [`Sites`]).
@@ -339,8 +346,8 @@ mod tests {
     }
 
     #[test]
-    fn wireguard_overhead_by_outer_family() {
-        assert_eq!(wireguard_overhead("192.0.2.1".parse().unwrap()), 60);
-        assert_eq!(wireguard_overhead("2001:db8::1".parse().unwrap()), 80);
+    fn tunnel_overhead_by_outer_family() {
+        assert_eq!(tunnel_overhead("192.0.2.1".parse().unwrap()), 72);
+        assert_eq!(tunnel_overhead("2001:db8::1".parse().unwrap()), 92);
     }
 }

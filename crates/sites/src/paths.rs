@@ -54,14 +54,14 @@ pub enum Path {
 }
 
 impl Path {
-    /// The site whose gateway carries the traffic now: the remote itself (direct, punched and
-    /// up), the relay, or none.
-    pub fn carrier<'a>(&'a self, remote: &'a SiteName) -> Option<&'a SiteName> {
+    /// Whether traffic to the remote site flows now: directly, punched, or through the relay
+    /// (which only forwards: the remote gateway's own peer carries it, `crate::relay`). Not
+    /// while a punch has no relay to carry meanwhile, nor when unreachable.
+    pub fn carried(&self) -> bool {
         match self {
-            Path::Direct { .. } | Path::Punch { up: true, .. } => Some(remote),
-            Path::Punch { relay, .. } => relay.as_ref(),
-            Path::Relayed { via } => Some(via),
-            Path::Unreachable { .. } => None,
+            Path::Direct { .. } | Path::Punch { up: true, .. } | Path::Relayed { .. } => true,
+            Path::Punch { relay, .. } => relay.is_some(),
+            Path::Unreachable { .. } => false,
         }
     }
 }
@@ -235,31 +235,28 @@ mod tests {
         }
     }
 
-    /// Without NAT mappings: relayed; while punching, the relay carries it; punched and up:
-    /// the remote carries it.
+    /// Without NAT mappings: relayed; while punching, carried through the relay; punched and
+    /// up: carried directly; punching with no relay: not carried until up.
     #[test]
-    fn between_nated_edges_the_carrier_follows_the_punch() {
+    fn between_nated_edges_traffic_is_carried_relayed_punching_and_punched() {
         let gateways = table_gateways();
         let actives = table_actives(&gateways);
         let relays = [site("cloud"), site("zz-cloud")];
         let none = Discovery::default();
         let r2 = Router::new(&actives, &none, &relays);
-        assert_eq!(
-            r2.path(&site("edge-a"), &site("edge-b")),
-            Path::Relayed { via: site("cloud") }
-        );
+        let relayed = r2.path(&site("edge-a"), &site("edge-b"));
+        assert_eq!(relayed, Path::Relayed { via: site("cloud") });
+        assert!(relayed.carried());
         let observed = edges_mapped();
         let r = Router::new(&actives, &observed, &relays);
-        assert_eq!(
-            r.path(&site("edge-a"), &site("edge-b"))
-                .carrier(&site("edge-b")),
-            Some(&site("cloud"))
-        );
+        let punching = r.path(&site("edge-a"), &site("edge-b"));
+        assert!(matches!(punching, Path::Punch { up: false, .. }) && punching.carried());
         let mut up = observed.clone();
         up.punched.insert(site("edge-b"));
         let r3 = Router::new(&actives, &up, &relays);
-        let p = r3.path(&site("edge-a"), &site("edge-b"));
-        assert_eq!(p.carrier(&site("edge-b")), Some(&site("edge-b")));
+        assert!(r3.path(&site("edge-a"), &site("edge-b")).carried());
+        let no_relay = Router::new(&actives, &observed, &[]);
+        assert!(!no_relay.path(&site("edge-a"), &site("edge-b")).carried());
     }
 
     #[test]

@@ -8,17 +8,18 @@
 //!   pod subnets of every remote site that has a path ([`RouteVia`]), to be carried as extra
 //!   subnets by the active gateway's entry in the VXLAN peers file; the exec path needs
 //!   nothing new. Unreachable sites are not routed (no black hole behind the gateway).
-//! - The active gateway: its WireGuard peers ([`GatewayPlan`]): one per site it talks to
-//!   directly (a direct path, a punch attempt, or a relay), endpoint = what the path dials,
-//!   allowed IPs = that site's pod subnets plus those of every site it relays for us; a
-//!   punch attempt not yet up is a peer with no allowed IPs (handshakes only) while its
-//!   subnets stay on the relay's peer. Keepalive ([`Settings::keepalive_secs`]) on every peer
-//!   when this gateway has no endpoint (behind NAT: its mappings must stay open); every second
-//!   on punch peers ([`PUNCH_KEEPALIVE_SECS`]). When this site is the relay, the sites it
-//!   forwards between are listed with their subnets (those whose active gateway has no
-//!   endpoint, when there are two or more);
-//!   forwarding needs no extra peers: each of them is already a direct peer with its own
-//!   subnets.
+//! - The active gateway: its WireGuard peers ([`GatewayPlan`]): one per site it talks to (a
+//!   direct path, a punch, or through the relay), allowed IPs = that site's pod subnets and
+//!   never another's; endpoint = what the path dials, or for a site reached through the relay
+//!   a relayed endpoint naming it ([`crate::relay`]: the relay only forwards the two sites' own
+//!   session, punching meanwhile when the path is a punch); a punch with no relay to carry
+//!   meanwhile is a peer with no allowed IPs (handshakes only). Keepalive
+//!   ([`Settings::keepalive_secs`]) on every direct peer when this gateway has no endpoint
+//!   (behind NAT: its mappings must stay open); every second on punching and punched peers
+//!   ([`PUNCH_KEEPALIVE_SECS`]); none on a peer reached only through the relay (the relay's own
+//!   peer holds the way open). When this site is the relay, the sites it forwards between are
+//!   listed with their subnets (those whose active gateway has no endpoint, when there are two
+//!   or more); forwarding needs no extra peers: each of them is already a direct peer.
 //!
 //! The caller's liveness view should mark this node itself alive. Pod subnets are assumed
 //! already checked for conflicts (the agent's table leaves a conflicting Node out before its
@@ -35,6 +36,7 @@ use crate::gateway::{self, Liveness};
 use crate::keys::PublicKey;
 use crate::model::{Candidate, Model, SiteName};
 use crate::paths::{Discovery, Path, Router};
+use crate::relay;
 use crate::tunnel::PeerConfig;
 
 /// Why no plan could be made.
@@ -118,6 +120,9 @@ pub struct SitePeer {
     pub site: SiteName,
     /// That gateway's Node name.
     pub gateway: String,
+    /// The relay gateway's key when this site's path has a relay (relayed, or a punch with a
+    /// relay to carry meanwhile): while the relay carries, its endpoint is a relayed one.
+    pub via: Option<PublicKey>,
     pub config: PeerConfig,
 }
 
@@ -209,7 +214,7 @@ pub fn plan(model: &Model, me: &str, view: &View, settings: &Settings) -> Result
             let subnets: BTreeSet<IpNet> = out
                 .remotes
                 .iter()
-                .filter(|r| r.path.carrier(&r.site).is_some())
+                .filter(|r| r.path.carried())
                 .flat_map(|r| r.subnets.iter().copied())
                 .collect();
             out.route_via = Some(RouteVia {
@@ -230,19 +235,35 @@ fn gateway_plan(
     router: &Router<'_>,
     settings: &Settings,
 ) -> GatewayPlan {
-    let (allowed, dial) = tunnels(remotes);
     let behind_nat = me.endpoint.is_none();
-    let peers = allowed
-        .into_iter()
-        .filter_map(|(site, ips)| {
-            let g = actives.get(site)?;
-            // A carrier is always a site with a tunnel to us (direct or relay); the relay's
-            // own path from here is direct, so `dial` has it when it is one of the remotes.
-            let (endpoint, punch) = dial.get(site).copied().unwrap_or((g.endpoint, false));
-            let keepalive = if punch {
-                Some(PUNCH_KEEPALIVE_SECS)
-            } else {
-                behind_nat.then_some(settings.keepalive_secs)
+    let peers = remotes
+        .iter()
+        .filter_map(|r| {
+            let g = actives.get(&r.site)?;
+            let how = Dial::of(&r.path)?;
+            // The relay of this site's path, if it has one: punched and up too, so that the
+            // punch can fall back to it ([`crate::punch::Punches::apply`]).
+            let relay_site = match &r.path {
+                Path::Relayed { via } => Some(via),
+                Path::Punch { relay, .. } => relay.as_ref(),
+                _ => None,
+            };
+            let via = relay_site
+                .and_then(|v| actives.get(v))
+                .map(|c| c.public_key);
+            let endpoint = match (how, via) {
+                (Dial::To(d), _) => d,
+                (Dial::Punch(d), _) => Some(d),
+                (Dial::Relayed { punch, .. }, Some(v)) => {
+                    Some(relay::endpoint(&v, &g.public_key, punch))
+                }
+                (Dial::Relayed { .. }, None) => None,
+            };
+            let keepalive = match how {
+                Dial::Punch(_) | Dial::Relayed { punch: true, .. } => Some(PUNCH_KEEPALIVE_SECS),
+                // The way to the relay is held open by the relay's own peer.
+                Dial::Relayed { punch: false, .. } => None,
+                Dial::To(_) => behind_nat.then_some(settings.keepalive_secs),
             };
             // A peer that dials in: where this side saw it last, to dial it first after a
             // restart (see `PeerConfig::last_seen`).
@@ -250,13 +271,19 @@ fn gateway_plan(
                 .is_none()
                 .then(|| router.nat_mapped(&g.name))
                 .flatten();
+            let allowed_ips = if r.path.carried() {
+                r.subnets.clone()
+            } else {
+                Vec::new()
+            };
             Some(SitePeer {
-                site: site.clone(),
+                site: r.site.clone(),
                 gateway: g.name.clone(),
+                via,
                 config: PeerConfig {
                     public_key: g.public_key,
                     endpoint,
-                    allowed_ips: ips.into_iter().collect(),
+                    allowed_ips,
                     keepalive_secs: keepalive,
                     last_seen,
                 },
@@ -271,42 +298,33 @@ fn gateway_plan(
     }
 }
 
-/// How this gateway dials a peer site: the endpoint (none: the peer dials in) and whether it
-/// is a hole punch.
-type Dial = (Option<std::net::SocketAddr>, bool);
+/// How this gateway reaches a peer site's gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dial<'a> {
+    /// At this endpoint (none: the peer dials in).
+    To(Option<std::net::SocketAddr>),
+    /// At its NAT-mapped address, punched (up) or trying with no relay to carry meanwhile.
+    Punch(std::net::SocketAddr),
+    /// Through the relay site `via`'s gateway, which only forwards (`crate::relay`); punching
+    /// meanwhile or not.
+    Relayed { via: &'a SiteName, punch: bool },
+}
 
-/// The sites this gateway holds a tunnel with, each with the subnets it carries (its own
-/// when the path is direct or punched, and those of the sites it relays to us), and how each
-/// is dialled.
-fn tunnels(
-    remotes: &[Remote],
-) -> (
-    BTreeMap<&SiteName, BTreeSet<IpNet>>,
-    BTreeMap<&SiteName, Dial>,
-) {
-    let mut allowed: BTreeMap<&SiteName, BTreeSet<IpNet>> = BTreeMap::new();
-    let mut dial: BTreeMap<&SiteName, Dial> = BTreeMap::new();
-    for r in remotes {
-        match &r.path {
-            Path::Direct { dial: d } => {
-                dial.insert(&r.site, (*d, false));
-            }
-            Path::Punch { dial: d, .. } => {
-                dial.insert(&r.site, (Some(*d), true));
-            }
-            Path::Relayed { .. } | Path::Unreachable { .. } => {}
-        }
-        if dial.contains_key(&r.site) {
-            allowed.entry(&r.site).or_default();
-        }
-        if let Some(carrier) = r.path.carrier(&r.site) {
-            allowed
-                .entry(carrier)
-                .or_default()
-                .extend(r.subnets.iter().copied());
-        }
+impl<'a> Dial<'a> {
+    /// How `path` is dialled; `None`: no tunnel with that site.
+    fn of(path: &'a Path) -> Option<Dial<'a>> {
+        Some(match path {
+            Path::Direct { dial } => Dial::To(*dial),
+            Path::Punch {
+                relay: Some(via),
+                up: false,
+                ..
+            } => Dial::Relayed { via, punch: true },
+            Path::Punch { dial, .. } => Dial::Punch(*dial),
+            Path::Relayed { via } => Dial::Relayed { via, punch: false },
+            Path::Unreachable { .. } => return None,
+        })
     }
-    (allowed, dial)
 }
 
 /// On the relay site's active gateway: the sites behind NAT it forwards between (two at
@@ -435,27 +453,39 @@ pub(crate) mod tests {
         assert_eq!(p.route_via.unwrap().gateway, "a-gw1");
     }
 
+    /// Edge A's gateway: the cloud at its endpoint with the cloud's subnets; edge B's gateway
+    /// through the cloud, which only forwards: B's own peer, at the relayed endpoint, carries
+    /// B's subnets (the relay cannot read them).
     #[test]
-    fn edge_gateway_peers_with_the_relay_for_both_sites() {
+    fn edge_gateway_peers_with_the_relay_and_through_it_with_the_other_edge() {
         let p = plan_of(&cluster(), "a-gw1", &View::default());
         assert!(p.route_via.is_none());
         let g = p.gateway.unwrap();
         assert_eq!(g.public_key, key(2));
         assert_eq!(g.listen_port, DEFAULT_LISTEN_PORT);
         assert!(g.relays_between.is_empty());
-        assert_eq!(g.peers.len(), 1);
+        assert_eq!(g.peers.len(), 2);
         let c = &g.peers[0];
         assert_eq!((c.site.as_str(), c.gateway.as_str()), ("cloud", "c-gw"));
         assert_eq!(c.config.public_key, key(1));
+        assert_eq!(c.via, None);
         assert_eq!(
             c.config.endpoint,
             Some("203.0.113.1:51820".parse().unwrap())
         );
-        assert_eq!(
-            c.config.allowed_ips,
-            nets(&["10.0.0.0/24", "10.0.1.0/24", "10.2.0.0/24", "10.2.1.0/24"])
-        );
+        assert_eq!(c.config.allowed_ips, nets(&["10.0.0.0/24", "10.0.1.0/24"]));
         assert_eq!(c.config.keepalive_secs, Some(DEFAULT_KEEPALIVE_SECS)); // behind NAT
+        let b = &g.peers[1];
+        assert_eq!((b.site.as_str(), b.gateway.as_str()), ("edge-b", "b-gw"));
+        assert_eq!(b.config.public_key, key(4));
+        assert_eq!(b.via, Some(key(1)));
+        assert_eq!(
+            b.config.endpoint,
+            Some(relay::endpoint(&key(1), &key(4), false))
+        );
+        assert_eq!(b.config.allowed_ips, nets(&["10.2.0.0/24", "10.2.1.0/24"]));
+        // The way to the relay is held open by the relay's own peer.
+        assert_eq!(b.config.keepalive_secs, None);
     }
 
     #[test]
@@ -516,8 +546,11 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// A punch with the relay to carry meanwhile: the remote gateway's one peer carries its
+    /// subnets through the relay, punching; once up, at the mapped address. The relay's peer
+    /// carries only its own site's subnets either way.
     #[test]
-    fn punch_peer_carries_nothing_until_up_then_everything() {
+    fn a_punch_goes_through_the_relay_until_up_then_direct_on_the_same_peer() {
         let mut view = View::default();
         view.discovery
             .nat_mapped
@@ -529,28 +562,24 @@ pub(crate) mod tests {
         let by = by_site(&g);
         assert_eq!(
             by["edge-b"].endpoint,
-            Some("198.51.100.11:40001".parse().unwrap())
+            Some(relay::endpoint(&key(1), &key(4), true))
         );
-        assert!(by["edge-b"].allowed_ips.is_empty());
-        // The punch peer is checked every second; the relay's keeps the NAT mapping open.
+        let b_subnets = nets(&["10.2.0.0/24", "10.2.1.0/24"]);
+        assert_eq!(by["edge-b"].allowed_ips, b_subnets);
+        // The punch is checked every second; the relay's keeps the NAT mapping open.
         assert_eq!(by["edge-b"].keepalive_secs, Some(PUNCH_KEEPALIVE_SECS));
         assert_eq!(by["cloud"].keepalive_secs, Some(DEFAULT_KEEPALIVE_SECS));
-        assert!(
-            by["cloud"]
-                .allowed_ips
-                .contains(&"10.2.0.0/24".parse().unwrap())
-        );
+        let cloud_subnets = nets(&["10.0.0.0/24", "10.0.1.0/24"]);
+        assert_eq!(by["cloud"].allowed_ips, cloud_subnets);
         view.discovery.punched.insert(site("edge-b"));
         let g = plan_of(&cluster(), "a-gw1", &view).gateway.unwrap();
         let by = by_site(&g);
         assert_eq!(
-            by["edge-b"].allowed_ips,
-            nets(&["10.2.0.0/24", "10.2.1.0/24"])
+            by["edge-b"].endpoint,
+            Some("198.51.100.11:40001".parse().unwrap())
         );
-        assert_eq!(
-            by["cloud"].allowed_ips,
-            nets(&["10.0.0.0/24", "10.0.1.0/24"])
-        );
+        assert_eq!(by["edge-b"].allowed_ips, b_subnets);
+        assert_eq!(by["cloud"].allowed_ips, cloud_subnets);
     }
 
     #[test]

@@ -2,20 +2,24 @@
 //! gateway tries a direct tunnel ([`crate::paths::Path::Punch`]), and what its WireGuard peers
 //! are meanwhile. Pure: every decision takes the clock as an argument.
 //!
-//! Per remote site with a punch path, [`Punch::step`] with "the punch peer is alive": its last
-//! sign of life (a handshake, or bytes received: both sides keep it alive with WireGuard's
-//! keepalive, every [`PUNCH_KEEPALIVE_SECS`]) is within [`DEAD_AFTER`], as [`Lives`] keeps it:
-//! - **Trying** (the punch peer is on the device, no allowed IPs, keepalive on: both sides
-//!   dial each other's mapped address at about the same time): a handshake makes it **Up**; none
-//!   within [`TRY_FOR`] pauses it.
-//! - **Paused** (peer removed, the relay only) for the current wait: [`FIRST_WAIT`], doubling
-//!   at each failed try up to [`MAX_WAIT`]; then Trying again.
-//! - **Up** (the remote site's subnets on the direct peer, off the relay's): while the peer is
-//!   alive; silent past [`DEAD_AFTER`] (a NAT router rebooted, a WAN address changed, the
-//!   remote site's gateway gone: its standby cannot reach this side through its NAT), the
-//!   traffic is back on the relay at once and the punch starts over (Trying, wait back to
-//!   [`FIRST_WAIT`]). WireGuard itself would hold on to the session for up to 180 s; the relay
-//!   is there all along, so a direct path that stops carrying is left within seconds.
+//! Per remote site with a punch path, [`Punch::step`] with "the direct path is alive": its last
+//! sign of life (a handshake, or bytes received while the peer's endpoint is a real address:
+//! both sides keep it alive with WireGuard's keepalive, every [`PUNCH_KEEPALIVE_SECS`]) is
+//! within [`DEAD_AFTER`], as [`Lives`] keeps it. The remote gateway has one peer whichever way
+//! it goes ([`Punches::apply`]):
+//! - **Trying**: through the relay, punching (`crate::relay`: handshakes also go to the
+//!   address the relay saw the other side at, keepalives only there; both sides at about the
+//!   same time); a direct datagram roams the peer to a real address, and a sign of life there
+//!   makes it **Up**; none within [`TRY_FOR`] pauses it. With no relay: the peer at the mapped
+//!   address, no allowed IPs.
+//! - **Paused** (through the relay without punching; with no relay, no peer) for the current
+//!   wait: [`FIRST_WAIT`], doubling at each failed try up to [`MAX_WAIT`]; then Trying again.
+//! - **Up** (direct, left where WireGuard roamed it): while alive; silent past [`DEAD_AFTER`] (a
+//!   NAT router rebooted, a WAN address changed, the remote site's gateway gone: its standby
+//!   cannot reach this side through its NAT), the peer goes back through the relay at once and
+//!   the punch starts over (Trying, wait back to [`FIRST_WAIT`]). WireGuard itself would hold
+//!   on to the session for up to 180 s; the relay is there all along, so a direct path that
+//!   stops carrying is left within seconds.
 //!
 //! Both sides start from the same event (the reachable gateway's annotation naming both), so
 //! their tries overlap; a handshake seen by one side is seen by the other within a round.
@@ -27,6 +31,7 @@ use std::time::{Duration, SystemTime};
 use crate::model::SiteName;
 use crate::paths::Path;
 use crate::plan::{PUNCH_KEEPALIVE_SECS, SitePlan};
+use crate::relay;
 
 /// How long a punch peer may be silent (no handshake, no byte received) before its direct
 /// path counts as dead: three of its keepalives ([`PUNCH_KEEPALIVE_SECS`]) missed in a row (a
@@ -120,16 +125,19 @@ impl Punches {
         }
     }
 
-    /// `plan` as these punches make it: a punch that is up is marked `up` and the remote
-    /// site's subnets move from the relay's peer to the direct one; a paused punch has no
-    /// peer. Other paths are untouched. No punch: the plan itself.
+    /// `plan` as these punches make it, on the remote gateway's one peer (the same keys
+    /// whichever way it goes): up, it stays at the direct address WireGuard roamed it to and
+    /// carries the remote site's subnets; trying, it goes through the relay and punches (`crate::relay`), or with
+    /// no relay only handshakes at the mapped address; paused, it goes through the relay
+    /// without punching, or with no relay is removed. The path is marked `up` or not. Other
+    /// paths are untouched. No punch: the plan itself.
     pub fn apply<'a>(&self, plan: &'a SitePlan) -> Cow<'a, SitePlan> {
         if self.0.is_empty() {
             return Cow::Borrowed(plan);
         }
         let mut out = plan.clone();
         for r in &mut out.remotes {
-            let Path::Punch { up, relay, .. } = &mut r.path else {
+            let Path::Punch { up, dial, .. } = &mut r.path else {
                 continue;
             };
             let Some(p) = self.0.get(&r.site) else {
@@ -139,19 +147,37 @@ impl Punches {
             let Some(gw) = &mut out.gateway else {
                 continue;
             };
-            if !p.has_peer() {
-                gw.peers.retain(|peer| peer.site != r.site);
-            } else if *up {
-                let moved: BTreeSet<_> = r.subnets.iter().copied().collect();
-                for peer in &mut gw.peers {
-                    if Some(&peer.site) == relay.as_ref() {
-                        peer.config.allowed_ips.retain(|n| !moved.contains(n));
-                    } else if peer.site == r.site {
-                        let mut all: BTreeSet<_> =
-                            peer.config.allowed_ips.iter().copied().collect();
-                        all.extend(moved.iter().copied());
-                        peer.config.allowed_ips = all.into_iter().collect();
-                    }
+            let Some(i) = gw.peers.iter().position(|peer| peer.site == r.site) else {
+                continue;
+            };
+            let peer = &mut gw.peers[i];
+            let key = peer.config.public_key;
+            let config = &mut peer.config;
+            match (p.state, peer.via) {
+                (State::Up, _) => {
+                    // Where WireGuard roamed it on a direct datagram: the candidate the relay
+                    // named may be fresher than the mapped address the cloud published.
+                    config.endpoint = None;
+                    config.keepalive_secs = Some(PUNCH_KEEPALIVE_SECS);
+                    config.allowed_ips.clone_from(&r.subnets);
+                }
+                (State::Trying { .. }, Some(via)) => {
+                    config.endpoint = Some(relay::endpoint(&via, &key, true));
+                    config.keepalive_secs = Some(PUNCH_KEEPALIVE_SECS);
+                    config.allowed_ips.clone_from(&r.subnets);
+                }
+                (State::Trying { .. }, None) => {
+                    config.endpoint = Some(*dial);
+                    config.keepalive_secs = Some(PUNCH_KEEPALIVE_SECS);
+                    config.allowed_ips.clear();
+                }
+                (State::Paused { .. }, Some(via)) => {
+                    config.endpoint = Some(relay::endpoint(&via, &key, false));
+                    config.keepalive_secs = None;
+                    config.allowed_ips.clone_from(&r.subnets);
+                }
+                (State::Paused { .. }, None) => {
+                    gw.peers.remove(i);
                 }
             }
         }
@@ -221,6 +247,13 @@ impl Lives {
             .saw(rx, handshake, now);
     }
 
+    /// What the device shows of `site`'s peer while its endpoint is relayed: its received
+    /// bytes become the new baseline and are no sign of the direct path, nor is its handshake
+    /// (it went through the relay). A sign already seen is kept.
+    pub fn relayed(&mut self, site: &SiteName, rx: u64) {
+        self.0.entry(site.clone()).or_insert(Sign::first(rx)).rx = rx;
+    }
+
     /// Forgets every site not in `keep` (no punch path any more).
     pub fn keep(&mut self, keep: &BTreeSet<&SiteName>) {
         self.0.retain(|s, _| keep.contains(s));
@@ -241,10 +274,12 @@ impl Lives {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::keys::PublicKey;
     use crate::model::tests::SITE_LABEL;
     use crate::model::tests::node;
     use crate::model::{Holders, SiteConfig, build};
     use crate::plan::{View, plan};
+    use std::net::SocketAddr;
 
     fn t(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
@@ -344,50 +379,76 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// Edge B's peer in `p`: its endpoint, keepalive and allowed IPs; `None` when it has none.
+    fn b_peer(p: &SitePlan) -> Option<(Option<SocketAddr>, Option<u16>, Vec<String>)> {
+        let peer = p
+            .gateway
+            .as_ref()
+            .unwrap()
+            .peers
+            .iter()
+            .find(|p| p.site.as_str() == "edge-b")?;
+        Some((
+            peer.config.endpoint,
+            peer.config.keepalive_secs,
+            peer.config
+                .allowed_ips
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        ))
+    }
+
+    /// B's relayed endpoint through the cloud gateway (c1's key 1, b1's key 3).
+    fn through_cloud(punch: bool) -> SocketAddr {
+        relay::endpoint(&PublicKey([1; 32]), &PublicKey([3; 32]), punch)
+    }
+
+    /// The cloud's peer carries its own subnet only, whatever the punch does: the relay
+    /// forwards B's traffic, it never carries it.
     #[test]
-    fn subnets_move_to_the_direct_peer_when_up_and_back_when_stale() {
+    fn one_peer_moves_between_the_relay_and_the_direct_path_as_the_punch_goes() {
         let plan = a_gateway_plan();
         let mut punches = Punches::default();
         let none = BTreeSet::new();
+        let b = || vec!["10.2.0.0/24".to_string()];
         punches.step(&plan, t(0), &none);
         let trying = punches.apply(&plan);
         assert_eq!(
-            allowed(&trying),
-            [
-                (
-                    "cloud".into(),
-                    vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]
-                ),
-                ("edge-b".into(), vec![]),
-            ]
+            b_peer(&trying),
+            Some((Some(through_cloud(true)), Some(PUNCH_KEEPALIVE_SECS), b()))
+        );
+        assert_eq!(
+            allowed(&trying)[0],
+            ("cloud".into(), vec!["10.0.0.0/24".into()])
         );
         assert_eq!(punches.describe(&site("edge-b"), t(0)).unwrap(), "punching");
         let fresh = BTreeSet::from([site("edge-b")]);
         punches.step(&plan, t(5), &fresh);
         let up = punches.apply(&plan);
+        let direct: SocketAddr = "203.0.113.20:51820".parse().unwrap();
         assert_eq!(
-            allowed(&up),
-            [
-                ("cloud".into(), vec!["10.0.0.0/24".into()]),
-                ("edge-b".into(), vec!["10.2.0.0/24".into()]),
-            ]
+            b_peer(&up),
+            Some((None, Some(PUNCH_KEEPALIVE_SECS), b())),
+            "up: left where it roamed"
+        );
+        assert_eq!(
+            allowed(&up)[0],
+            ("cloud".into(), vec!["10.0.0.0/24".into()])
         );
         assert!(up.remotes.iter().any(|r| r.path
             == Path::Punch {
-                dial: "203.0.113.20:51820".parse().unwrap(),
+                dial: direct,
                 relay: Some(site("cloud")),
                 up: true
             }));
-        // Stale: back on the relay, trying again; not up within 30 s: paused, no peer.
+        // Stale: back on the relay, trying again; not up within 30 s: paused, relayed only.
         punches.step(&plan, t(400), &none);
-        assert_eq!(allowed(&punches.apply(&plan)), allowed(&trying));
+        assert_eq!(b_peer(&punches.apply(&plan)), b_peer(&trying));
         punches.step(&plan, t(430), &none);
         assert_eq!(
-            allowed(&punches.apply(&plan)),
-            [(
-                "cloud".into(),
-                vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]
-            )]
+            b_peer(&punches.apply(&plan)),
+            Some((Some(through_cloud(false)), None, b()))
         );
         assert_eq!(
             punches.describe(&site("edge-b"), t(430)).unwrap(),
@@ -398,6 +459,43 @@ pub(crate) mod tests {
         relayed.remotes.retain(|r| r.site != site("edge-b"));
         punches.step(&relayed, t(431), &none);
         assert!(punches.0.is_empty());
+    }
+
+    /// Without a relay, a punch only handshakes at the mapped address until up, and a paused
+    /// one has no peer.
+    #[test]
+    fn with_no_relay_a_punch_carries_nothing_until_up_and_pauses_with_no_peer() {
+        let mut plan = a_gateway_plan();
+        for r in &mut plan.remotes {
+            if let Path::Punch { relay, .. } = &mut r.path {
+                *relay = None;
+            }
+        }
+        for p in &mut plan.gateway.as_mut().unwrap().peers {
+            p.via = None;
+        }
+        let mut punches = Punches::default();
+        punches.step(&plan, t(0), &BTreeSet::new());
+        let direct: SocketAddr = "203.0.113.20:51820".parse().unwrap();
+        assert_eq!(
+            b_peer(&punches.apply(&plan)),
+            Some((Some(direct), Some(PUNCH_KEEPALIVE_SECS), vec![]))
+        );
+        punches.step(&plan, t(30), &BTreeSet::new());
+        assert_eq!(b_peer(&punches.apply(&plan)), None);
+    }
+
+    /// While the peer's endpoint is relayed, what it receives is no sign of the direct path.
+    #[test]
+    fn what_comes_through_the_relay_is_no_sign_of_the_direct_path() {
+        let b = site("edge-b");
+        let mut lives = Lives::default();
+        lives.relayed(&b, 0);
+        lives.relayed(&b, 5000);
+        assert!(lives.alive(t(1), DEAD_AFTER).is_empty());
+        // Roamed to a direct datagram: what arrives from then on is.
+        lives.saw(&b, 5032, None, t(2));
+        assert!(lives.alive(t(2), DEAD_AFTER).contains(&b));
     }
 
     /// Issue 36, a NAT router reboot or the remote site's gateway gone: a punched path kept
@@ -439,11 +537,8 @@ pub(crate) mod tests {
         assert_eq!(punches.0[&b].state, State::Up);
         punches.step(&plan, t(68), &lives.alive(t(68), within));
         assert_eq!(
-            allowed(&punches.apply(&plan))[0],
-            (
-                "cloud".into(),
-                vec!["10.0.0.0/24".into(), "10.2.0.0/24".into()]
-            ),
+            b_peer(&punches.apply(&plan)).map(|p| p.0),
+            Some(Some(through_cloud(true))),
             "site B is relayed again"
         );
         lives.keep(&BTreeSet::new());

@@ -36,8 +36,9 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use crate::keys::PublicKey;
 
-/// The bytes a relayed datagram carries before WireGuard's own message.
-pub const HEADER: usize = 12;
+/// The bytes a relayed datagram carries before WireGuard's own message (the pod MTU leaves room
+/// for them: `sticky_overlay::sites::tunnel_overhead`).
+pub const HEADER: usize = sticky_overlay::sites::RELAY_HEADER as usize;
 
 /// A gateway's name on the relay: the first 8 bytes of its public key (keys are random: two of
 /// 10,000 gateways share them with a chance of about 3 in 10^12; making a key that shares
@@ -110,7 +111,7 @@ const TO_RELAY: [u8; 4] = [0xf1, b's', b'r', 1];
 const FROM_RELAY: [u8; 4] = [0xf2, b's', b'r', 1];
 const FROM_RELAY_SEEN: [u8; 4] = [0xf3, b's', b'r', 1];
 
-/// The longest header: [`HEADER`] and an IPv6 address seen ([`SEEN`]).
+/// The longest header: [`HEADER`] and an IPv6 address seen (19 bytes).
 pub const MAX_HEADER: usize = HEADER + SEEN;
 /// Where the relay saw a source come from: a family byte (4 or 6), the port, 16 address bytes
 /// (an IPv4 address in the first 4).

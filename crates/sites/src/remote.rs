@@ -170,6 +170,7 @@ mod tests {
         SitePeer {
             site: SiteName::parse("k", "site-a").unwrap(),
             gateway: "a1".into(),
+            via: None,
             config: PeerConfig {
                 public_key: PublicKey([1; 32]),
                 endpoint: Some("203.0.113.10:51820".parse().unwrap()),

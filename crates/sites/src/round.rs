@@ -27,6 +27,7 @@ use crate::model::{Model, SiteName};
 use crate::paths::Path;
 use crate::plan::{GatewayPlan, SitePlan};
 use crate::punch::{self, Lives, Punches, Sign};
+use crate::relay;
 use crate::remote;
 use crate::tunnel::{DeviceState, PeerChange, PeerState, diff, diff_keyed};
 
@@ -361,7 +362,15 @@ impl Memory {
         let punching = punch::punching(plan);
         self.lives.keep(&punching);
         for p in gw.peers.iter().filter(|p| punching.contains(&p.site)) {
-            if let Some(st) = dev.get(&p.config.public_key) {
+            let Some(st) = dev.get(&p.config.public_key) else {
+                continue;
+            };
+            // The same peer carries through the relay while punching: only what comes while
+            // its endpoint is a real one (WireGuard roamed it to a direct datagram) is a sign
+            // of the direct path.
+            if st.endpoint.is_some_and(|e| relay::is_relayed(&e)) {
+                self.lives.relayed(&p.site, st.rx_bytes);
+            } else {
                 self.lives.saw(&p.site, st.rx_bytes, st.last_handshake, now);
             }
         }

@@ -72,10 +72,10 @@ impl SitesRun {
         key_dir: PathBuf,
         socket_dir: PathBuf,
     ) -> (SitesRun, Vec<String>) {
-        let overhead = match family {
-            Family::V4 => sticky_overlay::sites::WIREGUARD_OVERHEAD_V4,
-            Family::V6 => sticky_overlay::sites::WIREGUARD_OVERHEAD_V6,
-        };
+        let overhead = sticky_overlay::sites::tunnel_overhead(match family {
+            Family::V4 => std::net::Ipv4Addr::UNSPECIFIED.into(),
+            Family::V6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
+        });
         let mtu = sites.wan_mtu.saturating_sub(overhead);
         let keys = KeyDir::new(key_dir, nix::unistd::geteuid().as_raw());
         let device = Live::new(socket_dir, SOCKET_TIMEOUT);

@@ -265,12 +265,16 @@ pub(crate) mod tests {
             "the gateway routes into the tunnel"
         );
         let gw = shaped.plan.gateway.unwrap();
+        let peers: Vec<_> = gw
+            .peers
+            .iter()
+            .map(|p| (p.gateway.as_str(), p.via.is_some()))
+            .collect();
         assert_eq!(
-            gw.peers.len(),
-            1,
-            "A's only peer is the cloud's gateway: {gw:?}"
+            peers,
+            [("c1", false), ("b1", true)],
+            "the cloud's gateway, and B's through it: {gw:?}"
         );
-        assert_eq!(gw.peers[0].gateway, "c1");
     }
 
     #[test]

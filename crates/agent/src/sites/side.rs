@@ -252,9 +252,9 @@ impl<D: Device> Side<D> {
                     ) => format!("relayed via {v} ({d})"),
                     (p, _) => path_text(p),
                 },
-                tunnel: r
-                    .path
-                    .carrier(&r.site)
+                // The remote gateway's own peer carries it, also through a relay.
+                tunnel: Some(&r.site)
+                    .filter(|_| r.path.carried())
                     .and_then(|c| d.carriers.get(c))
                     .map(|c| TunnelStatus {
                         peer: c.peer.clone(),
@@ -392,7 +392,7 @@ mod tests {
         std::fs::create_dir_all(dir).unwrap();
         let owner = nix::unistd::geteuid().as_raw();
         let keys = KeyDir::new(dir, owner);
-        Side::new("stickywg0".into(), 1440, keys, Fake::default())
+        Side::new("stickywg0".into(), 1428, keys, Fake::default())
     }
 
     #[test]
@@ -438,7 +438,8 @@ mod tests {
             1,
             "key, port and peers in one transaction: {calls:?}"
         );
-        // The cloud directly, site B through it: one peer, both sites' subnets routed into the device.
+        // The cloud directly, site B through it (B's own peer, relayed): both sites' subnets
+        // routed into the device.
         let held: Vec<String> = s
             .device
             .held("stickywg0")
@@ -455,7 +456,7 @@ mod tests {
             .collect();
         assert_eq!(by_site["cloud"].path, "direct");
         assert_eq!(by_site["site-b"].path, "relayed via cloud");
-        assert_eq!(by_site["site-b"].tunnel.as_ref().unwrap().peer, "c1");
+        assert_eq!(by_site["site-b"].tunnel.as_ref().unwrap().peer, "b1");
         // A second round changes nothing: only reads.
         let after = calls_of_a_round(&mut s);
         assert!(
@@ -541,8 +542,12 @@ mod tests {
             .unwrap_or_default()
     }
 
+    /// Site B's one peer carries its subnets through the relay while punching; what arrives
+    /// through the relay is no sign of the direct path; a direct datagram (the device roamed
+    /// the peer to a real address) is, and the path is punched with no change of peer; silent,
+    /// it goes back through the relay.
     #[test]
-    fn a_punch_moves_site_b_to_the_direct_peer_and_stays_when_the_device_forgets_the_handshake() {
+    fn a_punch_moves_site_b_to_the_direct_path_on_its_own_peer_and_back_when_silent() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = side(&dir.path().join("keys"));
         let pk = s.public_key().unwrap();
@@ -560,46 +565,60 @@ mod tests {
                 .clone()
         };
         assert_eq!(b(&status), "relayed via cloud (punching)");
-        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24", "198.18.21.0/24"]);
-        assert!(
-            allowed_of(&s, 3).is_empty(),
-            "the punch peer carries nothing yet"
+        assert_eq!(
+            allowed_of(&s, 1),
+            ["198.18.1.0/24"],
+            "the relay carries nothing of B"
         );
+        assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
+        let c1 = PrivateKey::from_bytes([1; 32]).public_key();
         let b1 = PrivateKey::from_bytes([3; 32]).public_key();
+        let through_cloud = sticky_sites::relay::endpoint(&c1, &b1, true);
         // What the device shows of b1's peer, changed by `f`.
         let on_b1 = |s: &Side<Fake>, f: &dyn Fn(&mut sticky_sites::tunnel::PeerState)| {
             let mut d = s.device.devices.borrow_mut();
             let peers = &mut d.get_mut("stickywg0").unwrap().state.peers;
             peers.iter_mut().filter(|p| p.public_key == b1).for_each(f);
         };
-        let handshake = |s: &Side<Fake>, t: Option<SystemTime>| on_b1(s, &|p| p.last_handshake = t);
-        // The round that sees the handshake moves the site to the direct peer.
-        handshake(&s, Some(t0));
+        let endpoint_of_b1 = |s: &Side<Fake>| {
+            let d = s.device.held("stickywg0").unwrap();
+            d.state
+                .peers
+                .iter()
+                .find(|p| p.public_key == b1)
+                .unwrap()
+                .endpoint
+        };
+        assert_eq!(endpoint_of_b1(&s), Some(through_cloud));
+        let rx = |s: &Side<Fake>, bytes: u64| on_b1(s, &|p| p.rx_bytes = bytes);
+        // Through the relay: a handshake and bytes, no sign of the direct path.
+        on_b1(&s, &|p| p.last_handshake = Some(t0));
+        rx(&s, 5000);
+        let (_, status) = s.round(t0 + Duration::from_millis(500));
+        assert_eq!(b(&status), "relayed via cloud (punching)");
+        // A direct datagram: the device roamed b1's peer to a real address.
+        let direct: std::net::SocketAddr = "203.0.113.20:51820".parse().unwrap();
+        on_b1(&s, &|p| p.endpoint = Some(direct));
+        rx(&s, 5032);
         let (_, status) = s.round(t0 + Duration::from_secs(1));
         assert_eq!(b(&status), "direct (punched)");
-        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24"]);
         assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
-        // The data path made the peer anew when its allowed IPs moved: no handshake shown, and
-        // the bytes count again from 0; keepalives arrive every second.
-        let rx = |s: &Side<Fake>, bytes: u64| on_b1(s, &|p| p.rx_bytes = bytes);
-        handshake(&s, None);
-        for (i, t) in (2..=5).enumerate() {
-            rx(&s, 32 * i as u64);
+        assert_eq!(endpoint_of_b1(&s), Some(direct), "left where it roamed");
+        // Keepalives arrive every second.
+        for t in 2..=5 {
+            rx(&s, 5032 + 32 * t);
             let (_, status) = s.round(t0 + Duration::from_secs(t));
-            assert_eq!(
-                b(&status),
-                "direct (punched)",
-                "the handshake seen is remembered, then the keepalives, at {t} s"
-            );
+            assert_eq!(b(&status), "direct (punched)", "at {t} s");
         }
-        assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
         // Silent from the keepalive read at 5 s: dead at the round more than 3 s later, and
-        // back on the relay in that round.
+        // back through the relay in that round, on the same peer.
         let (_, status) = s.round(t0 + Duration::from_secs(8));
         assert_eq!(b(&status), "direct (punched)");
         let (_, status) = s.round(t0 + Duration::from_secs(9));
         assert_eq!(b(&status), "relayed via cloud (punching)");
-        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24", "198.18.21.0/24"]);
+        assert_eq!(endpoint_of_b1(&s), Some(through_cloud));
+        assert_eq!(allowed_of(&s, 3), ["198.18.21.0/24"]);
+        assert_eq!(allowed_of(&s, 1), ["198.18.1.0/24"]);
     }
 
     #[test]
@@ -642,7 +661,7 @@ mod tests {
         let t0 = SystemTime::now();
         let (lines, _) = s.round(t0);
         assert!(!lines.iter().any(|l| l.contains("is up")), "{lines:?}");
-        // A handshake with the cloud's gateway.
+        // A handshake with the cloud's gateway, and with B's through it.
         {
             let mut d = s.device.devices.borrow_mut();
             for p in &mut d.get_mut("stickywg0").unwrap().state.peers {
@@ -652,7 +671,10 @@ mod tests {
         let (lines, status) = s.round(t0 + Duration::from_secs(1));
         assert_eq!(
             lines,
-            ["sites: tunnel to site cloud (gateway c1) is up"],
+            [
+                "sites: tunnel to site cloud (gateway c1) is up",
+                "sites: tunnel to site site-b (gateway b1) is up"
+            ],
             "{lines:?}"
         );
         assert!(
@@ -667,7 +689,10 @@ mod tests {
         let (lines, _) = s.round(t0 + Duration::from_secs(181));
         assert_eq!(
             lines,
-            ["sites: tunnel to site cloud (gateway c1) is DOWN: nothing heard for 181 s"]
+            [
+                "sites: tunnel to site cloud (gateway c1) is DOWN: nothing heard for 181 s",
+                "sites: tunnel to site site-b (gateway b1) is DOWN: nothing heard for 181 s"
+            ]
         );
     }
 

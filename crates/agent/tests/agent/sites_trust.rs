@@ -75,8 +75,8 @@ fn sites_trust_a_copied_cloud_key_takes_no_tunnel_down() {
 /// itself a gateway and publishes an endpoint and a key it holds became the relay of A <-> B
 /// (B behind a port-randomising NAT): a1 gave its peer all of site B's subnets. With the relay
 /// named in the config (`sites.relays: ["cloud"]`), it changes nothing outside its own site:
-/// a1's peer for it carries only its own subnet, B's subnets stay on the cloud's peer, and A
-/// and B still talk through c1.
+/// a1's peer for it carries only its own subnet, B's subnets stay on b1's own peer (relayed
+/// through the cloud, which carries none of them), and A and B still talk through c1.
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn sites_trust_a_self_labelled_site_relays_nothing_once_the_config_names_the_relays() {
@@ -117,10 +117,101 @@ fn sites_trust_a_self_labelled_site_relays_nothing_once_the_config_names_the_rel
     );
     let cloud_line = of(&s.wg_public_key("c1"));
     assert!(
-        cloud_line.contains("198.18.21.0/24") && cloud_line.contains("198.18.22.0/24"),
-        "site B is relayed through the cloud: {cloud_line}"
+        !cloud_line.contains("198.18.21.") && !cloud_line.contains("198.18.22."),
+        "the relay carries none of site B's subnets: {cloud_line}"
+    );
+    let b_line = of(&s.wg_public_key("b1"));
+    assert!(
+        b_line.contains("198.18.21.0/24") && b_line.contains("198.18.22.0/24"),
+        "site B's own peer carries them, through the cloud: {b_line}"
     );
     every_pair_talks(&pods, "a self-labelled site appeared");
+}
+
+/// Issue 34: the relay never reads what it relays. Router B randomises ports, so a2 <-> b2
+/// stays relayed through c1. c1 captures its underlay and its tunnel device while a UDP
+/// message with a marker and pings with a known payload cross from a2's pod to b2's: its
+/// underlay carries neither the marker, the payload nor an address of a2's or b2's pod in
+/// clear, and its tunnel device nothing of the pair (its WireGuard never hands it a packet of
+/// theirs). With the relay of before (two legs), c1's tunnel device carried each in clear.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn sites_trust_the_relay_of_a_relayed_pair_sees_only_ciphertext() {
+    let (s, pods) = Sites::running(Nat::RandomOnB, |_| {});
+    let (a2, a2_ip) = pod_of(&pods, "a2");
+    let (b2, b2_ip) = pod_of(&pods, "b2");
+    assert!(
+        first_reply(&a2.ns, b2_ip, Duration::from_secs(120)).is_some(),
+        "a2 reaches b2 through the relay"
+    );
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let c1 = s.ns("c1");
+    let file = |n: &str| dir.path().join(format!("{n}.pcap"));
+    let under = Capture::start(&c1, "eth0", file("eth0"));
+    let tun = Capture::start(&c1, WG_IF, file("tun"));
+    const MARK: &str = "sticky-relay-plaintext-marker";
+    let receiver = std::process::Command::new("ip")
+        .args(["netns", "exec", &b2.ns, "python3", "-c"])
+        .arg(format!(
+            "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+             s.bind(('{b2_ip}', 7001)); s.settimeout(60); print(s.recv(200).decode())"
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut receiver = receiver;
+    wait_for(
+        "b2 to receive a2's UDP message",
+        Duration::from_secs(60),
+        || {
+            ok(&[
+                "ip",
+                "netns",
+                "exec",
+                &a2.ns,
+                "python3",
+                "-c",
+                &format!(
+                    "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+                 s.sendto(b'{MARK}', ('{b2_ip}', 7001))"
+                ),
+            ]);
+            receiver.try_wait().ok().flatten().is_some()
+        },
+    );
+    let out = receiver.wait_with_output().expect("the receiver");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), MARK);
+    let payload = "5354494b59434e49";
+    ok(&[
+        "ip", "netns", "exec", &a2.ns, "ping", "-c", "5", "-i", "0.2", "-p", payload, b2_ip,
+    ]);
+    let under_frames = under.frames();
+    let tun_frames = tun.frames();
+    let raw = std::fs::read(file("eth0")).expect("c1's underlay capture");
+    let has = |needle: &[u8]| raw.windows(needle.len()).any(|w| w == needle);
+    assert!(
+        under_frames.contains("51820"),
+        "the pair's datagrams crossed c1's underlay: {under_frames}"
+    );
+    assert!(
+        !has(MARK.as_bytes()),
+        "c1's underlay carried the message in clear"
+    );
+    assert!(
+        !has(&[0x53, 0x54, 0x49, 0x4b, 0x59, 0x43, 0x4e, 0x49]),
+        "c1's underlay carried the ping payload in clear"
+    );
+    for pod in [a2_ip, b2_ip] {
+        let octets = pod
+            .parse::<std::net::Ipv4Addr>()
+            .expect("a pod address")
+            .octets();
+        assert!(!has(&octets), "c1's underlay carried {pod} in clear");
+        assert!(
+            !tun_frames.contains(pod.as_str()),
+            "c1's tunnel device carried {pod}: {tun_frames}"
+        );
+    }
 }
 
 /// A flood of UDP datagrams at `to` from namespace `ns` (at most `per_second`), until `stop`.

@@ -28,7 +28,8 @@ pub struct SitesFacts {
     pub listen_port: u16,
     /// `sites.wanMtu`.
     pub wan_mtu: u32,
-    /// WireGuard's overhead on the WAN (60 IPv4, 80 IPv6): the full probe is `wan_mtu` less it.
+    /// The tunnel's overhead on the WAN (72 IPv4, 92 IPv6: WireGuard's and a relayed path's
+    /// header): the full probe is `wan_mtu` less it.
     pub overhead: u32,
     /// The network's config file, for the fixes that change it.
     pub config: String,
@@ -243,13 +244,18 @@ fn nothing_crosses(s: &SitesFacts, r: &RemoteFacts, p: &WanProbe) -> Option<Find
 
 fn wan_mtu(s: &SitesFacts, r: &RemoteFacts, p: &WanProbe) -> Option<Finding> {
     let full = s.wan_mtu.saturating_sub(s.overhead);
+    // What the measured path adds: a direct one carries no relay header. `wanMtu` set to the
+    // path's MTU leaves room for both (the pod MTU keeps the relay's header free).
+    let on_path = if relay_of(&r.path).is_some() {
+        s.overhead
+    } else {
+        s.overhead
+            .saturating_sub(sticky_overlay::sites::RELAY_HEADER)
+    };
     let (passes, set) = match p.largest {
         Some(m) => (
-            format!(
-                ", {m} bytes pass (a WAN path MTU of about {})",
-                m + s.overhead
-            ),
-            format!("set \"wanMtu\": {}", m + s.overhead),
+            format!(", {m} bytes pass (a WAN path MTU of about {})", m + on_path),
+            format!("set \"wanMtu\": {}", m + on_path),
         ),
         None => (String::new(), "lower \"wanMtu\"".into()),
     };
@@ -257,7 +263,7 @@ fn wan_mtu(s: &SitesFacts, r: &RemoteFacts, p: &WanProbe) -> Option<Finding> {
         r,
         Cause::WanMtu,
         format!(
-            "small packets reach site {}'s gateway ({}) through the tunnel, packets of {full} bytes (wanMtu {} less WireGuard's {}, DF) do not{passes}",
+            "small packets reach site {}'s gateway ({}) through the tunnel, packets of {full} bytes (wanMtu {} less the tunnel's {}, DF) do not{passes}",
             r.site, p.target, s.wan_mtu, s.overhead
         ),
         format!(

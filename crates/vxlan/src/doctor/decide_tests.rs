@@ -340,7 +340,7 @@ fn sites(
         interface: "stickywg0".into(),
         listen_port: 51820,
         wan_mtu: 1500,
-        overhead: 60,
+        overhead: 72,
         config: "/etc/cni/net.d/10-edge.conflist".into(),
         remotes: vec![sites::RemoteFacts {
             site: "site-b".into(),
@@ -531,7 +531,7 @@ fn sites_fixes_name_the_age_the_port_the_path_mtu_and_the_nat_kind() {
     }
     let f = &sites::decide(&s)[0];
     assert!(
-        f.detail.contains("1440") && f.detail.contains("1340"),
+        f.detail.contains("1428") && f.detail.contains("1340"),
         "{f:?}"
     );
     assert!(f.fix.starts_with("set \"wanMtu\": 1400 in "), "{f:?}");

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use sticky_overlay::config::Config;
-use sticky_overlay::sites::{Sites, wireguard_overhead};
+use sticky_overlay::sites::{Sites, tunnel_overhead};
 
 use super::super::decide::sites::{Mapped, RemoteFacts, SitesFacts, TunnelFacts, WanProbe};
 use super::super::probe::{Probe, Prober};
@@ -59,7 +59,7 @@ pub fn measure(
         unchecked.push(format!("sites cache: {why}"));
         Cache::default()
     });
-    let overhead = wireguard_overhead(local_ip);
+    let overhead = tunnel_overhead(local_ip);
     let mut facts = SitesFacts {
         site: status.site.clone(),
         role: status.role.clone(),

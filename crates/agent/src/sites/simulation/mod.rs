@@ -29,6 +29,7 @@ use sticky_overlay::sites::{DEFAULT_GATEWAY_LABEL, DEFAULT_SITE_LABEL, Sites};
 use sticky_sites::discovery::OBSERVED_ENDPOINTS_ANNOTATION;
 use sticky_sites::model::{ENDPOINT_ANNOTATION, NodeInput, PUBLIC_KEY_ANNOTATION};
 use sticky_sites::probe::{self, Message, Tracker};
+use sticky_sites::relay::{Inbound, Table};
 
 use super::core::{Core, Now};
 use super::keys::KeyDir;
@@ -138,7 +139,7 @@ impl World {
             self._keys.path().join(name),
             nix::unistd::geteuid().as_raw(),
         );
-        let side = Side::new(self.sites.interface.clone(), 1420, keys, device.clone());
+        let side = Side::new(self.sites.interface.clone(), 1408, keys, device.clone());
         Core::new(Shaper::new(name, &self.sites), side, self.sites.probe_port)
     }
 
@@ -420,9 +421,6 @@ impl World {
     /// Node `n` initiates a handshake with its peer `key`: it takes when the initiation reaches
     /// a device with that key that knows `n`'s, and the response comes back.
     fn handshake(&mut self, n: &str, wg: &Rc<RefCell<Wg>>, key: sticky_sites::keys::PublicKey) {
-        let Some(from) = self.tunnel_addr(n) else {
-            return;
-        };
         let (to, mine) = {
             let w = wg.borrow();
             let p = w.state.peers.iter().find(|p| p.public_key == key);
@@ -431,7 +429,7 @@ impl World {
                 _ => return,
             }
         };
-        let Some((m, seen)) = self.net.send(&mut self.rng, from, to) else {
+        let Some((m, seen)) = self.send_datagram(n, to, &message(1, 148)) else {
             return;
         };
         let Some(other) = self.nodes.get(&m).map(|x| x.device.wg.clone()) else {
@@ -446,12 +444,8 @@ impl World {
                 return;
             }
         }
-        let Some(back) = self.tunnel_addr(&m) else {
-            return;
-        };
         if self
-            .net
-            .send(&mut self.rng, back, seen)
+            .send_datagram(&m, seen, &message(2, 92))
             .map(|(r, _)| r)
             .as_deref()
             != Some(n)
@@ -496,7 +490,6 @@ impl World {
         bytes: u64,
     ) -> Option<String> {
         let t = self.t;
-        let from = self.tunnel_addr(n)?;
         let (to, id, mine) = {
             let mut w = wg.borrow_mut();
             let mine = w.state.public_key;
@@ -514,7 +507,7 @@ impl World {
                 }
             }
         };
-        let (m, seen) = self.net.send(&mut self.rng, from, to)?;
+        let (m, seen) = self.send_datagram(n, to, &message(4, bytes as usize))?;
         let other = self.nodes.get(&m)?.device.wg.clone();
         let mut o = other.borrow_mut();
         if !o.running || o.state.public_key != Some(key) {
@@ -528,6 +521,79 @@ impl World {
         q.endpoint = Some(seen);
         s.unanswered_since = None;
         Some(m)
+    }
+
+    /// The relay rules' table of node `n`'s device (`sticky_sites::relay`), as its sticky-wg
+    /// builds it: its peers at their current endpoints, the candidates it learned.
+    fn table_of(&self, n: &str) -> Option<Table> {
+        let wg = self.nodes.get(n)?.device.wg.clone();
+        let w = wg.borrow();
+        if !w.running {
+            return None;
+        }
+        let peers = w.state.peers.iter().map(|p| (p.public_key, p.endpoint));
+        Some(Table::new(peers, &w.candidates))
+    }
+
+    /// Node `n`'s sticky-wg sends `message` to `to` as its transport does: a real endpoint
+    /// over the network; a relayed one through the relay it names (and, punching, directly to
+    /// the candidate too: the first copy to arrive is the one taken). The node that takes it
+    /// and where its WireGuard sees it come from.
+    fn send_datagram(
+        &mut self,
+        n: &str,
+        to: SocketAddr,
+        message: &[u8],
+    ) -> Option<(String, SocketAddr)> {
+        let from = self.tunnel_addr(n)?;
+        let out = match self.table_of(n)?.outbound(&to, message) {
+            None => return self.net.send(&mut self.rng, from, to),
+            Some(Err(_)) => return None,
+            Some(Ok(out)) => out,
+        };
+        let direct = out
+            .direct
+            .and_then(|c| self.net.send(&mut self.rng, from, c));
+        let relayed = out
+            .relay
+            .and_then(|(at, header)| self.through_relay(from, at, header.as_bytes(), message));
+        direct.or(relayed)
+    }
+
+    /// A datagram with relay header `header` from `from` to the relay at `at`: forwarded by
+    /// the relay's rules, delivered by the receiver's (which learns the sender's candidate).
+    fn through_relay(
+        &mut self,
+        from: SocketAddr,
+        at: SocketAddr,
+        header: &[u8],
+        message: &[u8],
+    ) -> Option<(String, SocketAddr)> {
+        let (r, seen) = self.net.send(&mut self.rng, from, at)?;
+        let Inbound::Forward { to, header } = self
+            .table_of(&r)?
+            .inbound(&[header, message].concat(), seen)
+        else {
+            return None;
+        };
+        let r_from = self.tunnel_addr(&r)?;
+        let (b, seen) = self.net.send(&mut self.rng, r_from, to)?;
+        let Inbound::Deliver { from, seen, .. } = self
+            .table_of(&b)?
+            .inbound(&[header.as_bytes(), message].concat(), seen)
+        else {
+            return None;
+        };
+        if let Some((id, addr)) = seen {
+            self.nodes
+                .get(&b)?
+                .device
+                .wg
+                .borrow_mut()
+                .candidates
+                .insert(id, addr);
+        }
+        Some((b, from))
     }
 
     /// Whether a packet from a pod on node `from` reaches a pod on node `to`: the member's
@@ -652,6 +718,37 @@ impl World {
         shaped.plan.actives.get(&shaped.plan.site).cloned()
     }
 
+    /// A gateway's peer that carries another site's pod subnets than its own (what a relay
+    /// that decrypts has): `None` when every peer of every device carries only its own
+    /// site's, so that no relay can read what it forwards.
+    pub fn relay_reads(&self) -> Option<String> {
+        let site_of_key: BTreeMap<_, &str> = self
+            .nodes
+            .values()
+            .filter_map(|n| Some((n.device.wg.borrow().state.public_key?, n.site.as_str())))
+            .collect();
+        for (name, node) in &self.nodes {
+            let wg = node.device.wg.borrow();
+            for p in &wg.state.peers {
+                let Some(site) = site_of_key.get(&p.public_key) else {
+                    continue;
+                };
+                let foreign = p.allowed_ips.iter().find(|net| {
+                    !self
+                        .nodes
+                        .values()
+                        .any(|n| n.site == *site && n.pod == **net)
+                });
+                if let Some(net) = foreign {
+                    return Some(format!(
+                        "{name}'s peer for site {site} carries {net}, not of that site"
+                    ));
+                }
+            }
+        }
+        None
+    }
+
     /// What node `n`'s status says of remote site `site`'s path.
     pub fn path(&self, n: &str, site: &str) -> Option<String> {
         let status = self.nodes.get(n)?.status.as_ref()?;
@@ -669,6 +766,13 @@ impl World {
         }
         out
     }
+}
+
+/// A WireGuard message of type `t` and `len` bytes, as the relay rules read it.
+fn message(t: u8, len: usize) -> Vec<u8> {
+    let mut m = vec![0; len.max(32)];
+    m[0] = t;
+    m
 }
 
 fn ip(s: &str) -> IpAddr {

@@ -8,13 +8,14 @@
 //! no session, no handshake, no bytes.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use sticky_sites::keys::{PrivateKey, PublicKey};
+use sticky_sites::relay::Id;
 use sticky_sites::tunnel::{self, DeviceState, PeerChange, PeerState};
 
 use crate::sites::device::{Device, Error};
@@ -48,6 +49,8 @@ pub struct Wg {
     pub sessions: BTreeMap<PublicKey, Session>,
     pub routes: Vec<IpNet>,
     pub mtu: u32,
+    /// Where a relay saw each peer come from (the punching candidates, `sticky_sites::relay`).
+    pub candidates: HashMap<Id, SocketAddr>,
 }
 
 impl Wg {
