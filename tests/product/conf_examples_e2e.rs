@@ -377,7 +377,7 @@ fn exercise_cluster(name: &str, n: &mut Node) {
 }
 
 /// The cluster network with sites (docs/sites.md): node 2 is its site's active gateway and
-/// carries another site's pod subnet; the pod MTU leaves room for the tunnel (1500 - 72: WireGuard's 60, a relay's 12).
+/// carries another site's pod subnet; the pod MTU leaves room for the tunnel (1500 - 72: WireGuard's 60, a relay's 12; to a multiple of 16).
 #[test]
 #[ignore = "needs root: network and mount namespaces (cnitool)"]
 fn vxlan_sites_example() {
@@ -396,8 +396,8 @@ fn vxlan_sites_example() {
     n.rt.add(&net, &pod.path, &env(&pod));
     let link = ok(&["ip", "-n", &pod.ns, "-o", "link", "show", "eth0"]);
     assert!(
-        link.contains(" mtu 1428 "),
-        "{name}: pod MTU is not 1500 - 72: {link}"
+        link.contains(" mtu 1424 "),
+        "{name}: pod MTU is not 1424: {link}"
     );
     let via = Topo::subnet(2).split('/').next().unwrap().to_string();
     let routes = ok(&[

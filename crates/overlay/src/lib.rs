@@ -151,7 +151,7 @@ pub enum Error {
         device: String,
     },
     #[error(
-        "mtu {mtu} is larger than the tunnel between sites allows ({max} = sites.wanMtu {wan_mtu} - {overhead} of WireGuard and a relay's header)"
+        "mtu {mtu} is larger than the tunnel between sites allows ({max} = sites.wanMtu {wan_mtu} - {overhead} of WireGuard and a relay's header, to a multiple of 16)"
     )]
     MtuAboveWan {
         mtu: u32,

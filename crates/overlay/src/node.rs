@@ -166,7 +166,8 @@ impl LocalNode {
 /// The MTU of the overlay devices over `underlay` whose address is `local`: `wanted`, or the
 /// underlay's MTU − 50 (VXLAN over IPv4) or − 70 (over IPv6), and with sites no more than
 /// `wan_mtu` − 72 (WireGuard over IPv4 and a relayed path's header) or − 92 (over IPv6; the WAN
-/// is taken to be of the underlay's family): a full-size pod packet then crosses the LAN in VXLAN and the WAN in the
+/// is taken to be of the underlay's family), rounded down to a multiple of 16 (WireGuard's
+/// padding: [`crate::sites::tunnel_mtu`]): a full-size pod packet then crosses the LAN in VXLAN and the WAN in the
 /// tunnel whole (docs/sites.md, "MTU"). A `wanted` larger than either is an error.
 pub fn mtu_for(
     underlay: &Link,
@@ -190,7 +191,7 @@ pub fn mtu_for(
         return Ok(wanted.unwrap_or(max));
     };
     let wg = crate::sites::tunnel_overhead(local);
-    let wan_max = wan_mtu.saturating_sub(wg);
+    let wan_max = crate::sites::tunnel_mtu(wan_mtu, wg);
     match wanted {
         Some(m) if m > wan_max => Err(Error::MtuAboveWan {
             mtu: m,
@@ -915,9 +916,9 @@ mod tests {
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
         // (underlay MTU, address, wanted, wanMtu) -> MTU
         assert_eq!(mtu_for(&link(1500), v4, None, None).unwrap(), 1450);
-        assert_eq!(mtu_for(&link(1500), v4, None, Some(1500)).unwrap(), 1428);
+        assert_eq!(mtu_for(&link(1500), v4, None, Some(1500)).unwrap(), 1424);
         assert_eq!(mtu_for(&link(1500), v6, None, Some(1500)).unwrap(), 1408);
-        assert_eq!(mtu_for(&link(9000), v4, None, Some(1492)).unwrap(), 1420);
+        assert_eq!(mtu_for(&link(9000), v4, None, Some(1492)).unwrap(), 1408);
         assert_eq!(
             mtu_for(&link(1400), v4, None, Some(1500)).unwrap(),
             1350,
@@ -928,7 +929,7 @@ mod tests {
             1400
         );
         let err = mtu_for(&link(1500), v4, Some(1450), Some(1500)).unwrap_err();
-        assert!(matches!(err, Error::MtuAboveWan { max: 1428, .. }), "{err}");
+        assert!(matches!(err, Error::MtuAboveWan { max: 1424, .. }), "{err}");
     }
 
     #[test]

@@ -106,6 +106,14 @@ pub fn tunnel_overhead(wan: IpAddr) -> u32 {
     wireguard + RELAY_HEADER
 }
 
+/// The largest packet the tunnel carries whole over a WAN of `wan_mtu` with `overhead`
+/// ([`tunnel_overhead`]): what is left, rounded down to a multiple of 16, because WireGuard
+/// pads what it encrypts to a multiple of 16 and gotatun clamps that padding to the MTU it last
+/// read from its device (every 3 s): a packet of this size is never padded past it.
+pub fn tunnel_mtu(wan_mtu: u32, overhead: u32) -> u32 {
+    wan_mtu.saturating_sub(overhead) / 16 * 16
+}
+
 /// `sites`, when present (see [`Sites`]).
 pub fn parse(obj: &Map<String, Value>) -> Result<Option<Sites>, Error> {
     const KEYS: [&str; 8] = [
@@ -343,6 +351,14 @@ mod tests {
             let err = parse_sites(v.clone()).unwrap_err().to_string();
             assert!(err.contains(says), "{v}: {err}");
         }
+    }
+
+    #[test]
+    fn the_tunnel_mtu_is_a_multiple_of_16() {
+        assert_eq!(tunnel_mtu(1500, 72), 1424);
+        assert_eq!(tunnel_mtu(1500, 92), 1408);
+        assert_eq!(tunnel_mtu(1492, 72), 1408);
+        assert_eq!(tunnel_mtu(60, 72), 0);
     }
 
     #[test]

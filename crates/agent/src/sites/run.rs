@@ -76,7 +76,7 @@ impl SitesRun {
             Family::V4 => std::net::Ipv4Addr::UNSPECIFIED.into(),
             Family::V6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
         });
-        let mtu = sites.wan_mtu.saturating_sub(overhead);
+        let mtu = sticky_overlay::sites::tunnel_mtu(sites.wan_mtu, overhead);
         let keys = KeyDir::new(key_dir, nix::unistd::geteuid().as_raw());
         let device = Live::new(socket_dir, SOCKET_TIMEOUT);
         let side = Side::new(sites.interface.clone(), mtu, keys, device);

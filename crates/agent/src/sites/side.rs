@@ -392,7 +392,7 @@ mod tests {
         std::fs::create_dir_all(dir).unwrap();
         let owner = nix::unistd::geteuid().as_raw();
         let keys = KeyDir::new(dir, owner);
-        Side::new("stickywg0".into(), 1428, keys, Fake::default())
+        Side::new("stickywg0".into(), 1424, keys, Fake::default())
     }
 
     #[test]

@@ -351,8 +351,8 @@ fn sites_full_size_pod_packet_crosses_without_fragments() {
     );
     let mtu = link_mtu(&a2.0.ns, "eth0");
     assert_eq!(
-        mtu, 1428,
-        "pod MTU with wanMtu 1500 over IPv4: 1500 - 60 - 12"
+        mtu, 1424,
+        "pod MTU with wanMtu 1500 over IPv4: 1500 - 60 - 12, to a multiple of 16"
     );
     let payload = usize::try_from(mtu).unwrap() - 28;
     let before: Vec<u64> = ["a1", "c1", "b1"]

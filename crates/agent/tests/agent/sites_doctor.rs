@@ -222,7 +222,7 @@ fn forward_port_to_b1(s: &Sites) {
 }
 
 /// Router B's WAN link carries 1400 bytes while `wanMtu` says 1500: a full-size pod packet
-/// (1428, DF) from a2 to b2 is lost while a small one passes. Doctor on a1 names `wan-mtu` for
+/// (1424, DF) from a2 to b2 is lost while a small one passes. Doctor on a1 names `wan-mtu` for
 /// site B with the path MTU it measured (about 1400: its probes are 50 bytes apart) and exits 1. The fix it prints ("or make the WAN
 /// path carry 1500 bytes") applied: full-size packets cross again and doctor exits 0.
 #[test]
@@ -231,8 +231,9 @@ fn sites_doctor_wan_mtu_below_wan_mtu_setting() {
     let (s, pods) = Sites::running(Nat::Masquerade, |_| {});
     let (a2, _) = pod_of(&pods, "a2");
     let (_, b2_ip) = pod_of(&pods, "b2");
-    // The pod MTU: min(1500 - 50, wanMtu 1500 - 72); the payload, less the IP and ICMP headers.
-    let full = 1428 - 28;
+    // The pod MTU: min(1500 - 50, wanMtu 1500 - 72 to a multiple of 16); the payload, less the
+    // IP and ICMP headers.
+    let full = 1424 - 28;
     assert!(
         any_reply(&a2.ns, b2_ip, full, 10),
         "full size before the fault"

@@ -243,7 +243,7 @@ fn nothing_crosses(s: &SitesFacts, r: &RemoteFacts, p: &WanProbe) -> Option<Find
 }
 
 fn wan_mtu(s: &SitesFacts, r: &RemoteFacts, p: &WanProbe) -> Option<Finding> {
-    let full = s.wan_mtu.saturating_sub(s.overhead);
+    let full = sticky_overlay::sites::tunnel_mtu(s.wan_mtu, s.overhead);
     // What the measured path adds: a direct one carries no relay header. `wanMtu` set to the
     // path's MTU leaves room for both (the pod MTU keeps the relay's header free).
     let on_path = if relay_of(&r.path).is_some() {

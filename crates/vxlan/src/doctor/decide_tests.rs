@@ -531,7 +531,7 @@ fn sites_fixes_name_the_age_the_port_the_path_mtu_and_the_nat_kind() {
     }
     let f = &sites::decide(&s)[0];
     assert!(
-        f.detail.contains("1428") && f.detail.contains("1340"),
+        f.detail.contains("1424") && f.detail.contains("1340"),
         "{f:?}"
     );
     assert!(f.fix.starts_with("set \"wanMtu\": 1400 in "), "{f:?}");

@@ -191,7 +191,7 @@ fn remotes(status: &SitesStatus, cache: &Cache, local_ip: IpAddr) -> Vec<RemoteF
 /// Echoes to each reachable remote site's gateway: small, the full inner size, and the ladder
 /// below it.
 fn probe(prober: &mut impl Prober, facts: &mut SitesFacts, cache: &Cache) -> Result<(), Error> {
-    let full = facts.wan_mtu.saturating_sub(facts.overhead);
+    let full = sticky_overlay::sites::tunnel_mtu(facts.wan_mtu, facts.overhead);
     let ladder: Vec<u32> = (1..=LADDER_STEPS)
         .filter_map(|i| full.checked_sub(i * LADDER_STEP))
         .filter(|s| *s > u32::from(SMALL))
