@@ -250,18 +250,13 @@ pub struct Outbound {
     pub direct: Option<SocketAddr>,
 }
 
-/// A destination peer's slot: its endpoint, if it has one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Peer {
-    endpoint: Option<SocketAddr>,
-}
-
 /// The device's peers as the relay rules need them, built from the device's view of each
 /// peer's key and current endpoint (authenticated: WireGuard moves an endpoint only to where an
 /// authenticated datagram came from). O(peers) to build, O(1) per datagram.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Table {
-    by_id: HashMap<Id, Peer>,
+    /// Every peer's current endpoint, if it has one.
+    by_id: HashMap<Id, Option<SocketAddr>>,
     /// Where the relay saw each peer come from (its punching candidate), by id.
     candidates: HashMap<Id, SocketAddr>,
     /// Real (not relayed) endpoints, each of exactly one peer.
@@ -281,7 +276,7 @@ impl Table {
         let mut shared_endpoints = Vec::new();
         for (key, endpoint) in peers {
             let id = id(&key);
-            t.by_id.insert(id, Peer { endpoint });
+            t.by_id.insert(id, endpoint);
             let Some(e) = endpoint.filter(|e| !is_relayed(e)) else {
                 continue;
             };
@@ -310,16 +305,6 @@ impl Table {
     /// Whether peer `id` is one of the device's.
     pub fn has(&self, id: &Id) -> bool {
         self.by_id.contains_key(id)
-    }
-
-    /// How many peers it holds.
-    pub fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    /// Whether it holds no peer.
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
     }
 
     /// Where `message`, which WireGuard sends to relayed endpoint `to`, goes: `None` when `to`
@@ -371,14 +356,14 @@ impl Table {
         if named == sender {
             return Inbound::Drop(Drop::ToItself);
         }
-        let Some(peer) = self.by_id.get(&named) else {
+        let Some(&endpoint) = self.by_id.get(&named) else {
             return Inbound::Drop(Drop::UnknownPeer);
         };
         if kind != TO_RELAY {
             // `sender` is the relay, `named` the gateway it forwards from: given to WireGuard
             // as from the endpoint the device has for it through this relay, so that roaming
             // there changes nothing.
-            let from = match peer.endpoint.and_then(|e| decode(&e).map(|d| (e, d))) {
+            let from = match endpoint.and_then(|e| decode(&e).map(|d| (e, d))) {
                 Some((e, (via, _, _))) if via[..] == sender[..4] => e,
                 _ => relayed(&sender, &named, false),
             };
@@ -388,7 +373,7 @@ impl Table {
                 seen,
             };
         }
-        match peer.endpoint.filter(|e| !is_relayed(e)) {
+        match endpoint.filter(|e| !is_relayed(e)) {
             Some(to) if is_handshake(message) => Inbound::Forward {
                 to,
                 header: Header::seen(FROM_RELAY_SEEN, &sender, from),

@@ -175,6 +175,12 @@ impl Trio {
         }
     }
 
+    /// A's peer for B given `endpoint` (what the agent does when a path moves).
+    fn a_to_b_at(&self, endpoint: &str) {
+        let (a, b) = (&self.a, &self.b);
+        a.wg_ok(&["set", &a.ifname, "peer", &b.public, "endpoint", endpoint]);
+    }
+
     /// (A, B) and (B, A).
     fn both_ways(&self) -> [(&Side, &Side); 2] {
         [(&self.a, &self.b), (&self.b, &self.a)]
@@ -367,26 +373,12 @@ fn a_move_between_relayed_and_direct_is_a_change_of_endpoint_only() {
     for (side, addr) in [(&t.a, "203.0.113.1/24"), (&t.b, "203.0.113.2/24")] {
         side.ns.exec(&["ip", "addr", "add", addr, "dev", "ud"]);
     }
-    t.a.wg_ok(&[
-        "set",
-        &t.a.ifname,
-        "peer",
-        &t.b.public,
-        "endpoint",
-        "203.0.113.2:51820",
-    ]);
+    t.a_to_b_at("203.0.113.2:51820");
     wait_for("A's pings to B on the direct link", DEADLINE, || {
         t.a.ping_once(t.b.inner) && peer_fields(&t.b, &t.a)[2] == "203.0.113.1:51820"
     });
     // Back through R, and the direct link gone: B follows A's first relayed datagram.
-    t.a.wg_ok(&[
-        "set",
-        &t.a.ifname,
-        "peer",
-        &t.b.public,
-        "endpoint",
-        &relayed(&t.r, &t.b),
-    ]);
+    t.a_to_b_at(&relayed(&t.r, &t.b));
     t.a.ns.exec(&["ip", "link", "del", "ud"]);
     wait_for("A's pings to B through R again", DEADLINE, || {
         t.a.ping_once(t.b.inner) && peer_fields(&t.b, &t.a)[2] == relayed(&t.r, &t.a)
